@@ -1,0 +1,101 @@
+"""Build: compile generated C++ into a shared library with the system compiler.
+
+Compiler discovery (``$ACCEL_CXX``, default ``g++``), flags, a timeout that kills a hung
+compile, and the compiler identity that goes into every store key.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+
+from . import config
+
+INCLUDE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "include")
+if not os.path.isdir(os.path.join(INCLUDE_DIR, "accel")):  # installed (non-editable) layout
+    INCLUDE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "include")
+
+#: No -ffast-math: results must match eager. -fno-math-errno lets gcc call libmvec;
+#: -fwrapv gives integer overflow eager's wrap-around; no FMA contraction (eager has none).
+CXXFLAGS = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c++17",
+            "-fno-math-errno", "-fwrapv", "-ffp-contract=off", "-w"]
+LIBS = ["-lmvec", "-lm"]
+
+
+class BuildError(RuntimeError):
+    """The compiler is missing, failed, or timed out (message carries its output)."""
+
+
+@functools.lru_cache(maxsize=None)
+def _identity(cxx: str) -> str:
+    path = shutil.which(cxx)
+    if path is None:
+        raise BuildError(f"C++ compiler {cxx!r} not found (set ACCEL_CXX)")
+    try:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise BuildError(f"cannot run {path}: {e}") from e
+    if out.returncode != 0:
+        raise BuildError(f"{path} --version failed: {out.stderr.strip()}")
+    return out.stdout.splitlines()[0] if out.stdout else path
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_isa() -> str:
+    """A short, stable description of the CPU's instruction set (for the store key)."""
+    flags = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = line.split(":", 1)[1]
+                    break
+    except OSError:
+        pass
+    import platform
+
+    return platform.machine() + ":" + hashlib.sha256(flags.encode()).hexdigest()[:16]
+
+
+def compiler_key() -> str:
+    """Compiler identity and flags, as stored in every key.
+
+    Raises:
+        BuildError: the compiler cannot be found or run.
+    """
+    cxx = config.flag("ACCEL_CXX")
+    return f"{_identity(cxx)}|{' '.join(CXXFLAGS + LIBS)}|{cpu_isa()}"
+
+
+def build(source: str, name: str) -> bytes:
+    """Compile ``source`` to a shared library and return its bytes.
+
+    Raises:
+        BuildError: missing compiler, compile error (with the compiler's output), or a
+            compile that ran past ``ACCEL_COMPILE_TIMEOUT`` seconds (it is killed).
+    """
+    cxx = config.flag("ACCEL_CXX")
+    path = shutil.which(cxx)
+    if path is None:
+        raise BuildError(f"C++ compiler {cxx!r} not found (set ACCEL_CXX)")
+    timeout = config.flag("ACCEL_COMPILE_TIMEOUT")
+    with tempfile.TemporaryDirectory(prefix="accel-build-") as d:
+        src = os.path.join(d, name + ".cpp")
+        lib = os.path.join(d, name + ".so")
+        with open(src, "w") as f:
+            f.write(source)
+        cmd = [path, *CXXFLAGS, "-I", INCLUDE_DIR, src, "-o", lib, *LIBS]
+        try:
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired as e:
+            raise BuildError(f"compile timed out after {timeout} s") from e
+        except OSError as e:
+            raise BuildError(f"cannot run {path}: {e}") from e
+        if out.returncode != 0 or not os.path.exists(lib):
+            raise BuildError(f"{cxx} failed ({out.returncode}):\n{out.stderr[-4000:]}")
+        with open(lib, "rb") as f:
+            return f.read()

@@ -1,0 +1,123 @@
+"""Codegen: loop IR -> native source. Backends differ by tables, not copies (tinygrad's
+``renderer/cstyle.py``): :class:`CStyle` renders expressions from its type and op tables;
+a backend subclass overrides the tables and the loop skeleton.
+"""
+from __future__ import annotations
+
+import math
+from typing import Dict, List, Tuple
+
+import torch
+
+from ..lowering import Addr, Expr, LoopIR, Nest
+
+
+class CodegenError(Exception):
+    """The backend has no rendering for an op at a dtype (the region runs eagerly)."""
+
+
+FLOATS = (torch.float32, torch.float64)
+INTS = (torch.int32, torch.int64)
+
+
+class CStyle:
+    """C-family expression renderer. ``ops`` maps an IR op to a format string over its
+    rendered arguments ``{0}``, ``{1}``, ...; an entry may be a dict keyed by "float",
+    "int" or "bool" (the dtype class of the op's first argument)."""
+
+    types: Dict[torch.dtype, str] = {torch.float32: "float", torch.float64: "double",
+                                     torch.int32: "int32_t", torch.int64: "int64_t",
+                                     torch.bool: "bool"}
+    fn = "accel::"
+    ops: Dict[str, object] = {
+        "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})",
+        "div": {"float": "({0} / {1})"},
+        "neg": {"float": "(-{0})", "int": "(-{0})"},
+        "eq": "({0} == {1})", "ne": "({0} != {1})", "lt": "({0} < {1})", "le": "({0} <= {1})",
+        "gt": "({0} > {1})", "ge": "({0} >= {1})",
+        "where": "({0} ? {1} : {2})",
+        "bitwise_and": {"int": "({0} & {1})", "bool": "({0} && {1})"},
+        "bitwise_or": {"int": "({0} | {1})", "bool": "({0} || {1})"},
+        "bitwise_xor": {"int": "({0} ^ {1})", "bool": "({0} != {1})"},
+        "bitwise_not": {"int": "(~{0})", "bool": "(!{0})"},
+        "maximum": {"float": "$maximum({0}, {1})", "int": "$maximum({0}, {1})", "bool": "({0} || {1})"},
+        "minimum": {"float": "$minimum({0}, {1})", "int": "$minimum({0}, {1})", "bool": "({0} && {1})"},
+        "abs": {"float": "$abs({0})", "int": "$abs({0})", "bool": "{0}"},
+        "sign": "$sign({0})", "signbit": "$signbit({0})", "isfinite": "$isfinite({0})",
+        "shift_left": {"int": "$shift_left({0}, {1})"},
+        "shift_right_arithmetic": {"int": "$shift_right_arithmetic({0}, {1})"},
+        "remainder": {"float": "$remainder({0}, {1})"},
+        "round": {"float": "$round({0})"},
+        "reciprocal": {"float": "$reciprocal({0})"}, "rsqrt": {"float": "$rsqrt({0})"},
+    }
+    # float-only math functions rendered as $name(args)
+    unary_math = ("exp exp2 expm1 log log2 log10 log1p sin cos tan asin acos atan sinh cosh "
+                  "tanh asinh acosh atanh erf erfc cbrt sqrt floor ceil trunc lgamma").split()
+    binary_math = "pow atan2 hypot fmod nextafter copysign fmax fmin".split()
+
+    def __init__(self):
+        table = dict(self.ops)
+        for n in self.unary_math:
+            table.setdefault(n, {"float": f"${n}({{0}})"})
+        for n in self.binary_math:
+            table.setdefault(n, {"float": f"${n}({{0}}, {{1}})"})
+        for n in ("floor", "ceil", "trunc"):
+            table[n] = {"float": f"${n}({{0}})", "int": "{0}", "bool": "{0}"}
+        self.table = table
+
+    def ctype(self, dtype) -> str:
+        try:
+            return self.types[dtype]
+        except KeyError:
+            raise CodegenError(f"dtype {dtype}") from None
+
+    def const(self, v, dtype) -> str:
+        t = self.ctype(dtype)
+        if dtype == torch.bool:
+            return "true" if v else "false"
+        if dtype in FLOATS:
+            v = float(v)
+            if math.isnan(v):
+                return f"{t}(NAN)"
+            if math.isinf(v):
+                return f"{t}({'-' if v < 0 else ''}INFINITY)"
+            return f"{t}({v!r})"
+        return f"{t}(INT64_C({int(v)}))"
+
+    def cast(self, x: str, src, dst) -> str:
+        if dst == torch.bool:
+            return f"({x} != 0)"
+        return f"static_cast<{self.ctype(dst)}>({x})"
+
+    def op(self, e: Expr, args: List[str]) -> str:
+        entry = self.table.get(e.op)
+        if entry is None:
+            raise CodegenError(f"no rendering for {e.op}")
+        if isinstance(entry, dict):
+            first = next(a for a in e.args if isinstance(a, Expr)) if e.op != "where" else e.args[1]
+            d = first.dtype
+            cls = "float" if d in FLOATS else "bool" if d == torch.bool else "int"
+            entry = entry.get(cls)
+            if entry is None:
+                raise CodegenError(f"no rendering for {e.op} on {d}")
+        return entry.replace("$", self.fn).format(*args)
+
+
+def coalesce(shape: Tuple[int, ...], coeff_sets: List[Tuple[int, ...]]):
+    """Merge adjacent loop dims that every access walks contiguously, and drop size-1 dims.
+
+    Returns the new shape and the coefficient vectors re-expressed over it.
+    """
+    keep = [d for d, s in enumerate(shape) if s != 1]
+    shape2 = [shape[d] for d in keep]
+    cs = [[c[d] for d in keep] for c in coeff_sets]
+    d = len(shape2) - 2
+    while d >= 0:
+        if all(c[d] == c[d + 1] * shape2[d + 1] for c in cs):
+            shape2[d] *= shape2[d + 1]
+            del shape2[d + 1]
+            for c in cs:
+                c[d] = c[d + 1]
+                del c[d + 1]
+        d -= 1
+    return tuple(shape2), [tuple(c) for c in cs]

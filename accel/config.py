@@ -1,0 +1,134 @@
+"""accel's configuration: every flag declared once, with its name, default, env var and help.
+
+Modelled on JAX's ``_src/config.py``: a flag is a small object that reads its environment
+variable on each access (so tests can ``monkeypatch.setenv``) and validates it, raising
+:class:`ConfigError` that names the variable and the values it allows.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+__all__ = ["ConfigError", "Flag", "FLAGS", "flag", "cache_dir"]
+
+
+class ConfigError(ValueError):
+    """An ``ACCEL_*`` environment variable holds a value accel does not accept."""
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def _parse_bool(name: str, raw: str) -> bool:
+    v = raw.strip().lower()
+    if v in _TRUE:
+        return True
+    if v in _FALSE:
+        return False
+    raise ConfigError(f"{name}={raw!r} is not valid; allowed values: 1/0, true/false, yes/no, on/off")
+
+
+def _parse_int(lo: int) -> Callable[[str, str], int]:
+    def parse(name: str, raw: str) -> int:
+        try:
+            v = int(raw.strip())
+        except ValueError:
+            v = lo - 1
+        if v < lo:
+            raise ConfigError(f"{name}={raw!r} is not valid; allowed values: an integer >= {lo}")
+        return v
+
+    return parse
+
+
+def _parse_choice(*choices: str) -> Callable[[str, str], str]:
+    def parse(name: str, raw: str) -> str:
+        v = raw.strip().lower()
+        if v not in choices:
+            raise ConfigError(f"{name}={raw!r} is not valid; allowed values: {', '.join(choices)}")
+        return v
+
+    return parse
+
+
+def _parse_path(name: str, raw: str) -> str:
+    if not raw.strip():
+        raise ConfigError(f"{name}={raw!r} is not valid; allowed values: a directory path")
+    return os.path.abspath(os.path.expanduser(raw))
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One configuration flag: ``env`` is the variable, ``default`` its value when unset."""
+
+    env: str
+    default: object
+    parse: Callable[[str, str], object]
+    help: str
+
+    @property
+    def value(self):
+        raw = os.environ.get(self.env)
+        if raw is None:
+            return self.default
+        return self.parse(self.env, raw)
+
+
+FLAGS = {
+    f.env: f
+    for f in [
+        Flag("ACCEL_EAGER", False, _parse_bool,
+             "Accelerate the whole program: accel enables itself when Python starts."),
+        Flag("ACCEL_DISABLE", False, _parse_bool,
+             "Turn accel off everywhere; accel.eager() and ACCEL_EAGER become no-ops."),
+        Flag("ACCEL_CACHE_DIR", None, _parse_path,
+             "Kernel store directory (default $XDG_CACHE_HOME/accel or ~/.cache/accel)."),
+        Flag("ACCEL_CACHE_SIZE_MB", 1024, _parse_int(1),
+             "Size limit of the kernel store in MiB; least recently used entries are evicted."),
+        Flag("ACCEL_MAX_REGION", 256, _parse_int(1),
+             "Most aten calls deferred into one region before it is flushed."),
+        Flag("ACCEL_LOG", "warning", _parse_choice("debug", "info", "warning", "error"),
+             "Level of the 'accel' logger."),
+        Flag("ACCEL_CXX", "g++", lambda n, r: r.strip() or "g++",
+             "C++ compiler used for CPU kernels."),
+        Flag("ACCEL_COMPILE_TIMEOUT", 120, _parse_int(1),
+             "Seconds one kernel build may take before it is killed (and eager is used)."),
+        Flag("ACCEL_NUM_THREADS", 0, _parse_int(0),
+             "OpenMP threads for CPU kernels; 0 means torch.get_num_threads()."),
+    ]
+}
+
+
+def flag(env: str):
+    """Return the current, validated value of the flag named ``env``.
+
+    Raises:
+        ConfigError: the variable is set to a value the flag does not allow.
+        KeyError: ``env`` is not an accel flag.
+    """
+    return FLAGS[env].value
+
+
+def validate_all() -> None:
+    """Validate every ``ACCEL_*`` variable in the environment.
+
+    Raises:
+        ConfigError: an ``ACCEL_*`` variable is unknown or holds an invalid value.
+    """
+    for name in os.environ:
+        if name.startswith("ACCEL_"):
+            if name not in FLAGS:
+                raise ConfigError(f"{name} is not an accel variable; known: {', '.join(sorted(FLAGS))}")
+            FLAGS[name].value
+
+
+def cache_dir() -> str:
+    """The kernel store directory: $ACCEL_CACHE_DIR, else $XDG_CACHE_HOME/accel, else ~/.cache/accel."""
+    d = flag("ACCEL_CACHE_DIR")
+    if d:
+        return d
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = xdg if xdg else os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(os.path.abspath(base), "accel")

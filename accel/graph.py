@@ -1,0 +1,178 @@
+"""Region -> ``torch.fx`` graph of prims, through torch's own functionalization and
+decompositions (``torch.func.functionalize``, ``make_fx`` with ``torch._decomp``'s table,
+which maps aten ops to ``torch._refs`` and ``prims``). accel writes no op semantics here.
+
+Runtime scalars are traced as *sentinels*: unusual values that are then turned back into
+scalar placeholders. Tracing twice with two sentinel sets and comparing the graphs proves
+that no scalar was folded into another constant or steered a branch; if one was, the
+region is compiled with its scalar values in the key instead (``TraceResult.specialized``).
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import operator
+from dataclasses import dataclass
+from typing import Any, List, Sequence, Tuple
+
+import torch
+import torch.fx as fx
+
+log = logging.getLogger("accel.graph")
+
+_SENTINELS = (
+    (lambda k: 1.2345678901234567e-3 + k * 3.0517578125e-05, lambda k: 1000003 + 7 * k),
+    (lambda k: -7.6543210987654321e-2 - k * 6.103515625e-05, lambda k: 2000029 + 11 * k),
+)
+
+
+class TraceError(Exception):
+    """The region could not be traced to prims (an op without decomposition, ...)."""
+
+
+@dataclass
+class TraceResult:
+    """A traced region.
+
+    ``gm`` has one placeholder per external input (``x0``, ``x1``, ...) followed by one per
+    runtime scalar (``s0``, ...) and returns the live outputs in order. Input mutations are
+    ``aten.copy_.default(placeholder, value)`` nodes at its end.
+    """
+
+    gm: fx.GraphModule
+    n_ext: int
+    n_scalars: int
+
+
+def _sentinels(scalar_types: Sequence[str], which: int) -> List[Any]:
+    f, i = _SENTINELS[which]
+    return [f(k) if t == "f" else i(k) for k, t in enumerate(scalar_types)]
+
+
+def _region_fn(calls, n_ext, n_out_slots, live_idx, scalars):
+    def fn(*ext):
+        outs: List[Any] = [None] * n_out_slots
+
+        def res(r):
+            tag = r[0]
+            if tag == "x":
+                return ext[r[1]]
+            if tag == "o":
+                return outs[r[1]]
+            if tag == "s":
+                return scalars[r[1]]
+            v = r[1]
+            return list(v) if isinstance(v, tuple) else v
+
+        k = 0
+        for func, targs, tkw, n_new in calls:
+            out = func(*[res(r) for r in targs], **{n: res(r) for n, r in tkw.items()})
+            if n_new:
+                outs[k] = out
+                k += 1
+        return tuple(outs[i] for i in live_idx)
+
+    return fn
+
+
+@functools.lru_cache(maxsize=1)
+def _decompositions():
+    from torch._decomp import decomposition_table
+
+    return decomposition_table
+
+
+def _trace(calls, ext_examples, n_out_slots, live_idx, scalars) -> fx.GraphModule:
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.func import functionalize
+
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    fn = _region_fn(calls, len(ext_examples), n_out_slots, live_idx, scalars)
+    try:
+        with _disable_current_modes():
+            return make_fx(functionalize(fn, remove="mutations_and_views"),
+                           decomposition_table=_decompositions(),
+                           tracing_mode="fake")(*ext_examples)
+    except Exception as e:  # noqa: BLE001 - any tracing failure means: run eagerly
+        raise TraceError(f"{type(e).__name__}: {e}") from e
+
+
+def _match(a, b, sa, sb, uses):
+    """Compare two traced constants; record scalar uses. Returns False on a mismatch."""
+    if isinstance(a, (list, tuple)):
+        return (isinstance(b, (list, tuple)) and len(a) == len(b)
+                and all(_match(x, y, sa, sb, uses) for x, y in zip(a, b)))
+    if isinstance(a, fx.Node):
+        return isinstance(b, fx.Node) and a.name == b.name
+    if type(a) in (int, float) and type(b) in (int, float):
+        for k, (x, y) in enumerate(zip(sa, sb)):
+            if a == x and b == y:
+                uses.append(k)
+                return True
+        return a == b and type(a) is type(b)
+    return type(a) is type(b) and a == b
+
+
+def trace_region(calls, ext_examples, n_out_slots, live_idx, scalar_types) -> TraceResult:
+    """Trace a region's calls into a prims graph with scalar placeholders.
+
+    Args:
+        calls: (OpOverload, arg templates, kwarg templates, number of new outputs) per call;
+            templates are ``("x", j)`` external input, ``("o", i)`` region output,
+            ``("s", k)`` runtime scalar, ``("c", value)`` constant.
+        ext_examples: tensors (real or meta) with the external inputs' metadata.
+        n_out_slots: number of region outputs; live_idx: the ones the graph returns.
+        scalar_types: ``"f"`` or ``"i"`` per runtime scalar.
+
+    Raises:
+        TraceError: tracing failed, or a scalar is used in a way the sentinels cannot prove
+            value-independent (the caller then runs the region eagerly).
+    """
+    sa, sb = _sentinels(scalar_types, 0), _sentinels(scalar_types, 1)
+    ga = _trace(calls, ext_examples, n_out_slots, live_idx, sa)
+    if scalar_types:
+        gb = _trace(calls, ext_examples, n_out_slots, live_idx, sb)
+        na, nb = list(ga.graph.nodes), list(gb.graph.nodes)
+        if len(na) != len(nb):
+            raise TraceError("scalar value changes the traced graph")
+        repl = {}
+        for x, y in zip(na, nb):
+            uses: List[int] = []
+            if x.op != y.op or x.target != y.target or not _match(
+                    (x.args, tuple(x.kwargs.items())), (y.args, tuple(y.kwargs.items())),
+                    sa, sb, uses):
+                raise TraceError(f"scalar value changes the traced graph at {x.format_node()}")
+            if uses:
+                repl[x] = True
+    else:
+        repl = {}
+    g = ga.graph
+    phs = [n for n in g.nodes if n.op == "placeholder"]
+    anchor = phs[-1] if phs else None
+    sph = []
+    for k in range(len(scalar_types)):
+        if anchor is None:
+            with g.inserting_before(next(iter(g.nodes))):
+                p = g.placeholder(f"s{k}")
+        else:
+            with g.inserting_after(anchor):
+                p = g.placeholder(f"s{k}")
+        p.meta["scalar_type"] = scalar_types[k]
+        anchor = p
+        sph.append(p)
+
+    def sub(a):
+        if isinstance(a, (list, tuple)):
+            return type(a)(sub(v) for v in a)
+        if type(a) in (int, float):
+            for k, v in enumerate(sa):
+                if a == v:
+                    return sph[k]
+        return a
+
+    for n in repl:
+        n.args = sub(n.args)
+        n.kwargs = {k: sub(v) for k, v in n.kwargs.items()}
+    g.lint()
+    return TraceResult(fx.GraphModule(ga, g), len(phs), len(scalar_types))

@@ -1,0 +1,205 @@
+"""The interceptor: a ``TorchDispatchMode`` that sees every aten call and either defers it
+into the thread's pending region or flushes the region and runs the call eagerly.
+
+Reads of tensor data that bypass the dispatcher (``numpy()``, ``tolist()``, ``data_ptr()``,
+DLPack, pickling, printing, ``backward``) are caught by hooks on those Python entry points,
+installed while accel is enabled; each flushes the pending region first.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import threading
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from . import config
+from .ops import VIEW_OPS, fusible_ops
+from .region import Deferred, Region, _data_ptr
+
+log = logging.getLogger("accel")
+
+__all__ = ["eager", "enable", "disable", "is_enabled", "flush", "AccelMode"]
+
+
+class _State(threading.local):
+    def __init__(self):
+        self.region = Region()
+        self.busy = False  # inside flush or replay: calls pass through
+        self.depth = 0  # nesting of eager()/enable() on this thread
+        self.modes = []
+
+
+_state = _State()
+_hooks_lock = threading.Lock()
+_hook_users = 0
+_warned = set()
+
+
+def warn_once(key, msg, *args):
+    """Log ``msg`` as a warning the first time ``key`` is seen in this process."""
+    if key not in _warned:
+        _warned.add(key)
+        log.warning(msg, *args)
+
+
+def flush() -> None:
+    """Execute the calling thread's pending region, filling every live output."""
+    st = _state
+    if st.busy or not st.region.calls:
+        return
+    from .runtime import execute
+
+    st.busy = True
+    try:
+        execute(st.region)
+    finally:
+        st.region.reset()
+        st.busy = False
+
+
+class AccelMode(TorchDispatchMode):
+    """Dispatch mode that defers fusible aten calls into regions (see DESIGN.md)."""
+
+    def __init__(self):
+        super().__init__()
+        self.table = fusible_ops()
+        self.cap = config.flag("ACCEL_MAX_REGION")
+        self.owner = threading.get_ident()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        st = _state
+        spec = self.table.get(func)
+        if spec is not None and not st.busy and threading.get_ident() == self.owner:
+            region = st.region
+            try:
+                out = region.record(func, spec, args, kwargs)
+            except Deferred as e:
+                if e.args[0] == "alias":  # reads a view of a pending output
+                    flush()
+                    try:
+                        out = region.record(func, spec, args, kwargs)
+                    except Deferred:
+                        return func(*args, **kwargs)
+                else:
+                    flush()
+                    return func(*args, **kwargs)
+            if len(region.calls) >= self.cap:
+                flush()
+            return out
+        if func in VIEW_OPS:
+            return func(*args, **kwargs)
+        flush()
+        return func(*args, **kwargs)
+
+
+# -- escape hooks: reads of data that do not go through the dispatcher ------------------
+def _flushing(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        flush()
+        return fn(*args, **kwargs)
+
+    wrapper.__accel_original__ = fn
+    return wrapper
+
+
+_TENSOR_HOOKS = ("numpy", "tolist", "__array__", "data_ptr", "__dlpack__", "__reduce_ex__",
+                 "__repr__", "__format__", "untyped_storage", "_typed_storage", "storage",
+                 "backward", "__setstate__")
+_MODULE_HOOKS = ((torch.autograd, "backward"), (torch.autograd, "grad"),
+                 (torch.utils.dlpack, "to_dlpack"), (torch, "save"))
+
+
+def _install_hooks():
+    global _hook_users
+    with _hooks_lock:
+        _hook_users += 1
+        if _hook_users > 1:
+            return
+        for name in _TENSOR_HOOKS:
+            setattr(torch.Tensor, name, _flushing(getattr(torch.Tensor, name)))
+        for mod, name in _MODULE_HOOKS:
+            setattr(mod, name, _flushing(getattr(mod, name)))
+
+
+def _remove_hooks():
+    global _hook_users
+    with _hooks_lock:
+        _hook_users -= 1
+        if _hook_users > 0:
+            return
+        for name in _TENSOR_HOOKS:
+            setattr(torch.Tensor, name, getattr(torch.Tensor, name).__accel_original__)
+        for mod, name in _MODULE_HOOKS:
+            setattr(mod, name, getattr(mod, name).__accel_original__)
+
+
+# -- enablement -------------------------------------------------------------------------
+def is_enabled() -> bool:
+    """True if accel is intercepting aten calls on this thread."""
+    return _state.depth > 0
+
+
+def enable() -> None:
+    """Turn accel on for the calling thread until :func:`disable` (no-op under
+    ``ACCEL_DISABLE=1``). Calls nest: each ``enable`` needs its ``disable``.
+
+    Raises:
+        ConfigError: an ``ACCEL_*`` environment variable is invalid.
+    """
+    config.validate_all()
+    st = _state
+    if config.flag("ACCEL_DISABLE"):
+        st.modes.append(None)
+        return
+    mode = AccelMode()
+    flush()  # calls recorded by an outer mode belong before this one
+    mode.__enter__()
+    st.modes.append(mode)
+    st.depth += 1
+    _install_hooks()
+
+
+def disable() -> None:
+    """Undo the latest :func:`enable` on this thread, flushing the pending region.
+
+    Raises:
+        RuntimeError: there is no matching :func:`enable`.
+    """
+    st = _state
+    if not st.modes:
+        raise RuntimeError("accel.disable() without a matching accel.enable()")
+    mode = st.modes.pop()
+    if mode is None:
+        return
+    try:
+        flush()
+    finally:
+        mode.__exit__(None, None, None)
+        st.depth -= 1
+        _remove_hooks()
+
+
+@contextlib.contextmanager
+def eager():
+    """Context manager: accelerate the eager PyTorch code inside it.
+
+    Nestable and exception-safe; the pending region is flushed on exit, so every tensor
+    computed inside holds its values outside. Per thread, like every dispatch mode.
+
+    Example:
+        >>> import torch, accel
+        >>> x = torch.linspace(-1, 1, 8)
+        >>> with accel.eager():
+        ...     y = torch.sin(x) * 2 + 1
+        >>> torch.testing.assert_close(y, torch.sin(x) * 2 + 1)
+    """
+    enable()
+    try:
+        yield
+    finally:
+        disable()

@@ -1,0 +1,237 @@
+"""Runtime: turn a flushed region into a kernel call.
+
+The kernel for (trie node, liveness mask) is looked up in the node (in memory), then in the
+store (disk), and only then compiled: trace -> passes -> lowering -> codegen -> build ->
+store -> load. A failure at any stage is remembered as a negative entry and the region runs
+eagerly (replayed op by op, filling the outputs without bumping their version counters).
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import List, Optional, Tuple
+
+import torch
+
+from . import __version__, config
+from .region import Region, TrieNode, _data_ptr
+
+log = logging.getLogger("accel")
+
+STATS = {"flushes": 0, "kernel_runs": 0, "eager_replays": 0, "memory_hits": 0,
+         "store_hits": 0, "compiles": 0, "compile_failures": 0, "compile_time_s": 0.0,
+         "load_time_s": 0.0}
+_store = None
+_store_lock = threading.Lock()
+_MISSING = object()
+
+
+def stats() -> dict:
+    """Counters of this process: flushes, kernel runs, eager replays, in-memory and store
+    hits, compiles (and their total time in seconds)."""
+    return dict(STATS)
+
+
+def reset_stats() -> None:
+    """Zero :func:`stats`."""
+    for k in STATS:
+        STATS[k] = 0.0 if isinstance(STATS[k], float) else 0
+
+
+def get_store():
+    """The process's kernel store (opened on first use; in memory if the disk is unusable)."""
+    global _store
+    with _store_lock:
+        if _store is None:
+            from .store import open_store
+
+            _store = open_store()
+        return _store
+
+
+def set_store(store) -> None:
+    """Replace the process's store (tests; ``None`` reopens from the environment)."""
+    global _store
+    with _store_lock:
+        _store = store
+
+
+@dataclass
+class CompiledRegion:
+    """A loaded kernel: entry point address and which pending outputs it writes."""
+
+    fn: int
+    live_idx: Tuple[int, ...]
+    key: str
+
+
+def _key_text(node: TrieNode, live) -> str:
+    return repr((node.path(), live))
+
+
+def _readable(calls, region: Region) -> str:
+    ops = " > ".join(str(c[0]).replace("aten.", "") for c in calls[:12])
+    more = f" (+{len(calls) - 12})" if len(calls) > 12 else ""
+    shapes = ",".join("x".join(map(str, t.shape)) or "()" for t in region.ext[:4])
+    return f"{ops}{more} [{shapes}]"
+
+
+def store_key(node: TrieNode, live) -> str:
+    """The store key: a hash of named parts (accel and torch versions, compiler identity
+    and flags, CPU ISA, the region's trie path and liveness mask)."""
+    from .build import compiler_key
+    from .store import STORE_VERSION
+
+    parts = {"store": STORE_VERSION, "accel": __version__, "torch": torch.__version__,
+             "compiler": compiler_key(), "region": _key_text(node, live)}
+    log.debug("key parts: %s", {k: v for k, v in parts.items() if k != "region"})
+    return hashlib.sha256(repr(sorted(parts.items())).encode()).hexdigest()
+
+
+def _compile(region: Region, live, key: str, store):
+    from .build import build
+    from .codegen.cpp import CppRenderer
+    from .graph import trace_region
+    from .lowering import BufferSpec, lower
+    from .passes import run_passes
+
+    t0 = time.perf_counter()
+    live_idx = tuple(i for i, a in enumerate(live) if a)
+    scalar_types = ["f" if type(s) is float else "i" for s in region.scalars]
+    tr = trace_region(region.calls, region.ext, len(region.outs), live_idx, scalar_types)
+    pass_log = run_passes(tr.gm)
+    ext = [BufferSpec(t.dtype, tuple(t.shape), t.stride(), False) for t in region.ext]
+    outs = [BufferSpec(region.out_meta[i][2], region.out_meta[i][0], region.out_meta[i][1], True)
+            for i in live_idx]
+    ir = lower(tr.gm, ext, outs, scalar_types)
+    name = "accel_region_" + key[:16]
+    source = CppRenderer().render(ir, name)
+    artifact = build(source, name)
+    dt = time.perf_counter() - t0
+    meta = {"readable": _readable(region.calls, region), "symbol": name, "source": source,
+            "live_idx": list(live_idx), "pass_log": pass_log, "compile_time_s": dt,
+            "graph": str(tr.gm.graph), "ir": ir.describe(), "torch": torch.__version__,
+            "n_ext": len(ext), "n_out": len(outs), "scalar_types": scalar_types}
+    STATS["compiles"] += 1
+    STATS["compile_time_s"] += dt
+    store.record("compiles")
+    log.info("compiled region %s in %.2f s: %s", key[:16], dt, meta["readable"])
+    return store.put(key, artifact, meta)
+
+
+_POOL = None
+
+
+def _pool():
+    global _POOL
+    if _POOL is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="accel-compile")
+    return _POOL
+
+
+def _load(entry) -> CompiledRegion:
+    from . import _core
+
+    t0 = time.perf_counter()
+    fn = _core.load(entry.path, entry.meta["symbol"])
+    STATS["load_time_s"] += time.perf_counter() - t0
+    return CompiledRegion(fn, tuple(entry.meta["live_idx"]), entry.key)
+
+
+def kernel_for(region: Region, live) -> Optional[CompiledRegion]:
+    """Find or build the kernel of ``region`` with liveness mask ``live``; ``None`` means
+    run eagerly (a remembered failure). Never raises for a compile problem."""
+    from .interceptor import warn_once
+
+    store = get_store()
+    try:
+        key = store_key(region.node, live)
+    except Exception as e:  # noqa: BLE001 - no compiler: eager, once warned
+        warn_once(("key", type(e).__name__), "accel: kernels disabled (%s); running eagerly", e)
+        return None
+    try:
+        entry = store.get(key)
+        if entry is None:
+            store.record("misses")
+            with store.compile_lock(key):
+                entry = store.get(key)
+                if entry is None:
+                    try:
+                        # a fresh thread: clean dispatch state for tracing, even when the
+                        # flush comes from inside __torch_dispatch__
+                        entry = _pool().submit(_compile, region, live, key, store).result()
+                    except Exception as e:  # noqa: BLE001 - every failure means: eager
+                        STATS["compile_failures"] += 1
+                        store.record("compile_failures")
+                        reason = f"{type(e).__name__}: {e}"
+                        store.put_negative(key, reason, {"readable": _readable(region.calls, region)})
+                        warn_once(("compile", type(e).__name__, str(e)[:80]),
+                                  "accel: region runs eagerly (%s)", reason.splitlines()[0][:300])
+                        return None
+        else:
+            STATS["store_hits"] += 1
+            store.record("hits")
+        if entry.negative:
+            return None
+        return _load(entry)
+    except Exception as e:  # noqa: BLE001 - a broken store or library: eager, keep going
+        warn_once(("runtime", type(e).__name__), "accel: region runs eagerly (%s: %s)",
+                  type(e).__name__, e)
+        return None
+
+
+def replay(region: Region) -> None:
+    """Run the region's calls eagerly, writing each result into its pending output.
+
+    Runs below autograd and ADInplaceOrView, so neither the outputs' nor the mutated
+    inputs' version counters change (autograd already counted the user's calls).
+    """
+    STATS["eager_replays"] += 1
+    outs, ext, sc = region.outs, region.ext, region.scalars
+
+    def res(r):
+        tag = r[0]
+        if tag == "x":
+            return ext[r[1]]
+        if tag == "o":
+            return outs[r[1]]
+        if tag == "s":
+            return sc[r[1]]
+        v = r[1]
+        return list(v) if isinstance(v, tuple) else v
+
+    k = 0
+    with torch._C._AutoDispatchBelowADInplaceOrView():
+        for func, targs, tkw, n_new in region.calls:
+            out = func(*[res(r) for r in targs], **{n: res(r) for n, r in tkw.items()})
+            if n_new:
+                outs[k].copy_(out)
+                k += 1
+
+
+def execute(region: Region) -> None:
+    """Flush ``region``: run its kernel, or replay it eagerly."""
+    from . import _core
+
+    STATS["flushes"] += 1
+    node = region.node
+    live = region.liveness()
+    kern = node.kernels.get(live, _MISSING)
+    if kern is _MISSING:
+        kern = kernel_for(region, live)
+        node.kernels[live] = kern
+    else:
+        STATS["memory_hits"] += 1
+    if kern is not None and not (region.mutates_ext and region.ext_overlap()):
+        outs = region.outs
+        ptrs = [_data_ptr(t) for t in region.ext]
+        ptrs += [_data_ptr(outs[i]) for i in kern.live_idx]
+        if _core.launch(kern.fn, ptrs, region.scalars) == 0:
+            STATS["kernel_runs"] += 1
+            return
+    replay(region)

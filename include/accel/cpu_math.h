@@ -1,0 +1,112 @@
+/* Math helpers for generated CPU kernels (C++, included, never pasted).
+ *
+ * libm entry points that glibc's libmvec provides as vector variants are redeclared with
+ * `simd("notinbranch")`, so gcc vectorizes `#pragma omp simd` loops calling them without
+ * -ffast-math (libmvec is accurate to a few ULP; see DESIGN.md, "Vector math on CPU").
+ * Semantics of the helpers follow ATen's CPU kernels (c10/util/math_compat.h,
+ * aten/src/ATen/native/cpu/BinaryOpsKernel.cpp).
+ */
+#ifndef ACCEL_CPU_MATH_H
+#define ACCEL_CPU_MATH_H
+#include <math.h>
+#include <stdint.h>
+#include <type_traits>
+#include "accel/kernel.h"
+
+#define ACCEL_VEC(ret, name, ...) ret name(__VA_ARGS__) noexcept __attribute__((simd("notinbranch")));
+extern "C" {
+#if defined(__x86_64__)
+ACCEL_VEC(float, expf, float) ACCEL_VEC(float, exp2f, float) ACCEL_VEC(float, expm1f, float)
+ACCEL_VEC(float, logf, float) ACCEL_VEC(float, log2f, float) ACCEL_VEC(float, log10f, float)
+ACCEL_VEC(float, log1pf, float) ACCEL_VEC(float, sinf, float) ACCEL_VEC(float, cosf, float)
+ACCEL_VEC(float, tanf, float) ACCEL_VEC(float, asinf, float) ACCEL_VEC(float, acosf, float)
+ACCEL_VEC(float, atanf, float) ACCEL_VEC(float, sinhf, float) ACCEL_VEC(float, coshf, float)
+ACCEL_VEC(float, tanhf, float) ACCEL_VEC(float, asinhf, float) ACCEL_VEC(float, acoshf, float)
+ACCEL_VEC(float, atanhf, float) ACCEL_VEC(float, erff, float) ACCEL_VEC(float, erfcf, float)
+ACCEL_VEC(float, cbrtf, float) ACCEL_VEC(float, powf, float, float)
+ACCEL_VEC(float, atan2f, float, float) ACCEL_VEC(float, hypotf, float, float)
+ACCEL_VEC(double, exp, double) ACCEL_VEC(double, exp2, double) ACCEL_VEC(double, expm1, double)
+ACCEL_VEC(double, log, double) ACCEL_VEC(double, log2, double) ACCEL_VEC(double, log10, double)
+ACCEL_VEC(double, log1p, double) ACCEL_VEC(double, sin, double) ACCEL_VEC(double, cos, double)
+ACCEL_VEC(double, tan, double) ACCEL_VEC(double, asin, double) ACCEL_VEC(double, acos, double)
+ACCEL_VEC(double, atan, double) ACCEL_VEC(double, sinh, double) ACCEL_VEC(double, cosh, double)
+ACCEL_VEC(double, tanh, double) ACCEL_VEC(double, asinh, double) ACCEL_VEC(double, acosh, double)
+ACCEL_VEC(double, atanh, double) ACCEL_VEC(double, erf, double) ACCEL_VEC(double, erfc, double)
+ACCEL_VEC(double, cbrt, double) ACCEL_VEC(double, pow, double, double)
+ACCEL_VEC(double, atan2, double, double) ACCEL_VEC(double, hypot, double, double)
+#endif
+}
+
+namespace accel {
+
+#define ACCEL_UNARY(name, f32)                                        \
+  static inline float name(float x) { return ::f32(x); }              \
+  static inline double name(double x) { return ::name(x); }
+ACCEL_UNARY(exp, expf) ACCEL_UNARY(exp2, exp2f) ACCEL_UNARY(expm1, expm1f)
+ACCEL_UNARY(log, logf) ACCEL_UNARY(log2, log2f) ACCEL_UNARY(log10, log10f)
+ACCEL_UNARY(log1p, log1pf) ACCEL_UNARY(sin, sinf) ACCEL_UNARY(cos, cosf) ACCEL_UNARY(tan, tanf)
+ACCEL_UNARY(asin, asinf) ACCEL_UNARY(acos, acosf) ACCEL_UNARY(atan, atanf)
+ACCEL_UNARY(sinh, sinhf) ACCEL_UNARY(cosh, coshf) ACCEL_UNARY(tanh, tanhf)
+ACCEL_UNARY(asinh, asinhf) ACCEL_UNARY(acosh, acoshf) ACCEL_UNARY(atanh, atanhf)
+ACCEL_UNARY(erf, erff) ACCEL_UNARY(erfc, erfcf) ACCEL_UNARY(cbrt, cbrtf)
+ACCEL_UNARY(sqrt, sqrtf) ACCEL_UNARY(floor, floorf) ACCEL_UNARY(ceil, ceilf)
+ACCEL_UNARY(trunc, truncf) ACCEL_UNARY(lgamma, lgammaf)
+#undef ACCEL_UNARY
+
+#define ACCEL_BINARY(name, f32)                                                 \
+  static inline float name(float a, float b) { return ::f32(a, b); }            \
+  static inline double name(double a, double b) { return ::name(a, b); }
+ACCEL_BINARY(pow, powf) ACCEL_BINARY(atan2, atan2f) ACCEL_BINARY(hypot, hypotf)
+ACCEL_BINARY(fmod, fmodf) ACCEL_BINARY(nextafter, nextafterf) ACCEL_BINARY(copysign, copysignf)
+ACCEL_BINARY(fmax, fmaxf) ACCEL_BINARY(fmin, fminf)
+#undef ACCEL_BINARY
+
+static inline float round(float x) { return __builtin_roundevenf(x); }
+static inline double round(double x) { return __builtin_roundeven(x); }
+
+template <typename T> static inline T abs(T x) {
+  if constexpr (std::is_floating_point_v<T>) return __builtin_fabs(x);
+  else return x < 0 ? T(-x) : x;
+}
+template <typename T> static inline T rsqrt(T x) { return T(1) / accel::sqrt(x); }
+template <typename T> static inline T reciprocal(T x) { return T(1) / x; }
+/* NaN-propagating maximum/minimum, as torch.maximum/minimum. */
+template <typename T> static inline T maximum(T a, T b) {
+  if constexpr (std::is_floating_point_v<T>) return (a != a) ? a : ((b != b) ? b : (a > b ? a : b));
+  else return a > b ? a : b;
+}
+template <typename T> static inline T minimum(T a, T b) {
+  if constexpr (std::is_floating_point_v<T>) return (a != a) ? a : ((b != b) ? b : (a < b ? a : b));
+  else return a < b ? a : b;
+}
+/* Python-style remainder for floats: the result has the sign of the divisor. */
+template <typename T> static inline T remainder(T a, T b) {
+  T m = accel::fmod(a, b);
+  return (m != T(0) && ((b < T(0)) != (m < T(0)))) ? m + b : m;
+}
+template <typename T> static inline T sign(T x) {
+  if constexpr (std::is_floating_point_v<T>) return (x != x) ? x : T((T(0) < x) - (x < T(0)));
+  else if constexpr (std::is_same_v<T, bool>) return x;
+  else return T((T(0) < x) - (x < T(0)));
+}
+template <typename T> static inline bool signbit(T x) {
+  if constexpr (std::is_floating_point_v<T>) return __builtin_signbit(x);
+  else return x < 0;
+}
+template <typename T> static inline bool isfinite(T x) {
+  if constexpr (std::is_floating_point_v<T>) return x - x == x - x;
+  else return true;
+}
+/* Shifts as ATen's lshift/rshift kernels: out-of-range shift counts are well defined. */
+template <typename T> static inline T shift_left(T a, T b) {
+  using U = std::make_unsigned_t<T>;
+  constexpr T bits = sizeof(T) * 8;
+  return (b < 0 || b >= bits) ? T(0) : T(U(a) << b);
+}
+template <typename T> static inline T shift_right_arithmetic(T a, T b) {
+  constexpr T bits = sizeof(T) * 8;
+  return (b < 0 || b >= bits) ? T(a >> (bits - 1)) : T(a >> b);
+}
+
+}  // namespace accel
+#endif /* ACCEL_CPU_MATH_H */
