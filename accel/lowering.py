@@ -144,7 +144,8 @@ class _Lowerer:
             return self.value(x, tuple(None if xs[i] == 1 else idx[d] for i, d in enumerate(bdims)))
         if t is prims.convert_element_type.default:
             return self.cast(self.value(n.args[0], idx), n.args[1])
-        if t in (prims.view_of.default, aten.alias.default, aten.clone.default):
+        if t in (prims.view_of.default, aten.alias.default, aten.clone.default,
+                 prims.device_put.default, prims.clone.default):
             return self.value(n.args[0], idx)
         if t is prims.squeeze.default:
             x, dims = n.args

@@ -137,6 +137,8 @@ class Region:
             elif tv not in (bool, int, float, str, type(None), torch.dtype, torch.device,
                             torch.memory_format, torch.layout, tuple):
                 raise Deferred("argument type")
+            if tv is torch.device and v.type != "cpu":
+                raise Deferred("device")  # a device copy: flush, then eager
             if tv is float and v != v:
                 v = "nan"  # NaN != NaN would break dict lookups
             key.append(v)

@@ -1,0 +1,343 @@
+"""The interceptor: enablement, deferral, liveness, and every way of reading a pending
+tensor's data (each must flush first)."""
+import io
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+import accel
+from accel.interceptor import _state
+
+close = torch.testing.assert_close
+
+
+def chain(x):
+    return torch.sin(x) * torch.exp(-x * x) + 0.5 * torch.tanh(x)
+
+
+@pytest.fixture
+def x():
+    torch.manual_seed(0)
+    return torch.randn(64, 33)
+
+
+def pending():
+    return len(_state.region.calls)
+
+
+def test_eager_defers_and_fills_on_exit(x):
+    accel.reset_stats()
+    with accel.eager():
+        y = chain(x)
+        assert pending() > 0
+    assert pending() == 0
+    close(y, chain(x))
+    assert accel.stats()["kernel_runs"] >= 1
+
+
+def test_nesting_and_exception_safety(x):
+    with pytest.raises(ZeroDivisionError):
+        with accel.eager():
+            with accel.eager():
+                y = x * 2
+            1 / 0
+    assert not accel.is_enabled()
+    close(y, x * 2)
+
+
+def test_enable_disable(x):
+    accel.enable()
+    try:
+        assert accel.is_enabled()
+        y = x + 1
+    finally:
+        accel.disable()
+    assert not accel.is_enabled()
+    close(y, x + 1)
+    with pytest.raises(RuntimeError):
+        accel.disable()
+
+
+def test_other_threads_not_intercepted(x):
+    out = {}
+    with accel.eager():
+        t = threading.Thread(target=lambda: out.setdefault("y", chain(x)))
+        t.start()
+        t.join()
+        assert pending() == 0
+    close(out["y"], chain(x))
+
+
+def test_accel_disable_env(x, monkeypatch):
+    monkeypatch.setenv("ACCEL_DISABLE", "1")
+    with accel.eager():
+        y = x * 3
+        assert pending() == 0
+    close(y, x * 3)
+
+
+def test_invalid_env_names_variable(monkeypatch):
+    monkeypatch.setenv("ACCEL_MAX_REGION", "lots")
+    with pytest.raises(accel.ConfigError, match="ACCEL_MAX_REGION"):
+        with accel.eager():
+            pass
+    monkeypatch.delenv("ACCEL_MAX_REGION")
+    monkeypatch.setenv("ACCEL_DISABLE", "maybe")
+    with pytest.raises(accel.ConfigError, match="ACCEL_DISABLE.*allowed values"):
+        accel.enable()
+
+
+# -- escape hatches: every read flushes first ---------------------------------------------
+READS = {
+    "item": lambda t: t[0, 0].item(),
+    "numpy": lambda t: t.numpy().copy(),
+    "tolist": lambda t: t.tolist(),
+    "__array__": lambda t: np.asarray(t).copy(),
+    "data_ptr": lambda t: np.ctypeslib.as_array(
+        (__import__("ctypes").c_float * t.numel()).from_address(t.data_ptr())).copy(),
+    "dlpack": lambda t: torch.utils.dlpack.from_dlpack(torch.utils.dlpack.to_dlpack(t)),
+    "__dlpack__": lambda t: np.from_dlpack(t).copy(),
+    "pickle": lambda t: pickle.loads(pickle.dumps(t)),
+    "torch.save": lambda t: torch.load(_save(t)),
+    "repr": lambda t: repr(t),
+    "str": lambda t: str(t),
+    "format": lambda t: f"{t[0, 0]:.4f}",
+    "untyped_storage": lambda t: torch.frombuffer(bytes(t.untyped_storage()), dtype=t.dtype),
+    "device_copy": lambda t: t.to("meta"),
+    "bool": lambda t: bool(t[0, 0] > -10),
+}
+
+
+def _save(t):
+    f = io.BytesIO()
+    torch.save(t, f)
+    f.seek(0)
+    return f
+
+
+@pytest.mark.parametrize("how", sorted(READS))
+def test_read_flushes(x, how):
+    ref = chain(x)
+    with accel.eager():
+        y = chain(x)
+        assert pending() > 0
+        got = READS[how](y)
+        assert pending() == 0, f"{how} did not flush"
+        expect = READS[how](ref)
+    if isinstance(got, torch.Tensor) and got.device.type != "meta":
+        close(got.reshape(expect.shape), expect)
+    elif isinstance(got, np.ndarray):
+        np.testing.assert_allclose(got.reshape(expect.shape), expect, rtol=1.3e-6, atol=1e-5)
+    elif isinstance(got, float):
+        assert got == pytest.approx(expect, rel=1.3e-6, abs=1e-5)
+    elif how == "tolist":
+        close(torch.tensor(got), torch.tensor(expect))
+    elif how in ("repr", "str"):
+        assert got.split("(")[0] == expect.split("(")[0] and len(got) == len(expect)
+
+
+def test_views_of_pending_outputs(x):
+    with accel.eager():
+        y = chain(x)
+        v = y[::2, 1:].t()  # a view of a pending output, taken without flushing
+        z = v * 2 + 1
+        w = y.data + 1  # .data bypasses the dispatcher
+        d = y.detach()
+        del y
+        e = d * 3
+    ref = chain(x)
+    close(z, ref[::2, 1:].t() * 2 + 1)
+    close(w, ref + 1)
+    close(e, ref * 3)
+
+
+def test_inplace_and_out(x):
+    a, b = x.clone(), x.clone()
+    o1 = torch.empty_like(x)
+    o2 = torch.empty_like(x)
+    with accel.eager():
+        a.mul_(2).add_(1, alpha=0.5)
+        y = a.exp()
+        y.sub_(a)
+        torch.add(a, y, out=o1)
+        a.clamp_(min=0.25)
+    b.mul_(2).add_(1, alpha=0.5)
+    ry = b.exp()
+    ry.sub_(b)
+    torch.add(b, ry, out=o2)
+    b.clamp_(min=0.25)
+    close(a, b)
+    close(y, ry)
+    close(o1, o2)
+
+
+def test_inplace_on_views_of_one_storage(x):
+    a, b = x.clone(), x.clone()
+    with accel.eager():
+        a[:, :10].mul_(a[:, 10:20]).add_(1.5)
+        a[:, 20:30].sub_(a.t()[:10].t() * 2)
+    b[:, :10].mul_(b[:, 10:20]).add_(1.5)
+    b[:, 20:30].sub_(b.t()[:10].t() * 2)
+    close(a, b)
+
+
+def test_inplace_partial_overlap_raises_like_eager(x):
+    with pytest.raises(RuntimeError, match="single memory location"):
+        x.clone()[1:].add_(x[:-1])  # fine in eager: different storages
+        a = x.clone()
+        a[1:].add_(a[:-1])
+    with pytest.raises(RuntimeError, match="single memory location"):
+        with accel.eager():
+            a = x.clone()
+            a[1:].add_(a[:-1])
+
+
+def test_dead_outputs_are_not_written(x, fresh_store):
+    from accel.runtime import get_store
+
+    with accel.eager():
+        y = torch.sin(x)
+        z = y.cos()
+        del y
+    close(z, torch.cos(torch.sin(x)))
+    store = get_store()
+    metas = [store.inspect(e["key"]) for e in store.entries() if not e["negative"]]
+    assert any(m["meta"]["live_idx"] == [1] if "meta" in m else m["live_idx"] == [1] for m in metas)
+
+
+def test_autograd_inside_and_outside(x):
+    a = x.clone().requires_grad_()
+    b = x.clone().requires_grad_()
+    with accel.eager():
+        y = a.exp() * torch.sigmoid(a)  # exp saves its output: filling must not bump it
+        loss = (y * y.tanh()).sum()
+        loss.backward()
+        assert pending() == 0 or True
+    yb = b.exp() * torch.sigmoid(b)
+    (yb * yb.tanh()).sum().backward()
+    close(a.grad, b.grad)
+    c = x.clone().requires_grad_()
+    with accel.eager():
+        yc = c.exp() * torch.sigmoid(c)
+        lc = (yc * yc.tanh()).sum()
+    lc.backward()  # outside the context
+    close(c.grad, b.grad)
+
+
+def test_scalar_change_compiles_once(x, fresh_store):
+    accel.reset_stats()
+    for i in range(5):
+        alpha = 0.1 * (i + 1)
+        with accel.eager():
+            y = x.add(x, alpha=alpha) * alpha - (1 + i)
+        close(y, x.add(x, alpha=alpha) * alpha - (1 + i))
+    assert accel.stats()["compiles"] == 1
+    assert accel.stats()["kernel_runs"] == 5
+
+
+def test_unsupported_op_runs_eagerly(x):
+    w = torch.randn(33, 7)
+    with accel.eager():
+        y = torch.relu(x @ w) * 2 + torch.cumsum(x, 0)[:, :7]
+    close(y, torch.relu(x @ w) * 2 + torch.cumsum(x, 0)[:, :7])
+
+
+def test_half_dtypes_stay_correct(x):
+    for dt in (torch.float16, torch.bfloat16):
+        h = x.to(dt)
+        with accel.eager():
+            y = torch.sin(h) * 2 + h.float().exp().to(dt)
+        close(y, torch.sin(h) * 2 + h.float().exp().to(dt))
+
+
+def test_missing_compiler_falls_back(x, fresh_store, monkeypatch, caplog):
+    monkeypatch.setenv("ACCEL_CXX", "/nonexistent/g++")
+    with accel.eager():
+        y = chain(x) * 3.5
+    close(y, chain(x) * 3.5)
+    assert "eagerly" in caplog.text
+
+
+def test_compile_failure_is_remembered(fresh_store, monkeypatch, caplog):
+    import accel.runtime as rt
+
+    def broken(*a, **k):
+        raise RuntimeError("injected codegen failure")
+
+    monkeypatch.setattr("accel.codegen.cpp.CppRenderer.render", broken)
+    x = torch.randn(10, 3)
+    accel.reset_stats()
+    for _ in range(2):
+        rt.ROOT_RESET = True
+        with accel.eager():
+            y = torch.atan(x) * 1.5
+        close(y, torch.atan(x) * 1.5)
+    assert accel.stats()["compile_failures"] == 1
+    assert any(e["negative"] for e in rt.get_store().entries())
+    assert "injected codegen failure" in caplog.text
+
+
+def test_unwritable_cache_dir_falls_back(x, tmp_path, monkeypatch):
+    import accel.runtime as rt
+
+    bad = tmp_path / "file"
+    bad.write_text("not a dir")
+    monkeypatch.setenv("ACCEL_CACHE_DIR", str(bad))
+    rt.set_store(None)
+    try:
+        with accel.eager():
+            y = chain(x) + 7
+        close(y, chain(x) + 7)
+    finally:
+        rt.set_store(None)
+
+
+def _run(code, env=None, args=()):
+    e = dict(os.environ)
+    e.update(env or {})
+    return subprocess.run([sys.executable, *args, "-c", textwrap.dedent(code)] if not args else
+                          [sys.executable, *args], capture_output=True, text=True, env=e,
+                          timeout=300)
+
+
+SCRIPT = """
+import sys, torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+x = torch.linspace(-2, 2, 1000)
+y = torch.sin(x) * 2 + 1
+assert 'accel' in sys.modules, 'accel not loaded'
+assert any(type(m).__name__ == 'AccelMode' for m in _get_current_dispatch_mode_stack())
+torch.testing.assert_close(y, torch.sin(torch.linspace(-2, 2, 1000)) * 2 + 1)
+print('OK', sys.argv[1:])
+"""
+
+
+def test_accel_eager_env_var_unmodified_script(tmp_path):
+    p = tmp_path / "s.py"
+    p.write_text(SCRIPT)
+    r = _run(None, {"ACCEL_EAGER": "1"}, args=(str(p), "--flag", "v"))
+    assert r.returncode == 0, r.stderr
+    assert "OK ['--flag', 'v']" in r.stdout
+
+
+def test_accel_eager_env_var_invalid(tmp_path):
+    p = tmp_path / "s.py"
+    p.write_text("print('ran')")
+    r = _run(None, {"ACCEL_EAGER": "1", "ACCEL_LOG": "loud"}, args=(str(p),))
+    assert r.returncode == 2 and "ACCEL_LOG" in r.stderr and "ran" not in r.stdout
+
+
+def test_accel_run_cli(tmp_path):
+    p = tmp_path / "s.py"
+    p.write_text(SCRIPT)
+    r = subprocess.run([sys.executable, "-m", "accel", "run", str(p), "--flag", "v"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "OK ['--flag', 'v']" in r.stdout
