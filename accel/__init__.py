@@ -3,12 +3,31 @@
 Under ``with accel.eager():`` (or ``ACCEL_EAGER=1``, or ``accel run script.py``) aten calls
 are intercepted, runs of fusible calls are deferred into regions, and each region runs as
 one generated native kernel, compiled once and kept in a persistent store.
+
+Attributes load lazily (PEP 562), so ``accel cache ...`` does not import torch.
 """
 __version__ = "0.1.0"
 
 from .config import ConfigError  # noqa: E402
-from .interceptor import disable, eager, enable, flush, is_enabled  # noqa: E402
-from .runtime import reset_stats, stats  # noqa: E402
+
+_LAZY = {"eager": "interceptor", "enable": "interceptor", "disable": "interceptor",
+         "flush": "interceptor", "is_enabled": "interceptor", "stats": "runtime",
+         "reset_stats": "runtime"}
 
 __all__ = ["eager", "enable", "disable", "flush", "is_enabled", "stats", "reset_stats",
            "ConfigError", "__version__"]
+
+
+def __getattr__(name):
+    mod = _LAZY.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'accel' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"accel.{mod}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_LAZY))

@@ -98,6 +98,10 @@ def _compile(region: Region, live, key: str, store):
     from .lowering import BufferSpec, lower
     from .passes import run_passes
 
+    import sys
+
+    # lowering and codegen recurse along the region's dependence chains (<= ACCEL_MAX_REGION)
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 20 * config.flag("ACCEL_MAX_REGION") + 1000))
     t0 = time.perf_counter()
     live_idx = tuple(i for i, a in enumerate(live) if a)
     scalar_types = ["f" if type(s) is float else "i" for s in region.scalars]
