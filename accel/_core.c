@@ -1493,6 +1493,7 @@ static const char * const __pyx_cfilenm = __FILE__;
 
 static const char* const __pyx_f[] = {
   "accel/_core.pyx",
+  "(tree fragment)",
 };
 /* #### Code section: utility_code_proto_before_types ### */
 /* Atomics.proto (used by UnpackUnboundCMethod) */
@@ -1681,6 +1682,7 @@ static const char* const __pyx_f[] = {
 /* #### Code section: type_declarations ### */
 
 /*--- Type declarations ---*/
+struct __pyx_obj_5accel_5_core_RegionCore;
 
 /* "accel/_core.pyx":16
  *     ctypedef int (*accel_kernel_fn)(void** bufs, const accel_scalar_t* scalars)
@@ -1692,6 +1694,42 @@ static const char* const __pyx_f[] = {
 enum  {
   __pyx_e_5accel_5_core_STACK = 64
 };
+
+/* "accel/_core.pyx":87
+ * 
+ * 
+ * cdef class RegionCore:             # <<<<<<<<<<<<<<
+ *     """The recording half of a region (see accel.region.Region): builds the per-call key,
+ *     steps the trie and allocates the deferred outputs."""
+*/
+struct __pyx_obj_5accel_5_core_RegionCore {
+  PyObject_HEAD
+  struct __pyx_vtabstruct_5accel_5_core_RegionCore *__pyx_vtab;
+  PyObject *node;
+  PyObject *ext;
+  PyObject *outs;
+  PyObject *out_meta;
+  PyObject *scalars;
+  PyObject *calls;
+  PyObject *ext_ids;
+  PyObject *out_ids;
+  PyObject *lo;
+  PyObject *hi;
+  int mutates_ext;
+  int _float_ok;
+  int _int_ok;
+  Py_ssize_t _lo;
+  Py_ssize_t _hi;
+};
+
+
+
+struct __pyx_vtabstruct_5accel_5_core_RegionCore {
+  PyObject *(*_aliases_pending)(struct __pyx_obj_5accel_5_core_RegionCore *, Py_ssize_t);
+  PyObject *(*_tensor_sig)(struct __pyx_obj_5accel_5_core_RegionCore *, PyObject *, PyObject *, PyObject *);
+  PyObject *(*_arg)(struct __pyx_obj_5accel_5_core_RegionCore *, int, PyObject *, PyObject *, PyObject *);
+};
+static struct __pyx_vtabstruct_5accel_5_core_RegionCore *__pyx_vtabptr_5accel_5_core_RegionCore;
 /* #### Code section: utility_code_proto ### */
 
 /* --- Runtime support code (head) --- */
@@ -1767,6 +1805,95 @@ enum  {
     } while (0)
 #define __Pyx_CLEAR(r)    do { PyObject* tmp = ((PyObject*)(r)); r = NULL; __Pyx_DECREF(tmp);} while(0)
 #define __Pyx_XCLEAR(r)   do { if((r) != NULL) {PyObject* tmp = ((PyObject*)(r)); r = NULL; __Pyx_DECREF(tmp);}} while(0)
+
+/* FastTypeChecks.proto (used by GivenExceptionMatches) */
+#if CYTHON_COMPILING_IN_CPYTHON
+#define __Pyx_TypeCheck(obj, type) __Pyx_IsSubtype(Py_TYPE(obj), (PyTypeObject *)type)
+#define __Pyx_TypeCheck2(obj, type1, type2) __Pyx_IsAnySubtype2(Py_TYPE(obj), (PyTypeObject *)type1, (PyTypeObject *)type2)
+static CYTHON_INLINE int __Pyx_IsSubtype(PyTypeObject *a, PyTypeObject *b);
+static CYTHON_INLINE int __Pyx_IsAnySubtype2(PyTypeObject *cls, PyTypeObject *a, PyTypeObject *b);
+#define __Pyx_PyAnySet_Check(obj)  __Pyx_TypeCheck2(obj, &PySet_Type, &PyFrozenSet_Type)
+#else
+#define __Pyx_TypeCheck(obj, type) PyObject_TypeCheck(obj, (PyTypeObject *)type)
+#define __Pyx_TypeCheck2(obj, type1, type2) (PyObject_TypeCheck(obj, (PyTypeObject *)type1) || PyObject_TypeCheck(obj, (PyTypeObject *)type2))
+#define __Pyx_PyAnySet_Check(obj)  PyAnySet_Check(obj)
+#endif
+
+/* PyThreadStateGet.proto (used by PyErrFetchRestore) */
+#if CYTHON_FAST_THREAD_STATE
+#define __Pyx_PyThreadState_declare  PyThreadState *__pyx_tstate;
+#define __Pyx_PyThreadState_assign  __pyx_tstate = __Pyx_PyThreadState_Current;
+#if PY_VERSION_HEX >= 0x030C00A6
+#define __Pyx_PyErr_Occurred()  (__pyx_tstate->current_exception != NULL)
+#define __Pyx_PyErr_CurrentExceptionType()  (__pyx_tstate->current_exception ? (PyObject*) Py_TYPE(__pyx_tstate->current_exception) : (PyObject*) NULL)
+#else
+#define __Pyx_PyErr_Occurred()  (__pyx_tstate->curexc_type != NULL)
+#define __Pyx_PyErr_CurrentExceptionType()  (__pyx_tstate->curexc_type)
+#endif
+#else
+#define __Pyx_PyThreadState_declare
+#define __Pyx_PyThreadState_assign
+#define __Pyx_PyErr_Occurred()  (PyErr_Occurred() != NULL)
+#define __Pyx_PyErr_CurrentExceptionType()  PyErr_Occurred()
+#endif
+
+/* PyErrFetchRestore.proto (used by GivenExceptionMatches) */
+#if CYTHON_FAST_THREAD_STATE
+#define __Pyx_PyErr_Clear() __Pyx_ErrRestore(NULL, NULL, NULL)
+#define __Pyx_ErrRestoreWithState(type, value, tb)  __Pyx_ErrRestoreInState(PyThreadState_GET(), type, value, tb)
+#define __Pyx_ErrFetchWithState(type, value, tb)    __Pyx_ErrFetchInState(PyThreadState_GET(), type, value, tb)
+#define __Pyx_ErrRestore(type, value, tb)  __Pyx_ErrRestoreInState(__pyx_tstate, type, value, tb)
+#define __Pyx_ErrFetch(type, value, tb)    __Pyx_ErrFetchInState(__pyx_tstate, type, value, tb)
+static CYTHON_INLINE void __Pyx_ErrRestoreInState(PyThreadState *tstate, PyObject *type, PyObject *value, PyObject *tb);
+static CYTHON_INLINE void __Pyx_ErrFetchInState(PyThreadState *tstate, PyObject **type, PyObject **value, PyObject **tb);
+#if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX < 0x030C00A6
+#define __Pyx_PyErr_SetNone(exc) (Py_INCREF(exc), __Pyx_ErrRestore((exc), NULL, NULL))
+#else
+#define __Pyx_PyErr_SetNone(exc) PyErr_SetNone(exc)
+#endif
+#else
+#define __Pyx_PyErr_Clear() PyErr_Clear()
+#define __Pyx_PyErr_SetNone(exc) PyErr_SetNone(exc)
+#define __Pyx_ErrRestoreWithState(type, value, tb)  PyErr_Restore(type, value, tb)
+#define __Pyx_ErrFetchWithState(type, value, tb)  PyErr_Fetch(type, value, tb)
+#define __Pyx_ErrRestoreInState(tstate, type, value, tb)  PyErr_Restore(type, value, tb)
+#define __Pyx_ErrFetchInState(tstate, type, value, tb)  PyErr_Fetch(type, value, tb)
+#define __Pyx_ErrRestore(type, value, tb)  PyErr_Restore(type, value, tb)
+#define __Pyx_ErrFetch(type, value, tb)  PyErr_Fetch(type, value, tb)
+#endif
+
+/* GivenExceptionMatches.proto (used by PyErrExceptionMatches) */
+#if CYTHON_COMPILING_IN_CPYTHON
+static CYTHON_INLINE int __Pyx_PyErr_GivenExceptionMatches(PyObject *err, PyObject *type);
+static CYTHON_INLINE int __Pyx_PyErr_GivenExceptionMatches2(PyObject *err, PyObject *type1, PyObject *type2);
+#else
+#define __Pyx_PyErr_GivenExceptionMatches(err, type) PyErr_GivenExceptionMatches(err, type)
+static CYTHON_INLINE int __Pyx_PyErr_GivenExceptionMatches2(PyObject *err, PyObject *type1, PyObject *type2) {
+    return PyErr_GivenExceptionMatches(err, type1) || PyErr_GivenExceptionMatches(err, type2);
+}
+#endif
+#define __Pyx_PyErr_ExceptionMatches2(err1, err2)  __Pyx_PyErr_GivenExceptionMatches2(__Pyx_PyErr_CurrentExceptionType(), err1, err2)
+
+/* PyErrExceptionMatches.proto (used by PyObjectGetAttrStrNoError) */
+#if CYTHON_FAST_THREAD_STATE
+#define __Pyx_PyErr_ExceptionMatches(err) __Pyx_PyErr_ExceptionMatchesInState(__pyx_tstate, err)
+static CYTHON_INLINE int __Pyx_PyErr_ExceptionMatchesInState(PyThreadState* tstate, PyObject* err);
+#else
+#define __Pyx_PyErr_ExceptionMatches(err)  PyErr_ExceptionMatches(err)
+#endif
+
+/* PyObjectGetAttrStr.proto (used by PyObjectGetAttrStrNoError) */
+#if CYTHON_USE_TYPE_SLOTS
+static CYTHON_INLINE PyObject* __Pyx_PyObject_GetAttrStr(PyObject* obj, PyObject* attr_name);
+#else
+#define __Pyx_PyObject_GetAttrStr(o,n) PyObject_GetAttr(o,n)
+#endif
+
+/* PyObjectGetAttrStrNoError.proto (used by GetBuiltinName) */
+static CYTHON_INLINE PyObject* __Pyx_PyObject_GetAttrStrNoError(PyObject* obj, PyObject* attr_name);
+
+/* GetBuiltinName.proto */
+static PyObject *__Pyx_GetBuiltinName(PyObject *name);
 
 /* CopyObjectArray.proto (used by TupleOrListFromArrayImpl) */
 #if CYTHON_COMPILING_IN_CPYTHON
@@ -1896,26 +2023,6 @@ typedef struct {
 static CYTHON_INLINE int __Pyx_IgnoreGivenException(PyObject *given_exception, PyObject *ignorable_exception);
 #define __Pyx_IgnoreException(ignorable_exception) __Pyx_IgnoreGivenException(NULL, ignorable_exception)
 
-/* FastTypeChecks.proto (used by UnpackUnboundCMethod_impl) */
-#if CYTHON_COMPILING_IN_CPYTHON
-#define __Pyx_TypeCheck(obj, type) __Pyx_IsSubtype(Py_TYPE(obj), (PyTypeObject *)type)
-#define __Pyx_TypeCheck2(obj, type1, type2) __Pyx_IsAnySubtype2(Py_TYPE(obj), (PyTypeObject *)type1, (PyTypeObject *)type2)
-static CYTHON_INLINE int __Pyx_IsSubtype(PyTypeObject *a, PyTypeObject *b);
-static CYTHON_INLINE int __Pyx_IsAnySubtype2(PyTypeObject *cls, PyTypeObject *a, PyTypeObject *b);
-#define __Pyx_PyAnySet_Check(obj)  __Pyx_TypeCheck2(obj, &PySet_Type, &PyFrozenSet_Type)
-#else
-#define __Pyx_TypeCheck(obj, type) PyObject_TypeCheck(obj, (PyTypeObject *)type)
-#define __Pyx_TypeCheck2(obj, type1, type2) (PyObject_TypeCheck(obj, (PyTypeObject *)type1) || PyObject_TypeCheck(obj, (PyTypeObject *)type2))
-#define __Pyx_PyAnySet_Check(obj)  PyAnySet_Check(obj)
-#endif
-
-/* PyObjectGetAttrStr.proto (used by UnpackUnboundCMethod_impl) */
-#if CYTHON_USE_TYPE_SLOTS
-static CYTHON_INLINE PyObject* __Pyx_PyObject_GetAttrStr(PyObject* obj, PyObject* attr_name);
-#else
-#define __Pyx_PyObject_GetAttrStr(o,n) PyObject_GetAttr(o,n)
-#endif
-
 /* UnpackUnboundCMethod_impl.export */
 static int __Pyx_TryUnpackUnboundCMethod(__Pyx_CachedCFunction* target);
 
@@ -2025,75 +2132,6 @@ static void __Pyx_ArgTypeError(PyObject *obj, PyTypeObject *type, const char *na
 
 /* ArgTypeTest.proto */
 static CYTHON_INLINE int __Pyx_ArgTypeTest(PyObject *obj, PyTypeObject *type, int none_allowed, const char *name, int exact);
-
-/* PyThreadStateGet.proto (used by PyErrFetchRestore) */
-#if CYTHON_FAST_THREAD_STATE
-#define __Pyx_PyThreadState_declare  PyThreadState *__pyx_tstate;
-#define __Pyx_PyThreadState_assign  __pyx_tstate = __Pyx_PyThreadState_Current;
-#if PY_VERSION_HEX >= 0x030C00A6
-#define __Pyx_PyErr_Occurred()  (__pyx_tstate->current_exception != NULL)
-#define __Pyx_PyErr_CurrentExceptionType()  (__pyx_tstate->current_exception ? (PyObject*) Py_TYPE(__pyx_tstate->current_exception) : (PyObject*) NULL)
-#else
-#define __Pyx_PyErr_Occurred()  (__pyx_tstate->curexc_type != NULL)
-#define __Pyx_PyErr_CurrentExceptionType()  (__pyx_tstate->curexc_type)
-#endif
-#else
-#define __Pyx_PyThreadState_declare
-#define __Pyx_PyThreadState_assign
-#define __Pyx_PyErr_Occurred()  (PyErr_Occurred() != NULL)
-#define __Pyx_PyErr_CurrentExceptionType()  PyErr_Occurred()
-#endif
-
-/* PyErrFetchRestore.proto (used by GivenExceptionMatches) */
-#if CYTHON_FAST_THREAD_STATE
-#define __Pyx_PyErr_Clear() __Pyx_ErrRestore(NULL, NULL, NULL)
-#define __Pyx_ErrRestoreWithState(type, value, tb)  __Pyx_ErrRestoreInState(PyThreadState_GET(), type, value, tb)
-#define __Pyx_ErrFetchWithState(type, value, tb)    __Pyx_ErrFetchInState(PyThreadState_GET(), type, value, tb)
-#define __Pyx_ErrRestore(type, value, tb)  __Pyx_ErrRestoreInState(__pyx_tstate, type, value, tb)
-#define __Pyx_ErrFetch(type, value, tb)    __Pyx_ErrFetchInState(__pyx_tstate, type, value, tb)
-static CYTHON_INLINE void __Pyx_ErrRestoreInState(PyThreadState *tstate, PyObject *type, PyObject *value, PyObject *tb);
-static CYTHON_INLINE void __Pyx_ErrFetchInState(PyThreadState *tstate, PyObject **type, PyObject **value, PyObject **tb);
-#if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX < 0x030C00A6
-#define __Pyx_PyErr_SetNone(exc) (Py_INCREF(exc), __Pyx_ErrRestore((exc), NULL, NULL))
-#else
-#define __Pyx_PyErr_SetNone(exc) PyErr_SetNone(exc)
-#endif
-#else
-#define __Pyx_PyErr_Clear() PyErr_Clear()
-#define __Pyx_PyErr_SetNone(exc) PyErr_SetNone(exc)
-#define __Pyx_ErrRestoreWithState(type, value, tb)  PyErr_Restore(type, value, tb)
-#define __Pyx_ErrFetchWithState(type, value, tb)  PyErr_Fetch(type, value, tb)
-#define __Pyx_ErrRestoreInState(tstate, type, value, tb)  PyErr_Restore(type, value, tb)
-#define __Pyx_ErrFetchInState(tstate, type, value, tb)  PyErr_Fetch(type, value, tb)
-#define __Pyx_ErrRestore(type, value, tb)  PyErr_Restore(type, value, tb)
-#define __Pyx_ErrFetch(type, value, tb)  PyErr_Fetch(type, value, tb)
-#endif
-
-/* GivenExceptionMatches.proto (used by PyErrExceptionMatches) */
-#if CYTHON_COMPILING_IN_CPYTHON
-static CYTHON_INLINE int __Pyx_PyErr_GivenExceptionMatches(PyObject *err, PyObject *type);
-static CYTHON_INLINE int __Pyx_PyErr_GivenExceptionMatches2(PyObject *err, PyObject *type1, PyObject *type2);
-#else
-#define __Pyx_PyErr_GivenExceptionMatches(err, type) PyErr_GivenExceptionMatches(err, type)
-static CYTHON_INLINE int __Pyx_PyErr_GivenExceptionMatches2(PyObject *err, PyObject *type1, PyObject *type2) {
-    return PyErr_GivenExceptionMatches(err, type1) || PyErr_GivenExceptionMatches(err, type2);
-}
-#endif
-#define __Pyx_PyErr_ExceptionMatches2(err1, err2)  __Pyx_PyErr_GivenExceptionMatches2(__Pyx_PyErr_CurrentExceptionType(), err1, err2)
-
-/* PyErrExceptionMatches.proto (used by PyObjectGetAttrStrNoError) */
-#if CYTHON_FAST_THREAD_STATE
-#define __Pyx_PyErr_ExceptionMatches(err) __Pyx_PyErr_ExceptionMatchesInState(__pyx_tstate, err)
-static CYTHON_INLINE int __Pyx_PyErr_ExceptionMatchesInState(PyThreadState* tstate, PyObject* err);
-#else
-#define __Pyx_PyErr_ExceptionMatches(err)  PyErr_ExceptionMatches(err)
-#endif
-
-/* PyObjectGetAttrStrNoError.proto (used by GetBuiltinName) */
-static CYTHON_INLINE PyObject* __Pyx_PyObject_GetAttrStrNoError(PyObject* obj, PyObject* attr_name);
-
-/* GetBuiltinName.proto (used by GetModuleGlobalName) */
-static PyObject *__Pyx_GetBuiltinName(PyObject *name);
 
 /* PyDictVersioning.proto (used by GetModuleGlobalName) */
 #if CYTHON_USE_DICT_VERSIONS && CYTHON_USE_TYPE_SLOTS
@@ -2232,6 +2270,306 @@ static CYTHON_INLINE void __Pyx__ExceptionReset(PyThreadState *tstate, PyObject 
 #define __Pyx_ExceptionReset(type, value, tb)  PyErr_SetExcInfo(type, value, tb)
 #endif
 
+/* PyObjectCompare.proto */
+static CYTHON_INLINE int __Pyx_PyObject_CompareBoolLe_int_int(PyObject *op1, PyObject *op2, int pyop);
+
+/* PyObjectFastCallMethod.proto */
+#if CYTHON_VECTORCALL
+#define __Pyx_PyObject_FastCallMethod(name, args, nargsf) PyObject_VectorcallMethod(name, args, nargsf, NULL)
+#else
+static PyObject *__Pyx_PyObject_FastCallMethod(PyObject *name, PyObject *const *args, size_t nargsf);
+#endif
+
+/* RaiseErrorWithObjectTypes.proto (used by PyNumberBinop) */
+#define __Pyx_RaiseErrorWithObjectTypes1(exc_type, message, arg, obj1, obj2) __Pyx_RaiseErrorWithTypes1(exc_type, message, arg, Py_TYPE(obj1), Py_TYPE(obj2))
+#define __Pyx_RaiseTypeErrorWithObjectTypes(message, obj1, obj2) __Pyx_RaiseTypeErrorWithTypes(message, Py_TYPE(obj1), Py_TYPE(obj2))
+#define __Pyx_RaiseTypeErrorWithTypes(message, type_obj1, type_obj2) __Pyx_RaiseErrorWithTypes1(PyExc_TypeError, "%.1s" message, "", type_obj1, type_obj2)
+CYTHON_UNUSED
+static void __Pyx_RaiseErrorWithTypes1(PyObject* exc_type, const char *message, const char *arg, PyTypeObject *type_obj1, PyTypeObject *type_obj2);
+
+/* PyNumberBinop.proto */
+#if CYTHON_COMPILING_IN_PYPY || CYTHON_COMPILING_IN_GRAAL || CYTHON_COMPILING_IN_LIMITED_API
+#define __Pyx_PyNumber_Add_int_object(op1, op2)  PyNumber_Add(op1, op2)
+#define __Pyx_PyNumber_InPlaceAdd_int_object(op1, op2)  PyNumber_InPlaceAdd(op1, op2)
+#else
+#define __Pyx_PyNumber_Add_int_object(op1, op2)  __Pyx__PyNumber_Add_int_object(op1, op2, 0)
+#define __Pyx_PyNumber_InPlaceAdd_int_object(op1, op2)  __Pyx__PyNumber_Add_int_object(op1, op2, 1)
+static CYTHON_INLINE PyObject* __Pyx__PyNumber_Add_int_object(PyObject *op1, PyObject *op2, int inplace);
+#endif
+
+/* PyObjectCompare.proto */
+static CYTHON_INLINE int __Pyx_PyObject_CompareBoolLt_int_object(PyObject *op1, PyObject *op2, int pyop);
+
+/* dict_getitem_default.proto */
+static PyObject* __Pyx_PyDict_GetItemDefault(PyObject* d, PyObject* key, PyObject* default_value);
+
+/* PyObjectCall2Args.proto (used by CallUnboundCMethod1) */
+static CYTHON_INLINE PyObject* __Pyx_PyObject_Call2Args(PyObject* function, PyObject* arg1, PyObject* arg2);
+
+/* CallUnboundCMethod1.proto */
+CYTHON_UNUSED
+static PyObject* __Pyx__CallUnboundCMethod1(__Pyx_CachedCFunction* cfunc, PyObject* self, PyObject* arg);
+#if CYTHON_COMPILING_IN_CPYTHON
+static CYTHON_INLINE PyObject* __Pyx_CallUnboundCMethod1(__Pyx_CachedCFunction* cfunc, PyObject* self, PyObject* arg);
+#else
+#define __Pyx_CallUnboundCMethod1(cfunc, self, arg)  __Pyx__CallUnboundCMethod1(cfunc, self, arg)
+#endif
+
+/* PyFrozenDict.proto (used by GetItemInt) */
+#if CYTHON_COMPILING_IN_LIMITED_API
+#define __Pyx_PyFrozenDict_TypePtr  ((PyTypeObject*) __pyx_mstate_global->__Pyx_PyFrozenDictType)
+#define __Pyx_PyFrozenDict_New(it)  __Pyx__PyFrozenDict_New(__pyx_mstate_global->__Pyx_PyFrozenDictType, it)
+static CYTHON_INLINE PyObject* __Pyx__PyFrozenDict_New(PyObject* frozendict_type, PyObject* it);
+#define __Pyx_PyFrozenDict_NewEmpty()  __Pyx_PyFrozenDict_New(NULL)
+#define __Pyx_PyFrozenDict_Check(obj)  PyObject_TypeCheck((obj), __Pyx_PyFrozenDict_TypePtr)
+#define __Pyx_PyFrozenDict_CheckExact(obj)  Py_IS_TYPE((obj), __Pyx_PyFrozenDict_TypePtr)
+#define __Pyx_PyAnyDict_Check(obj)   __Pyx__PyAnyDict_Check(obj, __Pyx_PyFrozenDict_TypePtr)
+static CYTHON_INLINE int __Pyx__PyAnyDict_Check(PyObject *obj, PyTypeObject* frozendict_type) {
+    return PyObject_TypeCheck(obj, &PyDict_Type) || PyObject_TypeCheck(obj, frozendict_type);
+}
+#define __Pyx_PyAnyDict_CheckExact(obj)  __Pyx__PyAnyDict_CheckExact(obj, __Pyx_PyFrozenDict_TypePtr)
+static CYTHON_INLINE int __Pyx__PyAnyDict_CheckExact(PyObject *obj, PyTypeObject* frozendict_type) {
+    return Py_IS_TYPE(obj, &PyDict_Type) || Py_IS_TYPE(obj, frozendict_type);
+}
+#elif PY_VERSION_HEX >= 0x030f00a6 ||\
+    (defined(PyFrozenDict_Check) && defined(PyAnyDict_Check) && defined(PyFrozenDict_New))
+#define __Pyx_PyFrozenDict_TypePtr  (&PyFrozenDict_Type)
+#define __Pyx_PyFrozenDict_New(it)  PyFrozenDict_New(it)
+#define __Pyx_PyFrozenDict_NewEmpty()  PyFrozenDict_New(NULL)
+#define __Pyx_PyFrozenDict_Check(obj)  PyFrozenDict_Check(obj)
+#define __Pyx_PyFrozenDict_CheckExact(obj)  PyFrozenDict_CheckExact(obj)
+#define __Pyx_PyAnyDict_Check(obj)  PyAnyDict_Check(obj)
+#define __Pyx_PyAnyDict_CheckExact(obj)  PyAnyDict_CheckExact(obj)
+#else
+#define __Pyx_PyFrozenDict_TypePtr  (&PyDict_Type)
+static CYTHON_INLINE PyObject* __Pyx_PyFrozenDict_New(PyObject* it) {
+    if (!it) {
+        return PyDict_New();
+    } else if (PyDict_Check(it)) {
+        return PyDict_Copy(it);
+    } else {
+        PyObject *dict = PyDict_New();
+        if (!dict) return NULL;
+        PyObject *result = PyNumber_InPlaceOr(dict, it);
+        Py_DECREF(dict);
+        return result;
+    }
+}
+#define __Pyx_PyFrozenDict_NewEmpty()  PyDict_New()
+#define __Pyx_PyFrozenDict_Check(obj)  PyDict_Check(obj)
+#define __Pyx_PyFrozenDict_CheckExact(obj)  PyDict_CheckExact(obj)
+#define __Pyx_PyAnyDict_Check(obj)  PyDict_Check(obj)
+#define __Pyx_PyAnyDict_CheckExact(obj)  PyDict_CheckExact(obj)
+#endif
+
+/* GetItemInt.proto */
+#define __Pyx_GetItemInt(o, i, type, is_signed, to_py_func, wraparound, boundscheck, has_gil, unsafe_shared)\
+    (__Pyx_fits_Py_ssize_t(i, type, is_signed) ?\
+    __Pyx_GetItemInt_Fast(o, (Py_ssize_t)i, wraparound, boundscheck, unsafe_shared) :\
+    __Pyx_GetItemInt_Generic(o, to_py_func(i)))
+#define __Pyx_GetItemInt_List(o, i, type, is_signed, to_py_func, wraparound, boundscheck, has_gil, unsafe_shared)\
+    (__Pyx_fits_Py_ssize_t(i, type, is_signed) ?\
+    __Pyx_GetItemInt_List_Fast(o, (Py_ssize_t)i, wraparound, boundscheck, unsafe_shared) :\
+    (PyErr_SetString(PyExc_IndexError, "list index out of range"), (PyObject*)NULL))
+static CYTHON_INLINE PyObject *__Pyx_GetItemInt_List_Fast(PyObject *o, Py_ssize_t i,
+                                                              int wraparound, int boundscheck, int unsafe_shared);
+#define __Pyx_GetItemInt_Tuple(o, i, type, is_signed, to_py_func, wraparound, boundscheck, has_gil, unsafe_shared)\
+    (__Pyx_fits_Py_ssize_t(i, type, is_signed) ?\
+    __Pyx_GetItemInt_Tuple_Fast(o, (Py_ssize_t)i, wraparound, boundscheck, unsafe_shared) :\
+    (PyErr_SetString(PyExc_IndexError, "tuple index out of range"), (PyObject*)NULL))
+static CYTHON_INLINE PyObject *__Pyx_GetItemInt_Tuple_Fast(PyObject *o, Py_ssize_t i,
+                                                              int wraparound, int boundscheck, int unsafe_shared);
+static PyObject *__Pyx_GetItemInt_Generic(PyObject *o, PyObject* j);
+static CYTHON_INLINE PyObject *__Pyx_GetItemInt_Fast(PyObject *o, Py_ssize_t i,
+                                                     int wraparound, int boundscheck, int unsafe_shared);
+
+/* RaiseErrorWithObjectType.proto (used by ObjectGetItem) */
+#define __Pyx_RaiseTypeErrorWithObjectType(message, obj)  __Pyx_RaiseErrorWithObjectType(PyExc_TypeError, message, obj)
+#define __Pyx_RaiseErrorWithObjectType(exc_type, message, obj)  __Pyx_RaiseErrorWithType(exc_type, message, Py_TYPE(obj))
+CYTHON_UNUSED
+static void __Pyx_RaiseErrorWithType(PyObject* exc_type, const char* message, PyTypeObject *type_obj);
+
+/* ObjectGetItem.proto */
+#if CYTHON_USE_TYPE_SLOTS
+static CYTHON_INLINE PyObject *__Pyx_PyObject_GetItem(PyObject *obj, PyObject *key);
+#else
+#define __Pyx_PyObject_GetItem(obj, key)  PyObject_GetItem(obj, key)
+#endif
+
+/* ListAppend.proto */
+#if CYTHON_USE_PYLIST_INTERNALS && CYTHON_ASSUME_SAFE_MACROS && CYTHON_ASSUME_SAFE_SIZE
+static CYTHON_INLINE int __Pyx_PyList_Append(PyObject* list, PyObject* x);
+#else
+#define __Pyx_PyList_Append(L,x) PyList_Append(L,x)
+#endif
+
+/* PySequenceContains.proto */
+static CYTHON_INLINE int __Pyx_PySequence_ContainsTF(PyObject* item, PyObject* seq, int eq) {
+    int result = PySequence_Contains(seq, item);
+    return unlikely(result < 0) ? result : (result == (eq == Py_EQ));
+}
+
+/* PyObjectCompare.proto */
+static CYTHON_INLINE int __Pyx_PyObject_CompareBoolNe_object_str(PyObject *op1, PyObject *op2, int pyop);
+
+/* PyObjectCompare.proto */
+static CYTHON_INLINE int __Pyx_PyObject_CompareBoolNe_object_object(PyObject *op1, PyObject *op2, int pyop);
+
+/* IterFinish.proto (used by dict_iter_common) */
+static CYTHON_INLINE int __Pyx_IterFinish(void);
+
+/* PyObjectCallMethod0.proto (used by dict_iter_common) */
+static CYTHON_INLINE PyObject* __Pyx_PyObject_CallMethod0(PyObject* obj, PyObject* method_name);
+
+/* RaiseNeedMoreValuesToUnpack.proto (used by UnpackTuple2) */
+static CYTHON_INLINE void __Pyx_RaiseNeedMoreValuesError(Py_ssize_t index);
+
+/* RaiseTooManyValuesToUnpack.proto (used by UnpackItemEndCheck) */
+static CYTHON_INLINE void __Pyx_RaiseTooManyValuesError(Py_ssize_t expected);
+
+/* UnpackItemEndCheck.proto (used by UnpackTuple2) */
+static int __Pyx_IternextUnpackEndCheck(PyObject *retval, Py_ssize_t expected);
+
+/* RaiseNoneIterError.proto (used by UnpackTupleError) */
+static CYTHON_INLINE void __Pyx_RaiseNoneNotIterableError(void);
+
+/* UnpackTupleError.proto (used by UnpackTuple2) */
+static void __Pyx_UnpackTupleError(PyObject *, Py_ssize_t index);
+
+/* UnpackTuple2.proto (used by dict_iter_common) */
+static CYTHON_INLINE int __Pyx_unpack_tuple2(
+    PyObject* tuple, PyObject** value1, PyObject** value2, int is_tuple, int has_known_size, int decref_tuple);
+static CYTHON_INLINE int __Pyx_unpack_tuple2_exact(
+    PyObject* tuple, PyObject** value1, PyObject** value2, int decref_tuple);
+static int __Pyx_unpack_tuple2_generic(
+    PyObject* tuple, PyObject** value1, PyObject** value2, int has_known_size, int decref_tuple);
+
+/* dict_iter_common.proto (used by dict_iter) */
+static PyObject *__Pyx_dict_call_to_get_iterable(PyObject* iterable, PyObject* method_name);
+static CYTHON_INLINE int __Pyx_dict_iter_next(PyObject* dict_or_iter, Py_ssize_t orig_length, Py_ssize_t* ppos,
+                                              PyObject** pkey, PyObject** pvalue, PyObject** pitem, int is_dict);
+
+/* dict_iter.proto */
+static CYTHON_INLINE PyObject* __Pyx_dict_iterator(PyObject* dict, int is_dict, PyObject* method_name,
+                                                   Py_ssize_t* p_orig_length, int* p_is_dict);
+
+/* TupleOrListFromArrayImpl.proto (used by ListFromArray) */
+CYTHON_UNUSED static PyObject *
+__Pyx_PyList_FromArray(PyObject *const *src, Py_ssize_t n);
+
+/* ListFromArray.proto (used by SliceTupleAndList) */
+
+
+/* SliceTupleAndList.proto */
+#if CYTHON_COMPILING_IN_CPYTHON
+static CYTHON_INLINE PyObject* __Pyx_PyList_GetSlice(PyObject* src, Py_ssize_t start, Py_ssize_t stop);
+static CYTHON_INLINE PyObject* __Pyx_PyTuple_GetSlice(PyObject* src, Py_ssize_t start, Py_ssize_t stop);
+#else
+#define __Pyx_PyList_GetSlice(seq, start, stop)   PySequence_GetSlice(seq, start, stop)
+#define __Pyx_PyTuple_GetSlice(seq, start, stop)  PySequence_GetSlice(seq, start, stop)
+#endif
+
+/* py_dict_pop_ignore.proto */
+static CYTHON_INLINE int __Pyx_PyDict_Pop_ignore(PyObject *d, PyObject *key, PyObject *default_value);
+
+/* SliceObject.proto */
+#define __Pyx_PyObject_DelSlice(obj, cstart, cstop, py_start, py_stop, py_slice, has_cstart, has_cstop, wraparound)\
+    __Pyx_PyObject_SetSlice(obj, (PyObject*)NULL, cstart, cstop, py_start, py_stop, py_slice, has_cstart, has_cstop, wraparound)
+static CYTHON_INLINE int __Pyx_PyObject_SetSlice(
+        PyObject* obj, PyObject* value, Py_ssize_t cstart, Py_ssize_t cstop,
+        PyObject** py_start, PyObject** py_stop, PyObject** py_slice,
+        int has_cstart, int has_cstop, int wraparound);
+
+/* UnicodeEqualsUCS4.proto (used by UnicodeEquals_uchar) */
+#if CYTHON_COMPILING_IN_PYPY || CYTHON_COMPILING_IN_LIMITED_API || CYTHON_COMPILING_IN_GRAAL
+#define __Pyx_PyObject_Equals_uchar(s1, s2, ch2, equals, s1_is_str) (\
+    ((s1) == (s2)) ? ((equals) == Py_EQ) :\
+    ((s1) == Py_None) ? ((equals) == Py_NE) :\
+    __Pyx_PyObject_RichCompareBool(s1, s2, equals)\
+    )
+#else
+#define __Pyx_PyObject_Equals_uchar(s1, s2, ch2, equals, s1_is_str) (\
+    ((s1) == (s2)) ? ((equals) == Py_EQ) :\
+    ((s1) == Py_None) ? ((equals) == Py_NE) :\
+    (likely((s1_is_str) || PyUnicode_CheckExact(s1)) ?\
+        __Pyx__PyUnicode_EqualsUCS4(s1, ch2, equals) :\
+        __Pyx_PyObject_RichCompareBool(s1, s2, equals)\
+    ))
+static CYTHON_INLINE int __Pyx__PyUnicode_EqualsUCS4(PyObject* s1, Py_UCS4 ch2, int equals);
+#endif
+
+/* UnicodeEquals_uchar.proto */
+#define __Pyx_PyObject_Equals_obj_ch120(s1, s2, equals)  __Pyx_PyObject_Equals_uchar(s1, s2, 120, equals, 0)
+
+/* RejectKeywords.export */
+static void __Pyx_RejectKeywords(const char* function_name, PyObject *kwds);
+
+/* GetAttr3.proto */
+static CYTHON_INLINE PyObject *__Pyx_GetAttr3(PyObject *, PyObject *, PyObject *);
+
+/* AllocateExtensionType.proto */
+static PyObject *__Pyx_AllocateExtensionType(PyTypeObject *t, int is_final);
+
+/* CallSlotAsVectorcall.proto */
+#if CYTHON_VECTORCALL_TPNEW
+typedef PyObject * (*__Pyx_tpnewvectorcallfunc)(PyTypeObject* o, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
+static PyObject * __Pyx_CallTpnewAsVectorcall(__Pyx_tpnewvectorcallfunc f, PyTypeObject* o, PyObject *a, PyObject *k);
+#endif
+
+/* CallNewInitFromVectorcall.proto */
+#if CYTHON_VECTORCALL_TPNEW
+static PyObject *__Pyx_CallNewInitFromVectorcall(PyTypeObject *t, PyObject *const *args, size_t nargsf, PyObject *kwnames);
+#endif
+
+/* CallTypeTraverse.proto */
+#if !CYTHON_USE_TYPE_SPECS
+#define __Pyx_call_type_traverse(o, always_call, visit, arg) 0
+#else
+static int __Pyx_call_type_traverse(PyObject *o, int always_call, visitproc visit, void *arg);
+#endif
+
+/* GetTypeDictOffset.proto (used by ValidateBasesTuple) */
+#if !CYTHON_USE_TYPE_SLOTS
+CYTHON_UNUSED static Py_ssize_t __Pyx_GetTypeDictOffset(PyObject *tp, int require_cython_valid_result);
+#endif
+
+/* ValidateBasesTuple.proto (used by PyType_Ready) */
+#if CYTHON_COMPILING_IN_CPYTHON || CYTHON_COMPILING_IN_LIMITED_API || CYTHON_USE_TYPE_SPECS
+static int __Pyx_validate_bases_tuple(const char *type_name, int has_dictoffset, PyObject *bases);
+#endif
+
+/* PyType_Ready.export */
+CYTHON_UNUSED static int __Pyx_PyType_Ready(PyTypeObject *t);
+
+/* GetVTable.proto (used by MergeVTables) */
+static int __Pyx_GetVtable(PyTypeObject *type, void** table);
+
+/* MergeVTables.proto (used by SetVTable) */
+static int __Pyx_MergeVtables(PyTypeObject *type);
+
+/* SetVTable.export */
+static int __Pyx_SetVtable(PyTypeObject* typeptr , void* vtable);
+
+/* LimitedApiGetTypeTypeDict.proto (used by DelItemOnTypeDict) */
+#if CYTHON_COMPILING_IN_LIMITED_API
+static PyObject *__Pyx_GetTypeTypeDict(PyTypeObject *tp);
+#endif
+
+/* DelItemOnTypeDict.proto (used by SetupReduce) */
+#define __Pyx_DelItemOnTypeDict(tp, k) __Pyx__DelItemOnTypeDict((PyTypeObject*)tp, k)
+
+/* DelItemOnTypeDict.export */
+static int __Pyx__DelItemOnTypeDict(PyTypeObject *tp, PyObject *k);
+
+/* SetItemOnTypeDict.proto (used by SetupReduce) */
+#define __Pyx_SetItemOnTypeDict(tp, k, v) __Pyx__SetItemOnTypeDict((PyTypeObject*)tp, k, v)
+
+/* SetItemOnTypeDict.export */
+static int __Pyx__SetItemOnTypeDict(PyTypeObject *tp, PyObject *k, PyObject *v);
+
+/* SetupReduce.export */
+static int __Pyx_setup_reduce(PyObject* type_obj);
+
 /* PyOSError_Check.proto */
 #define __Pyx_PyExc_OSError_Check(obj)  __Pyx_TypeCheck(obj, PyExc_OSError)
 
@@ -2240,9 +2578,6 @@ static PyObject* __Pyx_PEP560_update_bases(PyObject *bases);
 
 /* CalculateMetaclass.proto */
 static PyObject *__Pyx_CalculateMetaclass(PyTypeObject *metaclass, PyObject *bases);
-
-/* PyObjectCall2Args.proto (used by Py3ClassCreate) */
-static CYTHON_INLINE PyObject* __Pyx_PyObject_Call2Args(PyObject* function, PyObject* arg1, PyObject* arg2);
 
 /* PyObjectLookupSpecial.proto (used by Py3ClassCreate) */
 #if CYTHON_USE_PYTYPE_LOOKUP && CYTHON_USE_TYPE_SLOTS
@@ -2381,13 +2716,6 @@ static int __pyx_CyFunction_init(PyObject *module);
 #endif
 #endif
 
-/* CallTypeTraverse.proto (used by CythonFunctionShared) */
-#if !CYTHON_USE_TYPE_SPECS
-#define __Pyx_call_type_traverse(o, always_call, visit, arg) 0
-#else
-static int __Pyx_call_type_traverse(PyObject *o, int always_call, visitproc visit, void *arg);
-#endif
-
 /* PyMethodNew.proto (used by CythonFunctionShared) */
 static PyObject *__Pyx_PyMethod_New(PyObject *func, PyObject *self, PyObject *typ);
 
@@ -2416,6 +2744,22 @@ static PyObject *__Pyx_CyFunction_New(PyMethodDef *ml,
                                       PyObject *module, PyObject *globals,
                                       PyObject* code);
 static PyTypeObject *__Pyx_Get_CyFunction_Type(void);
+
+/* HasAttr.proto (used by ImportImpl) */
+#if __PYX_LIMITED_VERSION_HEX >= 0x030d0000
+#define __Pyx_HasAttr(o, n)  PyObject_HasAttrWithError(o, n)
+#else
+static CYTHON_INLINE int __Pyx_HasAttr(PyObject *, PyObject *);
+#endif
+
+/* ImportImpl.export */
+static PyObject *__Pyx__Import(PyObject *name, PyObject *const *imported_names, Py_ssize_t len_imported_names, PyObject *qualname, PyObject *moddict, int level);
+
+/* Import.proto */
+static CYTHON_INLINE PyObject *__Pyx_Import(PyObject *name, PyObject *const *imported_names, Py_ssize_t len_imported_names, PyObject *qualname, int level);
+
+/* ImportFrom.export */
+static PyObject* __Pyx_ImportFrom(PyObject* module, PyObject* name);
 
 /* CLineInTraceback.proto (used by AddTraceback) */
 #if CYTHON_CLINE_IN_TRACEBACK && CYTHON_CLINE_IN_TRACEBACK_RUNTIME
@@ -2450,13 +2794,31 @@ static void __pyx_insert_code_object(int code_line, __Pyx_CachedCodeObjectType* 
 static void __Pyx_AddTraceback(const char *funcname, int c_line,
                                int py_line, const char *filename);
 
+/* PyObjectCallMethod1.proto */
+static CYTHON_INLINE PyObject* __Pyx_PyObject_CallMethod1(PyObject* obj, PyObject* method_name, PyObject* arg);
+
+/* CheckUnpickleChecksumError.export */
+static void __Pyx_RaiseUnpickleChecksumError(long checksum, long checksum1, long checksum2, long checksum3, const char *members);
+
 /* GCCDiagnostics.proto */
 #if !defined(__INTEL_COMPILER) && defined(__GNUC__) && (__GNUC__ > 4 || (__GNUC__ == 4 && __GNUC_MINOR__ >= 6))
 #define __Pyx_HAS_GCC_DIAGNOSTIC
 #endif
 
+/* UpdateUnpickledDict.export */
+static int __Pyx_UpdateUnpickledDict(PyObject *obj, PyObject *state, Py_ssize_t index);
+
+/* CheckUnpickleChecksum.proto */
+static CYTHON_INLINE int __Pyx_CheckUnpickleChecksum(long checksum, long checksum1, long checksum2, long checksum3, const char *members);
+
 /* CIntFromPy.proto */
 static CYTHON_INLINE size_t __Pyx_PyLong_As_size_t(PyObject *);
+
+/* CIntFromPy.proto */
+static CYTHON_INLINE int __Pyx_PyLong_As_int(PyObject *);
+
+/* CIntFromPy.proto */
+static CYTHON_INLINE long __Pyx_PyLong_As_long(PyObject *);
 
 /* CIntFromPy.proto */
 static CYTHON_INLINE int64_t __Pyx_PyLong_As_int64_t(PyObject *);
@@ -2466,12 +2828,6 @@ static CYTHON_INLINE PyObject* __Pyx_PyLong_From_int(int value);
 
 /* CIntToPy.proto */
 static CYTHON_INLINE PyObject* __Pyx_PyLong_From_long(long value);
-
-/* CIntFromPy.proto */
-static CYTHON_INLINE long __Pyx_PyLong_As_long(PyObject *);
-
-/* CIntFromPy.proto */
-static CYTHON_INLINE int __Pyx_PyLong_As_int(PyObject *);
 
 /* GetRuntimeVersion.proto */
 #if __PYX_LIMITED_VERSION_HEX < 0x030b0000
@@ -2487,6 +2843,9 @@ static int __Pyx_check_binary_version(unsigned long ct_version, unsigned long rt
 
 /* DecompressString.proto */
 static PyObject *__Pyx_DecompressString(const char *s, Py_ssize_t length, int algo);
+
+/* DecompressString_LZSS.proto */
+static PyObject *__Pyx_DecompressString_LZSS(const char *s, size_t compressed_length, size_t uncompressed_length);
 
 /* MultiPhaseInitModuleState.proto */
 #if CYTHON_PEP489_MULTI_PHASE_INIT && CYTHON_USE_MODULE_STATE
@@ -2560,6 +2919,9 @@ static int __Pyx_State_RemoveModule(void*);
 #define __PYX_ABI_MODULE_NAME "_cython_" CYTHON_ABI
 #define __PYX_TYPE_MODULE_PREFIX __PYX_ABI_MODULE_NAME "."
 
+static PyObject *__pyx_f_5accel_5_core_10RegionCore__aliases_pending(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self, Py_ssize_t __pyx_v_p); /* proto*/
+static PyObject *__pyx_f_5accel_5_core_10RegionCore__tensor_sig(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self, PyObject *__pyx_v_t, PyObject *__pyx_v_key, PyObject *__pyx_v_tmpl); /* proto*/
+static PyObject *__pyx_f_5accel_5_core_10RegionCore__arg(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self, int __pyx_v_kind, PyObject *__pyx_v_v, PyObject *__pyx_v_key, PyObject *__pyx_v_tmpl); /* proto*/
 
 /* Module declarations from "libc.stdint" */
 
@@ -2570,6 +2932,18 @@ static int __Pyx_State_RemoveModule(void*);
 /* Module declarations from "posix.dlfcn" */
 
 /* Module declarations from "accel._core" */
+static PyObject *__pyx_v_5accel_5_core__data_ptr = 0;
+static PyObject *__pyx_v_5accel_5_core__untyped_storage = 0;
+static PyObject *__pyx_v_5accel_5_core__Tensor = 0;
+static PyObject *__pyx_v_5accel_5_core__Parameter = 0;
+static PyObject *__pyx_v_5accel_5_core__strided = 0;
+static PyObject *__pyx_v_5accel_5_core__bool = 0;
+static PyObject *__pyx_v_5accel_5_core__empty_strided = 0;
+static PyObject *__pyx_v_5accel_5_core__device = 0;
+static PyObject *__pyx_v_5accel_5_core__CONST_TYPES = 0;
+static int __pyx_v_5accel_5_core__TENSOR;
+static int __pyx_v_5accel_5_core__SCALAR;
+static PyObject *__pyx_f_5accel_5_core___pyx_unpickle_RegionCore__set_state(struct __pyx_obj_5accel_5_core_RegionCore *, PyObject *); /*proto*/
 /* #### Code section: typeinfo ### */
 /* #### Code section: before_global_var ### */
 #define __Pyx_MODULE_NAME "accel._core"
@@ -2578,11 +2952,74 @@ int __pyx_module_is_main_accel___core = 0;
 
 /* Implementation of "accel._core" */
 /* #### Code section: global_var ### */
+static PyObject *__pyx_builtin_id;
 /* #### Code section: string_decls ### */
+static const char __pyx_k_float_ok__hi__int_ok__lo_calls[] = "_float_ok, _hi, _int_ok, _lo, calls, ext, ext_ids, hi, lo, mutates_ext, node, out_ids, out_meta, outs, scalars";
 static const char __pyx_k_accel_s_native_core_loading_comp[] = "accel\047s native core: loading compiled kernels and calling them without the GIL.\n\nThe kernel ABI is declared in include/accel/kernel.h.\n";
 /* #### Code section: decls ### */
 static PyObject *__pyx_pf_5accel_5_core_load(CYTHON_UNUSED PyObject *__pyx_self, PyObject *__pyx_v_path, PyObject *__pyx_v_symbol); /* proto */
 static PyObject *__pyx_pf_5accel_5_core_2launch(CYTHON_UNUSED PyObject *__pyx_self, uintptr_t __pyx_v_fn, PyObject *__pyx_v_ptrs, PyObject *__pyx_v_scalars); /* proto */
+static PyObject *__pyx_pf_5accel_5_core_10RegionCore_clear(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self, PyObject *__pyx_v_root); /* proto */
+static Py_ssize_t __pyx_pf_5accel_5_core_10RegionCore_2__len__(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self); /* proto */
+static PyObject *__pyx_pf_5accel_5_core_10RegionCore_4record(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self, PyObject *__pyx_v_func, PyObject *__pyx_v_spec, PyObject *__pyx_v_args, PyObject *__pyx_v_kwargs); /* proto */
+static PyObject *__pyx_pf_5accel_5_core_10RegionCore_4node___get__(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self); /* proto */
+static int __pyx_pf_5accel_5_core_10RegionCore_4node_2__set__(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self, PyObject *__pyx_v_value); /* proto */
+static int __pyx_pf_5accel_5_core_10RegionCore_4node_4__del__(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self); /* proto */
+static PyObject *__pyx_pf_5accel_5_core_10RegionCore_3ext___get__(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self); /* proto */
+static int __pyx_pf_5accel_5_core_10RegionCore_3ext_2__set__(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self, PyObject *__pyx_v_value); /* proto */
+static int __pyx_pf_5accel_5_core_10RegionCore_3ext_4__del__(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self); /* proto */
+static PyObject *__pyx_pf_5accel_5_core_10RegionCore_4outs___get__(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self); /* proto */
+static int __pyx_pf_5accel_5_core_10RegionCore_4outs_2__set__(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self, PyObject *__pyx_v_value); /* proto */
+static int __pyx_pf_5accel_5_core_10RegionCore_4outs_4__del__(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self); /* proto */
+static PyObject *__pyx_pf_5accel_5_core_10RegionCore_8out_meta___get__(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self); /* proto */
+static int __pyx_pf_5accel_5_core_10RegionCore_8out_meta_2__set__(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self, PyObject *__pyx_v_value); /* proto */
+static int __pyx_pf_5accel_5_core_10RegionCore_8out_meta_4__del__(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self); /* proto */
+static PyObject *__pyx_pf_5accel_5_core_10RegionCore_7scalars___get__(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self); /* proto */
+static int __pyx_pf_5accel_5_core_10RegionCore_7scalars_2__set__(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self, PyObject *__pyx_v_value); /* proto */
+static int __pyx_pf_5accel_5_core_10RegionCore_7scalars_4__del__(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self); /* proto */
+static PyObject *__pyx_pf_5accel_5_core_10RegionCore_5calls___get__(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self); /* proto */
+static int __pyx_pf_5accel_5_core_10RegionCore_5calls_2__set__(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self, PyObject *__pyx_v_value); /* proto */
+static int __pyx_pf_5accel_5_core_10RegionCore_5calls_4__del__(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self); /* proto */
+static PyObject *__pyx_pf_5accel_5_core_10RegionCore_7ext_ids___get__(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self); /* proto */
+static int __pyx_pf_5accel_5_core_10RegionCore_7ext_ids_2__set__(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self, PyObject *__pyx_v_value); /* proto */
+static int __pyx_pf_5accel_5_core_10RegionCore_7ext_ids_4__del__(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self); /* proto */
+static PyObject *__pyx_pf_5accel_5_core_10RegionCore_7out_ids___get__(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self); /* proto */
+static int __pyx_pf_5accel_5_core_10RegionCore_7out_ids_2__set__(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self, PyObject *__pyx_v_value); /* proto */
+static int __pyx_pf_5accel_5_core_10RegionCore_7out_ids_4__del__(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self); /* proto */
+static PyObject *__pyx_pf_5accel_5_core_10RegionCore_2lo___get__(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self); /* proto */
+static int __pyx_pf_5accel_5_core_10RegionCore_2lo_2__set__(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self, PyObject *__pyx_v_value); /* proto */
+static int __pyx_pf_5accel_5_core_10RegionCore_2lo_4__del__(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self); /* proto */
+static PyObject *__pyx_pf_5accel_5_core_10RegionCore_2hi___get__(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self); /* proto */
+static int __pyx_pf_5accel_5_core_10RegionCore_2hi_2__set__(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self, PyObject *__pyx_v_value); /* proto */
+static int __pyx_pf_5accel_5_core_10RegionCore_2hi_4__del__(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self); /* proto */
+static PyObject *__pyx_pf_5accel_5_core_10RegionCore_11mutates_ext___get__(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self); /* proto */
+static int __pyx_pf_5accel_5_core_10RegionCore_11mutates_ext_2__set__(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self, PyObject *__pyx_v_value); /* proto */
+static PyObject *__pyx_pf_5accel_5_core_10RegionCore_6__reduce_cython__(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self); /* proto */
+static PyObject *__pyx_pf_5accel_5_core_10RegionCore_8__setstate_cython__(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self, PyObject *__pyx_v___pyx_state); /* proto */
+static PyObject *__pyx_pf_5accel_5_core_4__pyx_unpickle_RegionCore(CYTHON_UNUSED PyObject *__pyx_self, PyObject *__pyx_v___pyx_type, long __pyx_v___pyx_checksum, PyObject *__pyx_v___pyx_state); /* proto */
+static PyObject *__pyx_tp_new__initialisation_5accel_5_core_RegionCore(PyObject *o, 
+#if CYTHON_VECTORCALL_TPNEW
+    PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames
+#else
+    PyObject *a, PyObject *k
+#endif
+); /*proto*/
+static PyObject *__pyx_tp_new_vectorcall_5accel_5_core_RegionCore(PyTypeObject *t, 
+#if CYTHON_VECTORCALL_TPNEW
+    PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames
+#else
+    PyObject *a, PyObject *k
+#endif
+); /*proto*/
+#if CYTHON_VECTORCALL_TPNEW
+static PyObject *__pyx_tp_new_5accel_5_core_RegionCore(PyTypeObject *t, PyObject *a, PyObject *k); /*proto*/
+#endif
+#if !CYTHON_VECTORCALL_TPNEW
+#define __pyx_tp_new_5accel_5_core_RegionCore __pyx_tp_new_vectorcall_5accel_5_core_RegionCore
+#endif
+#if CYTHON_VECTORCALL_TPNEW
+static PyObject *__pyx_tp_vectorcall_5accel_5_core_RegionCore(PyObject *t, PyObject *const *args, size_t nargsf, PyObject *kwnames); /*proto*/
+#endif
 /* #### Code section: late_includes ### */
 /* #### Code section: module_state ### */
 /* SmallCodeConfig */
@@ -2606,13 +3043,22 @@ namespace {
     PyObject *__pyx_empty_tuple;
     PyObject *__pyx_empty_bytes;
     PyObject *__pyx_empty_unicode;
+    PyObject *__pyx_type_5accel_5_core_RegionCore;
+    PyTypeObject *__pyx_ptype_5accel_5_core_RegionCore;
+    __Pyx_CachedCFunction __pyx_umethod_PyDict_Type_get;
     __Pyx_CachedCFunction __pyx_umethod_PyDict_Type_items;
     __Pyx_CachedCFunction __pyx_umethod_PyDict_Type_pop;
     __Pyx_CachedCFunction __pyx_umethod_PyDict_Type_values;
-    PyObject *__pyx_tuple[1];
-    PyObject *__pyx_codeobj_tab[2];
-    PyObject *__pyx_string_tab[53];
+    PyObject *__pyx_tuple[2];
+    PyObject *__pyx_codeobj_tab[7];
+    PyObject *__pyx_string_tab[159];
+    PyObject *__pyx_number_tab[2];
 /* #### Code section: module_state_contents ### */
+/* PyFrozenDict.module_state_decls */
+#if CYTHON_COMPILING_IN_LIMITED_API
+PyObject *__Pyx_PyFrozenDictType;
+#endif
+
 /* CommonTypesMetaclass.module_state_decls */
 PyTypeObject *__pyx_CommonTypesMetaclassType;
 
@@ -2656,58 +3102,166 @@ static __pyx_mstatetype * const __pyx_mstate_global = &__pyx_mstate_global_stati
 #endif
 /* #### Code section: constant_name_defines ### */
 #define __pyx_kp_u_not_found_in __pyx_string_tab[0]
-#define __pyx_kp_u_ __pyx_string_tab[1]
-#define __pyx_kp_u_A_kernel_library_could_not_be_op __pyx_string_tab[2]
-#define __pyx_kp_u_None __pyx_string_tab[3]
-#define __pyx_kp_u_Note_that_Cython_is_deliberately __pyx_string_tab[4]
-#define __pyx_kp_u_accel__core_pyx __pyx_string_tab[5]
-#define __pyx_kp_u_add_note __pyx_string_tab[6]
-#define __pyx_n_u_LoadError __pyx_string_tab[7]
-#define __pyx_n_u_Pyx_PyDict_NextRef __pyx_string_tab[8]
-#define __pyx_n_u_annotate __pyx_string_tab[9]
-#define __pyx_n_u_doc __pyx_string_tab[10]
-#define __pyx_n_u_func __pyx_string_tab[11]
-#define __pyx_n_u_main __pyx_string_tab[12]
-#define __pyx_n_u_metaclass __pyx_string_tab[13]
-#define __pyx_n_u_module __pyx_string_tab[14]
-#define __pyx_n_u_mro_entries __pyx_string_tab[15]
-#define __pyx_n_u_name __pyx_string_tab[16]
-#define __pyx_n_u_prepare __pyx_string_tab[17]
-#define __pyx_n_u_qualname __pyx_string_tab[18]
-#define __pyx_n_u_test __pyx_string_tab[19]
-#define __pyx_n_u_is_coroutine __pyx_string_tab[20]
-#define __pyx_n_u_accel__core __pyx_string_tab[21]
-#define __pyx_n_u_asyncio_coroutines __pyx_string_tab[22]
-#define __pyx_n_u_bstack __pyx_string_tab[23]
-#define __pyx_n_u_bufs __pyx_string_tab[24]
-#define __pyx_n_u_cline_in_traceback __pyx_string_tab[25]
-#define __pyx_n_u_decode __pyx_string_tab[26]
-#define __pyx_n_u_errors __pyx_string_tab[27]
-#define __pyx_n_u_f __pyx_string_tab[28]
-#define __pyx_n_u_fn __pyx_string_tab[29]
-#define __pyx_n_u_h __pyx_string_tab[30]
-#define __pyx_n_u_i __pyx_string_tab[31]
-#define __pyx_n_u_items __pyx_string_tab[32]
-#define __pyx_n_u_launch __pyx_string_tab[33]
-#define __pyx_n_u_load __pyx_string_tab[34]
-#define __pyx_n_u_nb __pyx_string_tab[35]
-#define __pyx_n_u_ns __pyx_string_tab[36]
-#define __pyx_n_u_p __pyx_string_tab[37]
-#define __pyx_n_u_path __pyx_string_tab[38]
-#define __pyx_n_u_pop __pyx_string_tab[39]
-#define __pyx_n_u_ptrs __pyx_string_tab[40]
-#define __pyx_n_u_replace __pyx_string_tab[41]
-#define __pyx_n_u_s __pyx_string_tab[42]
-#define __pyx_n_u_sc __pyx_string_tab[43]
-#define __pyx_n_u_scalars __pyx_string_tab[44]
-#define __pyx_n_u_setdefault __pyx_string_tab[45]
-#define __pyx_n_u_sstack __pyx_string_tab[46]
-#define __pyx_n_u_status __pyx_string_tab[47]
-#define __pyx_n_u_symbol __pyx_string_tab[48]
-#define __pyx_n_u_v __pyx_string_tab[49]
-#define __pyx_n_u_values __pyx_string_tab[50]
-#define __pyx_kp_b_iso88591_A_AQ_q_avS_hfAS_avQfCs_NfTUUXXZ __pyx_string_tab[51]
-#define __pyx_kp_b_iso88591_4wa_6_6_Yb_r_A_ir_s_5_A_r_A_iq __pyx_string_tab[52]
+#define __pyx_kp_u_tree_fragment __pyx_string_tab[1]
+#define __pyx_kp_u__2 __pyx_string_tab[2]
+#define __pyx_kp_u_ __pyx_string_tab[3]
+#define __pyx_kp_u_A_kernel_library_could_not_be_op __pyx_string_tab[4]
+#define __pyx_kp_u_None __pyx_string_tab[5]
+#define __pyx_kp_u_Note_that_Cython_is_deliberately __pyx_string_tab[6]
+#define __pyx_kp_u_accel__core_pyx __pyx_string_tab[7]
+#define __pyx_kp_u_add_note __pyx_string_tab[8]
+#define __pyx_kp_u_argument_type __pyx_string_tab[9]
+#define __pyx_kp_u_disable __pyx_string_tab[10]
+#define __pyx_kp_u_enable __pyx_string_tab[11]
+#define __pyx_kp_u_gc __pyx_string_tab[12]
+#define __pyx_kp_u_isenabled __pyx_string_tab[13]
+#define __pyx_kp_u_tensor_kind __pyx_string_tab[14]
+#define __pyx_n_u_DTYPES __pyx_string_tab[15]
+#define __pyx_n_u_Deferred __pyx_string_tab[16]
+#define __pyx_n_u_LoadError __pyx_string_tab[17]
+#define __pyx_n_u_NOT_DEFERRABLE __pyx_string_tab[18]
+#define __pyx_n_u_Parameter __pyx_string_tab[19]
+#define __pyx_n_u_RegionCore __pyx_string_tab[20]
+#define __pyx_n_u_RegionCore___reduce_cython __pyx_string_tab[21]
+#define __pyx_n_u_RegionCore___setstate_cython __pyx_string_tab[22]
+#define __pyx_n_u_RegionCore_clear __pyx_string_tab[23]
+#define __pyx_n_u_RegionCore_record __pyx_string_tab[24]
+#define __pyx_n_u_SCALAR __pyx_string_tab[25]
+#define __pyx_n_u_TENSOR __pyx_string_tab[26]
+#define __pyx_n_u_Tensor __pyx_string_tab[27]
+#define __pyx_n_u_TensorBase __pyx_string_tab[28]
+#define __pyx_n_u_C __pyx_string_tab[29]
+#define __pyx_n_u_Pyx_PyDict_NextRef __pyx_string_tab[30]
+#define __pyx_n_u_annotate __pyx_string_tab[31]
+#define __pyx_n_u_class_getitem __pyx_string_tab[32]
+#define __pyx_n_u_dict __pyx_string_tab[33]
+#define __pyx_n_u_doc __pyx_string_tab[34]
+#define __pyx_n_u_func_2 __pyx_string_tab[35]
+#define __pyx_n_u_getstate __pyx_string_tab[36]
+#define __pyx_n_u_main __pyx_string_tab[37]
+#define __pyx_n_u_metaclass __pyx_string_tab[38]
+#define __pyx_n_u_module __pyx_string_tab[39]
+#define __pyx_n_u_mro_entries __pyx_string_tab[40]
+#define __pyx_n_u_name __pyx_string_tab[41]
+#define __pyx_n_u_new __pyx_string_tab[42]
+#define __pyx_n_u_prepare __pyx_string_tab[43]
+#define __pyx_n_u_pyx_checksum __pyx_string_tab[44]
+#define __pyx_n_u_pyx_result __pyx_string_tab[45]
+#define __pyx_n_u_pyx_state __pyx_string_tab[46]
+#define __pyx_n_u_pyx_type __pyx_string_tab[47]
+#define __pyx_n_u_pyx_unpickle_RegionCore __pyx_string_tab[48]
+#define __pyx_n_u_pyx_vtable __pyx_string_tab[49]
+#define __pyx_n_u_qualname __pyx_string_tab[50]
+#define __pyx_n_u_reduce __pyx_string_tab[51]
+#define __pyx_n_u_reduce_cython __pyx_string_tab[52]
+#define __pyx_n_u_reduce_ex __pyx_string_tab[53]
+#define __pyx_n_u_set_name __pyx_string_tab[54]
+#define __pyx_n_u_setstate __pyx_string_tab[55]
+#define __pyx_n_u_setstate_cython __pyx_string_tab[56]
+#define __pyx_n_u_test __pyx_string_tab[57]
+#define __pyx_n_u_dict_2 __pyx_string_tab[58]
+#define __pyx_n_u_is_coroutine __pyx_string_tab[59]
+#define __pyx_n_u_new_node __pyx_string_tab[60]
+#define __pyx_n_u_accel__core __pyx_string_tab[61]
+#define __pyx_n_u_accel_ops __pyx_string_tab[62]
+#define __pyx_n_u_alias __pyx_string_tab[63]
+#define __pyx_n_u_args __pyx_string_tab[64]
+#define __pyx_n_u_asyncio_coroutines __pyx_string_tab[65]
+#define __pyx_n_u_bool __pyx_string_tab[66]
+#define __pyx_n_u_bstack __pyx_string_tab[67]
+#define __pyx_n_u_bufs __pyx_string_tab[68]
+#define __pyx_n_u_c __pyx_string_tab[69]
+#define __pyx_n_u_children __pyx_string_tab[70]
+#define __pyx_n_u_clear __pyx_string_tab[71]
+#define __pyx_n_u_cline_in_traceback __pyx_string_tab[72]
+#define __pyx_n_u_cpu __pyx_string_tab[73]
+#define __pyx_n_u_data_ptr __pyx_string_tab[74]
+#define __pyx_n_u_decode __pyx_string_tab[75]
+#define __pyx_n_u_device __pyx_string_tab[76]
+#define __pyx_n_u_dtype __pyx_string_tab[77]
+#define __pyx_n_u_e __pyx_string_tab[78]
+#define __pyx_n_u_empty_strided __pyx_string_tab[79]
+#define __pyx_n_u_errors __pyx_string_tab[80]
+#define __pyx_n_u_f __pyx_string_tab[81]
+#define __pyx_n_u_fn __pyx_string_tab[82]
+#define __pyx_n_u_func __pyx_string_tab[83]
+#define __pyx_n_u_get __pyx_string_tab[84]
+#define __pyx_n_u_h __pyx_string_tab[85]
+#define __pyx_n_u_i __pyx_string_tab[86]
+#define __pyx_n_u_id __pyx_string_tab[87]
+#define __pyx_n_u_is_cpu __pyx_string_tab[88]
+#define __pyx_n_u_is_floating_point __pyx_string_tab[89]
+#define __pyx_n_u_items __pyx_string_tab[90]
+#define __pyx_n_u_k __pyx_string_tab[91]
+#define __pyx_n_u_key __pyx_string_tab[92]
+#define __pyx_n_u_keyword __pyx_string_tab[93]
+#define __pyx_n_u_kind __pyx_string_tab[94]
+#define __pyx_n_u_kw __pyx_string_tab[95]
+#define __pyx_n_u_kwargs __pyx_string_tab[96]
+#define __pyx_n_u_launch __pyx_string_tab[97]
+#define __pyx_n_u_layout __pyx_string_tab[98]
+#define __pyx_n_u_load __pyx_string_tab[99]
+#define __pyx_n_u_maxsize __pyx_string_tab[100]
+#define __pyx_n_u_memory_format __pyx_string_tab[101]
+#define __pyx_n_u_meta __pyx_string_tab[102]
+#define __pyx_n_u_n __pyx_string_tab[103]
+#define __pyx_n_u_n_ext __pyx_string_tab[104]
+#define __pyx_n_u_n_sc __pyx_string_tab[105]
+#define __pyx_n_u_name_2 __pyx_string_tab[106]
+#define __pyx_n_u_nan __pyx_string_tab[107]
+#define __pyx_n_u_nb __pyx_string_tab[108]
+#define __pyx_n_u_nbytes __pyx_string_tab[109]
+#define __pyx_n_u_nn __pyx_string_tab[110]
+#define __pyx_n_u_node __pyx_string_tab[111]
+#define __pyx_n_u_ns __pyx_string_tab[112]
+#define __pyx_n_u_o __pyx_string_tab[113]
+#define __pyx_n_u_outs __pyx_string_tab[114]
+#define __pyx_n_u_p __pyx_string_tab[115]
+#define __pyx_n_u_path __pyx_string_tab[116]
+#define __pyx_n_u_pop __pyx_string_tab[117]
+#define __pyx_n_u_pos __pyx_string_tab[118]
+#define __pyx_n_u_ptrs __pyx_string_tab[119]
+#define __pyx_n_u_r __pyx_string_tab[120]
+#define __pyx_n_u_record __pyx_string_tab[121]
+#define __pyx_n_u_replace __pyx_string_tab[122]
+#define __pyx_n_u_ret __pyx_string_tab[123]
+#define __pyx_n_u_root __pyx_string_tab[124]
+#define __pyx_n_u_s __pyx_string_tab[125]
+#define __pyx_n_u_sc __pyx_string_tab[126]
+#define __pyx_n_u_scalars __pyx_string_tab[127]
+#define __pyx_n_u_self __pyx_string_tab[128]
+#define __pyx_n_u_setdefault __pyx_string_tab[129]
+#define __pyx_n_u_shape __pyx_string_tab[130]
+#define __pyx_n_u_spec __pyx_string_tab[131]
+#define __pyx_n_u_sstack __pyx_string_tab[132]
+#define __pyx_n_u_state __pyx_string_tab[133]
+#define __pyx_n_u_status __pyx_string_tab[134]
+#define __pyx_n_u_storage_offset __pyx_string_tab[135]
+#define __pyx_n_u_stride __pyx_string_tab[136]
+#define __pyx_n_u_strided __pyx_string_tab[137]
+#define __pyx_n_u_symbol __pyx_string_tab[138]
+#define __pyx_n_u_sys __pyx_string_tab[139]
+#define __pyx_n_u_t __pyx_string_tab[140]
+#define __pyx_n_u_targs __pyx_string_tab[141]
+#define __pyx_n_u_tkw __pyx_string_tab[142]
+#define __pyx_n_u_torch __pyx_string_tab[143]
+#define __pyx_n_u_tv __pyx_string_tab[144]
+#define __pyx_n_u_type __pyx_string_tab[145]
+#define __pyx_n_u_untyped_storage __pyx_string_tab[146]
+#define __pyx_n_u_update __pyx_string_tab[147]
+#define __pyx_n_u_use_setstate __pyx_string_tab[148]
+#define __pyx_n_u_v __pyx_string_tab[149]
+#define __pyx_n_u_values __pyx_string_tab[150]
+#define __pyx_n_u_x __pyx_string_tab[151]
+#define __pyx_kp_b_iso88591_q __pyx_string_tab[152]
+#define __pyx_kp_b_iso88591_q_0_kQR_XQa_7_A_1 __pyx_string_tab[153]
+#define __pyx_kp_b_iso88591_V4z_V4xtSYY_ggkkppttyy_L_L_P_P __pyx_string_tab[154]
+#define __pyx_kp_b_iso88591_A_AQ_q_avS_hfAS_avQfCs_NfTUUXXZ __pyx_string_tab[155]
+#define __pyx_kp_b_iso88591_4wa_6_6_Yb_r_A_ir_s_5_A_r_A_iq __pyx_string_tab[156]
+#define __pyx_kp_b_iso88591_A_HA_G1_Kq_HA_Kq_L_Kq_IQ_G3a_G1 __pyx_string_tab[157]
+#define __pyx_kp_b_iso88591_A_1D_c_a_Q_3avS_M_E_Qa_3hc_C_4t1 __pyx_string_tab[158]
+#define __pyx_int_0 __pyx_number_tab[0]
+#define __pyx_int_21670281 __pyx_number_tab[1]
 /* #### Code section: module_state_clear ### */
 #if CYTHON_USE_MODULE_STATE
 static CYTHON_SMALL_CODE int __pyx_m_clear(PyObject *m) {
@@ -2722,12 +3276,16 @@ static CYTHON_SMALL_CODE int __pyx_m_clear(PyObject *m) {
   #if CYTHON_PEP489_MULTI_PHASE_INIT
   __Pyx_State_RemoveModule(NULL);
   #endif
+  Py_CLEAR(clear_module_state->__pyx_ptype_5accel_5_core_RegionCore);
+  Py_CLEAR(clear_module_state->__pyx_type_5accel_5_core_RegionCore);
+  Py_CLEAR(clear_module_state->__pyx_umethod_PyDict_Type_get.method);
   Py_CLEAR(clear_module_state->__pyx_umethod_PyDict_Type_items.method);
   Py_CLEAR(clear_module_state->__pyx_umethod_PyDict_Type_pop.method);
   Py_CLEAR(clear_module_state->__pyx_umethod_PyDict_Type_values.method);
-  for (int i=0; i<1; ++i) { Py_CLEAR(clear_module_state->__pyx_tuple[i]); }
-  for (int i=0; i<2; ++i) { Py_CLEAR(clear_module_state->__pyx_codeobj_tab[i]); }
-  for (int i=0; i<53; ++i) { Py_CLEAR(clear_module_state->__pyx_string_tab[i]); }
+  for (int i=0; i<2; ++i) { Py_CLEAR(clear_module_state->__pyx_tuple[i]); }
+  for (int i=0; i<7; ++i) { Py_CLEAR(clear_module_state->__pyx_codeobj_tab[i]); }
+  for (int i=0; i<159; ++i) { Py_CLEAR(clear_module_state->__pyx_string_tab[i]); }
+  for (int i=0; i<2; ++i) { Py_CLEAR(clear_module_state->__pyx_number_tab[i]); }
 /* #### Code section: module_state_clear_contents ### */
 /* CommonTypesMetaclass.module_state_clear */
 Py_CLEAR(clear_module_state->__pyx_CommonTypesMetaclassType);
@@ -2750,12 +3308,16 @@ static CYTHON_SMALL_CODE int __pyx_m_traverse(PyObject *m, visitproc visit, void
   __Pyx_VISIT_CONST(traverse_module_state->__pyx_empty_tuple);
   __Pyx_VISIT_CONST(traverse_module_state->__pyx_empty_bytes);
   __Pyx_VISIT_CONST(traverse_module_state->__pyx_empty_unicode);
+  Py_VISIT(traverse_module_state->__pyx_ptype_5accel_5_core_RegionCore);
+  Py_VISIT(traverse_module_state->__pyx_type_5accel_5_core_RegionCore);
+  Py_VISIT(traverse_module_state->__pyx_umethod_PyDict_Type_get.method);
   Py_VISIT(traverse_module_state->__pyx_umethod_PyDict_Type_items.method);
   Py_VISIT(traverse_module_state->__pyx_umethod_PyDict_Type_pop.method);
   Py_VISIT(traverse_module_state->__pyx_umethod_PyDict_Type_values.method);
-  for (int i=0; i<1; ++i) { __Pyx_VISIT_CONST(traverse_module_state->__pyx_tuple[i]); }
-  for (int i=0; i<2; ++i) { __Pyx_VISIT_CONST(traverse_module_state->__pyx_codeobj_tab[i]); }
-  for (int i=0; i<53; ++i) { __Pyx_VISIT_CONST(traverse_module_state->__pyx_string_tab[i]); }
+  for (int i=0; i<2; ++i) { __Pyx_VISIT_CONST(traverse_module_state->__pyx_tuple[i]); }
+  for (int i=0; i<7; ++i) { __Pyx_VISIT_CONST(traverse_module_state->__pyx_codeobj_tab[i]); }
+  for (int i=0; i<159; ++i) { __Pyx_VISIT_CONST(traverse_module_state->__pyx_string_tab[i]); }
+  for (int i=0; i<2; ++i) { __Pyx_VISIT_CONST(traverse_module_state->__pyx_number_tab[i]); }
 /* #### Code section: module_state_traverse_contents ### */
 /* CommonTypesMetaclass.module_state_traverse */
 Py_VISIT(traverse_module_state->__pyx_CommonTypesMetaclassType);
@@ -3598,6 +4160,7 @@ static PyObject *__pyx_pf_5accel_5_core_2launch(CYTHON_UNUSED PyObject *__pyx_se
  *         if sc != &sstack[0]:
  *             free(sc)             # <<<<<<<<<<<<<<
  *     return status
+ * 
 */
         free(__pyx_v_sc);
 
@@ -3675,6 +4238,7 @@ static PyObject *__pyx_pf_5accel_5_core_2launch(CYTHON_UNUSED PyObject *__pyx_se
  *         if sc != &sstack[0]:
  *             free(sc)             # <<<<<<<<<<<<<<
  *     return status
+ * 
 */
           free(__pyx_v_sc);
 
@@ -3706,6 +4270,8 @@ static PyObject *__pyx_pf_5accel_5_core_2launch(CYTHON_UNUSED PyObject *__pyx_se
  *         if sc != &sstack[0]:
  *             free(sc)
  *     return status             # <<<<<<<<<<<<<<
+ * 
+ * 
 */
   __pyx_t_8 = __Pyx_PyLong_From_int(__pyx_v_status); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 66, __pyx_L1_error)
   __Pyx_GOTREF(__pyx_t_8);
@@ -3747,7 +4313,6597 @@ static PyObject *__pyx_pf_5accel_5_core_2launch(CYTHON_UNUSED PyObject *__pyx_se
   __Pyx_RefNannyFinishContext();
   return __pyx_r;
 }
+
+/* "accel/_core.pyx":99
+ *     cdef Py_ssize_t _lo, _hi
+ * 
+ *     def clear(self, root):             # <<<<<<<<<<<<<<
+ *         self.node = root
+ *         self.ext = []
+*/
+
+/* Python wrapper */
+static PyObject *__pyx_pw_5accel_5_core_10RegionCore_1clear(PyObject *__pyx_v_self, 
+#if CYTHON_VECTORCALL
+PyObject *const *__pyx_args, Py_ssize_t __pyx_nargs, PyObject *__pyx_kwds
+#else
+PyObject *__pyx_args, PyObject *__pyx_kwds
+#endif
+); /*proto*/
+static PyMethodDef __pyx_mdef_5accel_5_core_10RegionCore_1clear = {"clear", (PyCFunction)(void(*)(void))(__Pyx_PyCFunction_FastCallWithKeywords)__pyx_pw_5accel_5_core_10RegionCore_1clear, __Pyx_METH_FASTCALL|METH_KEYWORDS, 0};
+static PyObject *__pyx_pw_5accel_5_core_10RegionCore_1clear(PyObject *__pyx_v_self, 
+#if CYTHON_VECTORCALL
+PyObject *const *__pyx_args, Py_ssize_t __pyx_nargs, PyObject *__pyx_kwds
+#else
+PyObject *__pyx_args, PyObject *__pyx_kwds
+#endif
+) {
+  PyObject *__pyx_v_root = 0;
+  #if !CYTHON_VECTORCALL
+  CYTHON_UNUSED Py_ssize_t __pyx_nargs;
+  #endif
+  CYTHON_UNUSED PyObject *const *__pyx_kwvalues;
+  PyObject* values[1] = {0};
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
+  PyObject *__pyx_r = 0;
+  __Pyx_RefNannyDeclarations
+  __Pyx_RefNannySetupContext("clear (wrapper)", 0);
+  #if !CYTHON_VECTORCALL
+  #if CYTHON_ASSUME_SAFE_SIZE
+  __pyx_nargs = PyTuple_GET_SIZE(__pyx_args);
+  #else
+  __pyx_nargs = PyTuple_Size(__pyx_args); if (unlikely(__pyx_nargs < 0)) return NULL;
+  #endif
+  #endif
+  __pyx_kwvalues = __Pyx_KwValues_FASTCALL(__pyx_args, __pyx_nargs);
+  {
+    PyObject ** const __pyx_pyargnames[] = {&__pyx_mstate_global->__pyx_n_u_root,0};
+    const Py_ssize_t __pyx_kwds_len = (__pyx_kwds) ? __Pyx_NumKwargs_FASTCALL(__pyx_kwds) : 0;
+    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 99, __pyx_L3_error)
+    if (__pyx_kwds_len > 0) {
+      switch (__pyx_nargs) {
+        case  1:
+        values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 99, __pyx_L3_error)
+        CYTHON_FALLTHROUGH;
+        case  0: break;
+        default: goto __pyx_L5_argtuple_error;
+      }
+      const Py_ssize_t kwd_pos_args = __pyx_nargs;
+      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "clear", 0) < (0)) __PYX_ERR(0, 99, __pyx_L3_error)
+      for (Py_ssize_t i = __pyx_nargs; i < 1; i++) {
+        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("clear", 1, 1, 1, i); __PYX_ERR(0, 99, __pyx_L3_error) }
+      }
+    } else if (unlikely(__pyx_nargs != 1)) {
+      goto __pyx_L5_argtuple_error;
+    } else {
+      values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 99, __pyx_L3_error)
+    }
+    __pyx_v_root = values[0];
+  }
+  goto __pyx_L6_skip;
+  __pyx_L5_argtuple_error:;
+  __Pyx_RaiseArgtupleInvalid("clear", 1, 1, 1, __pyx_nargs); __PYX_ERR(0, 99, __pyx_L3_error)
+  __pyx_L6_skip:;
+  goto __pyx_L4_argument_unpacking_done;
+  __pyx_L3_error:;
+  for (Py_ssize_t __pyx_temp=0; __pyx_temp < (Py_ssize_t)(sizeof(values)/sizeof(values[0])); ++__pyx_temp) {
+    Py_XDECREF(values[__pyx_temp]);
+  }
+  __Pyx_AddTraceback("accel._core.RegionCore.clear", __pyx_clineno, __pyx_lineno, __pyx_filename);
+  __Pyx_RefNannyFinishContext();
+  return NULL;
+  __pyx_L4_argument_unpacking_done:;
+  __pyx_r = __pyx_pf_5accel_5_core_10RegionCore_clear(((struct __pyx_obj_5accel_5_core_RegionCore *)__pyx_v_self), __pyx_v_root);
+
+  /* function exit code */
+  for (Py_ssize_t __pyx_temp=0; __pyx_temp < (Py_ssize_t)(sizeof(values)/sizeof(values[0])); ++__pyx_temp) {
+    Py_XDECREF(values[__pyx_temp]);
+  }
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+static PyObject *__pyx_pf_5accel_5_core_10RegionCore_clear(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self, PyObject *__pyx_v_root) {
+  PyObject *__pyx_r = NULL;
+  __Pyx_RefNannyDeclarations
+  PyObject *__pyx_t_1 = NULL;
+  PyObject *__pyx_t_2 = NULL;
+  Py_ssize_t __pyx_t_3;
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
+  __Pyx_RefNannySetupContext("clear", 0);
+
+  /* "accel/_core.pyx":100
+ * 
+ *     def clear(self, root):
+ *         self.node = root             # <<<<<<<<<<<<<<
+ *         self.ext = []
+ *         self.ext_ids = {}
+*/
+  __Pyx_INCREF(__pyx_v_root);
+  __Pyx_GIVEREF(__pyx_v_root);
+  __Pyx_GOTREF(__pyx_v_self->node);
+  __Pyx_DECREF_SET(__pyx_v_self->node, __pyx_v_root);
+
+  /* "accel/_core.pyx":101
+ *     def clear(self, root):
+ *         self.node = root
+ *         self.ext = []             # <<<<<<<<<<<<<<
+ *         self.ext_ids = {}
+ *         self.outs = []
+*/
+  __pyx_t_1 = PyList_New(0); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 101, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_1);
+  __Pyx_GIVEREF(__pyx_t_1);
+  __Pyx_GOTREF(__pyx_v_self->ext);
+  __Pyx_DECREF_SET(__pyx_v_self->ext, ((PyObject*)__pyx_t_1));
+  __pyx_t_1 = 0;
+
+  /* "accel/_core.pyx":102
+ *         self.node = root
+ *         self.ext = []
+ *         self.ext_ids = {}             # <<<<<<<<<<<<<<
+ *         self.outs = []
+ *         self.out_ids = {}
+*/
+  __pyx_t_1 = __Pyx_PyDict_NewPresized(0); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 102, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_1);
+  __Pyx_GIVEREF(__pyx_t_1);
+  __Pyx_GOTREF(__pyx_v_self->ext_ids);
+  __Pyx_DECREF_SET(__pyx_v_self->ext_ids, ((PyObject*)__pyx_t_1));
+  __pyx_t_1 = 0;
+
+  /* "accel/_core.pyx":103
+ *         self.ext = []
+ *         self.ext_ids = {}
+ *         self.outs = []             # <<<<<<<<<<<<<<
+ *         self.out_ids = {}
+ *         self.out_meta = []
+*/
+  __pyx_t_1 = PyList_New(0); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 103, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_1);
+  __Pyx_GIVEREF(__pyx_t_1);
+  __Pyx_GOTREF(__pyx_v_self->outs);
+  __Pyx_DECREF_SET(__pyx_v_self->outs, ((PyObject*)__pyx_t_1));
+  __pyx_t_1 = 0;
+
+  /* "accel/_core.pyx":104
+ *         self.ext_ids = {}
+ *         self.outs = []
+ *         self.out_ids = {}             # <<<<<<<<<<<<<<
+ *         self.out_meta = []
+ *         self.scalars = []
+*/
+  __pyx_t_1 = __Pyx_PyDict_NewPresized(0); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 104, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_1);
+  __Pyx_GIVEREF(__pyx_t_1);
+  __Pyx_GOTREF(__pyx_v_self->out_ids);
+  __Pyx_DECREF_SET(__pyx_v_self->out_ids, ((PyObject*)__pyx_t_1));
+  __pyx_t_1 = 0;
+
+  /* "accel/_core.pyx":105
+ *         self.outs = []
+ *         self.out_ids = {}
+ *         self.out_meta = []             # <<<<<<<<<<<<<<
+ *         self.scalars = []
+ *         self.calls = []
+*/
+  __pyx_t_1 = PyList_New(0); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 105, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_1);
+  __Pyx_GIVEREF(__pyx_t_1);
+  __Pyx_GOTREF(__pyx_v_self->out_meta);
+  __Pyx_DECREF_SET(__pyx_v_self->out_meta, ((PyObject*)__pyx_t_1));
+  __pyx_t_1 = 0;
+
+  /* "accel/_core.pyx":106
+ *         self.out_ids = {}
+ *         self.out_meta = []
+ *         self.scalars = []             # <<<<<<<<<<<<<<
+ *         self.calls = []
+ *         self._lo = sys.maxsize
+*/
+  __pyx_t_1 = PyList_New(0); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 106, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_1);
+  __Pyx_GIVEREF(__pyx_t_1);
+  __Pyx_GOTREF(__pyx_v_self->scalars);
+  __Pyx_DECREF_SET(__pyx_v_self->scalars, ((PyObject*)__pyx_t_1));
+  __pyx_t_1 = 0;
+
+  /* "accel/_core.pyx":107
+ *         self.out_meta = []
+ *         self.scalars = []
+ *         self.calls = []             # <<<<<<<<<<<<<<
+ *         self._lo = sys.maxsize
+ *         self._hi = 0
+*/
+  __pyx_t_1 = PyList_New(0); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 107, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_1);
+  __Pyx_GIVEREF(__pyx_t_1);
+  __Pyx_GOTREF(__pyx_v_self->calls);
+  __Pyx_DECREF_SET(__pyx_v_self->calls, ((PyObject*)__pyx_t_1));
+  __pyx_t_1 = 0;
+
+  /* "accel/_core.pyx":108
+ *         self.scalars = []
+ *         self.calls = []
+ *         self._lo = sys.maxsize             # <<<<<<<<<<<<<<
+ *         self._hi = 0
+ *         self.lo = self._lo
+*/
+  __Pyx_GetModuleGlobalName(__pyx_t_1, __pyx_mstate_global->__pyx_n_u_sys); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 108, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_1);
+  __pyx_t_2 = __Pyx_PyObject_GetAttrStr(__pyx_t_1, __pyx_mstate_global->__pyx_n_u_maxsize); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 108, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_2);
+  __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+  __pyx_t_3 = __Pyx_PyIndex_AsSsize_t(__pyx_t_2); if (unlikely((__pyx_t_3 == (Py_ssize_t)-1) && PyErr_Occurred())) __PYX_ERR(0, 108, __pyx_L1_error)
+  __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
+  __pyx_v_self->_lo = __pyx_t_3;
+
+  /* "accel/_core.pyx":109
+ *         self.calls = []
+ *         self._lo = sys.maxsize
+ *         self._hi = 0             # <<<<<<<<<<<<<<
+ *         self.lo = self._lo
+ *         self.hi = 0
+*/
+  __pyx_v_self->_hi = 0;
+
+  /* "accel/_core.pyx":110
+ *         self._lo = sys.maxsize
+ *         self._hi = 0
+ *         self.lo = self._lo             # <<<<<<<<<<<<<<
+ *         self.hi = 0
+ *         self.mutates_ext = False
+*/
+  __pyx_t_2 = PyLong_FromSsize_t(__pyx_v_self->_lo); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 110, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_2);
+  __Pyx_GIVEREF(__pyx_t_2);
+  __Pyx_GOTREF(__pyx_v_self->lo);
+  __Pyx_DECREF_SET(__pyx_v_self->lo, __pyx_t_2);
+  __pyx_t_2 = 0;
+
+  /* "accel/_core.pyx":111
+ *         self._hi = 0
+ *         self.lo = self._lo
+ *         self.hi = 0             # <<<<<<<<<<<<<<
+ *         self.mutates_ext = False
+ * 
+*/
+  __Pyx_INCREF(__pyx_mstate_global->__pyx_int_0);
+  __Pyx_GIVEREF(__pyx_mstate_global->__pyx_int_0);
+  __Pyx_GOTREF(__pyx_v_self->hi);
+  __Pyx_DECREF_SET(__pyx_v_self->hi, __pyx_mstate_global->__pyx_int_0);
+
+  /* "accel/_core.pyx":112
+ *         self.lo = self._lo
+ *         self.hi = 0
+ *         self.mutates_ext = False             # <<<<<<<<<<<<<<
+ * 
+ *     def __len__(self):
+*/
+  __pyx_v_self->mutates_ext = 0;
+
+  /* "accel/_core.pyx":99
+ *     cdef Py_ssize_t _lo, _hi
+ * 
+ *     def clear(self, root):             # <<<<<<<<<<<<<<
+ *         self.node = root
+ *         self.ext = []
+*/
+
+  /* function exit code */
+  __pyx_r = Py_None; __Pyx_INCREF(Py_None);
+  goto __pyx_L0;
+  __pyx_L1_error:;
+  __Pyx_XDECREF(__pyx_t_1);
+  __Pyx_XDECREF(__pyx_t_2);
+  __Pyx_AddTraceback("accel._core.RegionCore.clear", __pyx_clineno, __pyx_lineno, __pyx_filename);
+  __pyx_r = NULL;
+  __pyx_L0:;
+  __Pyx_XGIVEREF(__pyx_r);
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+/* "accel/_core.pyx":114
+ *         self.mutates_ext = False
+ * 
+ *     def __len__(self):             # <<<<<<<<<<<<<<
+ *         return len(self.calls)
+ * 
+*/
+
+/* Python wrapper */
+static Py_ssize_t __pyx_pw_5accel_5_core_10RegionCore_3__len__(PyObject *__pyx_v_self); /*proto*/
+static Py_ssize_t __pyx_pw_5accel_5_core_10RegionCore_3__len__(PyObject *__pyx_v_self) {
+  CYTHON_UNUSED PyObject *const *__pyx_kwvalues;
+  Py_ssize_t __pyx_r;
+  __Pyx_RefNannyDeclarations
+  __Pyx_RefNannySetupContext("__len__ (wrapper)", 0);
+  __pyx_kwvalues = __Pyx_KwValues_VARARGS(__pyx_args, __pyx_nargs);
+  __pyx_r = __pyx_pf_5accel_5_core_10RegionCore_2__len__(((struct __pyx_obj_5accel_5_core_RegionCore *)__pyx_v_self));
+
+  /* function exit code */
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+static Py_ssize_t __pyx_pf_5accel_5_core_10RegionCore_2__len__(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self) {
+  Py_ssize_t __pyx_r;
+  __Pyx_RefNannyDeclarations
+  PyObject *__pyx_t_1 = NULL;
+  Py_ssize_t __pyx_t_2;
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
+  __Pyx_RefNannySetupContext("__len__", 0);
+
+  /* "accel/_core.pyx":115
+ * 
+ *     def __len__(self):
+ *         return len(self.calls)             # <<<<<<<<<<<<<<
+ * 
+ *     cdef _aliases_pending(self, Py_ssize_t p):
+*/
+  __pyx_t_1 = __pyx_v_self->calls;
+  __Pyx_INCREF(__pyx_t_1);
+  if (unlikely(__pyx_t_1 == Py_None)) {
+    PyErr_SetString(PyExc_TypeError, "object of type \047NoneType\047 has no len()");
+    __PYX_ERR(0, 115, __pyx_L1_error)
+  }
+  __pyx_t_2 = __Pyx_PyList_GET_SIZE(__pyx_t_1); if (unlikely(__pyx_t_2 == ((Py_ssize_t)-1))) __PYX_ERR(0, 115, __pyx_L1_error)
+  __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+  {
+    __pyx_r = __pyx_t_2;
+  }
+  goto __pyx_L0;
+
+  /* "accel/_core.pyx":114
+ *         self.mutates_ext = False
+ * 
+ *     def __len__(self):             # <<<<<<<<<<<<<<
+ *         return len(self.calls)
+ * 
+*/
+
+  /* function exit code */
+  __pyx_L1_error:;
+  __Pyx_XDECREF(__pyx_t_1);
+  __Pyx_AddTraceback("accel._core.RegionCore.__len__", __pyx_clineno, __pyx_lineno, __pyx_filename);
+  __pyx_r = -1;
+  __pyx_L0:;
+
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+/* "accel/_core.pyx":117
+ *         return len(self.calls)
+ * 
+ *     cdef _aliases_pending(self, Py_ssize_t p):             # <<<<<<<<<<<<<<
+ *         cdef Py_ssize_t b
+ *         for t in self.outs:
+*/
+
+static PyObject *__pyx_f_5accel_5_core_10RegionCore__aliases_pending(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self, Py_ssize_t __pyx_v_p) {
+  Py_ssize_t __pyx_v_b;
+  PyObject *__pyx_v_t = NULL;
+  PyObject *__pyx_r = NULL;
+  __Pyx_RefNannyDeclarations
+  PyObject *__pyx_t_1 = NULL;
+  Py_ssize_t __pyx_t_2;
+  PyObject *__pyx_t_3 = NULL;
+  PyObject *__pyx_t_4 = NULL;
+  PyObject *__pyx_t_5 = NULL;
+  size_t __pyx_t_6;
+  Py_ssize_t __pyx_t_7;
+  int __pyx_t_8;
+  PyObject *__pyx_t_9 = NULL;
+  PyObject *__pyx_t_10 = NULL;
+  PyObject *__pyx_t_11 = NULL;
+  PyObject *__pyx_t_12 = NULL;
+  PyObject *__pyx_t_13 = NULL;
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
+  __Pyx_RefNannySetupContext("_aliases_pending", 0);
+
+  /* "accel/_core.pyx":119
+ *     cdef _aliases_pending(self, Py_ssize_t p):
+ *         cdef Py_ssize_t b
+ *         for t in self.outs:             # <<<<<<<<<<<<<<
+ *             b = _data_ptr(t)
+ *             if b <= p < b + _untyped_storage(t).nbytes():
+*/
+  if (unlikely(__pyx_v_self->outs == Py_None)) {
+    PyErr_SetString(PyExc_TypeError, "\047NoneType\047 object is not iterable");
+    __PYX_ERR(0, 119, __pyx_L1_error)
+  }
+  __pyx_t_1 = __pyx_v_self->outs; __Pyx_INCREF(__pyx_t_1);
+  __pyx_t_2 = 0;
+  for (;;) {
+    {
+      Py_ssize_t __pyx_temp = __Pyx_PyList_GET_SIZE(__pyx_t_1);
+      #if !CYTHON_ASSUME_SAFE_SIZE
+      if (unlikely((__pyx_temp < 0))) __PYX_ERR(0, 119, __pyx_L1_error)
+      #endif
+      if (__pyx_t_2 >= __pyx_temp) break;
+    }
+    __pyx_t_3 = __Pyx_PyList_GET_ITEM_REF(__pyx_t_1, __pyx_t_2, __Pyx_ReferenceSharing_OwnStrongReference);
+    ++__pyx_t_2;
+    if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 119, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_3);
+    __Pyx_XDECREF_SET(__pyx_v_t, __pyx_t_3);
+    __pyx_t_3 = 0;
+
+    /* "accel/_core.pyx":120
+ *         cdef Py_ssize_t b
+ *         for t in self.outs:
+ *             b = _data_ptr(t)             # <<<<<<<<<<<<<<
+ *             if b <= p < b + _untyped_storage(t).nbytes():
+ *                 return True
+*/
+    __pyx_t_4 = NULL;
+    __Pyx_INCREF(__pyx_v_5accel_5_core__data_ptr);
+    __pyx_t_5 = __pyx_v_5accel_5_core__data_ptr; 
+    __pyx_t_6 = 1;
+    #if CYTHON_UNPACK_METHODS
+    if (unlikely(PyMethod_Check(__pyx_t_5))) {
+      __pyx_t_4 = PyMethod_GET_SELF(__pyx_t_5);
+      assert(__pyx_t_4);
+      PyObject* __pyx__function = PyMethod_GET_FUNCTION(__pyx_t_5);
+      __Pyx_INCREF(__pyx_t_4);
+      __Pyx_INCREF(__pyx__function);
+      __Pyx_DECREF_SET(__pyx_t_5, __pyx__function);
+      __pyx_t_6 = 0;
+    }
+    #endif
+    {
+      PyObject *__pyx_callargs[2] = {__pyx_t_4, __pyx_v_t};
+      __pyx_t_3 = __Pyx_PyObject_FastCall((PyObject*)__pyx_t_5, __pyx_callargs+__pyx_t_6, (2-__pyx_t_6) | (__pyx_t_6*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
+      __Pyx_XDECREF(__pyx_t_4); __pyx_t_4 = 0;
+      __Pyx_DECREF(__pyx_t_5); __pyx_t_5 = 0;
+      if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 120, __pyx_L1_error)
+      __Pyx_GOTREF(__pyx_t_3);
+    }
+    __pyx_t_7 = __Pyx_PyIndex_AsSsize_t(__pyx_t_3); if (unlikely((__pyx_t_7 == (Py_ssize_t)-1) && PyErr_Occurred())) __PYX_ERR(0, 120, __pyx_L1_error)
+    __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
+    __pyx_v_b = __pyx_t_7;
+
+    /* "accel/_core.pyx":121
+ *         for t in self.outs:
+ *             b = _data_ptr(t)
+ *             if b <= p < b + _untyped_storage(t).nbytes():             # <<<<<<<<<<<<<<
+ *                 return True
+ *         return False
+*/
+    __pyx_t_3 = PyLong_FromSsize_t(__pyx_v_b); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 121, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_3);
+    __pyx_t_5 = PyLong_FromSsize_t(__pyx_v_p); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 121, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_5);
+    __pyx_t_8 = __Pyx_PyObject_CompareBoolLe_int_int(__pyx_t_3, __pyx_t_5, Py_LE); if (unlikely((__pyx_t_8 < 0))) __PYX_ERR(0, 121, __pyx_L1_error)
+    if (__pyx_t_8) {
+      __pyx_t_4 = PyLong_FromSsize_t(__pyx_v_b); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 121, __pyx_L1_error)
+      __Pyx_GOTREF(__pyx_t_4);
+      __pyx_t_12 = NULL;
+      __Pyx_INCREF(__pyx_v_5accel_5_core__untyped_storage);
+      __pyx_t_13 = __pyx_v_5accel_5_core__untyped_storage; 
+      __pyx_t_6 = 1;
+      #if CYTHON_UNPACK_METHODS
+      if (unlikely(PyMethod_Check(__pyx_t_13))) {
+        __pyx_t_12 = PyMethod_GET_SELF(__pyx_t_13);
+        assert(__pyx_t_12);
+        PyObject* __pyx__function = PyMethod_GET_FUNCTION(__pyx_t_13);
+        __Pyx_INCREF(__pyx_t_12);
+        __Pyx_INCREF(__pyx__function);
+        __Pyx_DECREF_SET(__pyx_t_13, __pyx__function);
+        __pyx_t_6 = 0;
+      }
+      #endif
+      {
+        PyObject *__pyx_callargs[2] = {__pyx_t_12, __pyx_v_t};
+        __pyx_t_11 = __Pyx_PyObject_FastCall((PyObject*)__pyx_t_13, __pyx_callargs+__pyx_t_6, (2-__pyx_t_6) | (__pyx_t_6*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
+        __Pyx_XDECREF(__pyx_t_12); __pyx_t_12 = 0;
+        __Pyx_DECREF(__pyx_t_13); __pyx_t_13 = 0;
+        if (unlikely(!__pyx_t_11)) __PYX_ERR(0, 121, __pyx_L1_error)
+        __Pyx_GOTREF(__pyx_t_11);
+      }
+      __pyx_t_10 = __pyx_t_11;
+      __Pyx_INCREF(__pyx_t_10);
+      __pyx_t_6 = 0;
+      {
+        PyObject *__pyx_callargs[2] = {__pyx_t_10, NULL};
+        __pyx_t_9 = __Pyx_PyObject_FastCallMethod((PyObject*)__pyx_mstate_global->__pyx_n_u_nbytes, __pyx_callargs+__pyx_t_6, (1-__pyx_t_6) | (1*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
+        __Pyx_XDECREF(__pyx_t_10); __pyx_t_10 = 0;
+        __Pyx_DECREF(__pyx_t_11); __pyx_t_11 = 0;
+        if (unlikely(!__pyx_t_9)) __PYX_ERR(0, 121, __pyx_L1_error)
+        __Pyx_GOTREF(__pyx_t_9);
+      }
+      __pyx_t_11 = __Pyx_PyNumber_Add_int_object(__pyx_t_4, __pyx_t_9); if (unlikely(!__pyx_t_11)) __PYX_ERR(0, 121, __pyx_L1_error)
+      __Pyx_GOTREF(__pyx_t_11);
+      __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
+      __Pyx_DECREF(__pyx_t_9); __pyx_t_9 = 0;
+      __pyx_t_8 = __Pyx_PyObject_CompareBoolLt_int_object(__pyx_t_5, __pyx_t_11, Py_LT); if (unlikely((__pyx_t_8 < 0))) __PYX_ERR(0, 121, __pyx_L1_error)
+      __Pyx_DECREF(__pyx_t_11); __pyx_t_11 = 0;
+    }
+    __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
+    __Pyx_DECREF(__pyx_t_5); __pyx_t_5 = 0;
+    if (__pyx_t_8) {
+
+
+      /* "accel/_core.pyx":122
+ *             b = _data_ptr(t)
+ *             if b <= p < b + _untyped_storage(t).nbytes():
+ *                 return True             # <<<<<<<<<<<<<<
+ *         return False
+ * 
+*/
+      {
+        PyObject *__pyx_temp;
+        {
+          __pyx_temp = __pyx_r;
+          __Pyx_INCREF(Py_True);
+          __pyx_r = Py_True;
+        }
+        __Pyx_XDECREF(__pyx_temp);
+      }
+      __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+      goto __pyx_L0;
+
+      /* "accel/_core.pyx":121
+ *         for t in self.outs:
+ *             b = _data_ptr(t)
+ *             if b <= p < b + _untyped_storage(t).nbytes():             # <<<<<<<<<<<<<<
+ *                 return True
+ *         return False
+*/
+    }
+
+    /* "accel/_core.pyx":119
+ *     cdef _aliases_pending(self, Py_ssize_t p):
+ *         cdef Py_ssize_t b
+ *         for t in self.outs:             # <<<<<<<<<<<<<<
+ *             b = _data_ptr(t)
+ *             if b <= p < b + _untyped_storage(t).nbytes():
+*/
+  }
+  __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+
+  /* "accel/_core.pyx":123
+ *             if b <= p < b + _untyped_storage(t).nbytes():
+ *                 return True
+ *         return False             # <<<<<<<<<<<<<<
+ * 
+ *     cdef _tensor_sig(self, t, list key, list tmpl):
+*/
+  {
+    PyObject *__pyx_temp;
+    {
+      __pyx_temp = __pyx_r;
+      __Pyx_INCREF(Py_False);
+      __pyx_r = Py_False;
+    }
+    __Pyx_XDECREF(__pyx_temp);
+  }
+  goto __pyx_L0;
+
+  /* "accel/_core.pyx":117
+ *         return len(self.calls)
+ * 
+ *     cdef _aliases_pending(self, Py_ssize_t p):             # <<<<<<<<<<<<<<
+ *         cdef Py_ssize_t b
+ *         for t in self.outs:
+*/
+
+  /* function exit code */
+  __pyx_L1_error:;
+  __Pyx_XDECREF(__pyx_t_1);
+  __Pyx_XDECREF(__pyx_t_3);
+  __Pyx_XDECREF(__pyx_t_4);
+  __Pyx_XDECREF(__pyx_t_5);
+  __Pyx_XDECREF(__pyx_t_9);
+  __Pyx_XDECREF(__pyx_t_10);
+  __Pyx_XDECREF(__pyx_t_11);
+  __Pyx_XDECREF(__pyx_t_12);
+  __Pyx_XDECREF(__pyx_t_13);
+  __Pyx_AddTraceback("accel._core.RegionCore._aliases_pending", __pyx_clineno, __pyx_lineno, __pyx_filename);
+  __pyx_r = 0;
+  __pyx_L0:;
+
+  __Pyx_XDECREF(__pyx_v_t);
+  __Pyx_XGIVEREF(__pyx_r);
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+/* "accel/_core.pyx":125
+ *         return False
+ * 
+ *     cdef _tensor_sig(self, t, list key, list tmpl):             # <<<<<<<<<<<<<<
+ *         cdef Py_ssize_t p
+ *         if not t.is_cpu or t.layout is not _strided:
+*/
+
+static PyObject *__pyx_f_5accel_5_core_10RegionCore__tensor_sig(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self, PyObject *__pyx_v_t, PyObject *__pyx_v_key, PyObject *__pyx_v_tmpl) {
+  Py_ssize_t __pyx_v_p;
+  PyObject *__pyx_v_i = NULL;
+  PyObject *__pyx_v_w = NULL;
+  PyObject *__pyx_v_dtype = NULL;
+  PyObject *__pyx_v_j = NULL;
+  PyObject *__pyx_r = NULL;
+  __Pyx_RefNannyDeclarations
+  int __pyx_t_1;
+  PyObject *__pyx_t_2 = NULL;
+  int __pyx_t_3;
+  int __pyx_t_4;
+  PyObject *__pyx_t_5 = NULL;
+  PyObject *__pyx_t_6 = NULL;
+  size_t __pyx_t_7;
+  int __pyx_t_8;
+  Py_ssize_t __pyx_t_9;
+  PyObject *__pyx_t_10 = NULL;
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
+  __Pyx_RefNannySetupContext("_tensor_sig", 0);
+
+  /* "accel/_core.pyx":127
+ *     cdef _tensor_sig(self, t, list key, list tmpl):
+ *         cdef Py_ssize_t p
+ *         if not t.is_cpu or t.layout is not _strided:             # <<<<<<<<<<<<<<
+ *             raise Deferred("tensor kind")
+ *         i = self.out_ids.get(id(t))
+*/
+  __pyx_t_2 = __Pyx_PyObject_GetAttrStr(__pyx_v_t, __pyx_mstate_global->__pyx_n_u_is_cpu); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 127, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_2);
+  __pyx_t_3 = __Pyx_PyObject_IsTrue(__pyx_t_2); if (unlikely((__pyx_t_3 < 0))) __PYX_ERR(0, 127, __pyx_L1_error)
+  __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
+  __pyx_t_4 = (!__pyx_t_3);
+
+
+  if (!__pyx_t_4) {
+
+  } else {
+
+    __pyx_t_1 = __pyx_t_4;
+
+    goto __pyx_L4_bool_binop_done;
+  }
+  __pyx_t_2 = __Pyx_PyObject_GetAttrStr(__pyx_v_t, __pyx_mstate_global->__pyx_n_u_layout); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 127, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_2);
+  __pyx_t_4 = (__pyx_t_2 != __pyx_v_5accel_5_core__strided);
+  __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
+
+  __pyx_t_1 = __pyx_t_4;
+
+  __pyx_L4_bool_binop_done:;
+  if (unlikely(__pyx_t_1)) {
+
+
+    /* "accel/_core.pyx":128
+ *         cdef Py_ssize_t p
+ *         if not t.is_cpu or t.layout is not _strided:
+ *             raise Deferred("tensor kind")             # <<<<<<<<<<<<<<
+ *         i = self.out_ids.get(id(t))
+ *         if i is not None and self.outs[i] is t:
+*/
+    __pyx_t_5 = NULL;
+    __Pyx_GetModuleGlobalName(__pyx_t_6, __pyx_mstate_global->__pyx_n_u_Deferred); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 128, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_6);
+    __pyx_t_7 = 1;
+    #if CYTHON_UNPACK_METHODS
+    if (unlikely(PyMethod_Check(__pyx_t_6))) {
+      __pyx_t_5 = PyMethod_GET_SELF(__pyx_t_6);
+      assert(__pyx_t_5);
+      PyObject* __pyx__function = PyMethod_GET_FUNCTION(__pyx_t_6);
+      __Pyx_INCREF(__pyx_t_5);
+      __Pyx_INCREF(__pyx__function);
+      __Pyx_DECREF_SET(__pyx_t_6, __pyx__function);
+      __pyx_t_7 = 0;
+    }
+    #endif
+    {
+      PyObject *__pyx_callargs[2] = {__pyx_t_5, __pyx_mstate_global->__pyx_kp_u_tensor_kind};
+      __pyx_t_2 = __Pyx_PyObject_FastCall((PyObject*)__pyx_t_6, __pyx_callargs+__pyx_t_7, (2-__pyx_t_7) | (__pyx_t_7*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
+      __Pyx_XDECREF(__pyx_t_5); __pyx_t_5 = 0;
+      __Pyx_DECREF(__pyx_t_6); __pyx_t_6 = 0;
+      if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 128, __pyx_L1_error)
+      __Pyx_GOTREF(__pyx_t_2);
+    }
+    __Pyx_Raise(__pyx_t_2, 0, 0, 0);
+    __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
+    __PYX_ERR(0, 128, __pyx_L1_error)
+
+    /* "accel/_core.pyx":127
+ *     cdef _tensor_sig(self, t, list key, list tmpl):
+ *         cdef Py_ssize_t p
+ *         if not t.is_cpu or t.layout is not _strided:             # <<<<<<<<<<<<<<
+ *             raise Deferred("tensor kind")
+ *         i = self.out_ids.get(id(t))
+*/
+  }
+
+  /* "accel/_core.pyx":129
+ *         if not t.is_cpu or t.layout is not _strided:
+ *             raise Deferred("tensor kind")
+ *         i = self.out_ids.get(id(t))             # <<<<<<<<<<<<<<
+ *         if i is not None and self.outs[i] is t:
+ *             w = ("o", i)
+*/
+  if (unlikely(__pyx_v_self->out_ids == Py_None)) {
+    PyErr_Format(PyExc_AttributeError, "\047NoneType\047 object has no attribute \047%.30s\047", "get");
+    __PYX_ERR(0, 129, __pyx_L1_error)
+  }
+  __pyx_t_6 = NULL;
+  __pyx_t_7 = 1;
+  {
+    PyObject *__pyx_callargs[2] = {__pyx_t_6, __pyx_v_t};
+    __pyx_t_2 = __Pyx_PyObject_FastCall((PyObject*)__pyx_builtin_id, __pyx_callargs+__pyx_t_7, (2-__pyx_t_7) | (__pyx_t_7*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
+    __Pyx_XDECREF(__pyx_t_6); __pyx_t_6 = 0;
+    if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 129, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_2);
+  }
+  __pyx_t_6 = __Pyx_PyDict_GetItemDefault(__pyx_v_self->out_ids, __pyx_t_2, Py_None); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 129, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_6);
+  __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
+  __pyx_v_i = __pyx_t_6;
+  __pyx_t_6 = 0;
+
+  /* "accel/_core.pyx":130
+ *             raise Deferred("tensor kind")
+ *         i = self.out_ids.get(id(t))
+ *         if i is not None and self.outs[i] is t:             # <<<<<<<<<<<<<<
+ *             w = ("o", i)
+ *             key.append(w)
+*/
+  __pyx_t_4 = (__pyx_v_i != Py_None);
+  if (__pyx_t_4) {
+
+  } else {
+
+    __pyx_t_1 = __pyx_t_4;
+
+    goto __pyx_L7_bool_binop_done;
+  }
+  if (unlikely(__pyx_v_self->outs == Py_None)) {
+    PyErr_SetString(PyExc_TypeError, "\047NoneType\047 object is not subscriptable");
+    __PYX_ERR(0, 130, __pyx_L1_error)
+  }
+  __pyx_t_6 = __Pyx_PyObject_GetItem(__pyx_v_self->outs, __pyx_v_i); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 130, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_6);
+  __pyx_t_4 = (__pyx_t_6 == __pyx_v_t);
+  __Pyx_DECREF(__pyx_t_6); __pyx_t_6 = 0;
+
+  __pyx_t_1 = __pyx_t_4;
+
+  __pyx_L7_bool_binop_done:;
+  if (__pyx_t_1) {
+
+
+    /* "accel/_core.pyx":131
+ *         i = self.out_ids.get(id(t))
+ *         if i is not None and self.outs[i] is t:
+ *             w = ("o", i)             # <<<<<<<<<<<<<<
+ *             key.append(w)
+ *             tmpl.append(w)
+*/
+    __pyx_t_6 = PyTuple_New(2); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 131, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_6);
+    __Pyx_INCREF(__pyx_mstate_global->__pyx_n_u_o);
+    __Pyx_GIVEREF(__pyx_mstate_global->__pyx_n_u_o);
+    if (__Pyx_PyTuple_SET_ITEM(__pyx_t_6, 0, __pyx_mstate_global->__pyx_n_u_o) != (0)) __PYX_ERR(0, 131, __pyx_L1_error);
+    __Pyx_INCREF(__pyx_v_i);
+    __Pyx_GIVEREF(__pyx_v_i);
+    if (__Pyx_PyTuple_SET_ITEM(__pyx_t_6, 1, __pyx_v_i) != (0)) __PYX_ERR(0, 131, __pyx_L1_error);
+    __pyx_v_w = ((PyObject*)__pyx_t_6);
+    __pyx_t_6 = 0;
+
+    /* "accel/_core.pyx":132
+ *         if i is not None and self.outs[i] is t:
+ *             w = ("o", i)
+ *             key.append(w)             # <<<<<<<<<<<<<<
+ *             tmpl.append(w)
+ *             return
+*/
+    if (unlikely(__pyx_v_key == Py_None)) {
+      PyErr_Format(PyExc_AttributeError, "\047NoneType\047 object has no attribute \047%.30s\047", "append");
+      __PYX_ERR(0, 132, __pyx_L1_error)
+    }
+    __pyx_t_8 = __Pyx_PyList_Append(__pyx_v_key, __pyx_v_w); if (unlikely(__pyx_t_8 == ((int)-1))) __PYX_ERR(0, 132, __pyx_L1_error)
+
+
+    /* "accel/_core.pyx":133
+ *             w = ("o", i)
+ *             key.append(w)
+ *             tmpl.append(w)             # <<<<<<<<<<<<<<
+ *             return
+ *         dtype = t.dtype
+*/
+    if (unlikely(__pyx_v_tmpl == Py_None)) {
+      PyErr_Format(PyExc_AttributeError, "\047NoneType\047 object has no attribute \047%.30s\047", "append");
+      __PYX_ERR(0, 133, __pyx_L1_error)
+    }
+    __pyx_t_8 = __Pyx_PyList_Append(__pyx_v_tmpl, __pyx_v_w); if (unlikely(__pyx_t_8 == ((int)-1))) __PYX_ERR(0, 133, __pyx_L1_error)
+
+
+    /* "accel/_core.pyx":134
+ *             key.append(w)
+ *             tmpl.append(w)
+ *             return             # <<<<<<<<<<<<<<
+ *         dtype = t.dtype
+ *         if dtype not in DTYPES:
+*/
+    {
+      PyObject *__pyx_temp;
+      {
+        __pyx_temp = __pyx_r;
+        __pyx_r = Py_None; __Pyx_INCREF(Py_None);
+      }
+      __Pyx_XDECREF(__pyx_temp);
+    }
+    goto __pyx_L0;
+
+    /* "accel/_core.pyx":130
+ *             raise Deferred("tensor kind")
+ *         i = self.out_ids.get(id(t))
+ *         if i is not None and self.outs[i] is t:             # <<<<<<<<<<<<<<
+ *             w = ("o", i)
+ *             key.append(w)
+*/
+  }
+
+  /* "accel/_core.pyx":135
+ *             tmpl.append(w)
+ *             return
+ *         dtype = t.dtype             # <<<<<<<<<<<<<<
+ *         if dtype not in DTYPES:
+ *             raise Deferred("dtype")
+*/
+  __pyx_t_6 = __Pyx_PyObject_GetAttrStr(__pyx_v_t, __pyx_mstate_global->__pyx_n_u_dtype); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 135, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_6);
+  __pyx_v_dtype = __pyx_t_6;
+  __pyx_t_6 = 0;
+
+  /* "accel/_core.pyx":136
+ *             return
+ *         dtype = t.dtype
+ *         if dtype not in DTYPES:             # <<<<<<<<<<<<<<
+ *             raise Deferred("dtype")
+ *         if self.outs:
+*/
+  __Pyx_GetModuleGlobalName(__pyx_t_6, __pyx_mstate_global->__pyx_n_u_DTYPES); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 136, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_6);
+  __pyx_t_1 = (__Pyx_PySequence_ContainsTF(__pyx_v_dtype, __pyx_t_6, Py_NE)); if (unlikely((__pyx_t_1 < 0))) __PYX_ERR(0, 136, __pyx_L1_error)
+  __Pyx_DECREF(__pyx_t_6); __pyx_t_6 = 0;
+  if (unlikely(__pyx_t_1)) {
+
+
+    /* "accel/_core.pyx":137
+ *         dtype = t.dtype
+ *         if dtype not in DTYPES:
+ *             raise Deferred("dtype")             # <<<<<<<<<<<<<<
+ *         if self.outs:
+ *             p = _data_ptr(t)
+*/
+    __pyx_t_2 = NULL;
+    __Pyx_GetModuleGlobalName(__pyx_t_5, __pyx_mstate_global->__pyx_n_u_Deferred); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 137, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_5);
+    __pyx_t_7 = 1;
+    #if CYTHON_UNPACK_METHODS
+    if (unlikely(PyMethod_Check(__pyx_t_5))) {
+      __pyx_t_2 = PyMethod_GET_SELF(__pyx_t_5);
+      assert(__pyx_t_2);
+      PyObject* __pyx__function = PyMethod_GET_FUNCTION(__pyx_t_5);
+      __Pyx_INCREF(__pyx_t_2);
+      __Pyx_INCREF(__pyx__function);
+      __Pyx_DECREF_SET(__pyx_t_5, __pyx__function);
+      __pyx_t_7 = 0;
+    }
+    #endif
+    {
+      PyObject *__pyx_callargs[2] = {__pyx_t_2, __pyx_mstate_global->__pyx_n_u_dtype};
+      __pyx_t_6 = __Pyx_PyObject_FastCall((PyObject*)__pyx_t_5, __pyx_callargs+__pyx_t_7, (2-__pyx_t_7) | (__pyx_t_7*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
+      __Pyx_XDECREF(__pyx_t_2); __pyx_t_2 = 0;
+      __Pyx_DECREF(__pyx_t_5); __pyx_t_5 = 0;
+      if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 137, __pyx_L1_error)
+      __Pyx_GOTREF(__pyx_t_6);
+    }
+    __Pyx_Raise(__pyx_t_6, 0, 0, 0);
+    __Pyx_DECREF(__pyx_t_6); __pyx_t_6 = 0;
+    __PYX_ERR(0, 137, __pyx_L1_error)
+
+    /* "accel/_core.pyx":136
+ *             return
+ *         dtype = t.dtype
+ *         if dtype not in DTYPES:             # <<<<<<<<<<<<<<
+ *             raise Deferred("dtype")
+ *         if self.outs:
+*/
+  }
+
+  /* "accel/_core.pyx":138
+ *         if dtype not in DTYPES:
+ *             raise Deferred("dtype")
+ *         if self.outs:             # <<<<<<<<<<<<<<
+ *             p = _data_ptr(t)
+ *             if self._lo <= p < self._hi and self._aliases_pending(p):
+*/
+  if (__pyx_v_self->outs == Py_None) __pyx_t_1 = 0;
+  else
+  {
+    Py_ssize_t __pyx_temp = __Pyx_PyList_GET_SIZE(__pyx_v_self->outs);
+    if (unlikely(((!CYTHON_ASSUME_SAFE_SIZE) && __pyx_temp < 0))) __PYX_ERR(0, 138, __pyx_L1_error)
+    __pyx_t_1 = (__pyx_temp != 0);
+  }
+
+  if (__pyx_t_1) {
+
+
+    /* "accel/_core.pyx":139
+ *             raise Deferred("dtype")
+ *         if self.outs:
+ *             p = _data_ptr(t)             # <<<<<<<<<<<<<<
+ *             if self._lo <= p < self._hi and self._aliases_pending(p):
+ *                 raise Deferred("alias")
+*/
+    __pyx_t_5 = NULL;
+    __Pyx_INCREF(__pyx_v_5accel_5_core__data_ptr);
+    __pyx_t_2 = __pyx_v_5accel_5_core__data_ptr; 
+    __pyx_t_7 = 1;
+    #if CYTHON_UNPACK_METHODS
+    if (unlikely(PyMethod_Check(__pyx_t_2))) {
+      __pyx_t_5 = PyMethod_GET_SELF(__pyx_t_2);
+      assert(__pyx_t_5);
+      PyObject* __pyx__function = PyMethod_GET_FUNCTION(__pyx_t_2);
+      __Pyx_INCREF(__pyx_t_5);
+      __Pyx_INCREF(__pyx__function);
+      __Pyx_DECREF_SET(__pyx_t_2, __pyx__function);
+      __pyx_t_7 = 0;
+    }
+    #endif
+    {
+      PyObject *__pyx_callargs[2] = {__pyx_t_5, __pyx_v_t};
+      __pyx_t_6 = __Pyx_PyObject_FastCall((PyObject*)__pyx_t_2, __pyx_callargs+__pyx_t_7, (2-__pyx_t_7) | (__pyx_t_7*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
+      __Pyx_XDECREF(__pyx_t_5); __pyx_t_5 = 0;
+      __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
+      if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 139, __pyx_L1_error)
+      __Pyx_GOTREF(__pyx_t_6);
+    }
+    __pyx_t_9 = __Pyx_PyIndex_AsSsize_t(__pyx_t_6); if (unlikely((__pyx_t_9 == (Py_ssize_t)-1) && PyErr_Occurred())) __PYX_ERR(0, 139, __pyx_L1_error)
+    __Pyx_DECREF(__pyx_t_6); __pyx_t_6 = 0;
+    __pyx_v_p = __pyx_t_9;
+
+    /* "accel/_core.pyx":140
+ *         if self.outs:
+ *             p = _data_ptr(t)
+ *             if self._lo <= p < self._hi and self._aliases_pending(p):             # <<<<<<<<<<<<<<
+ *                 raise Deferred("alias")
+ *         j = self.ext_ids.get(id(t))
+*/
+    __pyx_t_4 = (__pyx_v_self->_lo <= __pyx_v_p);
+    if (__pyx_t_4) {
+      __pyx_t_4 = (__pyx_v_p < __pyx_v_self->_hi);
+    }
+    if (__pyx_t_4) {
+
+    } else {
+
+      __pyx_t_1 = __pyx_t_4;
+
+      goto __pyx_L12_bool_binop_done;
+    }
+    __pyx_t_6 = ((struct __pyx_vtabstruct_5accel_5_core_RegionCore *)__pyx_v_self->__pyx_vtab)->_aliases_pending(__pyx_v_self, __pyx_v_p); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 140, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_6);
+    __pyx_t_4 = __Pyx_PyObject_IsTrue(__pyx_t_6); if (unlikely((__pyx_t_4 < 0))) __PYX_ERR(0, 140, __pyx_L1_error)
+    __Pyx_DECREF(__pyx_t_6); __pyx_t_6 = 0;
+
+    __pyx_t_1 = __pyx_t_4;
+
+    __pyx_L12_bool_binop_done:;
+    if (unlikely(__pyx_t_1)) {
+
+
+      /* "accel/_core.pyx":141
+ *             p = _data_ptr(t)
+ *             if self._lo <= p < self._hi and self._aliases_pending(p):
+ *                 raise Deferred("alias")             # <<<<<<<<<<<<<<
+ *         j = self.ext_ids.get(id(t))
+ *         if j is None or self.ext[j] is not t:
+*/
+      __pyx_t_2 = NULL;
+      __Pyx_GetModuleGlobalName(__pyx_t_5, __pyx_mstate_global->__pyx_n_u_Deferred); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 141, __pyx_L1_error)
+      __Pyx_GOTREF(__pyx_t_5);
+      __pyx_t_7 = 1;
+      #if CYTHON_UNPACK_METHODS
+      if (unlikely(PyMethod_Check(__pyx_t_5))) {
+        __pyx_t_2 = PyMethod_GET_SELF(__pyx_t_5);
+        assert(__pyx_t_2);
+        PyObject* __pyx__function = PyMethod_GET_FUNCTION(__pyx_t_5);
+        __Pyx_INCREF(__pyx_t_2);
+        __Pyx_INCREF(__pyx__function);
+        __Pyx_DECREF_SET(__pyx_t_5, __pyx__function);
+        __pyx_t_7 = 0;
+      }
+      #endif
+      {
+        PyObject *__pyx_callargs[2] = {__pyx_t_2, __pyx_mstate_global->__pyx_n_u_alias};
+        __pyx_t_6 = __Pyx_PyObject_FastCall((PyObject*)__pyx_t_5, __pyx_callargs+__pyx_t_7, (2-__pyx_t_7) | (__pyx_t_7*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
+        __Pyx_XDECREF(__pyx_t_2); __pyx_t_2 = 0;
+        __Pyx_DECREF(__pyx_t_5); __pyx_t_5 = 0;
+        if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 141, __pyx_L1_error)
+        __Pyx_GOTREF(__pyx_t_6);
+      }
+      __Pyx_Raise(__pyx_t_6, 0, 0, 0);
+      __Pyx_DECREF(__pyx_t_6); __pyx_t_6 = 0;
+      __PYX_ERR(0, 141, __pyx_L1_error)
+
+      /* "accel/_core.pyx":140
+ *         if self.outs:
+ *             p = _data_ptr(t)
+ *             if self._lo <= p < self._hi and self._aliases_pending(p):             # <<<<<<<<<<<<<<
+ *                 raise Deferred("alias")
+ *         j = self.ext_ids.get(id(t))
+*/
+    }
+
+    /* "accel/_core.pyx":138
+ *         if dtype not in DTYPES:
+ *             raise Deferred("dtype")
+ *         if self.outs:             # <<<<<<<<<<<<<<
+ *             p = _data_ptr(t)
+ *             if self._lo <= p < self._hi and self._aliases_pending(p):
+*/
+  }
+
+  /* "accel/_core.pyx":142
+ *             if self._lo <= p < self._hi and self._aliases_pending(p):
+ *                 raise Deferred("alias")
+ *         j = self.ext_ids.get(id(t))             # <<<<<<<<<<<<<<
+ *         if j is None or self.ext[j] is not t:
+ *             j = len(self.ext)
+*/
+  if (unlikely(__pyx_v_self->ext_ids == Py_None)) {
+    PyErr_Format(PyExc_AttributeError, "\047NoneType\047 object has no attribute \047%.30s\047", "get");
+    __PYX_ERR(0, 142, __pyx_L1_error)
+  }
+  __pyx_t_5 = NULL;
+  __pyx_t_7 = 1;
+  {
+    PyObject *__pyx_callargs[2] = {__pyx_t_5, __pyx_v_t};
+    __pyx_t_6 = __Pyx_PyObject_FastCall((PyObject*)__pyx_builtin_id, __pyx_callargs+__pyx_t_7, (2-__pyx_t_7) | (__pyx_t_7*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
+    __Pyx_XDECREF(__pyx_t_5); __pyx_t_5 = 0;
+    if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 142, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_6);
+  }
+  __pyx_t_5 = __Pyx_PyDict_GetItemDefault(__pyx_v_self->ext_ids, __pyx_t_6, Py_None); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 142, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_5);
+  __Pyx_DECREF(__pyx_t_6); __pyx_t_6 = 0;
+  __pyx_v_j = __pyx_t_5;
+  __pyx_t_5 = 0;
+
+  /* "accel/_core.pyx":143
+ *                 raise Deferred("alias")
+ *         j = self.ext_ids.get(id(t))
+ *         if j is None or self.ext[j] is not t:             # <<<<<<<<<<<<<<
+ *             j = len(self.ext)
+ *             self.ext.append(t)
+*/
+  __pyx_t_4 = (__pyx_v_j == Py_None);
+  if (!__pyx_t_4) {
+
+  } else {
+
+    __pyx_t_1 = __pyx_t_4;
+
+    goto __pyx_L15_bool_binop_done;
+  }
+  if (unlikely(__pyx_v_self->ext == Py_None)) {
+    PyErr_SetString(PyExc_TypeError, "\047NoneType\047 object is not subscriptable");
+    __PYX_ERR(0, 143, __pyx_L1_error)
+  }
+  __pyx_t_5 = __Pyx_PyObject_GetItem(__pyx_v_self->ext, __pyx_v_j); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 143, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_5);
+  __pyx_t_4 = (__pyx_t_5 != __pyx_v_t);
+  __Pyx_DECREF(__pyx_t_5); __pyx_t_5 = 0;
+
+  __pyx_t_1 = __pyx_t_4;
+
+  __pyx_L15_bool_binop_done:;
+  if (__pyx_t_1) {
+
+
+    /* "accel/_core.pyx":144
+ *         j = self.ext_ids.get(id(t))
+ *         if j is None or self.ext[j] is not t:
+ *             j = len(self.ext)             # <<<<<<<<<<<<<<
+ *             self.ext.append(t)
+ *             self.ext_ids[id(t)] = j
+*/
+    __pyx_t_5 = __pyx_v_self->ext;
+    __Pyx_INCREF(__pyx_t_5);
+    if (unlikely(__pyx_t_5 == Py_None)) {
+      PyErr_SetString(PyExc_TypeError, "object of type \047NoneType\047 has no len()");
+      __PYX_ERR(0, 144, __pyx_L1_error)
+    }
+    __pyx_t_9 = __Pyx_PyList_GET_SIZE(__pyx_t_5); if (unlikely(__pyx_t_9 == ((Py_ssize_t)-1))) __PYX_ERR(0, 144, __pyx_L1_error)
+    __Pyx_DECREF(__pyx_t_5); __pyx_t_5 = 0;
+    __pyx_t_5 = PyLong_FromSsize_t(__pyx_t_9); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 144, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_5);
+
+    __Pyx_DECREF_SET(__pyx_v_j, __pyx_t_5);
+    __pyx_t_5 = 0;
+
+    /* "accel/_core.pyx":145
+ *         if j is None or self.ext[j] is not t:
+ *             j = len(self.ext)
+ *             self.ext.append(t)             # <<<<<<<<<<<<<<
+ *             self.ext_ids[id(t)] = j
+ *         key.append(("x", j, dtype, tuple(t.shape), t.stride(), t.storage_offset()))
+*/
+    if (unlikely(__pyx_v_self->ext == Py_None)) {
+      PyErr_Format(PyExc_AttributeError, "\047NoneType\047 object has no attribute \047%.30s\047", "append");
+      __PYX_ERR(0, 145, __pyx_L1_error)
+    }
+    __pyx_t_8 = __Pyx_PyList_Append(__pyx_v_self->ext, __pyx_v_t); if (unlikely(__pyx_t_8 == ((int)-1))) __PYX_ERR(0, 145, __pyx_L1_error)
+
+
+    /* "accel/_core.pyx":146
+ *             j = len(self.ext)
+ *             self.ext.append(t)
+ *             self.ext_ids[id(t)] = j             # <<<<<<<<<<<<<<
+ *         key.append(("x", j, dtype, tuple(t.shape), t.stride(), t.storage_offset()))
+ *         tmpl.append(("x", j))
+*/
+    if (unlikely(__pyx_v_self->ext_ids == Py_None)) {
+      PyErr_SetString(PyExc_TypeError, "\047NoneType\047 object is not subscriptable");
+      __PYX_ERR(0, 146, __pyx_L1_error)
+    }
+    __pyx_t_6 = NULL;
+    __pyx_t_7 = 1;
+    {
+      PyObject *__pyx_callargs[2] = {__pyx_t_6, __pyx_v_t};
+      __pyx_t_5 = __Pyx_PyObject_FastCall((PyObject*)__pyx_builtin_id, __pyx_callargs+__pyx_t_7, (2-__pyx_t_7) | (__pyx_t_7*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
+      __Pyx_XDECREF(__pyx_t_6); __pyx_t_6 = 0;
+      if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 146, __pyx_L1_error)
+      __Pyx_GOTREF(__pyx_t_5);
+    }
+    if (unlikely((PyDict_SetItem(__pyx_v_self->ext_ids, __pyx_t_5, __pyx_v_j) < 0))) __PYX_ERR(0, 146, __pyx_L1_error)
+    __Pyx_DECREF(__pyx_t_5); __pyx_t_5 = 0;
+
+    /* "accel/_core.pyx":143
+ *                 raise Deferred("alias")
+ *         j = self.ext_ids.get(id(t))
+ *         if j is None or self.ext[j] is not t:             # <<<<<<<<<<<<<<
+ *             j = len(self.ext)
+ *             self.ext.append(t)
+*/
+  }
+
+  /* "accel/_core.pyx":147
+ *             self.ext.append(t)
+ *             self.ext_ids[id(t)] = j
+ *         key.append(("x", j, dtype, tuple(t.shape), t.stride(), t.storage_offset()))             # <<<<<<<<<<<<<<
+ *         tmpl.append(("x", j))
+ * 
+*/
+  if (unlikely(__pyx_v_key == Py_None)) {
+    PyErr_Format(PyExc_AttributeError, "\047NoneType\047 object has no attribute \047%.30s\047", "append");
+    __PYX_ERR(0, 147, __pyx_L1_error)
+  }
+  __pyx_t_5 = __Pyx_PyObject_GetAttrStr(__pyx_v_t, __pyx_mstate_global->__pyx_n_u_shape); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 147, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_5);
+  __pyx_t_6 = __Pyx_PySequence_Tuple(__pyx_t_5); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 147, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_6);
+  __Pyx_DECREF(__pyx_t_5); __pyx_t_5 = 0;
+  __pyx_t_2 = __pyx_v_t;
+  __Pyx_INCREF(__pyx_t_2);
+  __pyx_t_7 = 0;
+  {
+    PyObject *__pyx_callargs[2] = {__pyx_t_2, NULL};
+    __pyx_t_5 = __Pyx_PyObject_FastCallMethod((PyObject*)__pyx_mstate_global->__pyx_n_u_stride, __pyx_callargs+__pyx_t_7, (1-__pyx_t_7) | (1*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
+    __Pyx_XDECREF(__pyx_t_2); __pyx_t_2 = 0;
+    if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 147, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_5);
+  }
+  __pyx_t_10 = __pyx_v_t;
+  __Pyx_INCREF(__pyx_t_10);
+  __pyx_t_7 = 0;
+  {
+    PyObject *__pyx_callargs[2] = {__pyx_t_10, NULL};
+    __pyx_t_2 = __Pyx_PyObject_FastCallMethod((PyObject*)__pyx_mstate_global->__pyx_n_u_storage_offset, __pyx_callargs+__pyx_t_7, (1-__pyx_t_7) | (1*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
+    __Pyx_XDECREF(__pyx_t_10); __pyx_t_10 = 0;
+    if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 147, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_2);
+  }
+  __pyx_t_10 = PyTuple_New(6); if (unlikely(!__pyx_t_10)) __PYX_ERR(0, 147, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_10);
+  __Pyx_INCREF(__pyx_mstate_global->__pyx_n_u_x);
+  __Pyx_GIVEREF(__pyx_mstate_global->__pyx_n_u_x);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_10, 0, __pyx_mstate_global->__pyx_n_u_x) != (0)) __PYX_ERR(0, 147, __pyx_L1_error);
+  __Pyx_INCREF(__pyx_v_j);
+  __Pyx_GIVEREF(__pyx_v_j);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_10, 1, __pyx_v_j) != (0)) __PYX_ERR(0, 147, __pyx_L1_error);
+  __Pyx_INCREF(__pyx_v_dtype);
+  __Pyx_GIVEREF(__pyx_v_dtype);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_10, 2, __pyx_v_dtype) != (0)) __PYX_ERR(0, 147, __pyx_L1_error);
+  __Pyx_GIVEREF(__pyx_t_6);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_10, 3, __pyx_t_6) != (0)) __PYX_ERR(0, 147, __pyx_L1_error);
+  __Pyx_GIVEREF(__pyx_t_5);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_10, 4, __pyx_t_5) != (0)) __PYX_ERR(0, 147, __pyx_L1_error);
+  __Pyx_GIVEREF(__pyx_t_2);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_10, 5, __pyx_t_2) != (0)) __PYX_ERR(0, 147, __pyx_L1_error);
+  __pyx_t_6 = 0;
+  __pyx_t_5 = 0;
+  __pyx_t_2 = 0;
+  __pyx_t_8 = __Pyx_PyList_Append(__pyx_v_key, __pyx_t_10); if (unlikely(__pyx_t_8 == ((int)-1))) __PYX_ERR(0, 147, __pyx_L1_error)
+  __Pyx_DECREF(__pyx_t_10); __pyx_t_10 = 0;
+
+
+  /* "accel/_core.pyx":148
+ *             self.ext_ids[id(t)] = j
+ *         key.append(("x", j, dtype, tuple(t.shape), t.stride(), t.storage_offset()))
+ *         tmpl.append(("x", j))             # <<<<<<<<<<<<<<
+ * 
+ *     cdef _arg(self, int kind, v, list key, list tmpl):
+*/
+  if (unlikely(__pyx_v_tmpl == Py_None)) {
+    PyErr_Format(PyExc_AttributeError, "\047NoneType\047 object has no attribute \047%.30s\047", "append");
+    __PYX_ERR(0, 148, __pyx_L1_error)
+  }
+  __pyx_t_10 = PyTuple_New(2); if (unlikely(!__pyx_t_10)) __PYX_ERR(0, 148, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_10);
+  __Pyx_INCREF(__pyx_mstate_global->__pyx_n_u_x);
+  __Pyx_GIVEREF(__pyx_mstate_global->__pyx_n_u_x);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_10, 0, __pyx_mstate_global->__pyx_n_u_x) != (0)) __PYX_ERR(0, 148, __pyx_L1_error);
+  __Pyx_INCREF(__pyx_v_j);
+  __Pyx_GIVEREF(__pyx_v_j);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_10, 1, __pyx_v_j) != (0)) __PYX_ERR(0, 148, __pyx_L1_error);
+  __pyx_t_8 = __Pyx_PyList_Append(__pyx_v_tmpl, __pyx_t_10); if (unlikely(__pyx_t_8 == ((int)-1))) __PYX_ERR(0, 148, __pyx_L1_error)
+  __Pyx_DECREF(__pyx_t_10); __pyx_t_10 = 0;
+
+
+  /* "accel/_core.pyx":125
+ *         return False
+ * 
+ *     cdef _tensor_sig(self, t, list key, list tmpl):             # <<<<<<<<<<<<<<
+ *         cdef Py_ssize_t p
+ *         if not t.is_cpu or t.layout is not _strided:
+*/
+
+  /* function exit code */
+  __pyx_r = Py_None; __Pyx_INCREF(Py_None);
+  goto __pyx_L0;
+  __pyx_L1_error:;
+  __Pyx_XDECREF(__pyx_t_2);
+  __Pyx_XDECREF(__pyx_t_5);
+  __Pyx_XDECREF(__pyx_t_6);
+  __Pyx_XDECREF(__pyx_t_10);
+  __Pyx_AddTraceback("accel._core.RegionCore._tensor_sig", __pyx_clineno, __pyx_lineno, __pyx_filename);
+  __pyx_r = 0;
+  __pyx_L0:;
+
+  __Pyx_XDECREF(__pyx_v_i);
+  __Pyx_XDECREF(__pyx_v_w);
+  __Pyx_XDECREF(__pyx_v_dtype);
+  __Pyx_XDECREF(__pyx_v_j);
+  __Pyx_XGIVEREF(__pyx_r);
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+/* "accel/_core.pyx":150
+ *         tmpl.append(("x", j))
+ * 
+ *     cdef _arg(self, int kind, v, list key, list tmpl):             # <<<<<<<<<<<<<<
+ *         tv = type(v)
+ *         if kind == _TENSOR and (tv is _Tensor or tv is _Parameter):
+*/
+
+static PyObject *__pyx_f_5accel_5_core_10RegionCore__arg(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self, int __pyx_v_kind, PyObject *__pyx_v_v, PyObject *__pyx_v_key, PyObject *__pyx_v_tmpl) {
+  PyTypeObject *__pyx_v_tv = NULL;
+  PyObject *__pyx_r = NULL;
+  __Pyx_RefNannyDeclarations
+  int __pyx_t_1;
+  int __pyx_t_2;
+  PyObject *__pyx_t_3 = NULL;
+  int __pyx_t_4;
+  Py_ssize_t __pyx_t_5;
+  PyObject *__pyx_t_6 = NULL;
+  PyObject *__pyx_t_7 = NULL;
+  size_t __pyx_t_8;
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
+  __Pyx_RefNannySetupContext("_arg", 0);
+  __Pyx_INCREF(__pyx_v_v);
+
+  /* "accel/_core.pyx":151
+ * 
+ *     cdef _arg(self, int kind, v, list key, list tmpl):
+ *         tv = type(v)             # <<<<<<<<<<<<<<
+ *         if kind == _TENSOR and (tv is _Tensor or tv is _Parameter):
+ *             self._tensor_sig(v, key, tmpl)
+*/
+  __Pyx_INCREF(((PyObject *)Py_TYPE(__pyx_v_v)));
+  __pyx_v_tv = ((PyTypeObject*)((PyObject *)Py_TYPE(__pyx_v_v)));
+
+  /* "accel/_core.pyx":152
+ *     cdef _arg(self, int kind, v, list key, list tmpl):
+ *         tv = type(v)
+ *         if kind == _TENSOR and (tv is _Tensor or tv is _Parameter):             # <<<<<<<<<<<<<<
+ *             self._tensor_sig(v, key, tmpl)
+ *         elif (kind == _TENSOR or kind == _SCALAR) and (
+*/
+  __pyx_t_2 = (__pyx_v_kind == __pyx_v_5accel_5_core__TENSOR);
+
+  if (__pyx_t_2) {
+
+  } else {
+
+    __pyx_t_1 = __pyx_t_2;
+
+    goto __pyx_L4_bool_binop_done;
+  }
+  __pyx_t_2 = (__pyx_v_tv == ((PyTypeObject*)__pyx_v_5accel_5_core__Tensor));
+  if (!__pyx_t_2) {
+
+  } else {
+
+    __pyx_t_1 = __pyx_t_2;
+
+    goto __pyx_L4_bool_binop_done;
+  }
+  __pyx_t_2 = (__pyx_v_tv == ((PyTypeObject*)__pyx_v_5accel_5_core__Parameter));
+
+  __pyx_t_1 = __pyx_t_2;
+
+  __pyx_L4_bool_binop_done:;
+  if (__pyx_t_1) {
+
+
+    /* "accel/_core.pyx":153
+ *         tv = type(v)
+ *         if kind == _TENSOR and (tv is _Tensor or tv is _Parameter):
+ *             self._tensor_sig(v, key, tmpl)             # <<<<<<<<<<<<<<
+ *         elif (kind == _TENSOR or kind == _SCALAR) and (
+ *                 (tv is float and self._float_ok) or (tv is int and self._int_ok)):
+*/
+    __pyx_t_3 = ((struct __pyx_vtabstruct_5accel_5_core_RegionCore *)__pyx_v_self->__pyx_vtab)->_tensor_sig(__pyx_v_self, __pyx_v_v, __pyx_v_key, __pyx_v_tmpl); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 153, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_3);
+    __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
+
+    /* "accel/_core.pyx":152
+ *     cdef _arg(self, int kind, v, list key, list tmpl):
+ *         tv = type(v)
+ *         if kind == _TENSOR and (tv is _Tensor or tv is _Parameter):             # <<<<<<<<<<<<<<
+ *             self._tensor_sig(v, key, tmpl)
+ *         elif (kind == _TENSOR or kind == _SCALAR) and (
+*/
+    goto __pyx_L3;
+  }
+
+  /* "accel/_core.pyx":154
+ *         if kind == _TENSOR and (tv is _Tensor or tv is _Parameter):
+ *             self._tensor_sig(v, key, tmpl)
+ *         elif (kind == _TENSOR or kind == _SCALAR) and (             # <<<<<<<<<<<<<<
+ *                 (tv is float and self._float_ok) or (tv is int and self._int_ok)):
+ *             key.append("f" if tv is float else "i")
+*/
+  __pyx_t_2 = (__pyx_v_kind == __pyx_v_5accel_5_core__TENSOR);
+
+  if (!__pyx_t_2) {
+
+  } else {
+
+    goto __pyx_L8_next_and;
+  }
+  __pyx_t_2 = (__pyx_v_kind == __pyx_v_5accel_5_core__SCALAR);
+
+  if (__pyx_t_2) {
+
+  } else {
+
+    __pyx_t_1 = __pyx_t_2;
+
+    goto __pyx_L7_bool_binop_done;
+  }
+  __pyx_L8_next_and:;
+
+  /* "accel/_core.pyx":155
+ *             self._tensor_sig(v, key, tmpl)
+ *         elif (kind == _TENSOR or kind == _SCALAR) and (
+ *                 (tv is float and self._float_ok) or (tv is int and self._int_ok)):             # <<<<<<<<<<<<<<
+ *             key.append("f" if tv is float else "i")
+ *             tmpl.append(("s", len(self.scalars)))
+*/
+  __pyx_t_2 = (__pyx_v_tv == (&PyFloat_Type));
+  if (!__pyx_t_2) {
+
+    goto __pyx_L10_next_or;
+  } else {
+
+  }
+  if (!__pyx_v_self->_float_ok) {
+  } else {
+
+    __pyx_t_1 = __pyx_v_self->_float_ok;
+    goto __pyx_L7_bool_binop_done;
+  }
+  __pyx_L10_next_or:;
+  __pyx_t_2 = (__pyx_v_tv == (&PyLong_Type));
+  if (__pyx_t_2) {
+
+  } else {
+
+    __pyx_t_1 = __pyx_t_2;
+
+    goto __pyx_L7_bool_binop_done;
+  }
+
+  __pyx_t_1 = __pyx_v_self->_int_ok;
+  __pyx_L7_bool_binop_done:;
+
+  /* "accel/_core.pyx":154
+ *         if kind == _TENSOR and (tv is _Tensor or tv is _Parameter):
+ *             self._tensor_sig(v, key, tmpl)
+ *         elif (kind == _TENSOR or kind == _SCALAR) and (             # <<<<<<<<<<<<<<
+ *                 (tv is float and self._float_ok) or (tv is int and self._int_ok)):
+ *             key.append("f" if tv is float else "i")
+*/
+  if (__pyx_t_1) {
+
+
+    /* "accel/_core.pyx":156
+ *         elif (kind == _TENSOR or kind == _SCALAR) and (
+ *                 (tv is float and self._float_ok) or (tv is int and self._int_ok)):
+ *             key.append("f" if tv is float else "i")             # <<<<<<<<<<<<<<
+ *             tmpl.append(("s", len(self.scalars)))
+ *             self.scalars.append(v)
+*/
+    if (unlikely(__pyx_v_key == Py_None)) {
+      PyErr_Format(PyExc_AttributeError, "\047NoneType\047 object has no attribute \047%.30s\047", "append");
+      __PYX_ERR(0, 156, __pyx_L1_error)
+    }
+    __pyx_t_1 = (__pyx_v_tv == (&PyFloat_Type));
+    if (__pyx_t_1) {
+      __Pyx_INCREF(__pyx_mstate_global->__pyx_n_u_f);
+      __pyx_t_3 = __pyx_mstate_global->__pyx_n_u_f;
+    } else {
+      __Pyx_INCREF(__pyx_mstate_global->__pyx_n_u_i);
+      __pyx_t_3 = __pyx_mstate_global->__pyx_n_u_i;
+    }
+
+    __pyx_t_4 = __Pyx_PyList_Append(__pyx_v_key, __pyx_t_3); if (unlikely(__pyx_t_4 == ((int)-1))) __PYX_ERR(0, 156, __pyx_L1_error)
+    __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
+
+
+    /* "accel/_core.pyx":157
+ *                 (tv is float and self._float_ok) or (tv is int and self._int_ok)):
+ *             key.append("f" if tv is float else "i")
+ *             tmpl.append(("s", len(self.scalars)))             # <<<<<<<<<<<<<<
+ *             self.scalars.append(v)
+ *         else:
+*/
+    if (unlikely(__pyx_v_tmpl == Py_None)) {
+      PyErr_Format(PyExc_AttributeError, "\047NoneType\047 object has no attribute \047%.30s\047", "append");
+      __PYX_ERR(0, 157, __pyx_L1_error)
+    }
+    __pyx_t_3 = __pyx_v_self->scalars;
+    __Pyx_INCREF(__pyx_t_3);
+    if (unlikely(__pyx_t_3 == Py_None)) {
+      PyErr_SetString(PyExc_TypeError, "object of type \047NoneType\047 has no len()");
+      __PYX_ERR(0, 157, __pyx_L1_error)
+    }
+    __pyx_t_5 = __Pyx_PyList_GET_SIZE(__pyx_t_3); if (unlikely(__pyx_t_5 == ((Py_ssize_t)-1))) __PYX_ERR(0, 157, __pyx_L1_error)
+    __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
+    __pyx_t_3 = PyLong_FromSsize_t(__pyx_t_5); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 157, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_3);
+
+    __pyx_t_6 = PyTuple_New(2); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 157, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_6);
+    __Pyx_INCREF(__pyx_mstate_global->__pyx_n_u_s);
+    __Pyx_GIVEREF(__pyx_mstate_global->__pyx_n_u_s);
+    if (__Pyx_PyTuple_SET_ITEM(__pyx_t_6, 0, __pyx_mstate_global->__pyx_n_u_s) != (0)) __PYX_ERR(0, 157, __pyx_L1_error);
+    __Pyx_GIVEREF(__pyx_t_3);
+    if (__Pyx_PyTuple_SET_ITEM(__pyx_t_6, 1, __pyx_t_3) != (0)) __PYX_ERR(0, 157, __pyx_L1_error);
+    __pyx_t_3 = 0;
+    __pyx_t_4 = __Pyx_PyList_Append(__pyx_v_tmpl, __pyx_t_6); if (unlikely(__pyx_t_4 == ((int)-1))) __PYX_ERR(0, 157, __pyx_L1_error)
+    __Pyx_DECREF(__pyx_t_6); __pyx_t_6 = 0;
+
+
+    /* "accel/_core.pyx":158
+ *             key.append("f" if tv is float else "i")
+ *             tmpl.append(("s", len(self.scalars)))
+ *             self.scalars.append(v)             # <<<<<<<<<<<<<<
+ *         else:
+ *             if tv is list:
+*/
+    if (unlikely(__pyx_v_self->scalars == Py_None)) {
+      PyErr_Format(PyExc_AttributeError, "\047NoneType\047 object has no attribute \047%.30s\047", "append");
+      __PYX_ERR(0, 158, __pyx_L1_error)
+    }
+    __pyx_t_4 = __Pyx_PyList_Append(__pyx_v_self->scalars, __pyx_v_v); if (unlikely(__pyx_t_4 == ((int)-1))) __PYX_ERR(0, 158, __pyx_L1_error)
+
+
+    /* "accel/_core.pyx":154
+ *         if kind == _TENSOR and (tv is _Tensor or tv is _Parameter):
+ *             self._tensor_sig(v, key, tmpl)
+ *         elif (kind == _TENSOR or kind == _SCALAR) and (             # <<<<<<<<<<<<<<
+ *                 (tv is float and self._float_ok) or (tv is int and self._int_ok)):
+ *             key.append("f" if tv is float else "i")
+*/
+    goto __pyx_L3;
+  }
+
+  /* "accel/_core.pyx":160
+ *             self.scalars.append(v)
+ *         else:
+ *             if tv is list:             # <<<<<<<<<<<<<<
+ *                 v = tuple(v)
+ *             elif tv not in _CONST_TYPES:
+*/
+  /*else*/ {
+    __pyx_t_1 = (__pyx_v_tv == (&PyList_Type));
+    if (__pyx_t_1) {
+
+
+      /* "accel/_core.pyx":161
+ *         else:
+ *             if tv is list:
+ *                 v = tuple(v)             # <<<<<<<<<<<<<<
+ *             elif tv not in _CONST_TYPES:
+ *                 raise Deferred("argument type")
+*/
+      __pyx_t_6 = __Pyx_PySequence_Tuple(__pyx_v_v); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 161, __pyx_L1_error)
+      __Pyx_GOTREF(__pyx_t_6);
+      __Pyx_DECREF_SET(__pyx_v_v, __pyx_t_6);
+      __pyx_t_6 = 0;
+
+      /* "accel/_core.pyx":160
+ *             self.scalars.append(v)
+ *         else:
+ *             if tv is list:             # <<<<<<<<<<<<<<
+ *                 v = tuple(v)
+ *             elif tv not in _CONST_TYPES:
+*/
+      goto __pyx_L13;
+    }
+
+    /* "accel/_core.pyx":162
+ *             if tv is list:
+ *                 v = tuple(v)
+ *             elif tv not in _CONST_TYPES:             # <<<<<<<<<<<<<<
+ *                 raise Deferred("argument type")
+ *             if tv is _device and v.type != "cpu":
+*/
+    __pyx_t_1 = (__Pyx_PySequence_ContainsTF(((PyObject *)__pyx_v_tv), __pyx_v_5accel_5_core__CONST_TYPES, Py_NE)); if (unlikely((__pyx_t_1 < 0))) __PYX_ERR(0, 162, __pyx_L1_error)
+    if (unlikely(__pyx_t_1)) {
+
+
+      /* "accel/_core.pyx":163
+ *                 v = tuple(v)
+ *             elif tv not in _CONST_TYPES:
+ *                 raise Deferred("argument type")             # <<<<<<<<<<<<<<
+ *             if tv is _device and v.type != "cpu":
+ *                 raise Deferred("device")
+*/
+      __pyx_t_3 = NULL;
+      __Pyx_GetModuleGlobalName(__pyx_t_7, __pyx_mstate_global->__pyx_n_u_Deferred); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 163, __pyx_L1_error)
+      __Pyx_GOTREF(__pyx_t_7);
+      __pyx_t_8 = 1;
+      #if CYTHON_UNPACK_METHODS
+      if (unlikely(PyMethod_Check(__pyx_t_7))) {
+        __pyx_t_3 = PyMethod_GET_SELF(__pyx_t_7);
+        assert(__pyx_t_3);
+        PyObject* __pyx__function = PyMethod_GET_FUNCTION(__pyx_t_7);
+        __Pyx_INCREF(__pyx_t_3);
+        __Pyx_INCREF(__pyx__function);
+        __Pyx_DECREF_SET(__pyx_t_7, __pyx__function);
+        __pyx_t_8 = 0;
+      }
+      #endif
+      {
+        PyObject *__pyx_callargs[2] = {__pyx_t_3, __pyx_mstate_global->__pyx_kp_u_argument_type};
+        __pyx_t_6 = __Pyx_PyObject_FastCall((PyObject*)__pyx_t_7, __pyx_callargs+__pyx_t_8, (2-__pyx_t_8) | (__pyx_t_8*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
+        __Pyx_XDECREF(__pyx_t_3); __pyx_t_3 = 0;
+        __Pyx_DECREF(__pyx_t_7); __pyx_t_7 = 0;
+        if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 163, __pyx_L1_error)
+        __Pyx_GOTREF(__pyx_t_6);
+      }
+      __Pyx_Raise(__pyx_t_6, 0, 0, 0);
+      __Pyx_DECREF(__pyx_t_6); __pyx_t_6 = 0;
+      __PYX_ERR(0, 163, __pyx_L1_error)
+
+      /* "accel/_core.pyx":162
+ *             if tv is list:
+ *                 v = tuple(v)
+ *             elif tv not in _CONST_TYPES:             # <<<<<<<<<<<<<<
+ *                 raise Deferred("argument type")
+ *             if tv is _device and v.type != "cpu":
+*/
+    }
+    __pyx_L13:;
+
+    /* "accel/_core.pyx":164
+ *             elif tv not in _CONST_TYPES:
+ *                 raise Deferred("argument type")
+ *             if tv is _device and v.type != "cpu":             # <<<<<<<<<<<<<<
+ *                 raise Deferred("device")
+ *             if tv is float and v != v:
+*/
+    __pyx_t_2 = (__pyx_v_tv == ((PyTypeObject*)__pyx_v_5accel_5_core__device));
+    if (__pyx_t_2) {
+
+    } else {
+
+      __pyx_t_1 = __pyx_t_2;
+
+      goto __pyx_L15_bool_binop_done;
+    }
+    __pyx_t_6 = __Pyx_PyObject_GetAttrStr(__pyx_v_v, __pyx_mstate_global->__pyx_n_u_type); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 164, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_6);
+    __pyx_t_2 = __Pyx_PyObject_CompareBoolNe_object_str(__pyx_t_6, __pyx_mstate_global->__pyx_n_u_cpu, Py_NE); if (unlikely((__pyx_t_2 < 0))) __PYX_ERR(0, 164, __pyx_L1_error)
+    __Pyx_DECREF(__pyx_t_6); __pyx_t_6 = 0;
+
+    __pyx_t_1 = __pyx_t_2;
+
+    __pyx_L15_bool_binop_done:;
+    if (unlikely(__pyx_t_1)) {
+
+
+      /* "accel/_core.pyx":165
+ *                 raise Deferred("argument type")
+ *             if tv is _device and v.type != "cpu":
+ *                 raise Deferred("device")             # <<<<<<<<<<<<<<
+ *             if tv is float and v != v:
+ *                 v = "nan"
+*/
+      __pyx_t_7 = NULL;
+      __Pyx_GetModuleGlobalName(__pyx_t_3, __pyx_mstate_global->__pyx_n_u_Deferred); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 165, __pyx_L1_error)
+      __Pyx_GOTREF(__pyx_t_3);
+      __pyx_t_8 = 1;
+      #if CYTHON_UNPACK_METHODS
+      if (unlikely(PyMethod_Check(__pyx_t_3))) {
+        __pyx_t_7 = PyMethod_GET_SELF(__pyx_t_3);
+        assert(__pyx_t_7);
+        PyObject* __pyx__function = PyMethod_GET_FUNCTION(__pyx_t_3);
+        __Pyx_INCREF(__pyx_t_7);
+        __Pyx_INCREF(__pyx__function);
+        __Pyx_DECREF_SET(__pyx_t_3, __pyx__function);
+        __pyx_t_8 = 0;
+      }
+      #endif
+      {
+        PyObject *__pyx_callargs[2] = {__pyx_t_7, __pyx_mstate_global->__pyx_n_u_device};
+        __pyx_t_6 = __Pyx_PyObject_FastCall((PyObject*)__pyx_t_3, __pyx_callargs+__pyx_t_8, (2-__pyx_t_8) | (__pyx_t_8*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
+        __Pyx_XDECREF(__pyx_t_7); __pyx_t_7 = 0;
+        __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
+        if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 165, __pyx_L1_error)
+        __Pyx_GOTREF(__pyx_t_6);
+      }
+      __Pyx_Raise(__pyx_t_6, 0, 0, 0);
+      __Pyx_DECREF(__pyx_t_6); __pyx_t_6 = 0;
+      __PYX_ERR(0, 165, __pyx_L1_error)
+
+      /* "accel/_core.pyx":164
+ *             elif tv not in _CONST_TYPES:
+ *                 raise Deferred("argument type")
+ *             if tv is _device and v.type != "cpu":             # <<<<<<<<<<<<<<
+ *                 raise Deferred("device")
+ *             if tv is float and v != v:
+*/
+    }
+
+    /* "accel/_core.pyx":166
+ *             if tv is _device and v.type != "cpu":
+ *                 raise Deferred("device")
+ *             if tv is float and v != v:             # <<<<<<<<<<<<<<
+ *                 v = "nan"
+ *             key.append(v)
+*/
+    __pyx_t_2 = (__pyx_v_tv == (&PyFloat_Type));
+    if (__pyx_t_2) {
+
+    } else {
+
+      __pyx_t_1 = __pyx_t_2;
+
+      goto __pyx_L18_bool_binop_done;
+    }
+    __pyx_t_2 = __Pyx_PyObject_CompareBoolNe_object_object(__pyx_v_v, __pyx_v_v, Py_NE); if (unlikely((__pyx_t_2 < 0))) __PYX_ERR(0, 166, __pyx_L1_error)
+
+    __pyx_t_1 = __pyx_t_2;
+
+    __pyx_L18_bool_binop_done:;
+    if (__pyx_t_1) {
+
+
+      /* "accel/_core.pyx":167
+ *                 raise Deferred("device")
+ *             if tv is float and v != v:
+ *                 v = "nan"             # <<<<<<<<<<<<<<
+ *             key.append(v)
+ *             tmpl.append(("c", v))
+*/
+      __Pyx_INCREF(__pyx_mstate_global->__pyx_n_u_nan);
+      __Pyx_DECREF_SET(__pyx_v_v, __pyx_mstate_global->__pyx_n_u_nan);
+
+      /* "accel/_core.pyx":166
+ *             if tv is _device and v.type != "cpu":
+ *                 raise Deferred("device")
+ *             if tv is float and v != v:             # <<<<<<<<<<<<<<
+ *                 v = "nan"
+ *             key.append(v)
+*/
+    }
+
+    /* "accel/_core.pyx":168
+ *             if tv is float and v != v:
+ *                 v = "nan"
+ *             key.append(v)             # <<<<<<<<<<<<<<
+ *             tmpl.append(("c", v))
+ * 
+*/
+    if (unlikely(__pyx_v_key == Py_None)) {
+      PyErr_Format(PyExc_AttributeError, "\047NoneType\047 object has no attribute \047%.30s\047", "append");
+      __PYX_ERR(0, 168, __pyx_L1_error)
+    }
+    __pyx_t_4 = __Pyx_PyList_Append(__pyx_v_key, __pyx_v_v); if (unlikely(__pyx_t_4 == ((int)-1))) __PYX_ERR(0, 168, __pyx_L1_error)
+
+
+    /* "accel/_core.pyx":169
+ *                 v = "nan"
+ *             key.append(v)
+ *             tmpl.append(("c", v))             # <<<<<<<<<<<<<<
+ * 
+ *     def record(self, func, spec, tuple args, dict kwargs):
+*/
+    if (unlikely(__pyx_v_tmpl == Py_None)) {
+      PyErr_Format(PyExc_AttributeError, "\047NoneType\047 object has no attribute \047%.30s\047", "append");
+      __PYX_ERR(0, 169, __pyx_L1_error)
+    }
+    __pyx_t_6 = PyTuple_New(2); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 169, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_6);
+    __Pyx_INCREF(__pyx_mstate_global->__pyx_n_u_c);
+    __Pyx_GIVEREF(__pyx_mstate_global->__pyx_n_u_c);
+    if (__Pyx_PyTuple_SET_ITEM(__pyx_t_6, 0, __pyx_mstate_global->__pyx_n_u_c) != (0)) __PYX_ERR(0, 169, __pyx_L1_error);
+    __Pyx_INCREF(__pyx_v_v);
+    __Pyx_GIVEREF(__pyx_v_v);
+    if (__Pyx_PyTuple_SET_ITEM(__pyx_t_6, 1, __pyx_v_v) != (0)) __PYX_ERR(0, 169, __pyx_L1_error);
+    __pyx_t_4 = __Pyx_PyList_Append(__pyx_v_tmpl, __pyx_t_6); if (unlikely(__pyx_t_4 == ((int)-1))) __PYX_ERR(0, 169, __pyx_L1_error)
+    __Pyx_DECREF(__pyx_t_6); __pyx_t_6 = 0;
+
+  }
+  __pyx_L3:;
+
+  /* "accel/_core.pyx":150
+ *         tmpl.append(("x", j))
+ * 
+ *     cdef _arg(self, int kind, v, list key, list tmpl):             # <<<<<<<<<<<<<<
+ *         tv = type(v)
+ *         if kind == _TENSOR and (tv is _Tensor or tv is _Parameter):
+*/
+
+  /* function exit code */
+  __pyx_r = Py_None; __Pyx_INCREF(Py_None);
+  goto __pyx_L0;
+  __pyx_L1_error:;
+  __Pyx_XDECREF(__pyx_t_3);
+  __Pyx_XDECREF(__pyx_t_6);
+  __Pyx_XDECREF(__pyx_t_7);
+  __Pyx_AddTraceback("accel._core.RegionCore._arg", __pyx_clineno, __pyx_lineno, __pyx_filename);
+  __pyx_r = 0;
+  __pyx_L0:;
+  __Pyx_XDECREF((PyObject *)__pyx_v_tv);
+  __Pyx_XDECREF(__pyx_v_v);
+  __Pyx_XGIVEREF(__pyx_r);
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+/* "accel/_core.pyx":171
+ *             tmpl.append(("c", v))
+ * 
+ *     def record(self, func, spec, tuple args, dict kwargs):             # <<<<<<<<<<<<<<
+ *         """Defer one call; return its (real, unfilled) result tensor.
+ * 
+*/
+
+/* Python wrapper */
+static PyObject *__pyx_pw_5accel_5_core_10RegionCore_5record(PyObject *__pyx_v_self, 
+#if CYTHON_VECTORCALL
+PyObject *const *__pyx_args, Py_ssize_t __pyx_nargs, PyObject *__pyx_kwds
+#else
+PyObject *__pyx_args, PyObject *__pyx_kwds
+#endif
+); /*proto*/
+PyDoc_STRVAR(__pyx_doc_5accel_5_core_10RegionCore_4record, "Defer one call; return its (real, unfilled) result tensor.\n\n        Raises:\n            Deferred: the call cannot be deferred; the region is left as it was.\n        ");
+static PyMethodDef __pyx_mdef_5accel_5_core_10RegionCore_5record = {"record", (PyCFunction)(void(*)(void))(__Pyx_PyCFunction_FastCallWithKeywords)__pyx_pw_5accel_5_core_10RegionCore_5record, __Pyx_METH_FASTCALL|METH_KEYWORDS, __pyx_doc_5accel_5_core_10RegionCore_4record};
+static PyObject *__pyx_pw_5accel_5_core_10RegionCore_5record(PyObject *__pyx_v_self, 
+#if CYTHON_VECTORCALL
+PyObject *const *__pyx_args, Py_ssize_t __pyx_nargs, PyObject *__pyx_kwds
+#else
+PyObject *__pyx_args, PyObject *__pyx_kwds
+#endif
+) {
+  PyObject *__pyx_v_func = 0;
+  PyObject *__pyx_v_spec = 0;
+  PyObject *__pyx_v_args = 0;
+  PyObject *__pyx_v_kwargs = 0;
+  #if !CYTHON_VECTORCALL
+  CYTHON_UNUSED Py_ssize_t __pyx_nargs;
+  #endif
+  CYTHON_UNUSED PyObject *const *__pyx_kwvalues;
+  PyObject* values[4] = {0,0,0,0};
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
+  PyObject *__pyx_r = 0;
+  __Pyx_RefNannyDeclarations
+  __Pyx_RefNannySetupContext("record (wrapper)", 0);
+  #if !CYTHON_VECTORCALL
+  #if CYTHON_ASSUME_SAFE_SIZE
+  __pyx_nargs = PyTuple_GET_SIZE(__pyx_args);
+  #else
+  __pyx_nargs = PyTuple_Size(__pyx_args); if (unlikely(__pyx_nargs < 0)) return NULL;
+  #endif
+  #endif
+  __pyx_kwvalues = __Pyx_KwValues_FASTCALL(__pyx_args, __pyx_nargs);
+  {
+    PyObject ** const __pyx_pyargnames[] = {&__pyx_mstate_global->__pyx_n_u_func,&__pyx_mstate_global->__pyx_n_u_spec,&__pyx_mstate_global->__pyx_n_u_args,&__pyx_mstate_global->__pyx_n_u_kwargs,0};
+    const Py_ssize_t __pyx_kwds_len = (__pyx_kwds) ? __Pyx_NumKwargs_FASTCALL(__pyx_kwds) : 0;
+    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(0, 171, __pyx_L3_error)
+    if (__pyx_kwds_len > 0) {
+      switch (__pyx_nargs) {
+        case  4:
+        values[3] = __Pyx_ArgRef_FASTCALL(__pyx_args, 3);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 171, __pyx_L3_error)
+        CYTHON_FALLTHROUGH;
+        case  3:
+        values[2] = __Pyx_ArgRef_FASTCALL(__pyx_args, 2);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 171, __pyx_L3_error)
+        CYTHON_FALLTHROUGH;
+        case  2:
+        values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 171, __pyx_L3_error)
+        CYTHON_FALLTHROUGH;
+        case  1:
+        values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 171, __pyx_L3_error)
+        CYTHON_FALLTHROUGH;
+        case  0: break;
+        default: goto __pyx_L5_argtuple_error;
+      }
+      const Py_ssize_t kwd_pos_args = __pyx_nargs;
+      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "record", 0) < (0)) __PYX_ERR(0, 171, __pyx_L3_error)
+      for (Py_ssize_t i = __pyx_nargs; i < 4; i++) {
+        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("record", 1, 4, 4, i); __PYX_ERR(0, 171, __pyx_L3_error) }
+      }
+    } else if (unlikely(__pyx_nargs != 4)) {
+      goto __pyx_L5_argtuple_error;
+    } else {
+      values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(0, 171, __pyx_L3_error)
+      values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(0, 171, __pyx_L3_error)
+      values[2] = __Pyx_ArgRef_FASTCALL(__pyx_args, 2);
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(0, 171, __pyx_L3_error)
+      values[3] = __Pyx_ArgRef_FASTCALL(__pyx_args, 3);
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[3])) __PYX_ERR(0, 171, __pyx_L3_error)
+    }
+    __pyx_v_func = values[0];
+    __pyx_v_spec = values[1];
+    __pyx_v_args = ((PyObject*)values[2]);
+    __pyx_v_kwargs = ((PyObject*)values[3]);
+  }
+  goto __pyx_L6_skip;
+  __pyx_L5_argtuple_error:;
+  __Pyx_RaiseArgtupleInvalid("record", 1, 4, 4, __pyx_nargs); __PYX_ERR(0, 171, __pyx_L3_error)
+  __pyx_L6_skip:;
+  goto __pyx_L4_argument_unpacking_done;
+  __pyx_L3_error:;
+  for (Py_ssize_t __pyx_temp=0; __pyx_temp < (Py_ssize_t)(sizeof(values)/sizeof(values[0])); ++__pyx_temp) {
+    Py_XDECREF(values[__pyx_temp]);
+  }
+  __Pyx_AddTraceback("accel._core.RegionCore.record", __pyx_clineno, __pyx_lineno, __pyx_filename);
+  __Pyx_RefNannyFinishContext();
+  return NULL;
+  __pyx_L4_argument_unpacking_done:;
+  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_args), (&PyTuple_Type), 1, "args", 1))) __PYX_ERR(0, 171, __pyx_L1_error)
+  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v_kwargs), (&PyDict_Type), 1, "kwargs", 1))) __PYX_ERR(0, 171, __pyx_L1_error)
+  __pyx_r = __pyx_pf_5accel_5_core_10RegionCore_4record(((struct __pyx_obj_5accel_5_core_RegionCore *)__pyx_v_self), __pyx_v_func, __pyx_v_spec, __pyx_v_args, __pyx_v_kwargs);
+
+  /* function exit code */
+  goto __pyx_L0;
+  __pyx_L1_error:;
+  __pyx_r = NULL;
+  for (Py_ssize_t __pyx_temp=0; __pyx_temp < (Py_ssize_t)(sizeof(values)/sizeof(values[0])); ++__pyx_temp) {
+    Py_XDECREF(values[__pyx_temp]);
+  }
+  goto __pyx_L7_cleaned_up;
+  __pyx_L0:;
+  for (Py_ssize_t __pyx_temp=0; __pyx_temp < (Py_ssize_t)(sizeof(values)/sizeof(values[0])); ++__pyx_temp) {
+    Py_XDECREF(values[__pyx_temp]);
+  }
+  __pyx_L7_cleaned_up:;
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+static PyObject *__pyx_pf_5accel_5_core_10RegionCore_4record(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self, PyObject *__pyx_v_func, PyObject *__pyx_v_spec, PyObject *__pyx_v_args, PyObject *__pyx_v_kwargs) {
+  Py_ssize_t __pyx_v_n_ext;
+  Py_ssize_t __pyx_v_n_sc;
+  Py_ssize_t __pyx_v_p;
+  Py_ssize_t __pyx_v_e;
+  PyObject *__pyx_v_key = 0;
+  PyObject *__pyx_v_targs = 0;
+  PyObject *__pyx_v_t = 0;
+  PyObject *__pyx_v_tkw = 0;
+  PyObject *__pyx_v_pos = 0;
+  Py_ssize_t __pyx_v_i;
+  Py_ssize_t __pyx_v_n;
+  PyObject *__pyx_v_v = NULL;
+  PyTypeObject *__pyx_v_tv = NULL;
+  PyObject *__pyx_v_kw = NULL;
+  PyObject *__pyx_v_name = NULL;
+  PyObject *__pyx_v_kind = NULL;
+  PyObject *__pyx_v_k = NULL;
+  PyObject *__pyx_v_node = NULL;
+  PyObject *__pyx_v_x = NULL;
+  PyObject *__pyx_v_ret = NULL;
+  PyObject *__pyx_v_outs = NULL;
+  PyObject *__pyx_v_meta = NULL;
+  PyObject *__pyx_v_r = NULL;
+  PyObject *__pyx_r = NULL;
+  __Pyx_RefNannyDeclarations
+  PyObject *__pyx_t_1 = NULL;
+  Py_ssize_t __pyx_t_2;
+  Py_ssize_t __pyx_t_3;
+  Py_ssize_t __pyx_t_4;
+  int __pyx_t_5;
+  PyObject *__pyx_t_6 = NULL;
+  int __pyx_t_7;
+  PyObject *__pyx_t_8 = NULL;
+  size_t __pyx_t_9;
+  int __pyx_t_10;
+  PyObject *__pyx_t_11 = NULL;
+  PyObject *__pyx_t_12 = NULL;
+  PyObject *__pyx_t_13 = NULL;
+  int __pyx_t_14;
+  int __pyx_t_15;
+  PyObject *__pyx_t_16 = NULL;
+  int __pyx_t_17;
+  PyObject *__pyx_t_18 = NULL;
+  PyObject *__pyx_t_19 = NULL;
+  PyObject *__pyx_t_20 = NULL;
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
+  __Pyx_RefNannySetupContext("record", 0);
+
+  /* "accel/_core.pyx":177
+ *             Deferred: the call cannot be deferred; the region is left as it was.
+ *         """
+ *         cdef Py_ssize_t n_ext = len(self.ext), n_sc = len(self.scalars), p, e             # <<<<<<<<<<<<<<
+ *         cdef list key, targs, t
+ *         cdef dict tkw
+*/
+  __pyx_t_1 = __pyx_v_self->ext;
+  __Pyx_INCREF(__pyx_t_1);
+  if (unlikely(__pyx_t_1 == Py_None)) {
+    PyErr_SetString(PyExc_TypeError, "object of type \047NoneType\047 has no len()");
+    __PYX_ERR(0, 177, __pyx_L1_error)
+  }
+  __pyx_t_2 = __Pyx_PyList_GET_SIZE(__pyx_t_1); if (unlikely(__pyx_t_2 == ((Py_ssize_t)-1))) __PYX_ERR(0, 177, __pyx_L1_error)
+  __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+  __pyx_v_n_ext = __pyx_t_2;
+  __pyx_t_1 = __pyx_v_self->scalars;
+  __Pyx_INCREF(__pyx_t_1);
+  if (unlikely(__pyx_t_1 == Py_None)) {
+    PyErr_SetString(PyExc_TypeError, "object of type \047NoneType\047 has no len()");
+    __PYX_ERR(0, 177, __pyx_L1_error)
+  }
+  __pyx_t_2 = __Pyx_PyList_GET_SIZE(__pyx_t_1); if (unlikely(__pyx_t_2 == ((Py_ssize_t)-1))) __PYX_ERR(0, 177, __pyx_L1_error)
+  __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+  __pyx_v_n_sc = __pyx_t_2;
+
+  /* "accel/_core.pyx":180
+ *         cdef list key, targs, t
+ *         cdef dict tkw
+ *         cdef tuple pos = spec.pos             # <<<<<<<<<<<<<<
+ *         cdef Py_ssize_t i, n = min(len(pos), len(args))
+ *         self._float_ok = self._int_ok = True
+*/
+  __pyx_t_1 = __Pyx_PyObject_GetAttrStr(__pyx_v_spec, __pyx_mstate_global->__pyx_n_u_pos); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 180, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_1);
+  if (!(likely(PyTuple_CheckExact(__pyx_t_1))||((__pyx_t_1) == Py_None) || __Pyx_RaiseUnexpectedTypeError("tuple", __pyx_t_1))) __PYX_ERR(0, 180, __pyx_L1_error)
+  __pyx_v_pos = ((PyObject*)__pyx_t_1);
+  __pyx_t_1 = 0;
+
+  /* "accel/_core.pyx":181
+ *         cdef dict tkw
+ *         cdef tuple pos = spec.pos
+ *         cdef Py_ssize_t i, n = min(len(pos), len(args))             # <<<<<<<<<<<<<<
+ *         self._float_ok = self._int_ok = True
+ *         for v in args:
+*/
+  if (unlikely(__pyx_v_args == Py_None)) {
+    PyErr_SetString(PyExc_TypeError, "object of type \047NoneType\047 has no len()");
+    __PYX_ERR(0, 181, __pyx_L1_error)
+  }
+  __pyx_t_2 = __Pyx_PyTuple_GET_SIZE(__pyx_v_args); if (unlikely(__pyx_t_2 == ((Py_ssize_t)-1))) __PYX_ERR(0, 181, __pyx_L1_error)
+  if (unlikely(__pyx_v_pos == Py_None)) {
+    PyErr_SetString(PyExc_TypeError, "object of type \047NoneType\047 has no len()");
+    __PYX_ERR(0, 181, __pyx_L1_error)
+  }
+  __pyx_t_3 = __Pyx_PyTuple_GET_SIZE(__pyx_v_pos); if (unlikely(__pyx_t_3 == ((Py_ssize_t)-1))) __PYX_ERR(0, 181, __pyx_L1_error)
+  __pyx_t_5 = (__pyx_t_2 < __pyx_t_3);
+
+  if (__pyx_t_5) {
+
+    __pyx_t_4 = __pyx_t_2;
+  } else {
+
+    __pyx_t_4 = __pyx_t_3;
+  }
+
+
+
+  __pyx_v_n = __pyx_t_4;
+
+
+  /* "accel/_core.pyx":182
+ *         cdef tuple pos = spec.pos
+ *         cdef Py_ssize_t i, n = min(len(pos), len(args))
+ *         self._float_ok = self._int_ok = True             # <<<<<<<<<<<<<<
+ *         for v in args:
+ *             tv = type(v)
+*/
+  __pyx_v_self->_float_ok = 1;
+  __pyx_v_self->_int_ok = 1;
+
+  /* "accel/_core.pyx":183
+ *         cdef Py_ssize_t i, n = min(len(pos), len(args))
+ *         self._float_ok = self._int_ok = True
+ *         for v in args:             # <<<<<<<<<<<<<<
+ *             tv = type(v)
+ *             if (tv is _Tensor or tv is _Parameter) and not v.is_floating_point():
+*/
+  if (unlikely(__pyx_v_args == Py_None)) {
+    PyErr_SetString(PyExc_TypeError, "\047NoneType\047 object is not iterable");
+    __PYX_ERR(0, 183, __pyx_L1_error)
+  }
+  __pyx_t_1 = __pyx_v_args; __Pyx_INCREF(__pyx_t_1);
+  __pyx_t_4 = 0;
+  for (;;) {
+    {
+      Py_ssize_t __pyx_temp = __Pyx_PyTuple_GET_SIZE(__pyx_t_1);
+      #if !CYTHON_ASSUME_SAFE_SIZE
+      if (unlikely((__pyx_temp < 0))) __PYX_ERR(0, 183, __pyx_L1_error)
+      #endif
+      if (__pyx_t_4 >= __pyx_temp) break;
+    }
+    #if CYTHON_ASSUME_SAFE_MACROS && !CYTHON_AVOID_BORROWED_REFS
+    __pyx_t_6 = __Pyx_NewRef(PyTuple_GET_ITEM(__pyx_t_1, __pyx_t_4));
+    #else
+    __pyx_t_6 = __Pyx_PySequence_ITEM(__pyx_t_1, __pyx_t_4);
+    #endif
+    ++__pyx_t_4;
+    if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 183, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_6);
+    __Pyx_XDECREF_SET(__pyx_v_v, __pyx_t_6);
+    __pyx_t_6 = 0;
+
+    /* "accel/_core.pyx":184
+ *         self._float_ok = self._int_ok = True
+ *         for v in args:
+ *             tv = type(v)             # <<<<<<<<<<<<<<
+ *             if (tv is _Tensor or tv is _Parameter) and not v.is_floating_point():
+ *                 self._float_ok = False
+*/
+    __Pyx_INCREF(((PyObject *)Py_TYPE(__pyx_v_v)));
+    __Pyx_XDECREF_SET(__pyx_v_tv, ((PyTypeObject*)((PyObject *)Py_TYPE(__pyx_v_v))));
+
+    /* "accel/_core.pyx":185
+ *         for v in args:
+ *             tv = type(v)
+ *             if (tv is _Tensor or tv is _Parameter) and not v.is_floating_point():             # <<<<<<<<<<<<<<
+ *                 self._float_ok = False
+ *                 if v.dtype is _bool:
+*/
+    __pyx_t_7 = (__pyx_v_tv == ((PyTypeObject*)__pyx_v_5accel_5_core__Tensor));
+    if (!__pyx_t_7) {
+
+    } else {
+
+      goto __pyx_L7_next_and;
+    }
+    __pyx_t_7 = (__pyx_v_tv == ((PyTypeObject*)__pyx_v_5accel_5_core__Parameter));
+    if (__pyx_t_7) {
+
+    } else {
+
+      __pyx_t_5 = __pyx_t_7;
+
+      goto __pyx_L6_bool_binop_done;
+    }
+    __pyx_L7_next_and:;
+    __pyx_t_8 = __pyx_v_v;
+    __Pyx_INCREF(__pyx_t_8);
+    __pyx_t_9 = 0;
+    {
+      PyObject *__pyx_callargs[2] = {__pyx_t_8, NULL};
+      __pyx_t_6 = __Pyx_PyObject_FastCallMethod((PyObject*)__pyx_mstate_global->__pyx_n_u_is_floating_point, __pyx_callargs+__pyx_t_9, (1-__pyx_t_9) | (1*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
+      __Pyx_XDECREF(__pyx_t_8); __pyx_t_8 = 0;
+      if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 185, __pyx_L1_error)
+      __Pyx_GOTREF(__pyx_t_6);
+    }
+    __pyx_t_7 = __Pyx_PyObject_IsTrue(__pyx_t_6); if (unlikely((__pyx_t_7 < 0))) __PYX_ERR(0, 185, __pyx_L1_error)
+    __Pyx_DECREF(__pyx_t_6); __pyx_t_6 = 0;
+    __pyx_t_10 = (!__pyx_t_7);
+
+
+
+    __pyx_t_5 = __pyx_t_10;
+
+    __pyx_L6_bool_binop_done:;
+    if (__pyx_t_5) {
+
+
+      /* "accel/_core.pyx":186
+ *             tv = type(v)
+ *             if (tv is _Tensor or tv is _Parameter) and not v.is_floating_point():
+ *                 self._float_ok = False             # <<<<<<<<<<<<<<
+ *                 if v.dtype is _bool:
+ *                     self._int_ok = False
+*/
+      __pyx_v_self->_float_ok = 0;
+
+      /* "accel/_core.pyx":187
+ *             if (tv is _Tensor or tv is _Parameter) and not v.is_floating_point():
+ *                 self._float_ok = False
+ *                 if v.dtype is _bool:             # <<<<<<<<<<<<<<
+ *                     self._int_ok = False
+ *         try:
+*/
+      __pyx_t_6 = __Pyx_PyObject_GetAttrStr(__pyx_v_v, __pyx_mstate_global->__pyx_n_u_dtype); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 187, __pyx_L1_error)
+      __Pyx_GOTREF(__pyx_t_6);
+      __pyx_t_5 = (__pyx_t_6 == __pyx_v_5accel_5_core__bool);
+      __Pyx_DECREF(__pyx_t_6); __pyx_t_6 = 0;
+      if (__pyx_t_5) {
+
+
+        /* "accel/_core.pyx":188
+ *                 self._float_ok = False
+ *                 if v.dtype is _bool:
+ *                     self._int_ok = False             # <<<<<<<<<<<<<<
+ *         try:
+ *             key = [func]
+*/
+        __pyx_v_self->_int_ok = 0;
+
+        /* "accel/_core.pyx":187
+ *             if (tv is _Tensor or tv is _Parameter) and not v.is_floating_point():
+ *                 self._float_ok = False
+ *                 if v.dtype is _bool:             # <<<<<<<<<<<<<<
+ *                     self._int_ok = False
+ *         try:
+*/
+      }
+
+      /* "accel/_core.pyx":185
+ *         for v in args:
+ *             tv = type(v)
+ *             if (tv is _Tensor or tv is _Parameter) and not v.is_floating_point():             # <<<<<<<<<<<<<<
+ *                 self._float_ok = False
+ *                 if v.dtype is _bool:
+*/
+    }
+
+    /* "accel/_core.pyx":183
+ *         cdef Py_ssize_t i, n = min(len(pos), len(args))
+ *         self._float_ok = self._int_ok = True
+ *         for v in args:             # <<<<<<<<<<<<<<
+ *             tv = type(v)
+ *             if (tv is _Tensor or tv is _Parameter) and not v.is_floating_point():
+*/
+  }
+  __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+
+  /* "accel/_core.pyx":189
+ *                 if v.dtype is _bool:
+ *                     self._int_ok = False
+ *         try:             # <<<<<<<<<<<<<<
+ *             key = [func]
+ *             targs = []
+*/
+  {
+    __Pyx_PyThreadState_declare
+    __Pyx_PyThreadState_assign
+    __Pyx_ExceptionSave(&__pyx_t_11, &__pyx_t_12, &__pyx_t_13);
+    __Pyx_XGOTREF(__pyx_t_11);
+    __Pyx_XGOTREF(__pyx_t_12);
+    __Pyx_XGOTREF(__pyx_t_13);
+    /*try:*/ {
+
+      /* "accel/_core.pyx":190
+ *                     self._int_ok = False
+ *         try:
+ *             key = [func]             # <<<<<<<<<<<<<<
+ *             targs = []
+ *             tkw = {}
+*/
+      __pyx_t_1 = PyList_New(1); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 190, __pyx_L11_error)
+      __Pyx_GOTREF(__pyx_t_1);
+      __Pyx_INCREF(__pyx_v_func);
+      __Pyx_GIVEREF(__pyx_v_func);
+      if (__Pyx_PyList_SET_ITEM(__pyx_t_1, 0, __pyx_v_func) != (0)) __PYX_ERR(0, 190, __pyx_L11_error);
+      __pyx_v_key = ((PyObject*)__pyx_t_1);
+      __pyx_t_1 = 0;
+
+      /* "accel/_core.pyx":191
+ *         try:
+ *             key = [func]
+ *             targs = []             # <<<<<<<<<<<<<<
+ *             tkw = {}
+ *             for i in range(n):
+*/
+      __pyx_t_1 = PyList_New(0); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 191, __pyx_L11_error)
+      __Pyx_GOTREF(__pyx_t_1);
+      __pyx_v_targs = ((PyObject*)__pyx_t_1);
+      __pyx_t_1 = 0;
+
+      /* "accel/_core.pyx":192
+ *             key = [func]
+ *             targs = []
+ *             tkw = {}             # <<<<<<<<<<<<<<
+ *             for i in range(n):
+ *                 self._arg(pos[i], args[i], key, targs)
+*/
+      __pyx_t_1 = __Pyx_PyDict_NewPresized(0); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 192, __pyx_L11_error)
+      __Pyx_GOTREF(__pyx_t_1);
+      __pyx_v_tkw = ((PyObject*)__pyx_t_1);
+      __pyx_t_1 = 0;
+
+      /* "accel/_core.pyx":193
+ *             targs = []
+ *             tkw = {}
+ *             for i in range(n):             # <<<<<<<<<<<<<<
+ *                 self._arg(pos[i], args[i], key, targs)
+ *             if kwargs:
+*/
+
+      __pyx_t_4 = __pyx_v_n;
+      __pyx_t_2 = __pyx_t_4;
+
+      for (__pyx_t_3 = 0; __pyx_t_3 < __pyx_t_2; __pyx_t_3+=1) {
+        __pyx_v_i = __pyx_t_3;
+
+        /* "accel/_core.pyx":194
+ *             tkw = {}
+ *             for i in range(n):
+ *                 self._arg(pos[i], args[i], key, targs)             # <<<<<<<<<<<<<<
+ *             if kwargs:
+ *                 kw = spec.kw
+*/
+        if (unlikely(__pyx_v_pos == Py_None)) {
+          PyErr_SetString(PyExc_TypeError, "\047NoneType\047 object is not subscriptable");
+          __PYX_ERR(0, 194, __pyx_L11_error)
+        }
+        __pyx_t_14 = __Pyx_PyLong_As_int(__Pyx_PyTuple_GET_ITEM(__pyx_v_pos, __pyx_v_i)); if (unlikely((__pyx_t_14 == (int)-1) && PyErr_Occurred())) __PYX_ERR(0, 194, __pyx_L11_error)
+        if (unlikely(__pyx_v_args == Py_None)) {
+          PyErr_SetString(PyExc_TypeError, "\047NoneType\047 object is not subscriptable");
+          __PYX_ERR(0, 194, __pyx_L11_error)
+        }
+        __pyx_t_1 = __Pyx_PyTuple_GET_ITEM(__pyx_v_args, __pyx_v_i);
+        __Pyx_INCREF(__pyx_t_1);
+        __pyx_t_6 = ((struct __pyx_vtabstruct_5accel_5_core_RegionCore *)__pyx_v_self->__pyx_vtab)->_arg(__pyx_v_self, __pyx_t_14, __pyx_t_1, __pyx_v_key, __pyx_v_targs); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 194, __pyx_L11_error)
+        __Pyx_GOTREF(__pyx_t_6);
+
+        __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+        __Pyx_DECREF(__pyx_t_6); __pyx_t_6 = 0;
+      }
+
+
+      /* "accel/_core.pyx":195
+ *             for i in range(n):
+ *                 self._arg(pos[i], args[i], key, targs)
+ *             if kwargs:             # <<<<<<<<<<<<<<
+ *                 kw = spec.kw
+ *                 for name, v in kwargs.items():
+*/
+      if (__pyx_v_kwargs == Py_None) __pyx_t_5 = 0;
+      else
+      {
+        Py_ssize_t __pyx_temp = __Pyx_PyDict_GET_SIZE(__pyx_v_kwargs);
+        if (unlikely(((!CYTHON_ASSUME_SAFE_SIZE) && __pyx_temp < 0))) __PYX_ERR(0, 195, __pyx_L11_error)
+        __pyx_t_5 = (__pyx_temp != 0);
+      }
+
+      if (__pyx_t_5) {
+
+
+        /* "accel/_core.pyx":196
+ *                 self._arg(pos[i], args[i], key, targs)
+ *             if kwargs:
+ *                 kw = spec.kw             # <<<<<<<<<<<<<<
+ *                 for name, v in kwargs.items():
+ *                     kind = kw.get(name)
+*/
+        __pyx_t_6 = __Pyx_PyObject_GetAttrStr(__pyx_v_spec, __pyx_mstate_global->__pyx_n_u_kw); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 196, __pyx_L11_error)
+        __Pyx_GOTREF(__pyx_t_6);
+        __pyx_v_kw = __pyx_t_6;
+        __pyx_t_6 = 0;
+
+        /* "accel/_core.pyx":197
+ *             if kwargs:
+ *                 kw = spec.kw
+ *                 for name, v in kwargs.items():             # <<<<<<<<<<<<<<
+ *                     kind = kw.get(name)
+ *                     if kind is None:
+*/
+        __pyx_t_4 = 0;
+        if (unlikely(__pyx_v_kwargs == Py_None)) {
+          PyErr_Format(PyExc_AttributeError, "\047NoneType\047 object has no attribute \047%.30s\047", "items");
+          __PYX_ERR(0, 197, __pyx_L11_error)
+        }
+        __pyx_t_1 = __Pyx_dict_iterator(__pyx_v_kwargs, 1, __pyx_mstate_global->__pyx_n_u_items, (&__pyx_t_2), (&__pyx_t_14)); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 197, __pyx_L11_error)
+        __Pyx_GOTREF(__pyx_t_1);
+        __Pyx_XDECREF(__pyx_t_6);
+        __pyx_t_6 = __pyx_t_1;
+        __pyx_t_1 = 0;
+        while (1) {
+          __pyx_t_15 = __Pyx_dict_iter_next(__pyx_t_6, __pyx_t_2, &__pyx_t_4, &__pyx_t_1, &__pyx_t_8, NULL, __pyx_t_14);
+          if (unlikely(__pyx_t_15 == 0)) break;
+          if (unlikely(__pyx_t_15 == -1)) __PYX_ERR(0, 197, __pyx_L11_error)
+          __Pyx_GOTREF(__pyx_t_1);
+          __Pyx_GOTREF(__pyx_t_8);
+          __Pyx_XDECREF_SET(__pyx_v_name, __pyx_t_1);
+          __pyx_t_1 = 0;
+          __Pyx_XDECREF_SET(__pyx_v_v, __pyx_t_8);
+          __pyx_t_8 = 0;
+
+          /* "accel/_core.pyx":198
+ *                 kw = spec.kw
+ *                 for name, v in kwargs.items():
+ *                     kind = kw.get(name)             # <<<<<<<<<<<<<<
+ *                     if kind is None:
+ *                         raise Deferred("keyword")
+*/
+          __pyx_t_1 = __pyx_v_kw;
+          __Pyx_INCREF(__pyx_t_1);
+          __pyx_t_9 = 0;
+          {
+            PyObject *__pyx_callargs[2] = {__pyx_t_1, __pyx_v_name};
+            __pyx_t_8 = __Pyx_PyObject_FastCallMethod((PyObject*)__pyx_mstate_global->__pyx_n_u_get, __pyx_callargs+__pyx_t_9, (2-__pyx_t_9) | (1*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
+            __Pyx_XDECREF(__pyx_t_1); __pyx_t_1 = 0;
+            if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 198, __pyx_L11_error)
+            __Pyx_GOTREF(__pyx_t_8);
+          }
+          __Pyx_XDECREF_SET(__pyx_v_kind, __pyx_t_8);
+          __pyx_t_8 = 0;
+
+          /* "accel/_core.pyx":199
+ *                 for name, v in kwargs.items():
+ *                     kind = kw.get(name)
+ *                     if kind is None:             # <<<<<<<<<<<<<<
+ *                         raise Deferred("keyword")
+ *                     key.append(name)
+*/
+          __pyx_t_5 = (__pyx_v_kind == Py_None);
+          if (unlikely(__pyx_t_5)) {
+
+
+            /* "accel/_core.pyx":200
+ *                     kind = kw.get(name)
+ *                     if kind is None:
+ *                         raise Deferred("keyword")             # <<<<<<<<<<<<<<
+ *                     key.append(name)
+ *                     t = []
+*/
+            __pyx_t_1 = NULL;
+            __Pyx_GetModuleGlobalName(__pyx_t_16, __pyx_mstate_global->__pyx_n_u_Deferred); if (unlikely(!__pyx_t_16)) __PYX_ERR(0, 200, __pyx_L11_error)
+            __Pyx_GOTREF(__pyx_t_16);
+            __pyx_t_9 = 1;
+            #if CYTHON_UNPACK_METHODS
+            if (unlikely(PyMethod_Check(__pyx_t_16))) {
+              __pyx_t_1 = PyMethod_GET_SELF(__pyx_t_16);
+              assert(__pyx_t_1);
+              PyObject* __pyx__function = PyMethod_GET_FUNCTION(__pyx_t_16);
+              __Pyx_INCREF(__pyx_t_1);
+              __Pyx_INCREF(__pyx__function);
+              __Pyx_DECREF_SET(__pyx_t_16, __pyx__function);
+              __pyx_t_9 = 0;
+            }
+            #endif
+            {
+              PyObject *__pyx_callargs[2] = {__pyx_t_1, __pyx_mstate_global->__pyx_n_u_keyword};
+              __pyx_t_8 = __Pyx_PyObject_FastCall((PyObject*)__pyx_t_16, __pyx_callargs+__pyx_t_9, (2-__pyx_t_9) | (__pyx_t_9*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
+              __Pyx_XDECREF(__pyx_t_1); __pyx_t_1 = 0;
+              __Pyx_DECREF(__pyx_t_16); __pyx_t_16 = 0;
+              if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 200, __pyx_L11_error)
+              __Pyx_GOTREF(__pyx_t_8);
+            }
+            __Pyx_Raise(__pyx_t_8, 0, 0, 0);
+            __Pyx_DECREF(__pyx_t_8); __pyx_t_8 = 0;
+            __PYX_ERR(0, 200, __pyx_L11_error)
+
+            /* "accel/_core.pyx":199
+ *                 for name, v in kwargs.items():
+ *                     kind = kw.get(name)
+ *                     if kind is None:             # <<<<<<<<<<<<<<
+ *                         raise Deferred("keyword")
+ *                     key.append(name)
+*/
+          }
+
+          /* "accel/_core.pyx":201
+ *                     if kind is None:
+ *                         raise Deferred("keyword")
+ *                     key.append(name)             # <<<<<<<<<<<<<<
+ *                     t = []
+ *                     self._arg(kind, v, key, t)
+*/
+          __pyx_t_17 = __Pyx_PyList_Append(__pyx_v_key, __pyx_v_name); if (unlikely(__pyx_t_17 == ((int)-1))) __PYX_ERR(0, 201, __pyx_L11_error)
+
+
+          /* "accel/_core.pyx":202
+ *                         raise Deferred("keyword")
+ *                     key.append(name)
+ *                     t = []             # <<<<<<<<<<<<<<
+ *                     self._arg(kind, v, key, t)
+ *                     tkw[name] = t[0]
+*/
+          __pyx_t_8 = PyList_New(0); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 202, __pyx_L11_error)
+          __Pyx_GOTREF(__pyx_t_8);
+          __Pyx_XDECREF_SET(__pyx_v_t, ((PyObject*)__pyx_t_8));
+          __pyx_t_8 = 0;
+
+          /* "accel/_core.pyx":203
+ *                     key.append(name)
+ *                     t = []
+ *                     self._arg(kind, v, key, t)             # <<<<<<<<<<<<<<
+ *                     tkw[name] = t[0]
+ *             k = tuple(key)
+*/
+          __pyx_t_15 = __Pyx_PyLong_As_int(__pyx_v_kind); if (unlikely((__pyx_t_15 == (int)-1) && PyErr_Occurred())) __PYX_ERR(0, 203, __pyx_L11_error)
+          __pyx_t_8 = ((struct __pyx_vtabstruct_5accel_5_core_RegionCore *)__pyx_v_self->__pyx_vtab)->_arg(__pyx_v_self, __pyx_t_15, __pyx_v_v, __pyx_v_key, __pyx_v_t); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 203, __pyx_L11_error)
+          __Pyx_GOTREF(__pyx_t_8);
+
+          __Pyx_DECREF(__pyx_t_8); __pyx_t_8 = 0;
+
+          /* "accel/_core.pyx":204
+ *                     t = []
+ *                     self._arg(kind, v, key, t)
+ *                     tkw[name] = t[0]             # <<<<<<<<<<<<<<
+ *             k = tuple(key)
+ *             node = self.node.children.get(k)
+*/
+          __pyx_t_8 = __Pyx_PyList_GET_ITEM(__pyx_v_t, 0);
+          __Pyx_INCREF(__pyx_t_8);
+          if (unlikely((PyDict_SetItem(__pyx_v_tkw, __pyx_v_name, __pyx_t_8) < 0))) __PYX_ERR(0, 204, __pyx_L11_error)
+          __Pyx_DECREF(__pyx_t_8); __pyx_t_8 = 0;
+        }
+        __Pyx_DECREF(__pyx_t_6); __pyx_t_6 = 0;
+
+        /* "accel/_core.pyx":195
+ *             for i in range(n):
+ *                 self._arg(pos[i], args[i], key, targs)
+ *             if kwargs:             # <<<<<<<<<<<<<<
+ *                 kw = spec.kw
+ *                 for name, v in kwargs.items():
+*/
+      }
+
+      /* "accel/_core.pyx":205
+ *                     self._arg(kind, v, key, t)
+ *                     tkw[name] = t[0]
+ *             k = tuple(key)             # <<<<<<<<<<<<<<
+ *             node = self.node.children.get(k)
+ *             if node is None:
+*/
+      __pyx_t_6 = PyList_AsTuple(__pyx_v_key); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 205, __pyx_L11_error)
+      __Pyx_GOTREF(__pyx_t_6);
+      __pyx_v_k = ((PyObject*)__pyx_t_6);
+      __pyx_t_6 = 0;
+
+      /* "accel/_core.pyx":206
+ *                     tkw[name] = t[0]
+ *             k = tuple(key)
+ *             node = self.node.children.get(k)             # <<<<<<<<<<<<<<
+ *             if node is None:
+ *                 node = self._new_node(func, spec, k, targs, tkw)
+*/
+      __pyx_t_16 = __Pyx_PyObject_GetAttrStr(__pyx_v_self->node, __pyx_mstate_global->__pyx_n_u_children); if (unlikely(!__pyx_t_16)) __PYX_ERR(0, 206, __pyx_L11_error)
+      __Pyx_GOTREF(__pyx_t_16);
+      __pyx_t_8 = __pyx_t_16;
+      __Pyx_INCREF(__pyx_t_8);
+      __pyx_t_9 = 0;
+      {
+        PyObject *__pyx_callargs[2] = {__pyx_t_8, __pyx_v_k};
+        __pyx_t_6 = __Pyx_PyObject_FastCallMethod((PyObject*)__pyx_mstate_global->__pyx_n_u_get, __pyx_callargs+__pyx_t_9, (2-__pyx_t_9) | (1*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
+        __Pyx_XDECREF(__pyx_t_8); __pyx_t_8 = 0;
+        __Pyx_DECREF(__pyx_t_16); __pyx_t_16 = 0;
+        if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 206, __pyx_L11_error)
+        __Pyx_GOTREF(__pyx_t_6);
+      }
+      __pyx_v_node = __pyx_t_6;
+      __pyx_t_6 = 0;
+
+      /* "accel/_core.pyx":207
+ *             k = tuple(key)
+ *             node = self.node.children.get(k)
+ *             if node is None:             # <<<<<<<<<<<<<<
+ *                 node = self._new_node(func, spec, k, targs, tkw)
+ *             if node.outs is NOT_DEFERRABLE:
+*/
+      __pyx_t_5 = (__pyx_v_node == Py_None);
+      if (__pyx_t_5) {
+
+
+        /* "accel/_core.pyx":208
+ *             node = self.node.children.get(k)
+ *             if node is None:
+ *                 node = self._new_node(func, spec, k, targs, tkw)             # <<<<<<<<<<<<<<
+ *             if node.outs is NOT_DEFERRABLE:
+ *                 raise Deferred("meta")
+*/
+        __pyx_t_16 = ((PyObject *)__pyx_v_self);
+        __Pyx_INCREF(__pyx_t_16);
+        __pyx_t_9 = 0;
+        {
+          PyObject *__pyx_callargs[6] = {__pyx_t_16, __pyx_v_func, __pyx_v_spec, __pyx_v_k, __pyx_v_targs, __pyx_v_tkw};
+          __pyx_t_6 = __Pyx_PyObject_FastCallMethod((PyObject*)__pyx_mstate_global->__pyx_n_u_new_node, __pyx_callargs+__pyx_t_9, (6-__pyx_t_9) | (1*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
+          __Pyx_XDECREF(__pyx_t_16); __pyx_t_16 = 0;
+          if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 208, __pyx_L11_error)
+          __Pyx_GOTREF(__pyx_t_6);
+        }
+        __Pyx_DECREF_SET(__pyx_v_node, __pyx_t_6);
+        __pyx_t_6 = 0;
+
+        /* "accel/_core.pyx":207
+ *             k = tuple(key)
+ *             node = self.node.children.get(k)
+ *             if node is None:             # <<<<<<<<<<<<<<
+ *                 node = self._new_node(func, spec, k, targs, tkw)
+ *             if node.outs is NOT_DEFERRABLE:
+*/
+      }
+
+      /* "accel/_core.pyx":209
+ *             if node is None:
+ *                 node = self._new_node(func, spec, k, targs, tkw)
+ *             if node.outs is NOT_DEFERRABLE:             # <<<<<<<<<<<<<<
+ *                 raise Deferred("meta")
+ *         except Deferred:
+*/
+      __pyx_t_6 = __Pyx_PyObject_GetAttrStr(__pyx_v_node, __pyx_mstate_global->__pyx_n_u_outs); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 209, __pyx_L11_error)
+      __Pyx_GOTREF(__pyx_t_6);
+      __Pyx_GetModuleGlobalName(__pyx_t_16, __pyx_mstate_global->__pyx_n_u_NOT_DEFERRABLE); if (unlikely(!__pyx_t_16)) __PYX_ERR(0, 209, __pyx_L11_error)
+      __Pyx_GOTREF(__pyx_t_16);
+      __pyx_t_5 = (__pyx_t_6 == __pyx_t_16);
+      __Pyx_DECREF(__pyx_t_6); __pyx_t_6 = 0;
+      __Pyx_DECREF(__pyx_t_16); __pyx_t_16 = 0;
+      if (unlikely(__pyx_t_5)) {
+
+
+        /* "accel/_core.pyx":210
+ *                 node = self._new_node(func, spec, k, targs, tkw)
+ *             if node.outs is NOT_DEFERRABLE:
+ *                 raise Deferred("meta")             # <<<<<<<<<<<<<<
+ *         except Deferred:
+ *             for x in self.ext[n_ext:]:
+*/
+        __pyx_t_6 = NULL;
+        __Pyx_GetModuleGlobalName(__pyx_t_8, __pyx_mstate_global->__pyx_n_u_Deferred); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 210, __pyx_L11_error)
+        __Pyx_GOTREF(__pyx_t_8);
+        __pyx_t_9 = 1;
+        #if CYTHON_UNPACK_METHODS
+        if (unlikely(PyMethod_Check(__pyx_t_8))) {
+          __pyx_t_6 = PyMethod_GET_SELF(__pyx_t_8);
+          assert(__pyx_t_6);
+          PyObject* __pyx__function = PyMethod_GET_FUNCTION(__pyx_t_8);
+          __Pyx_INCREF(__pyx_t_6);
+          __Pyx_INCREF(__pyx__function);
+          __Pyx_DECREF_SET(__pyx_t_8, __pyx__function);
+          __pyx_t_9 = 0;
+        }
+        #endif
+        {
+          PyObject *__pyx_callargs[2] = {__pyx_t_6, __pyx_mstate_global->__pyx_n_u_meta};
+          __pyx_t_16 = __Pyx_PyObject_FastCall((PyObject*)__pyx_t_8, __pyx_callargs+__pyx_t_9, (2-__pyx_t_9) | (__pyx_t_9*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
+          __Pyx_XDECREF(__pyx_t_6); __pyx_t_6 = 0;
+          __Pyx_DECREF(__pyx_t_8); __pyx_t_8 = 0;
+          if (unlikely(!__pyx_t_16)) __PYX_ERR(0, 210, __pyx_L11_error)
+          __Pyx_GOTREF(__pyx_t_16);
+        }
+        __Pyx_Raise(__pyx_t_16, 0, 0, 0);
+        __Pyx_DECREF(__pyx_t_16); __pyx_t_16 = 0;
+        __PYX_ERR(0, 210, __pyx_L11_error)
+
+        /* "accel/_core.pyx":209
+ *             if node is None:
+ *                 node = self._new_node(func, spec, k, targs, tkw)
+ *             if node.outs is NOT_DEFERRABLE:             # <<<<<<<<<<<<<<
+ *                 raise Deferred("meta")
+ *         except Deferred:
+*/
+      }
+
+      /* "accel/_core.pyx":189
+ *                 if v.dtype is _bool:
+ *                     self._int_ok = False
+ *         try:             # <<<<<<<<<<<<<<
+ *             key = [func]
+ *             targs = []
+*/
+    }
+    __Pyx_XDECREF(__pyx_t_11); __pyx_t_11 = 0;
+    __Pyx_XDECREF(__pyx_t_12); __pyx_t_12 = 0;
+    __Pyx_XDECREF(__pyx_t_13); __pyx_t_13 = 0;
+    goto __pyx_L16_try_end;
+    __pyx_L11_error:;
+    __Pyx_XDECREF(__pyx_t_1); __pyx_t_1 = 0;
+    __Pyx_XDECREF(__pyx_t_16); __pyx_t_16 = 0;
+    __Pyx_XDECREF(__pyx_t_6); __pyx_t_6 = 0;
+    __Pyx_XDECREF(__pyx_t_8); __pyx_t_8 = 0;
+
+    /* "accel/_core.pyx":211
+ *             if node.outs is NOT_DEFERRABLE:
+ *                 raise Deferred("meta")
+ *         except Deferred:             # <<<<<<<<<<<<<<
+ *             for x in self.ext[n_ext:]:
+ *                 self.ext_ids.pop(id(x), None)
+*/
+    __Pyx_ErrFetch(&__pyx_t_16, &__pyx_t_8, &__pyx_t_6);
+    __Pyx_GetModuleGlobalName(__pyx_t_1, __pyx_mstate_global->__pyx_n_u_Deferred); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 211, __pyx_L13_except_error)
+    __Pyx_GOTREF(__pyx_t_1);
+    __pyx_t_14 = __Pyx_PyErr_GivenExceptionMatches(__pyx_t_16, __pyx_t_1);
+    __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+    __Pyx_ErrRestore(__pyx_t_16, __pyx_t_8, __pyx_t_6);
+    __pyx_t_16 = 0; __pyx_t_8 = 0; __pyx_t_6 = 0;
+    if (__pyx_t_14) {
+      __Pyx_AddTraceback("accel._core.RegionCore.record", __pyx_clineno, __pyx_lineno, __pyx_filename);
+      if (__Pyx_GetException(&__pyx_t_6, &__pyx_t_8, &__pyx_t_16) < 0) __PYX_ERR(0, 211, __pyx_L13_except_error)
+      __Pyx_XGOTREF(__pyx_t_6);
+      __Pyx_XGOTREF(__pyx_t_8);
+      __Pyx_XGOTREF(__pyx_t_16);
+
+      /* "accel/_core.pyx":212
+ *                 raise Deferred("meta")
+ *         except Deferred:
+ *             for x in self.ext[n_ext:]:             # <<<<<<<<<<<<<<
+ *                 self.ext_ids.pop(id(x), None)
+ *             del self.ext[n_ext:]
+*/
+      if (unlikely(__pyx_v_self->ext == Py_None)) {
+        PyErr_SetString(PyExc_TypeError, "\047NoneType\047 object is not subscriptable");
+        __PYX_ERR(0, 212, __pyx_L13_except_error)
+      }
+      __pyx_t_1 = __Pyx_PyList_GetSlice(__pyx_v_self->ext, __pyx_v_n_ext, PY_SSIZE_T_MAX); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 212, __pyx_L13_except_error)
+      __Pyx_GOTREF(__pyx_t_1);
+      __pyx_t_18 = __pyx_t_1; __Pyx_INCREF(__pyx_t_18);
+      __pyx_t_2 = 0;
+      __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+      for (;;) {
+        {
+          Py_ssize_t __pyx_temp = __Pyx_PyList_GET_SIZE(__pyx_t_18);
+          #if !CYTHON_ASSUME_SAFE_SIZE
+          if (unlikely((__pyx_temp < 0))) __PYX_ERR(0, 212, __pyx_L13_except_error)
+          #endif
+          if (__pyx_t_2 >= __pyx_temp) break;
+        }
+        __pyx_t_1 = __Pyx_PyList_GET_ITEM_REF(__pyx_t_18, __pyx_t_2, __Pyx_ReferenceSharing_OwnStrongReference);
+        ++__pyx_t_2;
+        if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 212, __pyx_L13_except_error)
+        __Pyx_GOTREF(__pyx_t_1);
+        __Pyx_XDECREF_SET(__pyx_v_x, __pyx_t_1);
+        __pyx_t_1 = 0;
+
+        /* "accel/_core.pyx":213
+ *         except Deferred:
+ *             for x in self.ext[n_ext:]:
+ *                 self.ext_ids.pop(id(x), None)             # <<<<<<<<<<<<<<
+ *             del self.ext[n_ext:]
+ *             del self.scalars[n_sc:]
+*/
+        if (unlikely(__pyx_v_self->ext_ids == Py_None)) {
+          PyErr_Format(PyExc_AttributeError, "\047NoneType\047 object has no attribute \047%.30s\047", "pop");
+          __PYX_ERR(0, 213, __pyx_L13_except_error)
+        }
+        __pyx_t_19 = NULL;
+        __pyx_t_9 = 1;
+        {
+          PyObject *__pyx_callargs[2] = {__pyx_t_19, __pyx_v_x};
+          __pyx_t_1 = __Pyx_PyObject_FastCall((PyObject*)__pyx_builtin_id, __pyx_callargs+__pyx_t_9, (2-__pyx_t_9) | (__pyx_t_9*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
+          __Pyx_XDECREF(__pyx_t_19); __pyx_t_19 = 0;
+          if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 213, __pyx_L13_except_error)
+          __Pyx_GOTREF(__pyx_t_1);
+        }
+        __pyx_t_14 = __Pyx_PyDict_Pop_ignore(__pyx_v_self->ext_ids, __pyx_t_1, Py_None); if (unlikely(__pyx_t_14 == ((int)-1))) __PYX_ERR(0, 213, __pyx_L13_except_error)
+        __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+
+
+        /* "accel/_core.pyx":212
+ *                 raise Deferred("meta")
+ *         except Deferred:
+ *             for x in self.ext[n_ext:]:             # <<<<<<<<<<<<<<
+ *                 self.ext_ids.pop(id(x), None)
+ *             del self.ext[n_ext:]
+*/
+      }
+      __Pyx_DECREF(__pyx_t_18); __pyx_t_18 = 0;
+
+      /* "accel/_core.pyx":214
+ *             for x in self.ext[n_ext:]:
+ *                 self.ext_ids.pop(id(x), None)
+ *             del self.ext[n_ext:]             # <<<<<<<<<<<<<<
+ *             del self.scalars[n_sc:]
+ *             raise
+*/
+      if (unlikely(__pyx_v_self->ext == Py_None)) {
+        PyErr_SetString(PyExc_TypeError, "\047NoneType\047 object is not subscriptable");
+        __PYX_ERR(0, 214, __pyx_L13_except_error)
+      }
+      if (__Pyx_PyObject_DelSlice(__pyx_v_self->ext, __pyx_v_n_ext, 0, NULL, NULL, NULL, 1, 0, 0) < (0)) __PYX_ERR(0, 214, __pyx_L13_except_error)
+
+      /* "accel/_core.pyx":215
+ *                 self.ext_ids.pop(id(x), None)
+ *             del self.ext[n_ext:]
+ *             del self.scalars[n_sc:]             # <<<<<<<<<<<<<<
+ *             raise
+ *         self.node = node
+*/
+      if (unlikely(__pyx_v_self->scalars == Py_None)) {
+        PyErr_SetString(PyExc_TypeError, "\047NoneType\047 object is not subscriptable");
+        __PYX_ERR(0, 215, __pyx_L13_except_error)
+      }
+      if (__Pyx_PyObject_DelSlice(__pyx_v_self->scalars, __pyx_v_n_sc, 0, NULL, NULL, NULL, 1, 0, 0) < (0)) __PYX_ERR(0, 215, __pyx_L13_except_error)
+
+      /* "accel/_core.pyx":216
+ *             del self.ext[n_ext:]
+ *             del self.scalars[n_sc:]
+ *             raise             # <<<<<<<<<<<<<<
+ *         self.node = node
+ *         ret = node.ret
+*/
+      __Pyx_GIVEREF(__pyx_t_6);
+      __Pyx_GIVEREF(__pyx_t_8);
+      __Pyx_XGIVEREF(__pyx_t_16);
+      __Pyx_ErrRestoreWithState(__pyx_t_6, __pyx_t_8, __pyx_t_16);
+      __pyx_t_6 = 0;  __pyx_t_8 = 0;  __pyx_t_16 = 0; 
+      __PYX_ERR(0, 216, __pyx_L13_except_error)
+    }
+    goto __pyx_L13_except_error;
+
+    /* "accel/_core.pyx":189
+ *                 if v.dtype is _bool:
+ *                     self._int_ok = False
+ *         try:             # <<<<<<<<<<<<<<
+ *             key = [func]
+ *             targs = []
+*/
+    __pyx_L13_except_error:;
+    __Pyx_XGIVEREF(__pyx_t_11);
+    __Pyx_XGIVEREF(__pyx_t_12);
+    __Pyx_XGIVEREF(__pyx_t_13);
+    __Pyx_ExceptionReset(__pyx_t_11, __pyx_t_12, __pyx_t_13);
+    goto __pyx_L1_error;
+    __pyx_L16_try_end:;
+  }
+
+  /* "accel/_core.pyx":217
+ *             del self.scalars[n_sc:]
+ *             raise
+ *         self.node = node             # <<<<<<<<<<<<<<
+ *         ret = node.ret
+ *         outs = node.outs
+*/
+  __Pyx_INCREF(__pyx_v_node);
+  __Pyx_GIVEREF(__pyx_v_node);
+  __Pyx_GOTREF(__pyx_v_self->node);
+  __Pyx_DECREF_SET(__pyx_v_self->node, __pyx_v_node);
+
+  /* "accel/_core.pyx":218
+ *             raise
+ *         self.node = node
+ *         ret = node.ret             # <<<<<<<<<<<<<<
+ *         outs = node.outs
+ *         self.calls.append((func, tuple(targs), tkw, 0 if ret is not None else len(outs)))
+*/
+  __pyx_t_16 = __Pyx_PyObject_GetAttrStr(__pyx_v_node, __pyx_mstate_global->__pyx_n_u_ret); if (unlikely(!__pyx_t_16)) __PYX_ERR(0, 218, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_16);
+  __pyx_v_ret = __pyx_t_16;
+  __pyx_t_16 = 0;
+
+  /* "accel/_core.pyx":219
+ *         self.node = node
+ *         ret = node.ret
+ *         outs = node.outs             # <<<<<<<<<<<<<<
+ *         self.calls.append((func, tuple(targs), tkw, 0 if ret is not None else len(outs)))
+ *         if ret is not None:
+*/
+  __pyx_t_16 = __Pyx_PyObject_GetAttrStr(__pyx_v_node, __pyx_mstate_global->__pyx_n_u_outs); if (unlikely(!__pyx_t_16)) __PYX_ERR(0, 219, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_16);
+  __pyx_v_outs = __pyx_t_16;
+  __pyx_t_16 = 0;
+
+  /* "accel/_core.pyx":220
+ *         ret = node.ret
+ *         outs = node.outs
+ *         self.calls.append((func, tuple(targs), tkw, 0 if ret is not None else len(outs)))             # <<<<<<<<<<<<<<
+ *         if ret is not None:
+ *             if ret[0] == "x":
+*/
+  if (unlikely(__pyx_v_self->calls == Py_None)) {
+    PyErr_Format(PyExc_AttributeError, "\047NoneType\047 object has no attribute \047%.30s\047", "append");
+    __PYX_ERR(0, 220, __pyx_L1_error)
+  }
+  __pyx_t_16 = PyList_AsTuple(__pyx_v_targs); if (unlikely(!__pyx_t_16)) __PYX_ERR(0, 220, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_16);
+  __pyx_t_5 = (__pyx_v_ret != Py_None);
+  if (__pyx_t_5) {
+    __Pyx_INCREF(__pyx_mstate_global->__pyx_int_0);
+    __pyx_t_8 = __pyx_mstate_global->__pyx_int_0;
+  } else {
+    __pyx_t_2 = PyObject_Length(__pyx_v_outs); if (unlikely(__pyx_t_2 == ((Py_ssize_t)-1))) __PYX_ERR(0, 220, __pyx_L1_error)
+    __pyx_t_6 = PyLong_FromSsize_t(__pyx_t_2); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 220, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_6);
+
+    __pyx_t_8 = __pyx_t_6;
+    __pyx_t_6 = 0;
+  }
+
+  __pyx_t_6 = PyTuple_New(4); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 220, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_6);
+  __Pyx_INCREF(__pyx_v_func);
+  __Pyx_GIVEREF(__pyx_v_func);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_6, 0, __pyx_v_func) != (0)) __PYX_ERR(0, 220, __pyx_L1_error);
+  __Pyx_GIVEREF(__pyx_t_16);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_6, 1, __pyx_t_16) != (0)) __PYX_ERR(0, 220, __pyx_L1_error);
+  __Pyx_INCREF(__pyx_v_tkw);
+  __Pyx_GIVEREF(__pyx_v_tkw);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_6, 2, __pyx_v_tkw) != (0)) __PYX_ERR(0, 220, __pyx_L1_error);
+  __Pyx_GIVEREF(__pyx_t_8);
+  if (__Pyx_PyTuple_SET_ITEM(__pyx_t_6, 3, __pyx_t_8) != (0)) __PYX_ERR(0, 220, __pyx_L1_error);
+  __pyx_t_16 = 0;
+  __pyx_t_8 = 0;
+  __pyx_t_17 = __Pyx_PyList_Append(__pyx_v_self->calls, __pyx_t_6); if (unlikely(__pyx_t_17 == ((int)-1))) __PYX_ERR(0, 220, __pyx_L1_error)
+  __Pyx_DECREF(__pyx_t_6); __pyx_t_6 = 0;
+
+
+  /* "accel/_core.pyx":221
+ *         outs = node.outs
+ *         self.calls.append((func, tuple(targs), tkw, 0 if ret is not None else len(outs)))
+ *         if ret is not None:             # <<<<<<<<<<<<<<
+ *             if ret[0] == "x":
+ *                 self.mutates_ext = True
+*/
+  __pyx_t_5 = (__pyx_v_ret != Py_None);
+  if (__pyx_t_5) {
+
+
+    /* "accel/_core.pyx":222
+ *         self.calls.append((func, tuple(targs), tkw, 0 if ret is not None else len(outs)))
+ *         if ret is not None:
+ *             if ret[0] == "x":             # <<<<<<<<<<<<<<
+ *                 self.mutates_ext = True
+ *                 return self.ext[ret[1]]
+*/
+    __pyx_t_6 = __Pyx_GetItemInt(__pyx_v_ret, 0, long, 1, __Pyx_PyLong_From_long, 0, 0, 1, __Pyx_ReferenceSharing_OwnStrongReference); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 222, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_6);
+    __pyx_t_5 = (__Pyx_PyObject_Equals_obj_ch120(__pyx_t_6, __pyx_mstate_global->__pyx_n_u_x, Py_EQ)); if (unlikely((__pyx_t_5 < 0))) __PYX_ERR(0, 222, __pyx_L1_error)
+    __Pyx_DECREF(__pyx_t_6); __pyx_t_6 = 0;
+    if (__pyx_t_5) {
+
+
+      /* "accel/_core.pyx":223
+ *         if ret is not None:
+ *             if ret[0] == "x":
+ *                 self.mutates_ext = True             # <<<<<<<<<<<<<<
+ *                 return self.ext[ret[1]]
+ *             return self.outs[ret[1]]
+*/
+      __pyx_v_self->mutates_ext = 1;
+
+      /* "accel/_core.pyx":224
+ *             if ret[0] == "x":
+ *                 self.mutates_ext = True
+ *                 return self.ext[ret[1]]             # <<<<<<<<<<<<<<
+ *             return self.outs[ret[1]]
+ *         meta = outs[0]
+*/
+      if (unlikely(__pyx_v_self->ext == Py_None)) {
+        PyErr_SetString(PyExc_TypeError, "\047NoneType\047 object is not subscriptable");
+        __PYX_ERR(0, 224, __pyx_L1_error)
+      }
+      __pyx_t_6 = __Pyx_GetItemInt(__pyx_v_ret, 1, long, 1, __Pyx_PyLong_From_long, 0, 0, 1, __Pyx_ReferenceSharing_OwnStrongReference); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 224, __pyx_L1_error)
+      __Pyx_GOTREF(__pyx_t_6);
+      __pyx_t_8 = __Pyx_PyObject_GetItem(__pyx_v_self->ext, __pyx_t_6); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 224, __pyx_L1_error)
+      __Pyx_GOTREF(__pyx_t_8);
+      __Pyx_DECREF(__pyx_t_6); __pyx_t_6 = 0;
+      {
+        PyObject *__pyx_temp;
+        {
+          __pyx_temp = __pyx_r;
+          __pyx_r = __pyx_t_8;
+        }
+        __Pyx_XDECREF(__pyx_temp);
+      }
+      __pyx_t_8 = 0;
+      goto __pyx_L0;
+
+      /* "accel/_core.pyx":222
+ *         self.calls.append((func, tuple(targs), tkw, 0 if ret is not None else len(outs)))
+ *         if ret is not None:
+ *             if ret[0] == "x":             # <<<<<<<<<<<<<<
+ *                 self.mutates_ext = True
+ *                 return self.ext[ret[1]]
+*/
+    }
+
+    /* "accel/_core.pyx":225
+ *                 self.mutates_ext = True
+ *                 return self.ext[ret[1]]
+ *             return self.outs[ret[1]]             # <<<<<<<<<<<<<<
+ *         meta = outs[0]
+ *         r = _empty_strided(meta[0], meta[1], dtype=meta[2])
+*/
+    if (unlikely(__pyx_v_self->outs == Py_None)) {
+      PyErr_SetString(PyExc_TypeError, "\047NoneType\047 object is not subscriptable");
+      __PYX_ERR(0, 225, __pyx_L1_error)
+    }
+    __pyx_t_8 = __Pyx_GetItemInt(__pyx_v_ret, 1, long, 1, __Pyx_PyLong_From_long, 0, 0, 1, __Pyx_ReferenceSharing_OwnStrongReference); if (unlikely(!__pyx_t_8)) __PYX_ERR(0, 225, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_8);
+    __pyx_t_6 = __Pyx_PyObject_GetItem(__pyx_v_self->outs, __pyx_t_8); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 225, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_6);
+    __Pyx_DECREF(__pyx_t_8); __pyx_t_8 = 0;
+    {
+      PyObject *__pyx_temp;
+      {
+        __pyx_temp = __pyx_r;
+        __pyx_r = __pyx_t_6;
+      }
+      __Pyx_XDECREF(__pyx_temp);
+    }
+    __pyx_t_6 = 0;
+    goto __pyx_L0;
+
+    /* "accel/_core.pyx":221
+ *         outs = node.outs
+ *         self.calls.append((func, tuple(targs), tkw, 0 if ret is not None else len(outs)))
+ *         if ret is not None:             # <<<<<<<<<<<<<<
+ *             if ret[0] == "x":
+ *                 self.mutates_ext = True
+*/
+  }
+
+  /* "accel/_core.pyx":226
+ *                 return self.ext[ret[1]]
+ *             return self.outs[ret[1]]
+ *         meta = outs[0]             # <<<<<<<<<<<<<<
+ *         r = _empty_strided(meta[0], meta[1], dtype=meta[2])
+ *         self.out_ids[id(r)] = len(self.outs)
+*/
+  __pyx_t_6 = __Pyx_GetItemInt(__pyx_v_outs, 0, long, 1, __Pyx_PyLong_From_long, 0, 0, 1, __Pyx_ReferenceSharing_OwnStrongReference); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 226, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_6);
+  __pyx_v_meta = __pyx_t_6;
+  __pyx_t_6 = 0;
+
+  /* "accel/_core.pyx":227
+ *             return self.outs[ret[1]]
+ *         meta = outs[0]
+ *         r = _empty_strided(meta[0], meta[1], dtype=meta[2])             # <<<<<<<<<<<<<<
+ *         self.out_ids[id(r)] = len(self.outs)
+ *         self.outs.append(r)
+*/
+  __pyx_t_8 = NULL;
+  __Pyx_INCREF(__pyx_v_5accel_5_core__empty_strided);
+  __pyx_t_16 = __pyx_v_5accel_5_core__empty_strided; 
+  __pyx_t_18 = __Pyx_GetItemInt(__pyx_v_meta, 0, long, 1, __Pyx_PyLong_From_long, 0, 0, 1, __Pyx_ReferenceSharing_OwnStrongReference); if (unlikely(!__pyx_t_18)) __PYX_ERR(0, 227, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_18);
+  __pyx_t_1 = __Pyx_GetItemInt(__pyx_v_meta, 1, long, 1, __Pyx_PyLong_From_long, 0, 0, 1, __Pyx_ReferenceSharing_OwnStrongReference); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 227, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_1);
+  __pyx_t_19 = __Pyx_GetItemInt(__pyx_v_meta, 2, long, 1, __Pyx_PyLong_From_long, 0, 0, 1, __Pyx_ReferenceSharing_OwnStrongReference); if (unlikely(!__pyx_t_19)) __PYX_ERR(0, 227, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_19);
+  #if CYTHON_VECTORCALL
+  #endif
+  __pyx_t_9 = 1;
+  #if CYTHON_UNPACK_METHODS
+  if (unlikely(PyMethod_Check(__pyx_t_16))) {
+    __pyx_t_8 = PyMethod_GET_SELF(__pyx_t_16);
+    assert(__pyx_t_8);
+    PyObject* __pyx__function = PyMethod_GET_FUNCTION(__pyx_t_16);
+    __Pyx_INCREF(__pyx_t_8);
+    __Pyx_INCREF(__pyx__function);
+    __Pyx_DECREF_SET(__pyx_t_16, __pyx__function);
+    __pyx_t_9 = 0;
+  }
+  #endif
+  {
+    PyObject *__pyx_callargs[4] = {__pyx_t_8, __pyx_t_18, __pyx_t_1, __pyx_t_19};
+    #if CYTHON_VECTORCALL
+    __pyx_t_20 = __pyx_mstate_global->__pyx_tuple[1];
+    if (unlikely(!__pyx_t_20)) __PYX_ERR(0, 227, __pyx_L1_error)
+    __Pyx_INCREF(__pyx_t_20);
+    #else
+    {
+      PyObject *__pyx_temp[1] = {__pyx_mstate_global->__pyx_n_u_dtype};
+      __pyx_t_20 = __Pyx_MakeKwargDict(__pyx_temp, __pyx_callargs+3, 1);
+      if (unlikely(!__pyx_t_20)) __PYX_ERR(0, 227, __pyx_L1_error)
+      __Pyx_GOTREF(__pyx_t_20);
+    }
+    #endif
+    __pyx_t_6 = __Pyx_Object_VectorcallKwds((PyObject*)__pyx_t_16, __pyx_callargs+__pyx_t_9, (3-__pyx_t_9) | (__pyx_t_9*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET), __pyx_t_20);
+    __Pyx_XDECREF(__pyx_t_8); __pyx_t_8 = 0;
+    __Pyx_DECREF(__pyx_t_18); __pyx_t_18 = 0;
+    __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+    #if CYTHON_VECTORCALL
+    #endif
+    __Pyx_DECREF(__pyx_t_19); __pyx_t_19 = 0;
+    __Pyx_DECREF(__pyx_t_20); __pyx_t_20 = 0;
+    __Pyx_DECREF(__pyx_t_16); __pyx_t_16 = 0;
+    if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 227, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_6);
+  }
+  __pyx_v_r = __pyx_t_6;
+  __pyx_t_6 = 0;
+
+  /* "accel/_core.pyx":228
+ *         meta = outs[0]
+ *         r = _empty_strided(meta[0], meta[1], dtype=meta[2])
+ *         self.out_ids[id(r)] = len(self.outs)             # <<<<<<<<<<<<<<
+ *         self.outs.append(r)
+ *         self.out_meta.append(meta)
+*/
+  __pyx_t_6 = __pyx_v_self->outs;
+  __Pyx_INCREF(__pyx_t_6);
+  if (unlikely(__pyx_t_6 == Py_None)) {
+    PyErr_SetString(PyExc_TypeError, "object of type \047NoneType\047 has no len()");
+    __PYX_ERR(0, 228, __pyx_L1_error)
+  }
+  __pyx_t_2 = __Pyx_PyList_GET_SIZE(__pyx_t_6); if (unlikely(__pyx_t_2 == ((Py_ssize_t)-1))) __PYX_ERR(0, 228, __pyx_L1_error)
+  __Pyx_DECREF(__pyx_t_6); __pyx_t_6 = 0;
+  __pyx_t_6 = PyLong_FromSsize_t(__pyx_t_2); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 228, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_6);
+
+  if (unlikely(__pyx_v_self->out_ids == Py_None)) {
+    PyErr_SetString(PyExc_TypeError, "\047NoneType\047 object is not subscriptable");
+    __PYX_ERR(0, 228, __pyx_L1_error)
+  }
+  __pyx_t_20 = NULL;
+  __pyx_t_9 = 1;
+  {
+    PyObject *__pyx_callargs[2] = {__pyx_t_20, __pyx_v_r};
+    __pyx_t_16 = __Pyx_PyObject_FastCall((PyObject*)__pyx_builtin_id, __pyx_callargs+__pyx_t_9, (2-__pyx_t_9) | (__pyx_t_9*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
+    __Pyx_XDECREF(__pyx_t_20); __pyx_t_20 = 0;
+    if (unlikely(!__pyx_t_16)) __PYX_ERR(0, 228, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_16);
+  }
+  if (unlikely((PyDict_SetItem(__pyx_v_self->out_ids, __pyx_t_16, __pyx_t_6) < 0))) __PYX_ERR(0, 228, __pyx_L1_error)
+  __Pyx_DECREF(__pyx_t_16); __pyx_t_16 = 0;
+  __Pyx_DECREF(__pyx_t_6); __pyx_t_6 = 0;
+
+  /* "accel/_core.pyx":229
+ *         r = _empty_strided(meta[0], meta[1], dtype=meta[2])
+ *         self.out_ids[id(r)] = len(self.outs)
+ *         self.outs.append(r)             # <<<<<<<<<<<<<<
+ *         self.out_meta.append(meta)
+ *         p = _data_ptr(r)
+*/
+  if (unlikely(__pyx_v_self->outs == Py_None)) {
+    PyErr_Format(PyExc_AttributeError, "\047NoneType\047 object has no attribute \047%.30s\047", "append");
+    __PYX_ERR(0, 229, __pyx_L1_error)
+  }
+  __pyx_t_17 = __Pyx_PyList_Append(__pyx_v_self->outs, __pyx_v_r); if (unlikely(__pyx_t_17 == ((int)-1))) __PYX_ERR(0, 229, __pyx_L1_error)
+
+
+  /* "accel/_core.pyx":230
+ *         self.out_ids[id(r)] = len(self.outs)
+ *         self.outs.append(r)
+ *         self.out_meta.append(meta)             # <<<<<<<<<<<<<<
+ *         p = _data_ptr(r)
+ *         if p < self._lo:
+*/
+  if (unlikely(__pyx_v_self->out_meta == Py_None)) {
+    PyErr_Format(PyExc_AttributeError, "\047NoneType\047 object has no attribute \047%.30s\047", "append");
+    __PYX_ERR(0, 230, __pyx_L1_error)
+  }
+  __pyx_t_17 = __Pyx_PyList_Append(__pyx_v_self->out_meta, __pyx_v_meta); if (unlikely(__pyx_t_17 == ((int)-1))) __PYX_ERR(0, 230, __pyx_L1_error)
+
+
+  /* "accel/_core.pyx":231
+ *         self.outs.append(r)
+ *         self.out_meta.append(meta)
+ *         p = _data_ptr(r)             # <<<<<<<<<<<<<<
+ *         if p < self._lo:
+ *             self._lo = p
+*/
+  __pyx_t_16 = NULL;
+  __Pyx_INCREF(__pyx_v_5accel_5_core__data_ptr);
+  __pyx_t_20 = __pyx_v_5accel_5_core__data_ptr; 
+  __pyx_t_9 = 1;
+  #if CYTHON_UNPACK_METHODS
+  if (unlikely(PyMethod_Check(__pyx_t_20))) {
+    __pyx_t_16 = PyMethod_GET_SELF(__pyx_t_20);
+    assert(__pyx_t_16);
+    PyObject* __pyx__function = PyMethod_GET_FUNCTION(__pyx_t_20);
+    __Pyx_INCREF(__pyx_t_16);
+    __Pyx_INCREF(__pyx__function);
+    __Pyx_DECREF_SET(__pyx_t_20, __pyx__function);
+    __pyx_t_9 = 0;
+  }
+  #endif
+  {
+    PyObject *__pyx_callargs[2] = {__pyx_t_16, __pyx_v_r};
+    __pyx_t_6 = __Pyx_PyObject_FastCall((PyObject*)__pyx_t_20, __pyx_callargs+__pyx_t_9, (2-__pyx_t_9) | (__pyx_t_9*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
+    __Pyx_XDECREF(__pyx_t_16); __pyx_t_16 = 0;
+    __Pyx_DECREF(__pyx_t_20); __pyx_t_20 = 0;
+    if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 231, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_6);
+  }
+  __pyx_t_2 = __Pyx_PyIndex_AsSsize_t(__pyx_t_6); if (unlikely((__pyx_t_2 == (Py_ssize_t)-1) && PyErr_Occurred())) __PYX_ERR(0, 231, __pyx_L1_error)
+  __Pyx_DECREF(__pyx_t_6); __pyx_t_6 = 0;
+  __pyx_v_p = __pyx_t_2;
+
+  /* "accel/_core.pyx":232
+ *         self.out_meta.append(meta)
+ *         p = _data_ptr(r)
+ *         if p < self._lo:             # <<<<<<<<<<<<<<
+ *             self._lo = p
+ *             self.lo = p
+*/
+  __pyx_t_5 = (__pyx_v_p < __pyx_v_self->_lo);
+
+  if (__pyx_t_5) {
+
+
+    /* "accel/_core.pyx":233
+ *         p = _data_ptr(r)
+ *         if p < self._lo:
+ *             self._lo = p             # <<<<<<<<<<<<<<
+ *             self.lo = p
+ *         e = p + <Py_ssize_t>meta[3]
+*/
+    __pyx_v_self->_lo = __pyx_v_p;
+
+    /* "accel/_core.pyx":234
+ *         if p < self._lo:
+ *             self._lo = p
+ *             self.lo = p             # <<<<<<<<<<<<<<
+ *         e = p + <Py_ssize_t>meta[3]
+ *         if e > self._hi:
+*/
+    __pyx_t_6 = PyLong_FromSsize_t(__pyx_v_p); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 234, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_6);
+    __Pyx_GIVEREF(__pyx_t_6);
+    __Pyx_GOTREF(__pyx_v_self->lo);
+    __Pyx_DECREF_SET(__pyx_v_self->lo, __pyx_t_6);
+    __pyx_t_6 = 0;
+
+    /* "accel/_core.pyx":232
+ *         self.out_meta.append(meta)
+ *         p = _data_ptr(r)
+ *         if p < self._lo:             # <<<<<<<<<<<<<<
+ *             self._lo = p
+ *             self.lo = p
+*/
+  }
+
+  /* "accel/_core.pyx":235
+ *             self._lo = p
+ *             self.lo = p
+ *         e = p + <Py_ssize_t>meta[3]             # <<<<<<<<<<<<<<
+ *         if e > self._hi:
+ *             self._hi = e
+*/
+  __pyx_t_6 = __Pyx_GetItemInt(__pyx_v_meta, 3, long, 1, __Pyx_PyLong_From_long, 0, 0, 1, __Pyx_ReferenceSharing_OwnStrongReference); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 235, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_6);
+  __pyx_t_2 = __Pyx_PyIndex_AsSsize_t(__pyx_t_6); if (unlikely((__pyx_t_2 == (Py_ssize_t)-1) && PyErr_Occurred())) __PYX_ERR(0, 235, __pyx_L1_error)
+  __Pyx_DECREF(__pyx_t_6); __pyx_t_6 = 0;
+  __pyx_v_e = (__pyx_v_p + ((Py_ssize_t)__pyx_t_2));
+
+
+  /* "accel/_core.pyx":236
+ *             self.lo = p
+ *         e = p + <Py_ssize_t>meta[3]
+ *         if e > self._hi:             # <<<<<<<<<<<<<<
+ *             self._hi = e
+ *             self.hi = e
+*/
+  __pyx_t_5 = (__pyx_v_e > __pyx_v_self->_hi);
+
+  if (__pyx_t_5) {
+
+
+    /* "accel/_core.pyx":237
+ *         e = p + <Py_ssize_t>meta[3]
+ *         if e > self._hi:
+ *             self._hi = e             # <<<<<<<<<<<<<<
+ *             self.hi = e
+ *         return r
+*/
+    __pyx_v_self->_hi = __pyx_v_e;
+
+    /* "accel/_core.pyx":238
+ *         if e > self._hi:
+ *             self._hi = e
+ *             self.hi = e             # <<<<<<<<<<<<<<
+ *         return r
+*/
+    __pyx_t_6 = PyLong_FromSsize_t(__pyx_v_e); if (unlikely(!__pyx_t_6)) __PYX_ERR(0, 238, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_6);
+    __Pyx_GIVEREF(__pyx_t_6);
+    __Pyx_GOTREF(__pyx_v_self->hi);
+    __Pyx_DECREF_SET(__pyx_v_self->hi, __pyx_t_6);
+    __pyx_t_6 = 0;
+
+    /* "accel/_core.pyx":236
+ *             self.lo = p
+ *         e = p + <Py_ssize_t>meta[3]
+ *         if e > self._hi:             # <<<<<<<<<<<<<<
+ *             self._hi = e
+ *             self.hi = e
+*/
+  }
+
+  /* "accel/_core.pyx":239
+ *             self._hi = e
+ *             self.hi = e
+ *         return r             # <<<<<<<<<<<<<<
+*/
+  {
+    PyObject *__pyx_temp;
+    {
+      __pyx_temp = __pyx_r;
+      __Pyx_INCREF(__pyx_v_r);
+      __pyx_r = __pyx_v_r;
+    }
+    __Pyx_XDECREF(__pyx_temp);
+  }
+  goto __pyx_L0;
+
+  /* "accel/_core.pyx":171
+ *             tmpl.append(("c", v))
+ * 
+ *     def record(self, func, spec, tuple args, dict kwargs):             # <<<<<<<<<<<<<<
+ *         """Defer one call; return its (real, unfilled) result tensor.
+ * 
+*/
+
+  /* function exit code */
+  __pyx_L1_error:;
+  __Pyx_XDECREF(__pyx_t_1);
+  __Pyx_XDECREF(__pyx_t_6);
+  __Pyx_XDECREF(__pyx_t_8);
+  __Pyx_XDECREF(__pyx_t_16);
+  __Pyx_XDECREF(__pyx_t_18);
+  __Pyx_XDECREF(__pyx_t_19);
+  __Pyx_XDECREF(__pyx_t_20);
+  __Pyx_AddTraceback("accel._core.RegionCore.record", __pyx_clineno, __pyx_lineno, __pyx_filename);
+  __pyx_r = NULL;
+  __pyx_L0:;
+
+
+
+
+  __Pyx_XDECREF(__pyx_v_key);
+  __Pyx_XDECREF(__pyx_v_targs);
+  __Pyx_XDECREF(__pyx_v_t);
+  __Pyx_XDECREF(__pyx_v_tkw);
+  __Pyx_XDECREF(__pyx_v_pos);
+
+
+  __Pyx_XDECREF(__pyx_v_v);
+  __Pyx_XDECREF((PyObject *)__pyx_v_tv);
+  __Pyx_XDECREF(__pyx_v_kw);
+  __Pyx_XDECREF(__pyx_v_name);
+  __Pyx_XDECREF(__pyx_v_kind);
+  __Pyx_XDECREF(__pyx_v_k);
+  __Pyx_XDECREF(__pyx_v_node);
+  __Pyx_XDECREF(__pyx_v_x);
+  __Pyx_XDECREF(__pyx_v_ret);
+  __Pyx_XDECREF(__pyx_v_outs);
+  __Pyx_XDECREF(__pyx_v_meta);
+  __Pyx_XDECREF(__pyx_v_r);
+  __Pyx_XGIVEREF(__pyx_r);
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+/* "accel/_core.pyx":91
+ *     steps the trie and allocates the deferred outputs."""
+ * 
+ *     cdef public object node             # <<<<<<<<<<<<<<
+ *     cdef public list ext, outs, out_meta, scalars, calls
+ *     cdef public dict ext_ids, out_ids
+*/
+
+/* Python wrapper */
+static PyObject *__pyx_pw_5accel_5_core_10RegionCore_4node_1__get__(PyObject *__pyx_v_self); /*proto*/
+static PyObject *__pyx_pw_5accel_5_core_10RegionCore_4node_1__get__(PyObject *__pyx_v_self) {
+  CYTHON_UNUSED PyObject *const *__pyx_kwvalues;
+  PyObject *__pyx_r = 0;
+  __Pyx_RefNannyDeclarations
+  __Pyx_RefNannySetupContext("__get__ (wrapper)", 0);
+  __pyx_kwvalues = __Pyx_KwValues_VARARGS(__pyx_args, __pyx_nargs);
+  __pyx_r = __pyx_pf_5accel_5_core_10RegionCore_4node___get__(((struct __pyx_obj_5accel_5_core_RegionCore *)__pyx_v_self));
+
+  /* function exit code */
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+static PyObject *__pyx_pf_5accel_5_core_10RegionCore_4node___get__(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self) {
+  PyObject *__pyx_r = NULL;
+  __Pyx_RefNannyDeclarations
+  PyObject *__pyx_t_1 = NULL;
+  PyObject *__pyx_t_2 = NULL;
+  __Pyx_RefNannySetupContext("__get__", 0);
+  {
+      __Pyx_PyCriticalSection __pyx_cs;
+      __pyx_t_1 = ((PyObject *)__pyx_v_self);
+      __Pyx_INCREF(__pyx_t_1);
+      __Pyx_PyCriticalSection_Begin(&__pyx_cs, (PyObject*)__pyx_t_1);
+      /*try:*/ {
+        {
+          PyObject *__pyx_temp;
+          {
+            __pyx_temp = __pyx_r;
+            __Pyx_INCREF(__pyx_v_self->node);
+            __pyx_r = __pyx_v_self->node;
+          }
+          __Pyx_XDECREF(__pyx_temp);
+        }
+        __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+        goto __pyx_L3_return;
+      }
+      /*finally:*/ {
+        __pyx_L3_return: {
+          __pyx_t_2 = __pyx_r;
+          __pyx_r = 0;
+          __Pyx_PyCriticalSection_End(&__pyx_cs);
+          __pyx_r = __pyx_t_2;
+          __pyx_t_2 = 0;
+          goto __pyx_L0;
+        }
+      }
+      __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+  }
+
+  /* function exit code */
+  __pyx_L0:;
+  __Pyx_XGIVEREF(__pyx_r);
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+/* Python wrapper */
+static int __pyx_pw_5accel_5_core_10RegionCore_4node_3__set__(PyObject *__pyx_v_self, PyObject *__pyx_v_value); /*proto*/
+static int __pyx_pw_5accel_5_core_10RegionCore_4node_3__set__(PyObject *__pyx_v_self, PyObject *__pyx_v_value) {
+  CYTHON_UNUSED PyObject *const *__pyx_kwvalues;
+  int __pyx_r;
+  __Pyx_RefNannyDeclarations
+  __Pyx_RefNannySetupContext("__set__ (wrapper)", 0);
+  __pyx_kwvalues = __Pyx_KwValues_VARARGS(__pyx_args, __pyx_nargs);
+  __pyx_r = __pyx_pf_5accel_5_core_10RegionCore_4node_2__set__(((struct __pyx_obj_5accel_5_core_RegionCore *)__pyx_v_self), ((PyObject *)__pyx_v_value));
+
+  /* function exit code */
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+static int __pyx_pf_5accel_5_core_10RegionCore_4node_2__set__(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self, PyObject *__pyx_v_value) {
+  int __pyx_r;
+  __Pyx_RefNannyDeclarations
+  PyObject *__pyx_t_1 = NULL;
+  __Pyx_RefNannySetupContext("__set__", 0);
+  {
+      __Pyx_PyCriticalSection __pyx_cs;
+      __pyx_t_1 = ((PyObject *)__pyx_v_self);
+      __Pyx_INCREF(__pyx_t_1);
+      __Pyx_PyCriticalSection_Begin(&__pyx_cs, (PyObject*)__pyx_t_1);
+      /*try:*/ {
+        __Pyx_INCREF(__pyx_v_value);
+        __Pyx_GIVEREF(__pyx_v_value);
+        __Pyx_GOTREF(__pyx_v_self->node);
+        __Pyx_DECREF_SET(__pyx_v_self->node, __pyx_v_value);
+      }
+      /*finally:*/ {
+        /*normal exit:*/{
+          __Pyx_PyCriticalSection_End(&__pyx_cs);
+          goto __pyx_L5;
+        }
+        __pyx_L5:;
+      }
+      __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+  }
+
+  /* function exit code */
+  __pyx_r = 0;
+
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+/* Python wrapper */
+static int __pyx_pw_5accel_5_core_10RegionCore_4node_5__del__(PyObject *__pyx_v_self); /*proto*/
+static int __pyx_pw_5accel_5_core_10RegionCore_4node_5__del__(PyObject *__pyx_v_self) {
+  CYTHON_UNUSED PyObject *const *__pyx_kwvalues;
+  int __pyx_r;
+  __Pyx_RefNannyDeclarations
+  __Pyx_RefNannySetupContext("__del__ (wrapper)", 0);
+  __pyx_kwvalues = __Pyx_KwValues_VARARGS(__pyx_args, __pyx_nargs);
+  __pyx_r = __pyx_pf_5accel_5_core_10RegionCore_4node_4__del__(((struct __pyx_obj_5accel_5_core_RegionCore *)__pyx_v_self));
+
+  /* function exit code */
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+static int __pyx_pf_5accel_5_core_10RegionCore_4node_4__del__(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self) {
+  int __pyx_r;
+  __Pyx_RefNannyDeclarations
+  PyObject *__pyx_t_1 = NULL;
+  __Pyx_RefNannySetupContext("__del__", 0);
+  {
+      __Pyx_PyCriticalSection __pyx_cs;
+      __pyx_t_1 = ((PyObject *)__pyx_v_self);
+      __Pyx_INCREF(__pyx_t_1);
+      __Pyx_PyCriticalSection_Begin(&__pyx_cs, (PyObject*)__pyx_t_1);
+      /*try:*/ {
+        __Pyx_INCREF(Py_None);
+        __Pyx_GIVEREF(Py_None);
+        __Pyx_GOTREF(__pyx_v_self->node);
+        __Pyx_DECREF_SET(__pyx_v_self->node, Py_None);
+      }
+      /*finally:*/ {
+        /*normal exit:*/{
+          __Pyx_PyCriticalSection_End(&__pyx_cs);
+          goto __pyx_L5;
+        }
+        __pyx_L5:;
+      }
+      __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+  }
+
+  /* function exit code */
+  __pyx_r = 0;
+
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+/* "accel/_core.pyx":92
+ * 
+ *     cdef public object node
+ *     cdef public list ext, outs, out_meta, scalars, calls             # <<<<<<<<<<<<<<
+ *     cdef public dict ext_ids, out_ids
+ *     cdef public object lo, hi
+*/
+
+/* Python wrapper */
+static PyObject *__pyx_pw_5accel_5_core_10RegionCore_3ext_1__get__(PyObject *__pyx_v_self); /*proto*/
+static PyObject *__pyx_pw_5accel_5_core_10RegionCore_3ext_1__get__(PyObject *__pyx_v_self) {
+  CYTHON_UNUSED PyObject *const *__pyx_kwvalues;
+  PyObject *__pyx_r = 0;
+  __Pyx_RefNannyDeclarations
+  __Pyx_RefNannySetupContext("__get__ (wrapper)", 0);
+  __pyx_kwvalues = __Pyx_KwValues_VARARGS(__pyx_args, __pyx_nargs);
+  __pyx_r = __pyx_pf_5accel_5_core_10RegionCore_3ext___get__(((struct __pyx_obj_5accel_5_core_RegionCore *)__pyx_v_self));
+
+  /* function exit code */
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+static PyObject *__pyx_pf_5accel_5_core_10RegionCore_3ext___get__(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self) {
+  PyObject *__pyx_r = NULL;
+  __Pyx_RefNannyDeclarations
+  PyObject *__pyx_t_1 = NULL;
+  PyObject *__pyx_t_2 = NULL;
+  __Pyx_RefNannySetupContext("__get__", 0);
+  {
+      __Pyx_PyCriticalSection __pyx_cs;
+      __pyx_t_1 = ((PyObject *)__pyx_v_self);
+      __Pyx_INCREF(__pyx_t_1);
+      __Pyx_PyCriticalSection_Begin(&__pyx_cs, (PyObject*)__pyx_t_1);
+      /*try:*/ {
+        {
+          PyObject *__pyx_temp;
+          {
+            __pyx_temp = __pyx_r;
+            __Pyx_INCREF(__pyx_v_self->ext);
+            __pyx_r = __pyx_v_self->ext;
+          }
+          __Pyx_XDECREF(__pyx_temp);
+        }
+        __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+        goto __pyx_L3_return;
+      }
+      /*finally:*/ {
+        __pyx_L3_return: {
+          __pyx_t_2 = __pyx_r;
+          __pyx_r = 0;
+          __Pyx_PyCriticalSection_End(&__pyx_cs);
+          __pyx_r = __pyx_t_2;
+          __pyx_t_2 = 0;
+          goto __pyx_L0;
+        }
+      }
+      __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+  }
+
+  /* function exit code */
+  __pyx_L0:;
+  __Pyx_XGIVEREF(__pyx_r);
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+/* Python wrapper */
+static int __pyx_pw_5accel_5_core_10RegionCore_3ext_3__set__(PyObject *__pyx_v_self, PyObject *__pyx_v_value); /*proto*/
+static int __pyx_pw_5accel_5_core_10RegionCore_3ext_3__set__(PyObject *__pyx_v_self, PyObject *__pyx_v_value) {
+  CYTHON_UNUSED PyObject *const *__pyx_kwvalues;
+  int __pyx_r;
+  __Pyx_RefNannyDeclarations
+  __Pyx_RefNannySetupContext("__set__ (wrapper)", 0);
+  __pyx_kwvalues = __Pyx_KwValues_VARARGS(__pyx_args, __pyx_nargs);
+  __pyx_r = __pyx_pf_5accel_5_core_10RegionCore_3ext_2__set__(((struct __pyx_obj_5accel_5_core_RegionCore *)__pyx_v_self), ((PyObject *)__pyx_v_value));
+
+  /* function exit code */
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+static int __pyx_pf_5accel_5_core_10RegionCore_3ext_2__set__(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self, PyObject *__pyx_v_value) {
+  int __pyx_r;
+  __Pyx_RefNannyDeclarations
+  PyObject *__pyx_t_1 = NULL;
+  PyObject *__pyx_t_2 = NULL;
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
+  __Pyx_RefNannySetupContext("__set__", 0);
+  {
+      __Pyx_PyCriticalSection __pyx_cs;
+      __pyx_t_1 = ((PyObject *)__pyx_v_self);
+      __Pyx_INCREF(__pyx_t_1);
+      __Pyx_PyCriticalSection_Begin(&__pyx_cs, (PyObject*)__pyx_t_1);
+      /*try:*/ {
+        __pyx_t_2 = __pyx_v_value;
+        __Pyx_INCREF(__pyx_t_2);
+        if (!(likely(PyList_CheckExact(__pyx_t_2))||((__pyx_t_2) == Py_None) || __Pyx_RaiseUnexpectedTypeError("list", __pyx_t_2))) __PYX_ERR(0, 92, __pyx_L4_error)
+        __Pyx_GIVEREF(__pyx_t_2);
+        __Pyx_GOTREF(__pyx_v_self->ext);
+        __Pyx_DECREF_SET(__pyx_v_self->ext, ((PyObject*)__pyx_t_2));
+        __pyx_t_2 = 0;
+      }
+      /*finally:*/ {
+        /*normal exit:*/{
+          __Pyx_PyCriticalSection_End(&__pyx_cs);
+          goto __pyx_L5;
+        }
+        __pyx_L4_error: {
+          __Pyx_PyCriticalSection_End(&__pyx_cs);
+          goto __pyx_L1_error;
+        }
+        __pyx_L5:;
+      }
+      __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+  }
+
+  /* function exit code */
+  __pyx_r = 0;
+  goto __pyx_L0;
+  __pyx_L1_error:;
+  __Pyx_XDECREF(__pyx_t_1);
+  __Pyx_XDECREF(__pyx_t_2);
+  __Pyx_AddTraceback("accel._core.RegionCore.ext.__set__", __pyx_clineno, __pyx_lineno, __pyx_filename);
+  __pyx_r = -1;
+  __pyx_L0:;
+
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+/* Python wrapper */
+static int __pyx_pw_5accel_5_core_10RegionCore_3ext_5__del__(PyObject *__pyx_v_self); /*proto*/
+static int __pyx_pw_5accel_5_core_10RegionCore_3ext_5__del__(PyObject *__pyx_v_self) {
+  CYTHON_UNUSED PyObject *const *__pyx_kwvalues;
+  int __pyx_r;
+  __Pyx_RefNannyDeclarations
+  __Pyx_RefNannySetupContext("__del__ (wrapper)", 0);
+  __pyx_kwvalues = __Pyx_KwValues_VARARGS(__pyx_args, __pyx_nargs);
+  __pyx_r = __pyx_pf_5accel_5_core_10RegionCore_3ext_4__del__(((struct __pyx_obj_5accel_5_core_RegionCore *)__pyx_v_self));
+
+  /* function exit code */
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+static int __pyx_pf_5accel_5_core_10RegionCore_3ext_4__del__(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self) {
+  int __pyx_r;
+  __Pyx_RefNannyDeclarations
+  PyObject *__pyx_t_1 = NULL;
+  __Pyx_RefNannySetupContext("__del__", 0);
+  {
+      __Pyx_PyCriticalSection __pyx_cs;
+      __pyx_t_1 = ((PyObject *)__pyx_v_self);
+      __Pyx_INCREF(__pyx_t_1);
+      __Pyx_PyCriticalSection_Begin(&__pyx_cs, (PyObject*)__pyx_t_1);
+      /*try:*/ {
+        __Pyx_INCREF(Py_None);
+        __Pyx_GIVEREF(Py_None);
+        __Pyx_GOTREF(__pyx_v_self->ext);
+        __Pyx_DECREF_SET(__pyx_v_self->ext, ((PyObject*)Py_None));
+      }
+      /*finally:*/ {
+        /*normal exit:*/{
+          __Pyx_PyCriticalSection_End(&__pyx_cs);
+          goto __pyx_L5;
+        }
+        __pyx_L5:;
+      }
+      __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+  }
+
+  /* function exit code */
+  __pyx_r = 0;
+
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+/* Python wrapper */
+static PyObject *__pyx_pw_5accel_5_core_10RegionCore_4outs_1__get__(PyObject *__pyx_v_self); /*proto*/
+static PyObject *__pyx_pw_5accel_5_core_10RegionCore_4outs_1__get__(PyObject *__pyx_v_self) {
+  CYTHON_UNUSED PyObject *const *__pyx_kwvalues;
+  PyObject *__pyx_r = 0;
+  __Pyx_RefNannyDeclarations
+  __Pyx_RefNannySetupContext("__get__ (wrapper)", 0);
+  __pyx_kwvalues = __Pyx_KwValues_VARARGS(__pyx_args, __pyx_nargs);
+  __pyx_r = __pyx_pf_5accel_5_core_10RegionCore_4outs___get__(((struct __pyx_obj_5accel_5_core_RegionCore *)__pyx_v_self));
+
+  /* function exit code */
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+static PyObject *__pyx_pf_5accel_5_core_10RegionCore_4outs___get__(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self) {
+  PyObject *__pyx_r = NULL;
+  __Pyx_RefNannyDeclarations
+  PyObject *__pyx_t_1 = NULL;
+  PyObject *__pyx_t_2 = NULL;
+  __Pyx_RefNannySetupContext("__get__", 0);
+  {
+      __Pyx_PyCriticalSection __pyx_cs;
+      __pyx_t_1 = ((PyObject *)__pyx_v_self);
+      __Pyx_INCREF(__pyx_t_1);
+      __Pyx_PyCriticalSection_Begin(&__pyx_cs, (PyObject*)__pyx_t_1);
+      /*try:*/ {
+        {
+          PyObject *__pyx_temp;
+          {
+            __pyx_temp = __pyx_r;
+            __Pyx_INCREF(__pyx_v_self->outs);
+            __pyx_r = __pyx_v_self->outs;
+          }
+          __Pyx_XDECREF(__pyx_temp);
+        }
+        __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+        goto __pyx_L3_return;
+      }
+      /*finally:*/ {
+        __pyx_L3_return: {
+          __pyx_t_2 = __pyx_r;
+          __pyx_r = 0;
+          __Pyx_PyCriticalSection_End(&__pyx_cs);
+          __pyx_r = __pyx_t_2;
+          __pyx_t_2 = 0;
+          goto __pyx_L0;
+        }
+      }
+      __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+  }
+
+  /* function exit code */
+  __pyx_L0:;
+  __Pyx_XGIVEREF(__pyx_r);
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+/* Python wrapper */
+static int __pyx_pw_5accel_5_core_10RegionCore_4outs_3__set__(PyObject *__pyx_v_self, PyObject *__pyx_v_value); /*proto*/
+static int __pyx_pw_5accel_5_core_10RegionCore_4outs_3__set__(PyObject *__pyx_v_self, PyObject *__pyx_v_value) {
+  CYTHON_UNUSED PyObject *const *__pyx_kwvalues;
+  int __pyx_r;
+  __Pyx_RefNannyDeclarations
+  __Pyx_RefNannySetupContext("__set__ (wrapper)", 0);
+  __pyx_kwvalues = __Pyx_KwValues_VARARGS(__pyx_args, __pyx_nargs);
+  __pyx_r = __pyx_pf_5accel_5_core_10RegionCore_4outs_2__set__(((struct __pyx_obj_5accel_5_core_RegionCore *)__pyx_v_self), ((PyObject *)__pyx_v_value));
+
+  /* function exit code */
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+static int __pyx_pf_5accel_5_core_10RegionCore_4outs_2__set__(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self, PyObject *__pyx_v_value) {
+  int __pyx_r;
+  __Pyx_RefNannyDeclarations
+  PyObject *__pyx_t_1 = NULL;
+  PyObject *__pyx_t_2 = NULL;
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
+  __Pyx_RefNannySetupContext("__set__", 0);
+  {
+      __Pyx_PyCriticalSection __pyx_cs;
+      __pyx_t_1 = ((PyObject *)__pyx_v_self);
+      __Pyx_INCREF(__pyx_t_1);
+      __Pyx_PyCriticalSection_Begin(&__pyx_cs, (PyObject*)__pyx_t_1);
+      /*try:*/ {
+        __pyx_t_2 = __pyx_v_value;
+        __Pyx_INCREF(__pyx_t_2);
+        if (!(likely(PyList_CheckExact(__pyx_t_2))||((__pyx_t_2) == Py_None) || __Pyx_RaiseUnexpectedTypeError("list", __pyx_t_2))) __PYX_ERR(0, 92, __pyx_L4_error)
+        __Pyx_GIVEREF(__pyx_t_2);
+        __Pyx_GOTREF(__pyx_v_self->outs);
+        __Pyx_DECREF_SET(__pyx_v_self->outs, ((PyObject*)__pyx_t_2));
+        __pyx_t_2 = 0;
+      }
+      /*finally:*/ {
+        /*normal exit:*/{
+          __Pyx_PyCriticalSection_End(&__pyx_cs);
+          goto __pyx_L5;
+        }
+        __pyx_L4_error: {
+          __Pyx_PyCriticalSection_End(&__pyx_cs);
+          goto __pyx_L1_error;
+        }
+        __pyx_L5:;
+      }
+      __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+  }
+
+  /* function exit code */
+  __pyx_r = 0;
+  goto __pyx_L0;
+  __pyx_L1_error:;
+  __Pyx_XDECREF(__pyx_t_1);
+  __Pyx_XDECREF(__pyx_t_2);
+  __Pyx_AddTraceback("accel._core.RegionCore.outs.__set__", __pyx_clineno, __pyx_lineno, __pyx_filename);
+  __pyx_r = -1;
+  __pyx_L0:;
+
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+/* Python wrapper */
+static int __pyx_pw_5accel_5_core_10RegionCore_4outs_5__del__(PyObject *__pyx_v_self); /*proto*/
+static int __pyx_pw_5accel_5_core_10RegionCore_4outs_5__del__(PyObject *__pyx_v_self) {
+  CYTHON_UNUSED PyObject *const *__pyx_kwvalues;
+  int __pyx_r;
+  __Pyx_RefNannyDeclarations
+  __Pyx_RefNannySetupContext("__del__ (wrapper)", 0);
+  __pyx_kwvalues = __Pyx_KwValues_VARARGS(__pyx_args, __pyx_nargs);
+  __pyx_r = __pyx_pf_5accel_5_core_10RegionCore_4outs_4__del__(((struct __pyx_obj_5accel_5_core_RegionCore *)__pyx_v_self));
+
+  /* function exit code */
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+static int __pyx_pf_5accel_5_core_10RegionCore_4outs_4__del__(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self) {
+  int __pyx_r;
+  __Pyx_RefNannyDeclarations
+  PyObject *__pyx_t_1 = NULL;
+  __Pyx_RefNannySetupContext("__del__", 0);
+  {
+      __Pyx_PyCriticalSection __pyx_cs;
+      __pyx_t_1 = ((PyObject *)__pyx_v_self);
+      __Pyx_INCREF(__pyx_t_1);
+      __Pyx_PyCriticalSection_Begin(&__pyx_cs, (PyObject*)__pyx_t_1);
+      /*try:*/ {
+        __Pyx_INCREF(Py_None);
+        __Pyx_GIVEREF(Py_None);
+        __Pyx_GOTREF(__pyx_v_self->outs);
+        __Pyx_DECREF_SET(__pyx_v_self->outs, ((PyObject*)Py_None));
+      }
+      /*finally:*/ {
+        /*normal exit:*/{
+          __Pyx_PyCriticalSection_End(&__pyx_cs);
+          goto __pyx_L5;
+        }
+        __pyx_L5:;
+      }
+      __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+  }
+
+  /* function exit code */
+  __pyx_r = 0;
+
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+/* Python wrapper */
+static PyObject *__pyx_pw_5accel_5_core_10RegionCore_8out_meta_1__get__(PyObject *__pyx_v_self); /*proto*/
+static PyObject *__pyx_pw_5accel_5_core_10RegionCore_8out_meta_1__get__(PyObject *__pyx_v_self) {
+  CYTHON_UNUSED PyObject *const *__pyx_kwvalues;
+  PyObject *__pyx_r = 0;
+  __Pyx_RefNannyDeclarations
+  __Pyx_RefNannySetupContext("__get__ (wrapper)", 0);
+  __pyx_kwvalues = __Pyx_KwValues_VARARGS(__pyx_args, __pyx_nargs);
+  __pyx_r = __pyx_pf_5accel_5_core_10RegionCore_8out_meta___get__(((struct __pyx_obj_5accel_5_core_RegionCore *)__pyx_v_self));
+
+  /* function exit code */
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+static PyObject *__pyx_pf_5accel_5_core_10RegionCore_8out_meta___get__(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self) {
+  PyObject *__pyx_r = NULL;
+  __Pyx_RefNannyDeclarations
+  PyObject *__pyx_t_1 = NULL;
+  PyObject *__pyx_t_2 = NULL;
+  __Pyx_RefNannySetupContext("__get__", 0);
+  {
+      __Pyx_PyCriticalSection __pyx_cs;
+      __pyx_t_1 = ((PyObject *)__pyx_v_self);
+      __Pyx_INCREF(__pyx_t_1);
+      __Pyx_PyCriticalSection_Begin(&__pyx_cs, (PyObject*)__pyx_t_1);
+      /*try:*/ {
+        {
+          PyObject *__pyx_temp;
+          {
+            __pyx_temp = __pyx_r;
+            __Pyx_INCREF(__pyx_v_self->out_meta);
+            __pyx_r = __pyx_v_self->out_meta;
+          }
+          __Pyx_XDECREF(__pyx_temp);
+        }
+        __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+        goto __pyx_L3_return;
+      }
+      /*finally:*/ {
+        __pyx_L3_return: {
+          __pyx_t_2 = __pyx_r;
+          __pyx_r = 0;
+          __Pyx_PyCriticalSection_End(&__pyx_cs);
+          __pyx_r = __pyx_t_2;
+          __pyx_t_2 = 0;
+          goto __pyx_L0;
+        }
+      }
+      __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+  }
+
+  /* function exit code */
+  __pyx_L0:;
+  __Pyx_XGIVEREF(__pyx_r);
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+/* Python wrapper */
+static int __pyx_pw_5accel_5_core_10RegionCore_8out_meta_3__set__(PyObject *__pyx_v_self, PyObject *__pyx_v_value); /*proto*/
+static int __pyx_pw_5accel_5_core_10RegionCore_8out_meta_3__set__(PyObject *__pyx_v_self, PyObject *__pyx_v_value) {
+  CYTHON_UNUSED PyObject *const *__pyx_kwvalues;
+  int __pyx_r;
+  __Pyx_RefNannyDeclarations
+  __Pyx_RefNannySetupContext("__set__ (wrapper)", 0);
+  __pyx_kwvalues = __Pyx_KwValues_VARARGS(__pyx_args, __pyx_nargs);
+  __pyx_r = __pyx_pf_5accel_5_core_10RegionCore_8out_meta_2__set__(((struct __pyx_obj_5accel_5_core_RegionCore *)__pyx_v_self), ((PyObject *)__pyx_v_value));
+
+  /* function exit code */
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+static int __pyx_pf_5accel_5_core_10RegionCore_8out_meta_2__set__(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self, PyObject *__pyx_v_value) {
+  int __pyx_r;
+  __Pyx_RefNannyDeclarations
+  PyObject *__pyx_t_1 = NULL;
+  PyObject *__pyx_t_2 = NULL;
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
+  __Pyx_RefNannySetupContext("__set__", 0);
+  {
+      __Pyx_PyCriticalSection __pyx_cs;
+      __pyx_t_1 = ((PyObject *)__pyx_v_self);
+      __Pyx_INCREF(__pyx_t_1);
+      __Pyx_PyCriticalSection_Begin(&__pyx_cs, (PyObject*)__pyx_t_1);
+      /*try:*/ {
+        __pyx_t_2 = __pyx_v_value;
+        __Pyx_INCREF(__pyx_t_2);
+        if (!(likely(PyList_CheckExact(__pyx_t_2))||((__pyx_t_2) == Py_None) || __Pyx_RaiseUnexpectedTypeError("list", __pyx_t_2))) __PYX_ERR(0, 92, __pyx_L4_error)
+        __Pyx_GIVEREF(__pyx_t_2);
+        __Pyx_GOTREF(__pyx_v_self->out_meta);
+        __Pyx_DECREF_SET(__pyx_v_self->out_meta, ((PyObject*)__pyx_t_2));
+        __pyx_t_2 = 0;
+      }
+      /*finally:*/ {
+        /*normal exit:*/{
+          __Pyx_PyCriticalSection_End(&__pyx_cs);
+          goto __pyx_L5;
+        }
+        __pyx_L4_error: {
+          __Pyx_PyCriticalSection_End(&__pyx_cs);
+          goto __pyx_L1_error;
+        }
+        __pyx_L5:;
+      }
+      __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+  }
+
+  /* function exit code */
+  __pyx_r = 0;
+  goto __pyx_L0;
+  __pyx_L1_error:;
+  __Pyx_XDECREF(__pyx_t_1);
+  __Pyx_XDECREF(__pyx_t_2);
+  __Pyx_AddTraceback("accel._core.RegionCore.out_meta.__set__", __pyx_clineno, __pyx_lineno, __pyx_filename);
+  __pyx_r = -1;
+  __pyx_L0:;
+
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+/* Python wrapper */
+static int __pyx_pw_5accel_5_core_10RegionCore_8out_meta_5__del__(PyObject *__pyx_v_self); /*proto*/
+static int __pyx_pw_5accel_5_core_10RegionCore_8out_meta_5__del__(PyObject *__pyx_v_self) {
+  CYTHON_UNUSED PyObject *const *__pyx_kwvalues;
+  int __pyx_r;
+  __Pyx_RefNannyDeclarations
+  __Pyx_RefNannySetupContext("__del__ (wrapper)", 0);
+  __pyx_kwvalues = __Pyx_KwValues_VARARGS(__pyx_args, __pyx_nargs);
+  __pyx_r = __pyx_pf_5accel_5_core_10RegionCore_8out_meta_4__del__(((struct __pyx_obj_5accel_5_core_RegionCore *)__pyx_v_self));
+
+  /* function exit code */
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+static int __pyx_pf_5accel_5_core_10RegionCore_8out_meta_4__del__(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self) {
+  int __pyx_r;
+  __Pyx_RefNannyDeclarations
+  PyObject *__pyx_t_1 = NULL;
+  __Pyx_RefNannySetupContext("__del__", 0);
+  {
+      __Pyx_PyCriticalSection __pyx_cs;
+      __pyx_t_1 = ((PyObject *)__pyx_v_self);
+      __Pyx_INCREF(__pyx_t_1);
+      __Pyx_PyCriticalSection_Begin(&__pyx_cs, (PyObject*)__pyx_t_1);
+      /*try:*/ {
+        __Pyx_INCREF(Py_None);
+        __Pyx_GIVEREF(Py_None);
+        __Pyx_GOTREF(__pyx_v_self->out_meta);
+        __Pyx_DECREF_SET(__pyx_v_self->out_meta, ((PyObject*)Py_None));
+      }
+      /*finally:*/ {
+        /*normal exit:*/{
+          __Pyx_PyCriticalSection_End(&__pyx_cs);
+          goto __pyx_L5;
+        }
+        __pyx_L5:;
+      }
+      __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+  }
+
+  /* function exit code */
+  __pyx_r = 0;
+
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+/* Python wrapper */
+static PyObject *__pyx_pw_5accel_5_core_10RegionCore_7scalars_1__get__(PyObject *__pyx_v_self); /*proto*/
+static PyObject *__pyx_pw_5accel_5_core_10RegionCore_7scalars_1__get__(PyObject *__pyx_v_self) {
+  CYTHON_UNUSED PyObject *const *__pyx_kwvalues;
+  PyObject *__pyx_r = 0;
+  __Pyx_RefNannyDeclarations
+  __Pyx_RefNannySetupContext("__get__ (wrapper)", 0);
+  __pyx_kwvalues = __Pyx_KwValues_VARARGS(__pyx_args, __pyx_nargs);
+  __pyx_r = __pyx_pf_5accel_5_core_10RegionCore_7scalars___get__(((struct __pyx_obj_5accel_5_core_RegionCore *)__pyx_v_self));
+
+  /* function exit code */
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+static PyObject *__pyx_pf_5accel_5_core_10RegionCore_7scalars___get__(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self) {
+  PyObject *__pyx_r = NULL;
+  __Pyx_RefNannyDeclarations
+  PyObject *__pyx_t_1 = NULL;
+  PyObject *__pyx_t_2 = NULL;
+  __Pyx_RefNannySetupContext("__get__", 0);
+  {
+      __Pyx_PyCriticalSection __pyx_cs;
+      __pyx_t_1 = ((PyObject *)__pyx_v_self);
+      __Pyx_INCREF(__pyx_t_1);
+      __Pyx_PyCriticalSection_Begin(&__pyx_cs, (PyObject*)__pyx_t_1);
+      /*try:*/ {
+        {
+          PyObject *__pyx_temp;
+          {
+            __pyx_temp = __pyx_r;
+            __Pyx_INCREF(__pyx_v_self->scalars);
+            __pyx_r = __pyx_v_self->scalars;
+          }
+          __Pyx_XDECREF(__pyx_temp);
+        }
+        __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+        goto __pyx_L3_return;
+      }
+      /*finally:*/ {
+        __pyx_L3_return: {
+          __pyx_t_2 = __pyx_r;
+          __pyx_r = 0;
+          __Pyx_PyCriticalSection_End(&__pyx_cs);
+          __pyx_r = __pyx_t_2;
+          __pyx_t_2 = 0;
+          goto __pyx_L0;
+        }
+      }
+      __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+  }
+
+  /* function exit code */
+  __pyx_L0:;
+  __Pyx_XGIVEREF(__pyx_r);
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+/* Python wrapper */
+static int __pyx_pw_5accel_5_core_10RegionCore_7scalars_3__set__(PyObject *__pyx_v_self, PyObject *__pyx_v_value); /*proto*/
+static int __pyx_pw_5accel_5_core_10RegionCore_7scalars_3__set__(PyObject *__pyx_v_self, PyObject *__pyx_v_value) {
+  CYTHON_UNUSED PyObject *const *__pyx_kwvalues;
+  int __pyx_r;
+  __Pyx_RefNannyDeclarations
+  __Pyx_RefNannySetupContext("__set__ (wrapper)", 0);
+  __pyx_kwvalues = __Pyx_KwValues_VARARGS(__pyx_args, __pyx_nargs);
+  __pyx_r = __pyx_pf_5accel_5_core_10RegionCore_7scalars_2__set__(((struct __pyx_obj_5accel_5_core_RegionCore *)__pyx_v_self), ((PyObject *)__pyx_v_value));
+
+  /* function exit code */
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+static int __pyx_pf_5accel_5_core_10RegionCore_7scalars_2__set__(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self, PyObject *__pyx_v_value) {
+  int __pyx_r;
+  __Pyx_RefNannyDeclarations
+  PyObject *__pyx_t_1 = NULL;
+  PyObject *__pyx_t_2 = NULL;
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
+  __Pyx_RefNannySetupContext("__set__", 0);
+  {
+      __Pyx_PyCriticalSection __pyx_cs;
+      __pyx_t_1 = ((PyObject *)__pyx_v_self);
+      __Pyx_INCREF(__pyx_t_1);
+      __Pyx_PyCriticalSection_Begin(&__pyx_cs, (PyObject*)__pyx_t_1);
+      /*try:*/ {
+        __pyx_t_2 = __pyx_v_value;
+        __Pyx_INCREF(__pyx_t_2);
+        if (!(likely(PyList_CheckExact(__pyx_t_2))||((__pyx_t_2) == Py_None) || __Pyx_RaiseUnexpectedTypeError("list", __pyx_t_2))) __PYX_ERR(0, 92, __pyx_L4_error)
+        __Pyx_GIVEREF(__pyx_t_2);
+        __Pyx_GOTREF(__pyx_v_self->scalars);
+        __Pyx_DECREF_SET(__pyx_v_self->scalars, ((PyObject*)__pyx_t_2));
+        __pyx_t_2 = 0;
+      }
+      /*finally:*/ {
+        /*normal exit:*/{
+          __Pyx_PyCriticalSection_End(&__pyx_cs);
+          goto __pyx_L5;
+        }
+        __pyx_L4_error: {
+          __Pyx_PyCriticalSection_End(&__pyx_cs);
+          goto __pyx_L1_error;
+        }
+        __pyx_L5:;
+      }
+      __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+  }
+
+  /* function exit code */
+  __pyx_r = 0;
+  goto __pyx_L0;
+  __pyx_L1_error:;
+  __Pyx_XDECREF(__pyx_t_1);
+  __Pyx_XDECREF(__pyx_t_2);
+  __Pyx_AddTraceback("accel._core.RegionCore.scalars.__set__", __pyx_clineno, __pyx_lineno, __pyx_filename);
+  __pyx_r = -1;
+  __pyx_L0:;
+
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+/* Python wrapper */
+static int __pyx_pw_5accel_5_core_10RegionCore_7scalars_5__del__(PyObject *__pyx_v_self); /*proto*/
+static int __pyx_pw_5accel_5_core_10RegionCore_7scalars_5__del__(PyObject *__pyx_v_self) {
+  CYTHON_UNUSED PyObject *const *__pyx_kwvalues;
+  int __pyx_r;
+  __Pyx_RefNannyDeclarations
+  __Pyx_RefNannySetupContext("__del__ (wrapper)", 0);
+  __pyx_kwvalues = __Pyx_KwValues_VARARGS(__pyx_args, __pyx_nargs);
+  __pyx_r = __pyx_pf_5accel_5_core_10RegionCore_7scalars_4__del__(((struct __pyx_obj_5accel_5_core_RegionCore *)__pyx_v_self));
+
+  /* function exit code */
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+static int __pyx_pf_5accel_5_core_10RegionCore_7scalars_4__del__(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self) {
+  int __pyx_r;
+  __Pyx_RefNannyDeclarations
+  PyObject *__pyx_t_1 = NULL;
+  __Pyx_RefNannySetupContext("__del__", 0);
+  {
+      __Pyx_PyCriticalSection __pyx_cs;
+      __pyx_t_1 = ((PyObject *)__pyx_v_self);
+      __Pyx_INCREF(__pyx_t_1);
+      __Pyx_PyCriticalSection_Begin(&__pyx_cs, (PyObject*)__pyx_t_1);
+      /*try:*/ {
+        __Pyx_INCREF(Py_None);
+        __Pyx_GIVEREF(Py_None);
+        __Pyx_GOTREF(__pyx_v_self->scalars);
+        __Pyx_DECREF_SET(__pyx_v_self->scalars, ((PyObject*)Py_None));
+      }
+      /*finally:*/ {
+        /*normal exit:*/{
+          __Pyx_PyCriticalSection_End(&__pyx_cs);
+          goto __pyx_L5;
+        }
+        __pyx_L5:;
+      }
+      __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+  }
+
+  /* function exit code */
+  __pyx_r = 0;
+
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+/* Python wrapper */
+static PyObject *__pyx_pw_5accel_5_core_10RegionCore_5calls_1__get__(PyObject *__pyx_v_self); /*proto*/
+static PyObject *__pyx_pw_5accel_5_core_10RegionCore_5calls_1__get__(PyObject *__pyx_v_self) {
+  CYTHON_UNUSED PyObject *const *__pyx_kwvalues;
+  PyObject *__pyx_r = 0;
+  __Pyx_RefNannyDeclarations
+  __Pyx_RefNannySetupContext("__get__ (wrapper)", 0);
+  __pyx_kwvalues = __Pyx_KwValues_VARARGS(__pyx_args, __pyx_nargs);
+  __pyx_r = __pyx_pf_5accel_5_core_10RegionCore_5calls___get__(((struct __pyx_obj_5accel_5_core_RegionCore *)__pyx_v_self));
+
+  /* function exit code */
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+static PyObject *__pyx_pf_5accel_5_core_10RegionCore_5calls___get__(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self) {
+  PyObject *__pyx_r = NULL;
+  __Pyx_RefNannyDeclarations
+  PyObject *__pyx_t_1 = NULL;
+  PyObject *__pyx_t_2 = NULL;
+  __Pyx_RefNannySetupContext("__get__", 0);
+  {
+      __Pyx_PyCriticalSection __pyx_cs;
+      __pyx_t_1 = ((PyObject *)__pyx_v_self);
+      __Pyx_INCREF(__pyx_t_1);
+      __Pyx_PyCriticalSection_Begin(&__pyx_cs, (PyObject*)__pyx_t_1);
+      /*try:*/ {
+        {
+          PyObject *__pyx_temp;
+          {
+            __pyx_temp = __pyx_r;
+            __Pyx_INCREF(__pyx_v_self->calls);
+            __pyx_r = __pyx_v_self->calls;
+          }
+          __Pyx_XDECREF(__pyx_temp);
+        }
+        __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+        goto __pyx_L3_return;
+      }
+      /*finally:*/ {
+        __pyx_L3_return: {
+          __pyx_t_2 = __pyx_r;
+          __pyx_r = 0;
+          __Pyx_PyCriticalSection_End(&__pyx_cs);
+          __pyx_r = __pyx_t_2;
+          __pyx_t_2 = 0;
+          goto __pyx_L0;
+        }
+      }
+      __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+  }
+
+  /* function exit code */
+  __pyx_L0:;
+  __Pyx_XGIVEREF(__pyx_r);
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+/* Python wrapper */
+static int __pyx_pw_5accel_5_core_10RegionCore_5calls_3__set__(PyObject *__pyx_v_self, PyObject *__pyx_v_value); /*proto*/
+static int __pyx_pw_5accel_5_core_10RegionCore_5calls_3__set__(PyObject *__pyx_v_self, PyObject *__pyx_v_value) {
+  CYTHON_UNUSED PyObject *const *__pyx_kwvalues;
+  int __pyx_r;
+  __Pyx_RefNannyDeclarations
+  __Pyx_RefNannySetupContext("__set__ (wrapper)", 0);
+  __pyx_kwvalues = __Pyx_KwValues_VARARGS(__pyx_args, __pyx_nargs);
+  __pyx_r = __pyx_pf_5accel_5_core_10RegionCore_5calls_2__set__(((struct __pyx_obj_5accel_5_core_RegionCore *)__pyx_v_self), ((PyObject *)__pyx_v_value));
+
+  /* function exit code */
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+static int __pyx_pf_5accel_5_core_10RegionCore_5calls_2__set__(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self, PyObject *__pyx_v_value) {
+  int __pyx_r;
+  __Pyx_RefNannyDeclarations
+  PyObject *__pyx_t_1 = NULL;
+  PyObject *__pyx_t_2 = NULL;
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
+  __Pyx_RefNannySetupContext("__set__", 0);
+  {
+      __Pyx_PyCriticalSection __pyx_cs;
+      __pyx_t_1 = ((PyObject *)__pyx_v_self);
+      __Pyx_INCREF(__pyx_t_1);
+      __Pyx_PyCriticalSection_Begin(&__pyx_cs, (PyObject*)__pyx_t_1);
+      /*try:*/ {
+        __pyx_t_2 = __pyx_v_value;
+        __Pyx_INCREF(__pyx_t_2);
+        if (!(likely(PyList_CheckExact(__pyx_t_2))||((__pyx_t_2) == Py_None) || __Pyx_RaiseUnexpectedTypeError("list", __pyx_t_2))) __PYX_ERR(0, 92, __pyx_L4_error)
+        __Pyx_GIVEREF(__pyx_t_2);
+        __Pyx_GOTREF(__pyx_v_self->calls);
+        __Pyx_DECREF_SET(__pyx_v_self->calls, ((PyObject*)__pyx_t_2));
+        __pyx_t_2 = 0;
+      }
+      /*finally:*/ {
+        /*normal exit:*/{
+          __Pyx_PyCriticalSection_End(&__pyx_cs);
+          goto __pyx_L5;
+        }
+        __pyx_L4_error: {
+          __Pyx_PyCriticalSection_End(&__pyx_cs);
+          goto __pyx_L1_error;
+        }
+        __pyx_L5:;
+      }
+      __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+  }
+
+  /* function exit code */
+  __pyx_r = 0;
+  goto __pyx_L0;
+  __pyx_L1_error:;
+  __Pyx_XDECREF(__pyx_t_1);
+  __Pyx_XDECREF(__pyx_t_2);
+  __Pyx_AddTraceback("accel._core.RegionCore.calls.__set__", __pyx_clineno, __pyx_lineno, __pyx_filename);
+  __pyx_r = -1;
+  __pyx_L0:;
+
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+/* Python wrapper */
+static int __pyx_pw_5accel_5_core_10RegionCore_5calls_5__del__(PyObject *__pyx_v_self); /*proto*/
+static int __pyx_pw_5accel_5_core_10RegionCore_5calls_5__del__(PyObject *__pyx_v_self) {
+  CYTHON_UNUSED PyObject *const *__pyx_kwvalues;
+  int __pyx_r;
+  __Pyx_RefNannyDeclarations
+  __Pyx_RefNannySetupContext("__del__ (wrapper)", 0);
+  __pyx_kwvalues = __Pyx_KwValues_VARARGS(__pyx_args, __pyx_nargs);
+  __pyx_r = __pyx_pf_5accel_5_core_10RegionCore_5calls_4__del__(((struct __pyx_obj_5accel_5_core_RegionCore *)__pyx_v_self));
+
+  /* function exit code */
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+static int __pyx_pf_5accel_5_core_10RegionCore_5calls_4__del__(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self) {
+  int __pyx_r;
+  __Pyx_RefNannyDeclarations
+  PyObject *__pyx_t_1 = NULL;
+  __Pyx_RefNannySetupContext("__del__", 0);
+  {
+      __Pyx_PyCriticalSection __pyx_cs;
+      __pyx_t_1 = ((PyObject *)__pyx_v_self);
+      __Pyx_INCREF(__pyx_t_1);
+      __Pyx_PyCriticalSection_Begin(&__pyx_cs, (PyObject*)__pyx_t_1);
+      /*try:*/ {
+        __Pyx_INCREF(Py_None);
+        __Pyx_GIVEREF(Py_None);
+        __Pyx_GOTREF(__pyx_v_self->calls);
+        __Pyx_DECREF_SET(__pyx_v_self->calls, ((PyObject*)Py_None));
+      }
+      /*finally:*/ {
+        /*normal exit:*/{
+          __Pyx_PyCriticalSection_End(&__pyx_cs);
+          goto __pyx_L5;
+        }
+        __pyx_L5:;
+      }
+      __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+  }
+
+  /* function exit code */
+  __pyx_r = 0;
+
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+/* "accel/_core.pyx":93
+ *     cdef public object node
+ *     cdef public list ext, outs, out_meta, scalars, calls
+ *     cdef public dict ext_ids, out_ids             # <<<<<<<<<<<<<<
+ *     cdef public object lo, hi
+ *     cdef public bint mutates_ext
+*/
+
+/* Python wrapper */
+static PyObject *__pyx_pw_5accel_5_core_10RegionCore_7ext_ids_1__get__(PyObject *__pyx_v_self); /*proto*/
+static PyObject *__pyx_pw_5accel_5_core_10RegionCore_7ext_ids_1__get__(PyObject *__pyx_v_self) {
+  CYTHON_UNUSED PyObject *const *__pyx_kwvalues;
+  PyObject *__pyx_r = 0;
+  __Pyx_RefNannyDeclarations
+  __Pyx_RefNannySetupContext("__get__ (wrapper)", 0);
+  __pyx_kwvalues = __Pyx_KwValues_VARARGS(__pyx_args, __pyx_nargs);
+  __pyx_r = __pyx_pf_5accel_5_core_10RegionCore_7ext_ids___get__(((struct __pyx_obj_5accel_5_core_RegionCore *)__pyx_v_self));
+
+  /* function exit code */
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+static PyObject *__pyx_pf_5accel_5_core_10RegionCore_7ext_ids___get__(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self) {
+  PyObject *__pyx_r = NULL;
+  __Pyx_RefNannyDeclarations
+  PyObject *__pyx_t_1 = NULL;
+  PyObject *__pyx_t_2 = NULL;
+  __Pyx_RefNannySetupContext("__get__", 0);
+  {
+      __Pyx_PyCriticalSection __pyx_cs;
+      __pyx_t_1 = ((PyObject *)__pyx_v_self);
+      __Pyx_INCREF(__pyx_t_1);
+      __Pyx_PyCriticalSection_Begin(&__pyx_cs, (PyObject*)__pyx_t_1);
+      /*try:*/ {
+        {
+          PyObject *__pyx_temp;
+          {
+            __pyx_temp = __pyx_r;
+            __Pyx_INCREF(__pyx_v_self->ext_ids);
+            __pyx_r = __pyx_v_self->ext_ids;
+          }
+          __Pyx_XDECREF(__pyx_temp);
+        }
+        __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+        goto __pyx_L3_return;
+      }
+      /*finally:*/ {
+        __pyx_L3_return: {
+          __pyx_t_2 = __pyx_r;
+          __pyx_r = 0;
+          __Pyx_PyCriticalSection_End(&__pyx_cs);
+          __pyx_r = __pyx_t_2;
+          __pyx_t_2 = 0;
+          goto __pyx_L0;
+        }
+      }
+      __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+  }
+
+  /* function exit code */
+  __pyx_L0:;
+  __Pyx_XGIVEREF(__pyx_r);
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+/* Python wrapper */
+static int __pyx_pw_5accel_5_core_10RegionCore_7ext_ids_3__set__(PyObject *__pyx_v_self, PyObject *__pyx_v_value); /*proto*/
+static int __pyx_pw_5accel_5_core_10RegionCore_7ext_ids_3__set__(PyObject *__pyx_v_self, PyObject *__pyx_v_value) {
+  CYTHON_UNUSED PyObject *const *__pyx_kwvalues;
+  int __pyx_r;
+  __Pyx_RefNannyDeclarations
+  __Pyx_RefNannySetupContext("__set__ (wrapper)", 0);
+  __pyx_kwvalues = __Pyx_KwValues_VARARGS(__pyx_args, __pyx_nargs);
+  __pyx_r = __pyx_pf_5accel_5_core_10RegionCore_7ext_ids_2__set__(((struct __pyx_obj_5accel_5_core_RegionCore *)__pyx_v_self), ((PyObject *)__pyx_v_value));
+
+  /* function exit code */
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+static int __pyx_pf_5accel_5_core_10RegionCore_7ext_ids_2__set__(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self, PyObject *__pyx_v_value) {
+  int __pyx_r;
+  __Pyx_RefNannyDeclarations
+  PyObject *__pyx_t_1 = NULL;
+  PyObject *__pyx_t_2 = NULL;
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
+  __Pyx_RefNannySetupContext("__set__", 0);
+  {
+      __Pyx_PyCriticalSection __pyx_cs;
+      __pyx_t_1 = ((PyObject *)__pyx_v_self);
+      __Pyx_INCREF(__pyx_t_1);
+      __Pyx_PyCriticalSection_Begin(&__pyx_cs, (PyObject*)__pyx_t_1);
+      /*try:*/ {
+        __pyx_t_2 = __pyx_v_value;
+        __Pyx_INCREF(__pyx_t_2);
+        if (!(likely(PyDict_CheckExact(__pyx_t_2))||((__pyx_t_2) == Py_None) || __Pyx_RaiseUnexpectedTypeError("dict", __pyx_t_2))) __PYX_ERR(0, 93, __pyx_L4_error)
+        __Pyx_GIVEREF(__pyx_t_2);
+        __Pyx_GOTREF(__pyx_v_self->ext_ids);
+        __Pyx_DECREF_SET(__pyx_v_self->ext_ids, ((PyObject*)__pyx_t_2));
+        __pyx_t_2 = 0;
+      }
+      /*finally:*/ {
+        /*normal exit:*/{
+          __Pyx_PyCriticalSection_End(&__pyx_cs);
+          goto __pyx_L5;
+        }
+        __pyx_L4_error: {
+          __Pyx_PyCriticalSection_End(&__pyx_cs);
+          goto __pyx_L1_error;
+        }
+        __pyx_L5:;
+      }
+      __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+  }
+
+  /* function exit code */
+  __pyx_r = 0;
+  goto __pyx_L0;
+  __pyx_L1_error:;
+  __Pyx_XDECREF(__pyx_t_1);
+  __Pyx_XDECREF(__pyx_t_2);
+  __Pyx_AddTraceback("accel._core.RegionCore.ext_ids.__set__", __pyx_clineno, __pyx_lineno, __pyx_filename);
+  __pyx_r = -1;
+  __pyx_L0:;
+
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+/* Python wrapper */
+static int __pyx_pw_5accel_5_core_10RegionCore_7ext_ids_5__del__(PyObject *__pyx_v_self); /*proto*/
+static int __pyx_pw_5accel_5_core_10RegionCore_7ext_ids_5__del__(PyObject *__pyx_v_self) {
+  CYTHON_UNUSED PyObject *const *__pyx_kwvalues;
+  int __pyx_r;
+  __Pyx_RefNannyDeclarations
+  __Pyx_RefNannySetupContext("__del__ (wrapper)", 0);
+  __pyx_kwvalues = __Pyx_KwValues_VARARGS(__pyx_args, __pyx_nargs);
+  __pyx_r = __pyx_pf_5accel_5_core_10RegionCore_7ext_ids_4__del__(((struct __pyx_obj_5accel_5_core_RegionCore *)__pyx_v_self));
+
+  /* function exit code */
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+static int __pyx_pf_5accel_5_core_10RegionCore_7ext_ids_4__del__(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self) {
+  int __pyx_r;
+  __Pyx_RefNannyDeclarations
+  PyObject *__pyx_t_1 = NULL;
+  __Pyx_RefNannySetupContext("__del__", 0);
+  {
+      __Pyx_PyCriticalSection __pyx_cs;
+      __pyx_t_1 = ((PyObject *)__pyx_v_self);
+      __Pyx_INCREF(__pyx_t_1);
+      __Pyx_PyCriticalSection_Begin(&__pyx_cs, (PyObject*)__pyx_t_1);
+      /*try:*/ {
+        __Pyx_INCREF(Py_None);
+        __Pyx_GIVEREF(Py_None);
+        __Pyx_GOTREF(__pyx_v_self->ext_ids);
+        __Pyx_DECREF_SET(__pyx_v_self->ext_ids, ((PyObject*)Py_None));
+      }
+      /*finally:*/ {
+        /*normal exit:*/{
+          __Pyx_PyCriticalSection_End(&__pyx_cs);
+          goto __pyx_L5;
+        }
+        __pyx_L5:;
+      }
+      __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+  }
+
+  /* function exit code */
+  __pyx_r = 0;
+
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+/* Python wrapper */
+static PyObject *__pyx_pw_5accel_5_core_10RegionCore_7out_ids_1__get__(PyObject *__pyx_v_self); /*proto*/
+static PyObject *__pyx_pw_5accel_5_core_10RegionCore_7out_ids_1__get__(PyObject *__pyx_v_self) {
+  CYTHON_UNUSED PyObject *const *__pyx_kwvalues;
+  PyObject *__pyx_r = 0;
+  __Pyx_RefNannyDeclarations
+  __Pyx_RefNannySetupContext("__get__ (wrapper)", 0);
+  __pyx_kwvalues = __Pyx_KwValues_VARARGS(__pyx_args, __pyx_nargs);
+  __pyx_r = __pyx_pf_5accel_5_core_10RegionCore_7out_ids___get__(((struct __pyx_obj_5accel_5_core_RegionCore *)__pyx_v_self));
+
+  /* function exit code */
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+static PyObject *__pyx_pf_5accel_5_core_10RegionCore_7out_ids___get__(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self) {
+  PyObject *__pyx_r = NULL;
+  __Pyx_RefNannyDeclarations
+  PyObject *__pyx_t_1 = NULL;
+  PyObject *__pyx_t_2 = NULL;
+  __Pyx_RefNannySetupContext("__get__", 0);
+  {
+      __Pyx_PyCriticalSection __pyx_cs;
+      __pyx_t_1 = ((PyObject *)__pyx_v_self);
+      __Pyx_INCREF(__pyx_t_1);
+      __Pyx_PyCriticalSection_Begin(&__pyx_cs, (PyObject*)__pyx_t_1);
+      /*try:*/ {
+        {
+          PyObject *__pyx_temp;
+          {
+            __pyx_temp = __pyx_r;
+            __Pyx_INCREF(__pyx_v_self->out_ids);
+            __pyx_r = __pyx_v_self->out_ids;
+          }
+          __Pyx_XDECREF(__pyx_temp);
+        }
+        __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+        goto __pyx_L3_return;
+      }
+      /*finally:*/ {
+        __pyx_L3_return: {
+          __pyx_t_2 = __pyx_r;
+          __pyx_r = 0;
+          __Pyx_PyCriticalSection_End(&__pyx_cs);
+          __pyx_r = __pyx_t_2;
+          __pyx_t_2 = 0;
+          goto __pyx_L0;
+        }
+      }
+      __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+  }
+
+  /* function exit code */
+  __pyx_L0:;
+  __Pyx_XGIVEREF(__pyx_r);
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+/* Python wrapper */
+static int __pyx_pw_5accel_5_core_10RegionCore_7out_ids_3__set__(PyObject *__pyx_v_self, PyObject *__pyx_v_value); /*proto*/
+static int __pyx_pw_5accel_5_core_10RegionCore_7out_ids_3__set__(PyObject *__pyx_v_self, PyObject *__pyx_v_value) {
+  CYTHON_UNUSED PyObject *const *__pyx_kwvalues;
+  int __pyx_r;
+  __Pyx_RefNannyDeclarations
+  __Pyx_RefNannySetupContext("__set__ (wrapper)", 0);
+  __pyx_kwvalues = __Pyx_KwValues_VARARGS(__pyx_args, __pyx_nargs);
+  __pyx_r = __pyx_pf_5accel_5_core_10RegionCore_7out_ids_2__set__(((struct __pyx_obj_5accel_5_core_RegionCore *)__pyx_v_self), ((PyObject *)__pyx_v_value));
+
+  /* function exit code */
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+static int __pyx_pf_5accel_5_core_10RegionCore_7out_ids_2__set__(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self, PyObject *__pyx_v_value) {
+  int __pyx_r;
+  __Pyx_RefNannyDeclarations
+  PyObject *__pyx_t_1 = NULL;
+  PyObject *__pyx_t_2 = NULL;
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
+  __Pyx_RefNannySetupContext("__set__", 0);
+  {
+      __Pyx_PyCriticalSection __pyx_cs;
+      __pyx_t_1 = ((PyObject *)__pyx_v_self);
+      __Pyx_INCREF(__pyx_t_1);
+      __Pyx_PyCriticalSection_Begin(&__pyx_cs, (PyObject*)__pyx_t_1);
+      /*try:*/ {
+        __pyx_t_2 = __pyx_v_value;
+        __Pyx_INCREF(__pyx_t_2);
+        if (!(likely(PyDict_CheckExact(__pyx_t_2))||((__pyx_t_2) == Py_None) || __Pyx_RaiseUnexpectedTypeError("dict", __pyx_t_2))) __PYX_ERR(0, 93, __pyx_L4_error)
+        __Pyx_GIVEREF(__pyx_t_2);
+        __Pyx_GOTREF(__pyx_v_self->out_ids);
+        __Pyx_DECREF_SET(__pyx_v_self->out_ids, ((PyObject*)__pyx_t_2));
+        __pyx_t_2 = 0;
+      }
+      /*finally:*/ {
+        /*normal exit:*/{
+          __Pyx_PyCriticalSection_End(&__pyx_cs);
+          goto __pyx_L5;
+        }
+        __pyx_L4_error: {
+          __Pyx_PyCriticalSection_End(&__pyx_cs);
+          goto __pyx_L1_error;
+        }
+        __pyx_L5:;
+      }
+      __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+  }
+
+  /* function exit code */
+  __pyx_r = 0;
+  goto __pyx_L0;
+  __pyx_L1_error:;
+  __Pyx_XDECREF(__pyx_t_1);
+  __Pyx_XDECREF(__pyx_t_2);
+  __Pyx_AddTraceback("accel._core.RegionCore.out_ids.__set__", __pyx_clineno, __pyx_lineno, __pyx_filename);
+  __pyx_r = -1;
+  __pyx_L0:;
+
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+/* Python wrapper */
+static int __pyx_pw_5accel_5_core_10RegionCore_7out_ids_5__del__(PyObject *__pyx_v_self); /*proto*/
+static int __pyx_pw_5accel_5_core_10RegionCore_7out_ids_5__del__(PyObject *__pyx_v_self) {
+  CYTHON_UNUSED PyObject *const *__pyx_kwvalues;
+  int __pyx_r;
+  __Pyx_RefNannyDeclarations
+  __Pyx_RefNannySetupContext("__del__ (wrapper)", 0);
+  __pyx_kwvalues = __Pyx_KwValues_VARARGS(__pyx_args, __pyx_nargs);
+  __pyx_r = __pyx_pf_5accel_5_core_10RegionCore_7out_ids_4__del__(((struct __pyx_obj_5accel_5_core_RegionCore *)__pyx_v_self));
+
+  /* function exit code */
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+static int __pyx_pf_5accel_5_core_10RegionCore_7out_ids_4__del__(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self) {
+  int __pyx_r;
+  __Pyx_RefNannyDeclarations
+  PyObject *__pyx_t_1 = NULL;
+  __Pyx_RefNannySetupContext("__del__", 0);
+  {
+      __Pyx_PyCriticalSection __pyx_cs;
+      __pyx_t_1 = ((PyObject *)__pyx_v_self);
+      __Pyx_INCREF(__pyx_t_1);
+      __Pyx_PyCriticalSection_Begin(&__pyx_cs, (PyObject*)__pyx_t_1);
+      /*try:*/ {
+        __Pyx_INCREF(Py_None);
+        __Pyx_GIVEREF(Py_None);
+        __Pyx_GOTREF(__pyx_v_self->out_ids);
+        __Pyx_DECREF_SET(__pyx_v_self->out_ids, ((PyObject*)Py_None));
+      }
+      /*finally:*/ {
+        /*normal exit:*/{
+          __Pyx_PyCriticalSection_End(&__pyx_cs);
+          goto __pyx_L5;
+        }
+        __pyx_L5:;
+      }
+      __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+  }
+
+  /* function exit code */
+  __pyx_r = 0;
+
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+/* "accel/_core.pyx":94
+ *     cdef public list ext, outs, out_meta, scalars, calls
+ *     cdef public dict ext_ids, out_ids
+ *     cdef public object lo, hi             # <<<<<<<<<<<<<<
+ *     cdef public bint mutates_ext
+ *     cdef bint _float_ok, _int_ok
+*/
+
+/* Python wrapper */
+static PyObject *__pyx_pw_5accel_5_core_10RegionCore_2lo_1__get__(PyObject *__pyx_v_self); /*proto*/
+static PyObject *__pyx_pw_5accel_5_core_10RegionCore_2lo_1__get__(PyObject *__pyx_v_self) {
+  CYTHON_UNUSED PyObject *const *__pyx_kwvalues;
+  PyObject *__pyx_r = 0;
+  __Pyx_RefNannyDeclarations
+  __Pyx_RefNannySetupContext("__get__ (wrapper)", 0);
+  __pyx_kwvalues = __Pyx_KwValues_VARARGS(__pyx_args, __pyx_nargs);
+  __pyx_r = __pyx_pf_5accel_5_core_10RegionCore_2lo___get__(((struct __pyx_obj_5accel_5_core_RegionCore *)__pyx_v_self));
+
+  /* function exit code */
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+static PyObject *__pyx_pf_5accel_5_core_10RegionCore_2lo___get__(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self) {
+  PyObject *__pyx_r = NULL;
+  __Pyx_RefNannyDeclarations
+  PyObject *__pyx_t_1 = NULL;
+  PyObject *__pyx_t_2 = NULL;
+  __Pyx_RefNannySetupContext("__get__", 0);
+  {
+      __Pyx_PyCriticalSection __pyx_cs;
+      __pyx_t_1 = ((PyObject *)__pyx_v_self);
+      __Pyx_INCREF(__pyx_t_1);
+      __Pyx_PyCriticalSection_Begin(&__pyx_cs, (PyObject*)__pyx_t_1);
+      /*try:*/ {
+        {
+          PyObject *__pyx_temp;
+          {
+            __pyx_temp = __pyx_r;
+            __Pyx_INCREF(__pyx_v_self->lo);
+            __pyx_r = __pyx_v_self->lo;
+          }
+          __Pyx_XDECREF(__pyx_temp);
+        }
+        __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+        goto __pyx_L3_return;
+      }
+      /*finally:*/ {
+        __pyx_L3_return: {
+          __pyx_t_2 = __pyx_r;
+          __pyx_r = 0;
+          __Pyx_PyCriticalSection_End(&__pyx_cs);
+          __pyx_r = __pyx_t_2;
+          __pyx_t_2 = 0;
+          goto __pyx_L0;
+        }
+      }
+      __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+  }
+
+  /* function exit code */
+  __pyx_L0:;
+  __Pyx_XGIVEREF(__pyx_r);
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+/* Python wrapper */
+static int __pyx_pw_5accel_5_core_10RegionCore_2lo_3__set__(PyObject *__pyx_v_self, PyObject *__pyx_v_value); /*proto*/
+static int __pyx_pw_5accel_5_core_10RegionCore_2lo_3__set__(PyObject *__pyx_v_self, PyObject *__pyx_v_value) {
+  CYTHON_UNUSED PyObject *const *__pyx_kwvalues;
+  int __pyx_r;
+  __Pyx_RefNannyDeclarations
+  __Pyx_RefNannySetupContext("__set__ (wrapper)", 0);
+  __pyx_kwvalues = __Pyx_KwValues_VARARGS(__pyx_args, __pyx_nargs);
+  __pyx_r = __pyx_pf_5accel_5_core_10RegionCore_2lo_2__set__(((struct __pyx_obj_5accel_5_core_RegionCore *)__pyx_v_self), ((PyObject *)__pyx_v_value));
+
+  /* function exit code */
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+static int __pyx_pf_5accel_5_core_10RegionCore_2lo_2__set__(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self, PyObject *__pyx_v_value) {
+  int __pyx_r;
+  __Pyx_RefNannyDeclarations
+  PyObject *__pyx_t_1 = NULL;
+  __Pyx_RefNannySetupContext("__set__", 0);
+  {
+      __Pyx_PyCriticalSection __pyx_cs;
+      __pyx_t_1 = ((PyObject *)__pyx_v_self);
+      __Pyx_INCREF(__pyx_t_1);
+      __Pyx_PyCriticalSection_Begin(&__pyx_cs, (PyObject*)__pyx_t_1);
+      /*try:*/ {
+        __Pyx_INCREF(__pyx_v_value);
+        __Pyx_GIVEREF(__pyx_v_value);
+        __Pyx_GOTREF(__pyx_v_self->lo);
+        __Pyx_DECREF_SET(__pyx_v_self->lo, __pyx_v_value);
+      }
+      /*finally:*/ {
+        /*normal exit:*/{
+          __Pyx_PyCriticalSection_End(&__pyx_cs);
+          goto __pyx_L5;
+        }
+        __pyx_L5:;
+      }
+      __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+  }
+
+  /* function exit code */
+  __pyx_r = 0;
+
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+/* Python wrapper */
+static int __pyx_pw_5accel_5_core_10RegionCore_2lo_5__del__(PyObject *__pyx_v_self); /*proto*/
+static int __pyx_pw_5accel_5_core_10RegionCore_2lo_5__del__(PyObject *__pyx_v_self) {
+  CYTHON_UNUSED PyObject *const *__pyx_kwvalues;
+  int __pyx_r;
+  __Pyx_RefNannyDeclarations
+  __Pyx_RefNannySetupContext("__del__ (wrapper)", 0);
+  __pyx_kwvalues = __Pyx_KwValues_VARARGS(__pyx_args, __pyx_nargs);
+  __pyx_r = __pyx_pf_5accel_5_core_10RegionCore_2lo_4__del__(((struct __pyx_obj_5accel_5_core_RegionCore *)__pyx_v_self));
+
+  /* function exit code */
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+static int __pyx_pf_5accel_5_core_10RegionCore_2lo_4__del__(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self) {
+  int __pyx_r;
+  __Pyx_RefNannyDeclarations
+  PyObject *__pyx_t_1 = NULL;
+  __Pyx_RefNannySetupContext("__del__", 0);
+  {
+      __Pyx_PyCriticalSection __pyx_cs;
+      __pyx_t_1 = ((PyObject *)__pyx_v_self);
+      __Pyx_INCREF(__pyx_t_1);
+      __Pyx_PyCriticalSection_Begin(&__pyx_cs, (PyObject*)__pyx_t_1);
+      /*try:*/ {
+        __Pyx_INCREF(Py_None);
+        __Pyx_GIVEREF(Py_None);
+        __Pyx_GOTREF(__pyx_v_self->lo);
+        __Pyx_DECREF_SET(__pyx_v_self->lo, Py_None);
+      }
+      /*finally:*/ {
+        /*normal exit:*/{
+          __Pyx_PyCriticalSection_End(&__pyx_cs);
+          goto __pyx_L5;
+        }
+        __pyx_L5:;
+      }
+      __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+  }
+
+  /* function exit code */
+  __pyx_r = 0;
+
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+/* Python wrapper */
+static PyObject *__pyx_pw_5accel_5_core_10RegionCore_2hi_1__get__(PyObject *__pyx_v_self); /*proto*/
+static PyObject *__pyx_pw_5accel_5_core_10RegionCore_2hi_1__get__(PyObject *__pyx_v_self) {
+  CYTHON_UNUSED PyObject *const *__pyx_kwvalues;
+  PyObject *__pyx_r = 0;
+  __Pyx_RefNannyDeclarations
+  __Pyx_RefNannySetupContext("__get__ (wrapper)", 0);
+  __pyx_kwvalues = __Pyx_KwValues_VARARGS(__pyx_args, __pyx_nargs);
+  __pyx_r = __pyx_pf_5accel_5_core_10RegionCore_2hi___get__(((struct __pyx_obj_5accel_5_core_RegionCore *)__pyx_v_self));
+
+  /* function exit code */
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+static PyObject *__pyx_pf_5accel_5_core_10RegionCore_2hi___get__(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self) {
+  PyObject *__pyx_r = NULL;
+  __Pyx_RefNannyDeclarations
+  PyObject *__pyx_t_1 = NULL;
+  PyObject *__pyx_t_2 = NULL;
+  __Pyx_RefNannySetupContext("__get__", 0);
+  {
+      __Pyx_PyCriticalSection __pyx_cs;
+      __pyx_t_1 = ((PyObject *)__pyx_v_self);
+      __Pyx_INCREF(__pyx_t_1);
+      __Pyx_PyCriticalSection_Begin(&__pyx_cs, (PyObject*)__pyx_t_1);
+      /*try:*/ {
+        {
+          PyObject *__pyx_temp;
+          {
+            __pyx_temp = __pyx_r;
+            __Pyx_INCREF(__pyx_v_self->hi);
+            __pyx_r = __pyx_v_self->hi;
+          }
+          __Pyx_XDECREF(__pyx_temp);
+        }
+        __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+        goto __pyx_L3_return;
+      }
+      /*finally:*/ {
+        __pyx_L3_return: {
+          __pyx_t_2 = __pyx_r;
+          __pyx_r = 0;
+          __Pyx_PyCriticalSection_End(&__pyx_cs);
+          __pyx_r = __pyx_t_2;
+          __pyx_t_2 = 0;
+          goto __pyx_L0;
+        }
+      }
+      __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+  }
+
+  /* function exit code */
+  __pyx_L0:;
+  __Pyx_XGIVEREF(__pyx_r);
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+/* Python wrapper */
+static int __pyx_pw_5accel_5_core_10RegionCore_2hi_3__set__(PyObject *__pyx_v_self, PyObject *__pyx_v_value); /*proto*/
+static int __pyx_pw_5accel_5_core_10RegionCore_2hi_3__set__(PyObject *__pyx_v_self, PyObject *__pyx_v_value) {
+  CYTHON_UNUSED PyObject *const *__pyx_kwvalues;
+  int __pyx_r;
+  __Pyx_RefNannyDeclarations
+  __Pyx_RefNannySetupContext("__set__ (wrapper)", 0);
+  __pyx_kwvalues = __Pyx_KwValues_VARARGS(__pyx_args, __pyx_nargs);
+  __pyx_r = __pyx_pf_5accel_5_core_10RegionCore_2hi_2__set__(((struct __pyx_obj_5accel_5_core_RegionCore *)__pyx_v_self), ((PyObject *)__pyx_v_value));
+
+  /* function exit code */
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+static int __pyx_pf_5accel_5_core_10RegionCore_2hi_2__set__(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self, PyObject *__pyx_v_value) {
+  int __pyx_r;
+  __Pyx_RefNannyDeclarations
+  PyObject *__pyx_t_1 = NULL;
+  __Pyx_RefNannySetupContext("__set__", 0);
+  {
+      __Pyx_PyCriticalSection __pyx_cs;
+      __pyx_t_1 = ((PyObject *)__pyx_v_self);
+      __Pyx_INCREF(__pyx_t_1);
+      __Pyx_PyCriticalSection_Begin(&__pyx_cs, (PyObject*)__pyx_t_1);
+      /*try:*/ {
+        __Pyx_INCREF(__pyx_v_value);
+        __Pyx_GIVEREF(__pyx_v_value);
+        __Pyx_GOTREF(__pyx_v_self->hi);
+        __Pyx_DECREF_SET(__pyx_v_self->hi, __pyx_v_value);
+      }
+      /*finally:*/ {
+        /*normal exit:*/{
+          __Pyx_PyCriticalSection_End(&__pyx_cs);
+          goto __pyx_L5;
+        }
+        __pyx_L5:;
+      }
+      __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+  }
+
+  /* function exit code */
+  __pyx_r = 0;
+
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+/* Python wrapper */
+static int __pyx_pw_5accel_5_core_10RegionCore_2hi_5__del__(PyObject *__pyx_v_self); /*proto*/
+static int __pyx_pw_5accel_5_core_10RegionCore_2hi_5__del__(PyObject *__pyx_v_self) {
+  CYTHON_UNUSED PyObject *const *__pyx_kwvalues;
+  int __pyx_r;
+  __Pyx_RefNannyDeclarations
+  __Pyx_RefNannySetupContext("__del__ (wrapper)", 0);
+  __pyx_kwvalues = __Pyx_KwValues_VARARGS(__pyx_args, __pyx_nargs);
+  __pyx_r = __pyx_pf_5accel_5_core_10RegionCore_2hi_4__del__(((struct __pyx_obj_5accel_5_core_RegionCore *)__pyx_v_self));
+
+  /* function exit code */
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+static int __pyx_pf_5accel_5_core_10RegionCore_2hi_4__del__(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self) {
+  int __pyx_r;
+  __Pyx_RefNannyDeclarations
+  PyObject *__pyx_t_1 = NULL;
+  __Pyx_RefNannySetupContext("__del__", 0);
+  {
+      __Pyx_PyCriticalSection __pyx_cs;
+      __pyx_t_1 = ((PyObject *)__pyx_v_self);
+      __Pyx_INCREF(__pyx_t_1);
+      __Pyx_PyCriticalSection_Begin(&__pyx_cs, (PyObject*)__pyx_t_1);
+      /*try:*/ {
+        __Pyx_INCREF(Py_None);
+        __Pyx_GIVEREF(Py_None);
+        __Pyx_GOTREF(__pyx_v_self->hi);
+        __Pyx_DECREF_SET(__pyx_v_self->hi, Py_None);
+      }
+      /*finally:*/ {
+        /*normal exit:*/{
+          __Pyx_PyCriticalSection_End(&__pyx_cs);
+          goto __pyx_L5;
+        }
+        __pyx_L5:;
+      }
+      __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+  }
+
+  /* function exit code */
+  __pyx_r = 0;
+
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+/* "accel/_core.pyx":95
+ *     cdef public dict ext_ids, out_ids
+ *     cdef public object lo, hi
+ *     cdef public bint mutates_ext             # <<<<<<<<<<<<<<
+ *     cdef bint _float_ok, _int_ok
+ *     cdef Py_ssize_t _lo, _hi
+*/
+
+/* Python wrapper */
+static PyObject *__pyx_pw_5accel_5_core_10RegionCore_11mutates_ext_1__get__(PyObject *__pyx_v_self); /*proto*/
+static PyObject *__pyx_pw_5accel_5_core_10RegionCore_11mutates_ext_1__get__(PyObject *__pyx_v_self) {
+  CYTHON_UNUSED PyObject *const *__pyx_kwvalues;
+  PyObject *__pyx_r = 0;
+  __Pyx_RefNannyDeclarations
+  __Pyx_RefNannySetupContext("__get__ (wrapper)", 0);
+  __pyx_kwvalues = __Pyx_KwValues_VARARGS(__pyx_args, __pyx_nargs);
+  __pyx_r = __pyx_pf_5accel_5_core_10RegionCore_11mutates_ext___get__(((struct __pyx_obj_5accel_5_core_RegionCore *)__pyx_v_self));
+
+  /* function exit code */
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+static PyObject *__pyx_pf_5accel_5_core_10RegionCore_11mutates_ext___get__(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self) {
+  PyObject *__pyx_r = NULL;
+  __Pyx_RefNannyDeclarations
+  PyObject *__pyx_t_1 = NULL;
+  PyObject *__pyx_t_2 = NULL;
+  PyObject *__pyx_t_3 = NULL;
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
+  __Pyx_RefNannySetupContext("__get__", 0);
+  {
+      __Pyx_PyCriticalSection __pyx_cs;
+      __pyx_t_1 = ((PyObject *)__pyx_v_self);
+      __Pyx_INCREF(__pyx_t_1);
+      __Pyx_PyCriticalSection_Begin(&__pyx_cs, (PyObject*)__pyx_t_1);
+      /*try:*/ {
+        __pyx_t_2 = __Pyx_PyBool_FromLong(__pyx_v_self->mutates_ext); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 95, __pyx_L4_error)
+        __Pyx_GOTREF(__pyx_t_2);
+        {
+          PyObject *__pyx_temp;
+          {
+            __pyx_temp = __pyx_r;
+            __pyx_r = __pyx_t_2;
+          }
+          __Pyx_XDECREF(__pyx_temp);
+        }
+        __pyx_t_2 = 0;
+        __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+        goto __pyx_L3_return;
+      }
+      /*finally:*/ {
+        __pyx_L3_return: {
+          __pyx_t_3 = __pyx_r;
+          __pyx_r = 0;
+          __Pyx_PyCriticalSection_End(&__pyx_cs);
+          __pyx_r = __pyx_t_3;
+          __pyx_t_3 = 0;
+          goto __pyx_L0;
+        }
+        __pyx_L4_error: {
+          __Pyx_PyCriticalSection_End(&__pyx_cs);
+          goto __pyx_L1_error;
+        }
+      }
+      __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+  }
+
+  /* function exit code */
+  __pyx_L1_error:;
+  __Pyx_XDECREF(__pyx_t_1);
+  __Pyx_XDECREF(__pyx_t_2);
+  __Pyx_AddTraceback("accel._core.RegionCore.mutates_ext.__get__", __pyx_clineno, __pyx_lineno, __pyx_filename);
+  __pyx_r = NULL;
+  __pyx_L0:;
+  __Pyx_XGIVEREF(__pyx_r);
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+/* Python wrapper */
+static int __pyx_pw_5accel_5_core_10RegionCore_11mutates_ext_3__set__(PyObject *__pyx_v_self, PyObject *__pyx_v_value); /*proto*/
+static int __pyx_pw_5accel_5_core_10RegionCore_11mutates_ext_3__set__(PyObject *__pyx_v_self, PyObject *__pyx_v_value) {
+  CYTHON_UNUSED PyObject *const *__pyx_kwvalues;
+  int __pyx_r;
+  __Pyx_RefNannyDeclarations
+  __Pyx_RefNannySetupContext("__set__ (wrapper)", 0);
+  __pyx_kwvalues = __Pyx_KwValues_VARARGS(__pyx_args, __pyx_nargs);
+  __pyx_r = __pyx_pf_5accel_5_core_10RegionCore_11mutates_ext_2__set__(((struct __pyx_obj_5accel_5_core_RegionCore *)__pyx_v_self), ((PyObject *)__pyx_v_value));
+
+  /* function exit code */
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+static int __pyx_pf_5accel_5_core_10RegionCore_11mutates_ext_2__set__(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self, PyObject *__pyx_v_value) {
+  int __pyx_r;
+  __Pyx_RefNannyDeclarations
+  PyObject *__pyx_t_1 = NULL;
+  int __pyx_t_2;
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
+  __Pyx_RefNannySetupContext("__set__", 0);
+  {
+      __Pyx_PyCriticalSection __pyx_cs;
+      __pyx_t_1 = ((PyObject *)__pyx_v_self);
+      __Pyx_INCREF(__pyx_t_1);
+      __Pyx_PyCriticalSection_Begin(&__pyx_cs, (PyObject*)__pyx_t_1);
+      /*try:*/ {
+        __pyx_t_2 = __Pyx_PyObject_IsTrue(__pyx_v_value); if (unlikely((__pyx_t_2 == (int)-1) && PyErr_Occurred())) __PYX_ERR(0, 95, __pyx_L4_error)
+        __pyx_v_self->mutates_ext = __pyx_t_2;
+      }
+      /*finally:*/ {
+        /*normal exit:*/{
+          __Pyx_PyCriticalSection_End(&__pyx_cs);
+          goto __pyx_L5;
+        }
+        __pyx_L4_error: {
+          __Pyx_PyCriticalSection_End(&__pyx_cs);
+          goto __pyx_L1_error;
+        }
+        __pyx_L5:;
+      }
+      __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+  }
+
+  /* function exit code */
+  __pyx_r = 0;
+  goto __pyx_L0;
+  __pyx_L1_error:;
+  __Pyx_XDECREF(__pyx_t_1);
+  __Pyx_AddTraceback("accel._core.RegionCore.mutates_ext.__set__", __pyx_clineno, __pyx_lineno, __pyx_filename);
+  __pyx_r = -1;
+  __pyx_L0:;
+
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+/* "(tree fragment)":1
+ * def __reduce_cython__(self):             # <<<<<<<<<<<<<<
+ *     cdef tuple state
+ *     cdef object _dict
+*/
+
+/* Python wrapper */
+static PyObject *__pyx_pw_5accel_5_core_10RegionCore_7__reduce_cython__(PyObject *__pyx_v_self, 
+#if CYTHON_VECTORCALL
+PyObject *const *__pyx_args, Py_ssize_t __pyx_nargs, PyObject *__pyx_kwds
+#else
+PyObject *__pyx_args, PyObject *__pyx_kwds
+#endif
+); /*proto*/
+static PyMethodDef __pyx_mdef_5accel_5_core_10RegionCore_7__reduce_cython__ = {"__reduce_cython__", (PyCFunction)(void(*)(void))(__Pyx_PyCFunction_FastCallWithKeywords)__pyx_pw_5accel_5_core_10RegionCore_7__reduce_cython__, __Pyx_METH_FASTCALL|METH_KEYWORDS, 0};
+static PyObject *__pyx_pw_5accel_5_core_10RegionCore_7__reduce_cython__(PyObject *__pyx_v_self, 
+#if CYTHON_VECTORCALL
+PyObject *const *__pyx_args, Py_ssize_t __pyx_nargs, PyObject *__pyx_kwds
+#else
+PyObject *__pyx_args, PyObject *__pyx_kwds
+#endif
+) {
+  #if !CYTHON_VECTORCALL
+  CYTHON_UNUSED Py_ssize_t __pyx_nargs;
+  #endif
+  CYTHON_UNUSED PyObject *const *__pyx_kwvalues;
+  PyObject *__pyx_r = 0;
+  __Pyx_RefNannyDeclarations
+  __Pyx_RefNannySetupContext("__reduce_cython__ (wrapper)", 0);
+  #if !CYTHON_VECTORCALL
+  #if CYTHON_ASSUME_SAFE_SIZE
+  __pyx_nargs = PyTuple_GET_SIZE(__pyx_args);
+  #else
+  __pyx_nargs = PyTuple_Size(__pyx_args); if (unlikely(__pyx_nargs < 0)) return NULL;
+  #endif
+  #endif
+  __pyx_kwvalues = __Pyx_KwValues_FASTCALL(__pyx_args, __pyx_nargs);
+  if (unlikely(__pyx_nargs > 0)) { __Pyx_RaiseArgtupleInvalid("__reduce_cython__", 1, 0, 0, __pyx_nargs); return NULL; }
+  const Py_ssize_t __pyx_kwds_len = unlikely(__pyx_kwds) ? __Pyx_NumKwargs_FASTCALL(__pyx_kwds) : 0;
+  if (unlikely(__pyx_kwds_len < 0)) return NULL;
+  if (unlikely(__pyx_kwds_len > 0)) {__Pyx_RejectKeywords("__reduce_cython__", __pyx_kwds); return NULL;}
+  __pyx_r = __pyx_pf_5accel_5_core_10RegionCore_6__reduce_cython__(((struct __pyx_obj_5accel_5_core_RegionCore *)__pyx_v_self));
+
+  /* function exit code */
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+static PyObject *__pyx_pf_5accel_5_core_10RegionCore_6__reduce_cython__(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self) {
+  PyObject *__pyx_v_state = 0;
+  PyObject *__pyx_v__dict = 0;
+  int __pyx_v_use_setstate;
+  PyObject *__pyx_r = NULL;
+  __Pyx_RefNannyDeclarations
+  PyObject *__pyx_t_1 = NULL;
+  PyObject *__pyx_t_2 = NULL;
+  PyObject *__pyx_t_3 = NULL;
+  PyObject *__pyx_t_4 = NULL;
+  PyObject *__pyx_t_5 = NULL;
+  PyObject *__pyx_t_6 = NULL;
+  PyObject *__pyx_t_7 = NULL;
+  int __pyx_t_8;
+  int __pyx_t_9;
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
+  __Pyx_RefNannySetupContext("__reduce_cython__", 0);
+
+  /* "(tree fragment)":5
+ *     cdef object _dict
+ *     cdef bint use_setstate
+ *     with CRITICAL_SECTION(self):             # <<<<<<<<<<<<<<
+ *         state = (self._float_ok, self._hi, self._int_ok, self._lo, self.calls, self.ext, self.ext_ids, self.hi, self.lo, self.mutates_ext, self.node, self.out_ids, self.out_meta, self.outs, self.scalars)
+ *         _dict = getattr(self, '__dict__', None)
+*/
+  {
+      __Pyx_PyCriticalSection __pyx_cs;
+      __pyx_t_1 = ((PyObject *)__pyx_v_self);
+      __Pyx_INCREF(__pyx_t_1);
+      __Pyx_PyCriticalSection_Begin(&__pyx_cs, (PyObject*)__pyx_t_1);
+      /*try:*/ {
+
+        /* "(tree fragment)":6
+ *     cdef bint use_setstate
+ *     with CRITICAL_SECTION(self):
+ *         state = (self._float_ok, self._hi, self._int_ok, self._lo, self.calls, self.ext, self.ext_ids, self.hi, self.lo, self.mutates_ext, self.node, self.out_ids, self.out_meta, self.outs, self.scalars)             # <<<<<<<<<<<<<<
+ *         _dict = getattr(self, '__dict__', None)
+ *     if _dict is not None and _dict:
+*/
+        __pyx_t_2 = __Pyx_PyBool_FromLong(__pyx_v_self->_float_ok); if (unlikely(!__pyx_t_2)) __PYX_ERR(1, 6, __pyx_L4_error)
+        __Pyx_GOTREF(__pyx_t_2);
+        __pyx_t_3 = PyLong_FromSsize_t(__pyx_v_self->_hi); if (unlikely(!__pyx_t_3)) __PYX_ERR(1, 6, __pyx_L4_error)
+        __Pyx_GOTREF(__pyx_t_3);
+        __pyx_t_4 = __Pyx_PyBool_FromLong(__pyx_v_self->_int_ok); if (unlikely(!__pyx_t_4)) __PYX_ERR(1, 6, __pyx_L4_error)
+        __Pyx_GOTREF(__pyx_t_4);
+        __pyx_t_5 = PyLong_FromSsize_t(__pyx_v_self->_lo); if (unlikely(!__pyx_t_5)) __PYX_ERR(1, 6, __pyx_L4_error)
+        __Pyx_GOTREF(__pyx_t_5);
+        __pyx_t_6 = __Pyx_PyBool_FromLong(__pyx_v_self->mutates_ext); if (unlikely(!__pyx_t_6)) __PYX_ERR(1, 6, __pyx_L4_error)
+        __Pyx_GOTREF(__pyx_t_6);
+        __pyx_t_7 = PyTuple_New(15); if (unlikely(!__pyx_t_7)) __PYX_ERR(1, 6, __pyx_L4_error)
+        __Pyx_GOTREF(__pyx_t_7);
+        __Pyx_GIVEREF(__pyx_t_2);
+        if (__Pyx_PyTuple_SET_ITEM(__pyx_t_7, 0, __pyx_t_2) != (0)) __PYX_ERR(1, 6, __pyx_L4_error);
+        __Pyx_GIVEREF(__pyx_t_3);
+        if (__Pyx_PyTuple_SET_ITEM(__pyx_t_7, 1, __pyx_t_3) != (0)) __PYX_ERR(1, 6, __pyx_L4_error);
+        __Pyx_GIVEREF(__pyx_t_4);
+        if (__Pyx_PyTuple_SET_ITEM(__pyx_t_7, 2, __pyx_t_4) != (0)) __PYX_ERR(1, 6, __pyx_L4_error);
+        __Pyx_GIVEREF(__pyx_t_5);
+        if (__Pyx_PyTuple_SET_ITEM(__pyx_t_7, 3, __pyx_t_5) != (0)) __PYX_ERR(1, 6, __pyx_L4_error);
+        __Pyx_INCREF(__pyx_v_self->calls);
+        __Pyx_GIVEREF(__pyx_v_self->calls);
+        if (__Pyx_PyTuple_SET_ITEM(__pyx_t_7, 4, __pyx_v_self->calls) != (0)) __PYX_ERR(1, 6, __pyx_L4_error);
+        __Pyx_INCREF(__pyx_v_self->ext);
+        __Pyx_GIVEREF(__pyx_v_self->ext);
+        if (__Pyx_PyTuple_SET_ITEM(__pyx_t_7, 5, __pyx_v_self->ext) != (0)) __PYX_ERR(1, 6, __pyx_L4_error);
+        __Pyx_INCREF(__pyx_v_self->ext_ids);
+        __Pyx_GIVEREF(__pyx_v_self->ext_ids);
+        if (__Pyx_PyTuple_SET_ITEM(__pyx_t_7, 6, __pyx_v_self->ext_ids) != (0)) __PYX_ERR(1, 6, __pyx_L4_error);
+        __Pyx_INCREF(__pyx_v_self->hi);
+        __Pyx_GIVEREF(__pyx_v_self->hi);
+        if (__Pyx_PyTuple_SET_ITEM(__pyx_t_7, 7, __pyx_v_self->hi) != (0)) __PYX_ERR(1, 6, __pyx_L4_error);
+        __Pyx_INCREF(__pyx_v_self->lo);
+        __Pyx_GIVEREF(__pyx_v_self->lo);
+        if (__Pyx_PyTuple_SET_ITEM(__pyx_t_7, 8, __pyx_v_self->lo) != (0)) __PYX_ERR(1, 6, __pyx_L4_error);
+        __Pyx_GIVEREF(__pyx_t_6);
+        if (__Pyx_PyTuple_SET_ITEM(__pyx_t_7, 9, __pyx_t_6) != (0)) __PYX_ERR(1, 6, __pyx_L4_error);
+        __Pyx_INCREF(__pyx_v_self->node);
+        __Pyx_GIVEREF(__pyx_v_self->node);
+        if (__Pyx_PyTuple_SET_ITEM(__pyx_t_7, 10, __pyx_v_self->node) != (0)) __PYX_ERR(1, 6, __pyx_L4_error);
+        __Pyx_INCREF(__pyx_v_self->out_ids);
+        __Pyx_GIVEREF(__pyx_v_self->out_ids);
+        if (__Pyx_PyTuple_SET_ITEM(__pyx_t_7, 11, __pyx_v_self->out_ids) != (0)) __PYX_ERR(1, 6, __pyx_L4_error);
+        __Pyx_INCREF(__pyx_v_self->out_meta);
+        __Pyx_GIVEREF(__pyx_v_self->out_meta);
+        if (__Pyx_PyTuple_SET_ITEM(__pyx_t_7, 12, __pyx_v_self->out_meta) != (0)) __PYX_ERR(1, 6, __pyx_L4_error);
+        __Pyx_INCREF(__pyx_v_self->outs);
+        __Pyx_GIVEREF(__pyx_v_self->outs);
+        if (__Pyx_PyTuple_SET_ITEM(__pyx_t_7, 13, __pyx_v_self->outs) != (0)) __PYX_ERR(1, 6, __pyx_L4_error);
+        __Pyx_INCREF(__pyx_v_self->scalars);
+        __Pyx_GIVEREF(__pyx_v_self->scalars);
+        if (__Pyx_PyTuple_SET_ITEM(__pyx_t_7, 14, __pyx_v_self->scalars) != (0)) __PYX_ERR(1, 6, __pyx_L4_error);
+        __pyx_t_2 = 0;
+        __pyx_t_3 = 0;
+        __pyx_t_4 = 0;
+        __pyx_t_5 = 0;
+        __pyx_t_6 = 0;
+        __pyx_v_state = ((PyObject*)__pyx_t_7);
+        __pyx_t_7 = 0;
+
+        /* "(tree fragment)":7
+ *     with CRITICAL_SECTION(self):
+ *         state = (self._float_ok, self._hi, self._int_ok, self._lo, self.calls, self.ext, self.ext_ids, self.hi, self.lo, self.mutates_ext, self.node, self.out_ids, self.out_meta, self.outs, self.scalars)
+ *         _dict = getattr(self, '__dict__', None)             # <<<<<<<<<<<<<<
+ *     if _dict is not None and _dict:
+ *         state += (_dict,)
+*/
+        __pyx_t_7 = __Pyx_GetAttr3(((PyObject *)__pyx_v_self), __pyx_mstate_global->__pyx_n_u_dict, Py_None); if (unlikely(!__pyx_t_7)) __PYX_ERR(1, 7, __pyx_L4_error)
+        __Pyx_GOTREF(__pyx_t_7);
+        __pyx_v__dict = __pyx_t_7;
+        __pyx_t_7 = 0;
+      }
+
+      /* "(tree fragment)":5
+ *     cdef object _dict
+ *     cdef bint use_setstate
+ *     with CRITICAL_SECTION(self):             # <<<<<<<<<<<<<<
+ *         state = (self._float_ok, self._hi, self._int_ok, self._lo, self.calls, self.ext, self.ext_ids, self.hi, self.lo, self.mutates_ext, self.node, self.out_ids, self.out_meta, self.outs, self.scalars)
+ *         _dict = getattr(self, '__dict__', None)
+*/
+      /*finally:*/ {
+        /*normal exit:*/{
+          __Pyx_PyCriticalSection_End(&__pyx_cs);
+          goto __pyx_L5;
+        }
+        __pyx_L4_error: {
+          __Pyx_PyCriticalSection_End(&__pyx_cs);
+          goto __pyx_L1_error;
+        }
+        __pyx_L5:;
+      }
+      __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+  }
+
+  /* "(tree fragment)":8
+ *         state = (self._float_ok, self._hi, self._int_ok, self._lo, self.calls, self.ext, self.ext_ids, self.hi, self.lo, self.mutates_ext, self.node, self.out_ids, self.out_meta, self.outs, self.scalars)
+ *         _dict = getattr(self, '__dict__', None)
+ *     if _dict is not None and _dict:             # <<<<<<<<<<<<<<
+ *         state += (_dict,)
+ *         use_setstate = True
+*/
+  __pyx_t_9 = (__pyx_v__dict != Py_None);
+  if (__pyx_t_9) {
+
+  } else {
+
+    __pyx_t_8 = __pyx_t_9;
+
+    goto __pyx_L7_bool_binop_done;
+  }
+  __pyx_t_9 = __Pyx_PyObject_IsTrue(__pyx_v__dict); if (unlikely((__pyx_t_9 < 0))) __PYX_ERR(1, 8, __pyx_L1_error)
+
+  __pyx_t_8 = __pyx_t_9;
+
+  __pyx_L7_bool_binop_done:;
+  if (__pyx_t_8) {
+
+
+    /* "(tree fragment)":9
+ *         _dict = getattr(self, '__dict__', None)
+ *     if _dict is not None and _dict:
+ *         state += (_dict,)             # <<<<<<<<<<<<<<
+ *         use_setstate = True
+ *     else:
+*/
+    __pyx_t_1 = PyTuple_New(1); if (unlikely(!__pyx_t_1)) __PYX_ERR(1, 9, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_1);
+    __Pyx_INCREF(__pyx_v__dict);
+    __Pyx_GIVEREF(__pyx_v__dict);
+    if (__Pyx_PyTuple_SET_ITEM(__pyx_t_1, 0, __pyx_v__dict) != (0)) __PYX_ERR(1, 9, __pyx_L1_error);
+    __pyx_t_7 = PyNumber_InPlaceAdd(__pyx_v_state, __pyx_t_1); if (unlikely(!__pyx_t_7)) __PYX_ERR(1, 9, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_7);
+    __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+    __Pyx_DECREF_SET(__pyx_v_state, ((PyObject*)__pyx_t_7));
+    __pyx_t_7 = 0;
+
+    /* "(tree fragment)":10
+ *     if _dict is not None and _dict:
+ *         state += (_dict,)
+ *         use_setstate = True             # <<<<<<<<<<<<<<
+ *     else:
+ *         use_setstate = self.calls is not None or self.ext is not None or self.ext_ids is not None or self.hi is not None or self.lo is not None or self.node is not None or self.out_ids is not None or self.out_meta is not None or self.outs is not None or self.scalars is not None
+*/
+    __pyx_v_use_setstate = 1;
+
+    /* "(tree fragment)":8
+ *         state = (self._float_ok, self._hi, self._int_ok, self._lo, self.calls, self.ext, self.ext_ids, self.hi, self.lo, self.mutates_ext, self.node, self.out_ids, self.out_meta, self.outs, self.scalars)
+ *         _dict = getattr(self, '__dict__', None)
+ *     if _dict is not None and _dict:             # <<<<<<<<<<<<<<
+ *         state += (_dict,)
+ *         use_setstate = True
+*/
+    goto __pyx_L6;
+  }
+
+  /* "(tree fragment)":12
+ *         use_setstate = True
+ *     else:
+ *         use_setstate = self.calls is not None or self.ext is not None or self.ext_ids is not None or self.hi is not None or self.lo is not None or self.node is not None or self.out_ids is not None or self.out_meta is not None or self.outs is not None or self.scalars is not None             # <<<<<<<<<<<<<<
+ *     if use_setstate:
+ *         return __pyx_unpickle_RegionCore, (type(self), 0x14aa989, None), state
+*/
+  /*else*/ {
+    __pyx_t_9 = (__pyx_v_self->calls != ((PyObject*)Py_None));
+    if (!__pyx_t_9) {
+
+    } else {
+
+      __pyx_t_8 = __pyx_t_9;
+
+      goto __pyx_L9_bool_binop_done;
+    }
+    __pyx_t_9 = (__pyx_v_self->ext != ((PyObject*)Py_None));
+    if (!__pyx_t_9) {
+
+    } else {
+
+      __pyx_t_8 = __pyx_t_9;
+
+      goto __pyx_L9_bool_binop_done;
+    }
+    __pyx_t_9 = (__pyx_v_self->ext_ids != ((PyObject*)Py_None));
+    if (!__pyx_t_9) {
+
+    } else {
+
+      __pyx_t_8 = __pyx_t_9;
+
+      goto __pyx_L9_bool_binop_done;
+    }
+    __pyx_t_9 = (__pyx_v_self->hi != Py_None);
+    if (!__pyx_t_9) {
+
+    } else {
+
+      __pyx_t_8 = __pyx_t_9;
+
+      goto __pyx_L9_bool_binop_done;
+    }
+    __pyx_t_9 = (__pyx_v_self->lo != Py_None);
+    if (!__pyx_t_9) {
+
+    } else {
+
+      __pyx_t_8 = __pyx_t_9;
+
+      goto __pyx_L9_bool_binop_done;
+    }
+    __pyx_t_9 = (__pyx_v_self->node != Py_None);
+    if (!__pyx_t_9) {
+
+    } else {
+
+      __pyx_t_8 = __pyx_t_9;
+
+      goto __pyx_L9_bool_binop_done;
+    }
+    __pyx_t_9 = (__pyx_v_self->out_ids != ((PyObject*)Py_None));
+    if (!__pyx_t_9) {
+
+    } else {
+
+      __pyx_t_8 = __pyx_t_9;
+
+      goto __pyx_L9_bool_binop_done;
+    }
+    __pyx_t_9 = (__pyx_v_self->out_meta != ((PyObject*)Py_None));
+    if (!__pyx_t_9) {
+
+    } else {
+
+      __pyx_t_8 = __pyx_t_9;
+
+      goto __pyx_L9_bool_binop_done;
+    }
+    __pyx_t_9 = (__pyx_v_self->outs != ((PyObject*)Py_None));
+    if (!__pyx_t_9) {
+
+    } else {
+
+      __pyx_t_8 = __pyx_t_9;
+
+      goto __pyx_L9_bool_binop_done;
+    }
+    __pyx_t_9 = (__pyx_v_self->scalars != ((PyObject*)Py_None));
+
+    __pyx_t_8 = __pyx_t_9;
+
+    __pyx_L9_bool_binop_done:;
+    __pyx_v_use_setstate = __pyx_t_8;
+  }
+  __pyx_L6:;
+
+  /* "(tree fragment)":13
+ *     else:
+ *         use_setstate = self.calls is not None or self.ext is not None or self.ext_ids is not None or self.hi is not None or self.lo is not None or self.node is not None or self.out_ids is not None or self.out_meta is not None or self.outs is not None or self.scalars is not None
+ *     if use_setstate:             # <<<<<<<<<<<<<<
+ *         return __pyx_unpickle_RegionCore, (type(self), 0x14aa989, None), state
+ *     else:
+*/
+  if (__pyx_v_use_setstate) {
+
+    /* "(tree fragment)":14
+ *         use_setstate = self.calls is not None or self.ext is not None or self.ext_ids is not None or self.hi is not None or self.lo is not None or self.node is not None or self.out_ids is not None or self.out_meta is not None or self.outs is not None or self.scalars is not None
+ *     if use_setstate:
+ *         return __pyx_unpickle_RegionCore, (type(self), 0x14aa989, None), state             # <<<<<<<<<<<<<<
+ *     else:
+ *         return __pyx_unpickle_RegionCore, (type(self), 0x14aa989, state)
+*/
+    __Pyx_GetModuleGlobalName(__pyx_t_7, __pyx_mstate_global->__pyx_n_u_pyx_unpickle_RegionCore); if (unlikely(!__pyx_t_7)) __PYX_ERR(1, 14, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_7);
+    __pyx_t_1 = PyTuple_New(3); if (unlikely(!__pyx_t_1)) __PYX_ERR(1, 14, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_1);
+    __Pyx_INCREF(((PyObject *)Py_TYPE(((PyObject *)__pyx_v_self))));
+    __Pyx_GIVEREF(((PyObject *)Py_TYPE(((PyObject *)__pyx_v_self))));
+    if (__Pyx_PyTuple_SET_ITEM(__pyx_t_1, 0, ((PyObject *)Py_TYPE(((PyObject *)__pyx_v_self)))) != (0)) __PYX_ERR(1, 14, __pyx_L1_error);
+    __Pyx_INCREF(__pyx_mstate_global->__pyx_int_21670281);
+    __Pyx_GIVEREF(__pyx_mstate_global->__pyx_int_21670281);
+    if (__Pyx_PyTuple_SET_ITEM(__pyx_t_1, 1, __pyx_mstate_global->__pyx_int_21670281) != (0)) __PYX_ERR(1, 14, __pyx_L1_error);
+    __Pyx_INCREF(Py_None);
+    __Pyx_GIVEREF(Py_None);
+    if (__Pyx_PyTuple_SET_ITEM(__pyx_t_1, 2, Py_None) != (0)) __PYX_ERR(1, 14, __pyx_L1_error);
+    __pyx_t_6 = PyTuple_New(3); if (unlikely(!__pyx_t_6)) __PYX_ERR(1, 14, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_6);
+    __Pyx_GIVEREF(__pyx_t_7);
+    if (__Pyx_PyTuple_SET_ITEM(__pyx_t_6, 0, __pyx_t_7) != (0)) __PYX_ERR(1, 14, __pyx_L1_error);
+    __Pyx_GIVEREF(__pyx_t_1);
+    if (__Pyx_PyTuple_SET_ITEM(__pyx_t_6, 1, __pyx_t_1) != (0)) __PYX_ERR(1, 14, __pyx_L1_error);
+    __Pyx_INCREF(__pyx_v_state);
+    __Pyx_GIVEREF(__pyx_v_state);
+    if (__Pyx_PyTuple_SET_ITEM(__pyx_t_6, 2, __pyx_v_state) != (0)) __PYX_ERR(1, 14, __pyx_L1_error);
+    __pyx_t_7 = 0;
+    __pyx_t_1 = 0;
+    {
+      PyObject *__pyx_temp;
+      {
+        __pyx_temp = __pyx_r;
+        __pyx_r = __pyx_t_6;
+      }
+      __Pyx_XDECREF(__pyx_temp);
+    }
+    __pyx_t_6 = 0;
+    goto __pyx_L0;
+
+    /* "(tree fragment)":13
+ *     else:
+ *         use_setstate = self.calls is not None or self.ext is not None or self.ext_ids is not None or self.hi is not None or self.lo is not None or self.node is not None or self.out_ids is not None or self.out_meta is not None or self.outs is not None or self.scalars is not None
+ *     if use_setstate:             # <<<<<<<<<<<<<<
+ *         return __pyx_unpickle_RegionCore, (type(self), 0x14aa989, None), state
+ *     else:
+*/
+  }
+
+  /* "(tree fragment)":16
+ *         return __pyx_unpickle_RegionCore, (type(self), 0x14aa989, None), state
+ *     else:
+ *         return __pyx_unpickle_RegionCore, (type(self), 0x14aa989, state)             # <<<<<<<<<<<<<<
+ * def __setstate_cython__(self, __pyx_state):
+ *     __pyx_unpickle_RegionCore__set_state(self, __pyx_state)
+*/
+  /*else*/ {
+    __Pyx_GetModuleGlobalName(__pyx_t_6, __pyx_mstate_global->__pyx_n_u_pyx_unpickle_RegionCore); if (unlikely(!__pyx_t_6)) __PYX_ERR(1, 16, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_6);
+    __pyx_t_1 = PyTuple_New(3); if (unlikely(!__pyx_t_1)) __PYX_ERR(1, 16, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_1);
+    __Pyx_INCREF(((PyObject *)Py_TYPE(((PyObject *)__pyx_v_self))));
+    __Pyx_GIVEREF(((PyObject *)Py_TYPE(((PyObject *)__pyx_v_self))));
+    if (__Pyx_PyTuple_SET_ITEM(__pyx_t_1, 0, ((PyObject *)Py_TYPE(((PyObject *)__pyx_v_self)))) != (0)) __PYX_ERR(1, 16, __pyx_L1_error);
+    __Pyx_INCREF(__pyx_mstate_global->__pyx_int_21670281);
+    __Pyx_GIVEREF(__pyx_mstate_global->__pyx_int_21670281);
+    if (__Pyx_PyTuple_SET_ITEM(__pyx_t_1, 1, __pyx_mstate_global->__pyx_int_21670281) != (0)) __PYX_ERR(1, 16, __pyx_L1_error);
+    __Pyx_INCREF(__pyx_v_state);
+    __Pyx_GIVEREF(__pyx_v_state);
+    if (__Pyx_PyTuple_SET_ITEM(__pyx_t_1, 2, __pyx_v_state) != (0)) __PYX_ERR(1, 16, __pyx_L1_error);
+    __pyx_t_7 = PyTuple_New(2); if (unlikely(!__pyx_t_7)) __PYX_ERR(1, 16, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_7);
+    __Pyx_GIVEREF(__pyx_t_6);
+    if (__Pyx_PyTuple_SET_ITEM(__pyx_t_7, 0, __pyx_t_6) != (0)) __PYX_ERR(1, 16, __pyx_L1_error);
+    __Pyx_GIVEREF(__pyx_t_1);
+    if (__Pyx_PyTuple_SET_ITEM(__pyx_t_7, 1, __pyx_t_1) != (0)) __PYX_ERR(1, 16, __pyx_L1_error);
+    __pyx_t_6 = 0;
+    __pyx_t_1 = 0;
+    {
+      PyObject *__pyx_temp;
+      {
+        __pyx_temp = __pyx_r;
+        __pyx_r = __pyx_t_7;
+      }
+      __Pyx_XDECREF(__pyx_temp);
+    }
+    __pyx_t_7 = 0;
+    goto __pyx_L0;
+  }
+
+  /* "(tree fragment)":1
+ * def __reduce_cython__(self):             # <<<<<<<<<<<<<<
+ *     cdef tuple state
+ *     cdef object _dict
+*/
+
+  /* function exit code */
+  __pyx_L1_error:;
+  __Pyx_XDECREF(__pyx_t_1);
+  __Pyx_XDECREF(__pyx_t_2);
+  __Pyx_XDECREF(__pyx_t_3);
+  __Pyx_XDECREF(__pyx_t_4);
+  __Pyx_XDECREF(__pyx_t_5);
+  __Pyx_XDECREF(__pyx_t_6);
+  __Pyx_XDECREF(__pyx_t_7);
+  __Pyx_AddTraceback("accel._core.RegionCore.__reduce_cython__", __pyx_clineno, __pyx_lineno, __pyx_filename);
+  __pyx_r = NULL;
+  __pyx_L0:;
+  __Pyx_XDECREF(__pyx_v_state);
+  __Pyx_XDECREF(__pyx_v__dict);
+
+  __Pyx_XGIVEREF(__pyx_r);
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+/* "(tree fragment)":17
+ *     else:
+ *         return __pyx_unpickle_RegionCore, (type(self), 0x14aa989, state)
+ * def __setstate_cython__(self, __pyx_state):             # <<<<<<<<<<<<<<
+ *     __pyx_unpickle_RegionCore__set_state(self, __pyx_state)
+*/
+
+/* Python wrapper */
+static PyObject *__pyx_pw_5accel_5_core_10RegionCore_9__setstate_cython__(PyObject *__pyx_v_self, 
+#if CYTHON_VECTORCALL
+PyObject *const *__pyx_args, Py_ssize_t __pyx_nargs, PyObject *__pyx_kwds
+#else
+PyObject *__pyx_args, PyObject *__pyx_kwds
+#endif
+); /*proto*/
+static PyMethodDef __pyx_mdef_5accel_5_core_10RegionCore_9__setstate_cython__ = {"__setstate_cython__", (PyCFunction)(void(*)(void))(__Pyx_PyCFunction_FastCallWithKeywords)__pyx_pw_5accel_5_core_10RegionCore_9__setstate_cython__, __Pyx_METH_FASTCALL|METH_KEYWORDS, 0};
+static PyObject *__pyx_pw_5accel_5_core_10RegionCore_9__setstate_cython__(PyObject *__pyx_v_self, 
+#if CYTHON_VECTORCALL
+PyObject *const *__pyx_args, Py_ssize_t __pyx_nargs, PyObject *__pyx_kwds
+#else
+PyObject *__pyx_args, PyObject *__pyx_kwds
+#endif
+) {
+  PyObject *__pyx_v___pyx_state = 0;
+  #if !CYTHON_VECTORCALL
+  CYTHON_UNUSED Py_ssize_t __pyx_nargs;
+  #endif
+  CYTHON_UNUSED PyObject *const *__pyx_kwvalues;
+  PyObject* values[1] = {0};
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
+  PyObject *__pyx_r = 0;
+  __Pyx_RefNannyDeclarations
+  __Pyx_RefNannySetupContext("__setstate_cython__ (wrapper)", 0);
+  #if !CYTHON_VECTORCALL
+  #if CYTHON_ASSUME_SAFE_SIZE
+  __pyx_nargs = PyTuple_GET_SIZE(__pyx_args);
+  #else
+  __pyx_nargs = PyTuple_Size(__pyx_args); if (unlikely(__pyx_nargs < 0)) return NULL;
+  #endif
+  #endif
+  __pyx_kwvalues = __Pyx_KwValues_FASTCALL(__pyx_args, __pyx_nargs);
+  {
+    PyObject ** const __pyx_pyargnames[] = {&__pyx_mstate_global->__pyx_n_u_pyx_state,0};
+    const Py_ssize_t __pyx_kwds_len = (__pyx_kwds) ? __Pyx_NumKwargs_FASTCALL(__pyx_kwds) : 0;
+    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(1, 17, __pyx_L3_error)
+    if (__pyx_kwds_len > 0) {
+      switch (__pyx_nargs) {
+        case  1:
+        values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(1, 17, __pyx_L3_error)
+        CYTHON_FALLTHROUGH;
+        case  0: break;
+        default: goto __pyx_L5_argtuple_error;
+      }
+      const Py_ssize_t kwd_pos_args = __pyx_nargs;
+      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "__setstate_cython__", 0) < (0)) __PYX_ERR(1, 17, __pyx_L3_error)
+      for (Py_ssize_t i = __pyx_nargs; i < 1; i++) {
+        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("__setstate_cython__", 1, 1, 1, i); __PYX_ERR(1, 17, __pyx_L3_error) }
+      }
+    } else if (unlikely(__pyx_nargs != 1)) {
+      goto __pyx_L5_argtuple_error;
+    } else {
+      values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(1, 17, __pyx_L3_error)
+    }
+    __pyx_v___pyx_state = values[0];
+  }
+  goto __pyx_L6_skip;
+  __pyx_L5_argtuple_error:;
+  __Pyx_RaiseArgtupleInvalid("__setstate_cython__", 1, 1, 1, __pyx_nargs); __PYX_ERR(1, 17, __pyx_L3_error)
+  __pyx_L6_skip:;
+  goto __pyx_L4_argument_unpacking_done;
+  __pyx_L3_error:;
+  for (Py_ssize_t __pyx_temp=0; __pyx_temp < (Py_ssize_t)(sizeof(values)/sizeof(values[0])); ++__pyx_temp) {
+    Py_XDECREF(values[__pyx_temp]);
+  }
+  __Pyx_AddTraceback("accel._core.RegionCore.__setstate_cython__", __pyx_clineno, __pyx_lineno, __pyx_filename);
+  __Pyx_RefNannyFinishContext();
+  return NULL;
+  __pyx_L4_argument_unpacking_done:;
+  __pyx_r = __pyx_pf_5accel_5_core_10RegionCore_8__setstate_cython__(((struct __pyx_obj_5accel_5_core_RegionCore *)__pyx_v_self), __pyx_v___pyx_state);
+
+  /* function exit code */
+  for (Py_ssize_t __pyx_temp=0; __pyx_temp < (Py_ssize_t)(sizeof(values)/sizeof(values[0])); ++__pyx_temp) {
+    Py_XDECREF(values[__pyx_temp]);
+  }
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+static PyObject *__pyx_pf_5accel_5_core_10RegionCore_8__setstate_cython__(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v_self, PyObject *__pyx_v___pyx_state) {
+  PyObject *__pyx_r = NULL;
+  __Pyx_RefNannyDeclarations
+  PyObject *__pyx_t_1 = NULL;
+  PyObject *__pyx_t_2 = NULL;
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
+  __Pyx_RefNannySetupContext("__setstate_cython__", 0);
+
+  /* "(tree fragment)":18
+ *         return __pyx_unpickle_RegionCore, (type(self), 0x14aa989, state)
+ * def __setstate_cython__(self, __pyx_state):
+ *     __pyx_unpickle_RegionCore__set_state(self, __pyx_state)             # <<<<<<<<<<<<<<
+*/
+  __pyx_t_1 = __pyx_v___pyx_state;
+  __Pyx_INCREF(__pyx_t_1);
+  if (!(likely(PyTuple_CheckExact(__pyx_t_1))||((__pyx_t_1) == Py_None) || __Pyx_RaiseUnexpectedTypeError("tuple", __pyx_t_1))) __PYX_ERR(1, 18, __pyx_L1_error)
+  if (unlikely(__pyx_t_1 == Py_None)) {
+    PyErr_SetString(PyExc_TypeError, "cannot pass None into a C function argument that is declared \047not None\047");
+    __PYX_ERR(1, 18, __pyx_L1_error)
+  }
+  __pyx_t_2 = __pyx_f_5accel_5_core___pyx_unpickle_RegionCore__set_state(__pyx_v_self, ((PyObject*)__pyx_t_1)); if (unlikely(!__pyx_t_2)) __PYX_ERR(1, 18, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_2);
+  __Pyx_DECREF(__pyx_t_1); __pyx_t_1 = 0;
+  __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
+
+  /* "(tree fragment)":17
+ *     else:
+ *         return __pyx_unpickle_RegionCore, (type(self), 0x14aa989, state)
+ * def __setstate_cython__(self, __pyx_state):             # <<<<<<<<<<<<<<
+ *     __pyx_unpickle_RegionCore__set_state(self, __pyx_state)
+*/
+
+  /* function exit code */
+  __pyx_r = Py_None; __Pyx_INCREF(Py_None);
+  goto __pyx_L0;
+  __pyx_L1_error:;
+  __Pyx_XDECREF(__pyx_t_1);
+  __Pyx_XDECREF(__pyx_t_2);
+  __Pyx_AddTraceback("accel._core.RegionCore.__setstate_cython__", __pyx_clineno, __pyx_lineno, __pyx_filename);
+  __pyx_r = NULL;
+  __pyx_L0:;
+  __Pyx_XGIVEREF(__pyx_r);
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+/* "(tree fragment)":4
+ *     int __Pyx_CheckUnpickleChecksum(long, long, long, long, const char*) except -1
+ *     int __Pyx_UpdateUnpickledDict(object, object, Py_ssize_t) except -1
+ * def __pyx_unpickle_RegionCore(__pyx_type, long __pyx_checksum, tuple __pyx_state):             # <<<<<<<<<<<<<<
+ *     cdef object __pyx_result
+ *     __Pyx_CheckUnpickleChecksum(__pyx_checksum, 0x14aa989, 0xfc4c573, 0x07eb087, b'_float_ok, _hi, _int_ok, _lo, calls, ext, ext_ids, hi, lo, mutates_ext, node, out_ids, out_meta, outs, scalars')
+*/
+
+/* Python wrapper */
+static PyObject *__pyx_pw_5accel_5_core_5__pyx_unpickle_RegionCore(PyObject *__pyx_self, 
+#if CYTHON_VECTORCALL
+PyObject *const *__pyx_args, Py_ssize_t __pyx_nargs, PyObject *__pyx_kwds
+#else
+PyObject *__pyx_args, PyObject *__pyx_kwds
+#endif
+); /*proto*/
+static PyMethodDef __pyx_mdef_5accel_5_core_5__pyx_unpickle_RegionCore = {"__pyx_unpickle_RegionCore", (PyCFunction)(void(*)(void))(__Pyx_PyCFunction_FastCallWithKeywords)__pyx_pw_5accel_5_core_5__pyx_unpickle_RegionCore, __Pyx_METH_FASTCALL|METH_KEYWORDS, 0};
+static PyObject *__pyx_pw_5accel_5_core_5__pyx_unpickle_RegionCore(PyObject *__pyx_self, 
+#if CYTHON_VECTORCALL
+PyObject *const *__pyx_args, Py_ssize_t __pyx_nargs, PyObject *__pyx_kwds
+#else
+PyObject *__pyx_args, PyObject *__pyx_kwds
+#endif
+) {
+  PyObject *__pyx_v___pyx_type = 0;
+  long __pyx_v___pyx_checksum;
+  PyObject *__pyx_v___pyx_state = 0;
+  #if !CYTHON_VECTORCALL
+  CYTHON_UNUSED Py_ssize_t __pyx_nargs;
+  #endif
+  CYTHON_UNUSED PyObject *const *__pyx_kwvalues;
+  PyObject* values[3] = {0,0,0};
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
+  PyObject *__pyx_r = 0;
+  __Pyx_RefNannyDeclarations
+  __Pyx_RefNannySetupContext("__pyx_unpickle_RegionCore (wrapper)", 0);
+  #if !CYTHON_VECTORCALL
+  #if CYTHON_ASSUME_SAFE_SIZE
+  __pyx_nargs = PyTuple_GET_SIZE(__pyx_args);
+  #else
+  __pyx_nargs = PyTuple_Size(__pyx_args); if (unlikely(__pyx_nargs < 0)) return NULL;
+  #endif
+  #endif
+  __pyx_kwvalues = __Pyx_KwValues_FASTCALL(__pyx_args, __pyx_nargs);
+  {
+    PyObject ** const __pyx_pyargnames[] = {&__pyx_mstate_global->__pyx_n_u_pyx_type,&__pyx_mstate_global->__pyx_n_u_pyx_checksum,&__pyx_mstate_global->__pyx_n_u_pyx_state,0};
+    const Py_ssize_t __pyx_kwds_len = (__pyx_kwds) ? __Pyx_NumKwargs_FASTCALL(__pyx_kwds) : 0;
+    if (unlikely(__pyx_kwds_len < 0)) __PYX_ERR(1, 4, __pyx_L3_error)
+    if (__pyx_kwds_len > 0) {
+      switch (__pyx_nargs) {
+        case  3:
+        values[2] = __Pyx_ArgRef_FASTCALL(__pyx_args, 2);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(1, 4, __pyx_L3_error)
+        CYTHON_FALLTHROUGH;
+        case  2:
+        values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(1, 4, __pyx_L3_error)
+        CYTHON_FALLTHROUGH;
+        case  1:
+        values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
+        if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(1, 4, __pyx_L3_error)
+        CYTHON_FALLTHROUGH;
+        case  0: break;
+        default: goto __pyx_L5_argtuple_error;
+      }
+      const Py_ssize_t kwd_pos_args = __pyx_nargs;
+      if (__Pyx_ParseKeywords(__pyx_kwds, __pyx_kwvalues, __pyx_pyargnames, 0, values, kwd_pos_args, __pyx_kwds_len, "__pyx_unpickle_RegionCore", 0) < (0)) __PYX_ERR(1, 4, __pyx_L3_error)
+      for (Py_ssize_t i = __pyx_nargs; i < 3; i++) {
+        if (unlikely(!values[i])) { __Pyx_RaiseArgtupleInvalid("__pyx_unpickle_RegionCore", 1, 3, 3, i); __PYX_ERR(1, 4, __pyx_L3_error) }
+      }
+    } else if (unlikely(__pyx_nargs != 3)) {
+      goto __pyx_L5_argtuple_error;
+    } else {
+      values[0] = __Pyx_ArgRef_FASTCALL(__pyx_args, 0);
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[0])) __PYX_ERR(1, 4, __pyx_L3_error)
+      values[1] = __Pyx_ArgRef_FASTCALL(__pyx_args, 1);
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[1])) __PYX_ERR(1, 4, __pyx_L3_error)
+      values[2] = __Pyx_ArgRef_FASTCALL(__pyx_args, 2);
+      if (!CYTHON_ASSUME_SAFE_MACROS && unlikely(!values[2])) __PYX_ERR(1, 4, __pyx_L3_error)
+    }
+    __pyx_v___pyx_type = values[0];
+    __pyx_v___pyx_checksum = __Pyx_PyLong_As_long(values[1]); if (unlikely((__pyx_v___pyx_checksum == (long)-1) && PyErr_Occurred())) __PYX_ERR(1, 4, __pyx_L3_error)
+    __pyx_v___pyx_state = ((PyObject*)values[2]);
+  }
+  goto __pyx_L6_skip;
+  __pyx_L5_argtuple_error:;
+  __Pyx_RaiseArgtupleInvalid("__pyx_unpickle_RegionCore", 1, 3, 3, __pyx_nargs); __PYX_ERR(1, 4, __pyx_L3_error)
+  __pyx_L6_skip:;
+  goto __pyx_L4_argument_unpacking_done;
+  __pyx_L3_error:;
+  for (Py_ssize_t __pyx_temp=0; __pyx_temp < (Py_ssize_t)(sizeof(values)/sizeof(values[0])); ++__pyx_temp) {
+    Py_XDECREF(values[__pyx_temp]);
+  }
+  __Pyx_AddTraceback("accel._core.__pyx_unpickle_RegionCore", __pyx_clineno, __pyx_lineno, __pyx_filename);
+  __Pyx_RefNannyFinishContext();
+  return NULL;
+  __pyx_L4_argument_unpacking_done:;
+  if (unlikely(!__Pyx_ArgTypeTest(((PyObject *)__pyx_v___pyx_state), (&PyTuple_Type), 1, "__pyx_state", 1))) __PYX_ERR(1, 4, __pyx_L1_error)
+  __pyx_r = __pyx_pf_5accel_5_core_4__pyx_unpickle_RegionCore(__pyx_self, __pyx_v___pyx_type, __pyx_v___pyx_checksum, __pyx_v___pyx_state);
+
+  /* function exit code */
+  goto __pyx_L0;
+  __pyx_L1_error:;
+  __pyx_r = NULL;
+  for (Py_ssize_t __pyx_temp=0; __pyx_temp < (Py_ssize_t)(sizeof(values)/sizeof(values[0])); ++__pyx_temp) {
+    Py_XDECREF(values[__pyx_temp]);
+  }
+  goto __pyx_L7_cleaned_up;
+  __pyx_L0:;
+  for (Py_ssize_t __pyx_temp=0; __pyx_temp < (Py_ssize_t)(sizeof(values)/sizeof(values[0])); ++__pyx_temp) {
+    Py_XDECREF(values[__pyx_temp]);
+  }
+  __pyx_L7_cleaned_up:;
+
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+static PyObject *__pyx_pf_5accel_5_core_4__pyx_unpickle_RegionCore(CYTHON_UNUSED PyObject *__pyx_self, PyObject *__pyx_v___pyx_type, long __pyx_v___pyx_checksum, PyObject *__pyx_v___pyx_state) {
+  PyObject *__pyx_v___pyx_result = 0;
+  PyObject *__pyx_r = NULL;
+  __Pyx_RefNannyDeclarations
+  int __pyx_t_1;
+  PyObject *__pyx_t_2 = NULL;
+  PyObject *__pyx_t_3 = NULL;
+  size_t __pyx_t_4;
+  int __pyx_t_5;
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
+  __Pyx_RefNannySetupContext("__pyx_unpickle_RegionCore", 0);
+
+  /* "(tree fragment)":6
+ * def __pyx_unpickle_RegionCore(__pyx_type, long __pyx_checksum, tuple __pyx_state):
+ *     cdef object __pyx_result
+ *     __Pyx_CheckUnpickleChecksum(__pyx_checksum, 0x14aa989, 0xfc4c573, 0x07eb087, b'_float_ok, _hi, _int_ok, _lo, calls, ext, ext_ids, hi, lo, mutates_ext, node, out_ids, out_meta, outs, scalars')             # <<<<<<<<<<<<<<
+ *     __pyx_result = RegionCore.__new__(__pyx_type)
+ *     if __pyx_state is not None:
+*/
+  __pyx_t_1 = __Pyx_CheckUnpickleChecksum(__pyx_v___pyx_checksum, 0x14aa989, 0xfc4c573, 0x07eb087, __pyx_k_float_ok__hi__int_ok__lo_calls); if (unlikely(__pyx_t_1 == ((int)-1))) __PYX_ERR(1, 6, __pyx_L1_error)
+
+
+  /* "(tree fragment)":7
+ *     cdef object __pyx_result
+ *     __Pyx_CheckUnpickleChecksum(__pyx_checksum, 0x14aa989, 0xfc4c573, 0x07eb087, b'_float_ok, _hi, _int_ok, _lo, calls, ext, ext_ids, hi, lo, mutates_ext, node, out_ids, out_meta, outs, scalars')
+ *     __pyx_result = RegionCore.__new__(__pyx_type)             # <<<<<<<<<<<<<<
+ *     if __pyx_state is not None:
+ *         __pyx_unpickle_RegionCore__set_state(<RegionCore> __pyx_result, __pyx_state)
+*/
+  __pyx_t_3 = ((PyObject *)__pyx_mstate_global->__pyx_ptype_5accel_5_core_RegionCore);
+  __Pyx_INCREF(__pyx_t_3);
+  __pyx_t_4 = 0;
+  {
+    PyObject *__pyx_callargs[2] = {__pyx_t_3, __pyx_v___pyx_type};
+    __pyx_t_2 = __Pyx_PyObject_FastCallMethod((PyObject*)__pyx_mstate_global->__pyx_n_u_new, __pyx_callargs+__pyx_t_4, (2-__pyx_t_4) | (1*__Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET));
+    __Pyx_XDECREF(__pyx_t_3); __pyx_t_3 = 0;
+    if (unlikely(!__pyx_t_2)) __PYX_ERR(1, 7, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_2);
+  }
+  __pyx_v___pyx_result = __pyx_t_2;
+  __pyx_t_2 = 0;
+
+  /* "(tree fragment)":8
+ *     __Pyx_CheckUnpickleChecksum(__pyx_checksum, 0x14aa989, 0xfc4c573, 0x07eb087, b'_float_ok, _hi, _int_ok, _lo, calls, ext, ext_ids, hi, lo, mutates_ext, node, out_ids, out_meta, outs, scalars')
+ *     __pyx_result = RegionCore.__new__(__pyx_type)
+ *     if __pyx_state is not None:             # <<<<<<<<<<<<<<
+ *         __pyx_unpickle_RegionCore__set_state(<RegionCore> __pyx_result, __pyx_state)
+ *     return __pyx_result
+*/
+  __pyx_t_5 = (__pyx_v___pyx_state != ((PyObject*)Py_None));
+  if (__pyx_t_5) {
+
+
+    /* "(tree fragment)":9
+ *     __pyx_result = RegionCore.__new__(__pyx_type)
+ *     if __pyx_state is not None:
+ *         __pyx_unpickle_RegionCore__set_state(<RegionCore> __pyx_result, __pyx_state)             # <<<<<<<<<<<<<<
+ *     return __pyx_result
+ * cdef __pyx_unpickle_RegionCore__set_state(RegionCore __pyx_result, __pyx_state: tuple):
+*/
+    if (unlikely(__pyx_v___pyx_state == Py_None)) {
+      PyErr_SetString(PyExc_TypeError, "cannot pass None into a C function argument that is declared \047not None\047");
+      __PYX_ERR(1, 9, __pyx_L1_error)
+    }
+    __pyx_t_2 = __pyx_f_5accel_5_core___pyx_unpickle_RegionCore__set_state(((struct __pyx_obj_5accel_5_core_RegionCore *)__pyx_v___pyx_result), __pyx_v___pyx_state); if (unlikely(!__pyx_t_2)) __PYX_ERR(1, 9, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_2);
+    __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
+
+    /* "(tree fragment)":8
+ *     __Pyx_CheckUnpickleChecksum(__pyx_checksum, 0x14aa989, 0xfc4c573, 0x07eb087, b'_float_ok, _hi, _int_ok, _lo, calls, ext, ext_ids, hi, lo, mutates_ext, node, out_ids, out_meta, outs, scalars')
+ *     __pyx_result = RegionCore.__new__(__pyx_type)
+ *     if __pyx_state is not None:             # <<<<<<<<<<<<<<
+ *         __pyx_unpickle_RegionCore__set_state(<RegionCore> __pyx_result, __pyx_state)
+ *     return __pyx_result
+*/
+  }
+
+  /* "(tree fragment)":10
+ *     if __pyx_state is not None:
+ *         __pyx_unpickle_RegionCore__set_state(<RegionCore> __pyx_result, __pyx_state)
+ *     return __pyx_result             # <<<<<<<<<<<<<<
+ * cdef __pyx_unpickle_RegionCore__set_state(RegionCore __pyx_result, __pyx_state: tuple):
+ *     __pyx_result._float_ok = __pyx_state[0]; __pyx_result._hi = __pyx_state[1]; __pyx_result._int_ok = __pyx_state[2]; __pyx_result._lo = __pyx_state[3]; __pyx_result.calls = __pyx_state[4]; __pyx_result.ext = __pyx_state[5]; __pyx_result.ext_ids = __pyx_state[6]; __pyx_result.hi = __pyx_state[7]; __pyx_result.lo = __pyx_state[8]; __pyx_result.mutates_ext = __pyx_state[9]; __pyx_result.node = __pyx_state[10]; __pyx_result.out_ids = __pyx_state[11]; __pyx_result.out_meta = __pyx_state[12]; __pyx_result.outs = __pyx_state[13]; __pyx_result.scalars = __pyx_state[14]
+*/
+  {
+    PyObject *__pyx_temp;
+    {
+      __pyx_temp = __pyx_r;
+      __Pyx_INCREF(__pyx_v___pyx_result);
+      __pyx_r = __pyx_v___pyx_result;
+    }
+    __Pyx_XDECREF(__pyx_temp);
+  }
+  goto __pyx_L0;
+
+  /* "(tree fragment)":4
+ *     int __Pyx_CheckUnpickleChecksum(long, long, long, long, const char*) except -1
+ *     int __Pyx_UpdateUnpickledDict(object, object, Py_ssize_t) except -1
+ * def __pyx_unpickle_RegionCore(__pyx_type, long __pyx_checksum, tuple __pyx_state):             # <<<<<<<<<<<<<<
+ *     cdef object __pyx_result
+ *     __Pyx_CheckUnpickleChecksum(__pyx_checksum, 0x14aa989, 0xfc4c573, 0x07eb087, b'_float_ok, _hi, _int_ok, _lo, calls, ext, ext_ids, hi, lo, mutates_ext, node, out_ids, out_meta, outs, scalars')
+*/
+
+  /* function exit code */
+  __pyx_L1_error:;
+  __Pyx_XDECREF(__pyx_t_2);
+  __Pyx_XDECREF(__pyx_t_3);
+  __Pyx_AddTraceback("accel._core.__pyx_unpickle_RegionCore", __pyx_clineno, __pyx_lineno, __pyx_filename);
+  __pyx_r = NULL;
+  __pyx_L0:;
+  __Pyx_XDECREF(__pyx_v___pyx_result);
+  __Pyx_XGIVEREF(__pyx_r);
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
+
+/* "(tree fragment)":11
+ *         __pyx_unpickle_RegionCore__set_state(<RegionCore> __pyx_result, __pyx_state)
+ *     return __pyx_result
+ * cdef __pyx_unpickle_RegionCore__set_state(RegionCore __pyx_result, __pyx_state: tuple):             # <<<<<<<<<<<<<<
+ *     __pyx_result._float_ok = __pyx_state[0]; __pyx_result._hi = __pyx_state[1]; __pyx_result._int_ok = __pyx_state[2]; __pyx_result._lo = __pyx_state[3]; __pyx_result.calls = __pyx_state[4]; __pyx_result.ext = __pyx_state[5]; __pyx_result.ext_ids = __pyx_state[6]; __pyx_result.hi = __pyx_state[7]; __pyx_result.lo = __pyx_state[8]; __pyx_result.mutates_ext = __pyx_state[9]; __pyx_result.node = __pyx_state[10]; __pyx_result.out_ids = __pyx_state[11]; __pyx_result.out_meta = __pyx_state[12]; __pyx_result.outs = __pyx_state[13]; __pyx_result.scalars = __pyx_state[14]
+ *     __Pyx_UpdateUnpickledDict(__pyx_result, __pyx_state, 15)
+*/
+
+static PyObject *__pyx_f_5accel_5_core___pyx_unpickle_RegionCore__set_state(struct __pyx_obj_5accel_5_core_RegionCore *__pyx_v___pyx_result, PyObject *__pyx_v___pyx_state) {
+  PyObject *__pyx_r = NULL;
+  __Pyx_RefNannyDeclarations
+  int __pyx_t_1;
+  Py_ssize_t __pyx_t_2;
+  PyObject *__pyx_t_3 = NULL;
+  int __pyx_t_4;
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
+  __Pyx_RefNannySetupContext("__pyx_unpickle_RegionCore__set_state", 0);
+
+  /* "(tree fragment)":12
+ *     return __pyx_result
+ * cdef __pyx_unpickle_RegionCore__set_state(RegionCore __pyx_result, __pyx_state: tuple):
+ *     __pyx_result._float_ok = __pyx_state[0]; __pyx_result._hi = __pyx_state[1]; __pyx_result._int_ok = __pyx_state[2]; __pyx_result._lo = __pyx_state[3]; __pyx_result.calls = __pyx_state[4]; __pyx_result.ext = __pyx_state[5]; __pyx_result.ext_ids = __pyx_state[6]; __pyx_result.hi = __pyx_state[7]; __pyx_result.lo = __pyx_state[8]; __pyx_result.mutates_ext = __pyx_state[9]; __pyx_result.node = __pyx_state[10]; __pyx_result.out_ids = __pyx_state[11]; __pyx_result.out_meta = __pyx_state[12]; __pyx_result.outs = __pyx_state[13]; __pyx_result.scalars = __pyx_state[14]             # <<<<<<<<<<<<<<
+ *     __Pyx_UpdateUnpickledDict(__pyx_result, __pyx_state, 15)
+*/
+  __pyx_t_1 = __Pyx_PyObject_IsTrue(__Pyx_PyTuple_GET_ITEM(__pyx_v___pyx_state, 0)); if (unlikely((__pyx_t_1 == (int)-1) && PyErr_Occurred())) __PYX_ERR(1, 12, __pyx_L1_error)
+  __pyx_v___pyx_result->_float_ok = __pyx_t_1;
+  __pyx_t_2 = __Pyx_PyIndex_AsSsize_t(__Pyx_PyTuple_GET_ITEM(__pyx_v___pyx_state, 1)); if (unlikely((__pyx_t_2 == (Py_ssize_t)-1) && PyErr_Occurred())) __PYX_ERR(1, 12, __pyx_L1_error)
+  __pyx_v___pyx_result->_hi = __pyx_t_2;
+  __pyx_t_1 = __Pyx_PyObject_IsTrue(__Pyx_PyTuple_GET_ITEM(__pyx_v___pyx_state, 2)); if (unlikely((__pyx_t_1 == (int)-1) && PyErr_Occurred())) __PYX_ERR(1, 12, __pyx_L1_error)
+  __pyx_v___pyx_result->_int_ok = __pyx_t_1;
+  __pyx_t_2 = __Pyx_PyIndex_AsSsize_t(__Pyx_PyTuple_GET_ITEM(__pyx_v___pyx_state, 3)); if (unlikely((__pyx_t_2 == (Py_ssize_t)-1) && PyErr_Occurred())) __PYX_ERR(1, 12, __pyx_L1_error)
+  __pyx_v___pyx_result->_lo = __pyx_t_2;
+  __pyx_t_3 = __Pyx_PyTuple_GET_ITEM(__pyx_v___pyx_state, 4);
+  __Pyx_INCREF(__pyx_t_3);
+  if (!(likely(PyList_CheckExact(__pyx_t_3))||((__pyx_t_3) == Py_None) || __Pyx_RaiseUnexpectedTypeError("list", __pyx_t_3))) __PYX_ERR(1, 12, __pyx_L1_error)
+  __Pyx_GIVEREF(__pyx_t_3);
+  __Pyx_GOTREF(__pyx_v___pyx_result->calls);
+  __Pyx_DECREF_SET(__pyx_v___pyx_result->calls, ((PyObject*)__pyx_t_3));
+  __pyx_t_3 = 0;
+  __pyx_t_3 = __Pyx_PyTuple_GET_ITEM(__pyx_v___pyx_state, 5);
+  __Pyx_INCREF(__pyx_t_3);
+  if (!(likely(PyList_CheckExact(__pyx_t_3))||((__pyx_t_3) == Py_None) || __Pyx_RaiseUnexpectedTypeError("list", __pyx_t_3))) __PYX_ERR(1, 12, __pyx_L1_error)
+  __Pyx_GIVEREF(__pyx_t_3);
+  __Pyx_GOTREF(__pyx_v___pyx_result->ext);
+  __Pyx_DECREF_SET(__pyx_v___pyx_result->ext, ((PyObject*)__pyx_t_3));
+  __pyx_t_3 = 0;
+  __pyx_t_3 = __Pyx_PyTuple_GET_ITEM(__pyx_v___pyx_state, 6);
+  __Pyx_INCREF(__pyx_t_3);
+  if (!(likely(PyDict_CheckExact(__pyx_t_3))||((__pyx_t_3) == Py_None) || __Pyx_RaiseUnexpectedTypeError("dict", __pyx_t_3))) __PYX_ERR(1, 12, __pyx_L1_error)
+  __Pyx_GIVEREF(__pyx_t_3);
+  __Pyx_GOTREF(__pyx_v___pyx_result->ext_ids);
+  __Pyx_DECREF_SET(__pyx_v___pyx_result->ext_ids, ((PyObject*)__pyx_t_3));
+  __pyx_t_3 = 0;
+  __pyx_t_3 = __Pyx_PyTuple_GET_ITEM(__pyx_v___pyx_state, 7);
+  __Pyx_INCREF(__pyx_t_3);
+  __Pyx_GIVEREF(__pyx_t_3);
+  __Pyx_GOTREF(__pyx_v___pyx_result->hi);
+  __Pyx_DECREF_SET(__pyx_v___pyx_result->hi, __pyx_t_3);
+  __pyx_t_3 = 0;
+  __pyx_t_3 = __Pyx_PyTuple_GET_ITEM(__pyx_v___pyx_state, 8);
+  __Pyx_INCREF(__pyx_t_3);
+  __Pyx_GIVEREF(__pyx_t_3);
+  __Pyx_GOTREF(__pyx_v___pyx_result->lo);
+  __Pyx_DECREF_SET(__pyx_v___pyx_result->lo, __pyx_t_3);
+  __pyx_t_3 = 0;
+  __pyx_t_1 = __Pyx_PyObject_IsTrue(__Pyx_PyTuple_GET_ITEM(__pyx_v___pyx_state, 9)); if (unlikely((__pyx_t_1 == (int)-1) && PyErr_Occurred())) __PYX_ERR(1, 12, __pyx_L1_error)
+  __pyx_v___pyx_result->mutates_ext = __pyx_t_1;
+  __pyx_t_3 = __Pyx_PyTuple_GET_ITEM(__pyx_v___pyx_state, 10);
+  __Pyx_INCREF(__pyx_t_3);
+  __Pyx_GIVEREF(__pyx_t_3);
+  __Pyx_GOTREF(__pyx_v___pyx_result->node);
+  __Pyx_DECREF_SET(__pyx_v___pyx_result->node, __pyx_t_3);
+  __pyx_t_3 = 0;
+  __pyx_t_3 = __Pyx_PyTuple_GET_ITEM(__pyx_v___pyx_state, 11);
+  __Pyx_INCREF(__pyx_t_3);
+  if (!(likely(PyDict_CheckExact(__pyx_t_3))||((__pyx_t_3) == Py_None) || __Pyx_RaiseUnexpectedTypeError("dict", __pyx_t_3))) __PYX_ERR(1, 12, __pyx_L1_error)
+  __Pyx_GIVEREF(__pyx_t_3);
+  __Pyx_GOTREF(__pyx_v___pyx_result->out_ids);
+  __Pyx_DECREF_SET(__pyx_v___pyx_result->out_ids, ((PyObject*)__pyx_t_3));
+  __pyx_t_3 = 0;
+  __pyx_t_3 = __Pyx_PyTuple_GET_ITEM(__pyx_v___pyx_state, 12);
+  __Pyx_INCREF(__pyx_t_3);
+  if (!(likely(PyList_CheckExact(__pyx_t_3))||((__pyx_t_3) == Py_None) || __Pyx_RaiseUnexpectedTypeError("list", __pyx_t_3))) __PYX_ERR(1, 12, __pyx_L1_error)
+  __Pyx_GIVEREF(__pyx_t_3);
+  __Pyx_GOTREF(__pyx_v___pyx_result->out_meta);
+  __Pyx_DECREF_SET(__pyx_v___pyx_result->out_meta, ((PyObject*)__pyx_t_3));
+  __pyx_t_3 = 0;
+  __pyx_t_3 = __Pyx_PyTuple_GET_ITEM(__pyx_v___pyx_state, 13);
+  __Pyx_INCREF(__pyx_t_3);
+  if (!(likely(PyList_CheckExact(__pyx_t_3))||((__pyx_t_3) == Py_None) || __Pyx_RaiseUnexpectedTypeError("list", __pyx_t_3))) __PYX_ERR(1, 12, __pyx_L1_error)
+  __Pyx_GIVEREF(__pyx_t_3);
+  __Pyx_GOTREF(__pyx_v___pyx_result->outs);
+  __Pyx_DECREF_SET(__pyx_v___pyx_result->outs, ((PyObject*)__pyx_t_3));
+  __pyx_t_3 = 0;
+  __pyx_t_3 = __Pyx_PyTuple_GET_ITEM(__pyx_v___pyx_state, 14);
+  __Pyx_INCREF(__pyx_t_3);
+  if (!(likely(PyList_CheckExact(__pyx_t_3))||((__pyx_t_3) == Py_None) || __Pyx_RaiseUnexpectedTypeError("list", __pyx_t_3))) __PYX_ERR(1, 12, __pyx_L1_error)
+  __Pyx_GIVEREF(__pyx_t_3);
+  __Pyx_GOTREF(__pyx_v___pyx_result->scalars);
+  __Pyx_DECREF_SET(__pyx_v___pyx_result->scalars, ((PyObject*)__pyx_t_3));
+  __pyx_t_3 = 0;
+
+  /* "(tree fragment)":13
+ * cdef __pyx_unpickle_RegionCore__set_state(RegionCore __pyx_result, __pyx_state: tuple):
+ *     __pyx_result._float_ok = __pyx_state[0]; __pyx_result._hi = __pyx_state[1]; __pyx_result._int_ok = __pyx_state[2]; __pyx_result._lo = __pyx_state[3]; __pyx_result.calls = __pyx_state[4]; __pyx_result.ext = __pyx_state[5]; __pyx_result.ext_ids = __pyx_state[6]; __pyx_result.hi = __pyx_state[7]; __pyx_result.lo = __pyx_state[8]; __pyx_result.mutates_ext = __pyx_state[9]; __pyx_result.node = __pyx_state[10]; __pyx_result.out_ids = __pyx_state[11]; __pyx_result.out_meta = __pyx_state[12]; __pyx_result.outs = __pyx_state[13]; __pyx_result.scalars = __pyx_state[14]
+ *     __Pyx_UpdateUnpickledDict(__pyx_result, __pyx_state, 15)             # <<<<<<<<<<<<<<
+*/
+  __pyx_t_4 = __Pyx_UpdateUnpickledDict(((PyObject *)__pyx_v___pyx_result), __pyx_v___pyx_state, 15); if (unlikely(__pyx_t_4 == ((int)-1))) __PYX_ERR(1, 13, __pyx_L1_error)
+
+
+  /* "(tree fragment)":11
+ *         __pyx_unpickle_RegionCore__set_state(<RegionCore> __pyx_result, __pyx_state)
+ *     return __pyx_result
+ * cdef __pyx_unpickle_RegionCore__set_state(RegionCore __pyx_result, __pyx_state: tuple):             # <<<<<<<<<<<<<<
+ *     __pyx_result._float_ok = __pyx_state[0]; __pyx_result._hi = __pyx_state[1]; __pyx_result._int_ok = __pyx_state[2]; __pyx_result._lo = __pyx_state[3]; __pyx_result.calls = __pyx_state[4]; __pyx_result.ext = __pyx_state[5]; __pyx_result.ext_ids = __pyx_state[6]; __pyx_result.hi = __pyx_state[7]; __pyx_result.lo = __pyx_state[8]; __pyx_result.mutates_ext = __pyx_state[9]; __pyx_result.node = __pyx_state[10]; __pyx_result.out_ids = __pyx_state[11]; __pyx_result.out_meta = __pyx_state[12]; __pyx_result.outs = __pyx_state[13]; __pyx_result.scalars = __pyx_state[14]
+ *     __Pyx_UpdateUnpickledDict(__pyx_result, __pyx_state, 15)
+*/
+
+  /* function exit code */
+  __pyx_r = Py_None; __Pyx_INCREF(Py_None);
+  goto __pyx_L0;
+  __pyx_L1_error:;
+  __Pyx_XDECREF(__pyx_t_3);
+  __Pyx_AddTraceback("accel._core.__pyx_unpickle_RegionCore__set_state", __pyx_clineno, __pyx_lineno, __pyx_filename);
+  __pyx_r = 0;
+  __pyx_L0:;
+  __Pyx_XGIVEREF(__pyx_r);
+  __Pyx_RefNannyFinishContext();
+  return __pyx_r;
+}
 /* #### Code section: module_exttypes ### */
+static struct __pyx_vtabstruct_5accel_5_core_RegionCore __pyx_vtable_5accel_5_core_RegionCore;
+
+static PyObject *__pyx_tp_new__initialisation_5accel_5_core_RegionCore(PyObject *o, 
+#if CYTHON_VECTORCALL_TPNEW
+    CYTHON_UNUSED PyObject *const *args, CYTHON_UNUSED Py_ssize_t nargs, CYTHON_UNUSED PyObject *kwnames
+#else
+    CYTHON_UNUSED PyObject *a, CYTHON_UNUSED PyObject *k
+#endif
+) {
+  struct __pyx_obj_5accel_5_core_RegionCore *p = ((struct __pyx_obj_5accel_5_core_RegionCore *)o);
+  p->__pyx_vtab = __pyx_vtabptr_5accel_5_core_RegionCore;
+  p->node = Py_None; Py_INCREF(Py_None);
+  p->ext = ((PyObject*)Py_None); Py_INCREF(Py_None);
+  p->outs = ((PyObject*)Py_None); Py_INCREF(Py_None);
+  p->out_meta = ((PyObject*)Py_None); Py_INCREF(Py_None);
+  p->scalars = ((PyObject*)Py_None); Py_INCREF(Py_None);
+  p->calls = ((PyObject*)Py_None); Py_INCREF(Py_None);
+  p->ext_ids = ((PyObject*)Py_None); Py_INCREF(Py_None);
+  p->out_ids = ((PyObject*)Py_None); Py_INCREF(Py_None);
+  p->lo = Py_None; Py_INCREF(Py_None);
+  p->hi = Py_None; Py_INCREF(Py_None);
+  return o;
+}
+
+static PyObject *__pyx_tp_new_vectorcall_5accel_5_core_RegionCore(PyTypeObject *t, 
+#if CYTHON_VECTORCALL_TPNEW
+    PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames
+#else
+    PyObject *a, PyObject *k
+#endif
+) {
+  PyObject *o;
+  o = __Pyx_AllocateExtensionType(t, 0);
+  if (unlikely(!o)) return 0;
+  return __pyx_tp_new__initialisation_5accel_5_core_RegionCore(o, 
+#if CYTHON_VECTORCALL_TPNEW
+    args, nargs, kwnames
+#else
+    a, k
+#endif
+);
+}
+
+#if CYTHON_VECTORCALL_TPNEW
+static PyObject *__pyx_tp_new_5accel_5_core_RegionCore(PyTypeObject *t, PyObject *a, PyObject *k) {
+  return __Pyx_CallTpnewAsVectorcall(__pyx_tp_new_vectorcall_5accel_5_core_RegionCore, t, a, k);
+}
+#endif
+
+#if CYTHON_VECTORCALL_TPNEW
+static PyObject *__pyx_tp_vectorcall_5accel_5_core_RegionCore(PyObject *t, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+  if (unlikely((PyTypeObject*)t != __pyx_mstate_global->__pyx_ptype_5accel_5_core_RegionCore || __Pyx_PyType_HasFeature((PyTypeObject*)t, Py_TPFLAGS_IS_ABSTRACT))) {
+    return __Pyx_CallNewInitFromVectorcall((PyTypeObject*)t, args, nargsf, kwnames);
+  }
+  Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+  PyObject *o = __pyx_tp_new_vectorcall_5accel_5_core_RegionCore((PyTypeObject*)t, args, nargs, kwnames);
+  return o;
+}
+#endif
+
+static void __pyx_tp_dealloc_5accel_5_core_RegionCore(PyObject *o) {
+  struct __pyx_obj_5accel_5_core_RegionCore *p = (struct __pyx_obj_5accel_5_core_RegionCore *)o;
+  #if CYTHON_USE_TP_FINALIZE
+  if (unlikely(__Pyx_PyObject_GetSlot(o, tp_finalize, destructor)) && !__Pyx_PyObject_GC_IsFinalized(o)) {
+    if (__Pyx_PyObject_GetSlot(o, tp_dealloc, destructor) == __pyx_tp_dealloc_5accel_5_core_RegionCore) {
+      if (PyObject_CallFinalizerFromDealloc(o)) return;
+    }
+  }
+  #endif
+  PyObject_GC_UnTrack(o);
+  Py_CLEAR(p->node);
+  Py_CLEAR(p->ext);
+  Py_CLEAR(p->outs);
+  Py_CLEAR(p->out_meta);
+  Py_CLEAR(p->scalars);
+  Py_CLEAR(p->calls);
+  Py_CLEAR(p->ext_ids);
+  Py_CLEAR(p->out_ids);
+  Py_CLEAR(p->lo);
+  Py_CLEAR(p->hi);
+  PyTypeObject *tp = Py_TYPE(o);
+  #if CYTHON_USE_TYPE_SLOTS
+  (*tp->tp_free)(o);
+  #else
+  {
+    freefunc tp_free = (freefunc)PyType_GetSlot(tp, Py_tp_free);
+    if (tp_free) tp_free(o);
+  }
+  #endif
+  #if CYTHON_USE_TYPE_SPECS
+  Py_DECREF(tp);
+  #endif
+}
+
+static int __pyx_tp_traverse_5accel_5_core_RegionCore(PyObject *o, visitproc v, void *a) {
+  int e;
+  struct __pyx_obj_5accel_5_core_RegionCore *p = (struct __pyx_obj_5accel_5_core_RegionCore *)o;
+  {
+    e = __Pyx_call_type_traverse(o, 1, v, a);
+    if (e) return e;
+  }
+  if (p->node) {
+    e = (*v)(p->node, a); if (e) return e;
+  }
+  if (p->ext) {
+    e = (*v)(p->ext, a); if (e) return e;
+  }
+  if (p->outs) {
+    e = (*v)(p->outs, a); if (e) return e;
+  }
+  if (p->out_meta) {
+    e = (*v)(p->out_meta, a); if (e) return e;
+  }
+  if (p->scalars) {
+    e = (*v)(p->scalars, a); if (e) return e;
+  }
+  if (p->calls) {
+    e = (*v)(p->calls, a); if (e) return e;
+  }
+  if (p->ext_ids) {
+    e = (*v)(p->ext_ids, a); if (e) return e;
+  }
+  if (p->out_ids) {
+    e = (*v)(p->out_ids, a); if (e) return e;
+  }
+  if (p->lo) {
+    e = (*v)(p->lo, a); if (e) return e;
+  }
+  if (p->hi) {
+    e = (*v)(p->hi, a); if (e) return e;
+  }
+  return 0;
+}
+
+static int __pyx_tp_clear_5accel_5_core_RegionCore(PyObject *o) {
+  PyObject* tmp;
+  struct __pyx_obj_5accel_5_core_RegionCore *p = (struct __pyx_obj_5accel_5_core_RegionCore *)o;
+  tmp = ((PyObject*)p->node);
+  p->node = Py_None; Py_INCREF(Py_None);
+  Py_XDECREF(tmp);
+  tmp = ((PyObject*)p->ext);
+  p->ext = ((PyObject*)Py_None); Py_INCREF(Py_None);
+  Py_XDECREF(tmp);
+  tmp = ((PyObject*)p->outs);
+  p->outs = ((PyObject*)Py_None); Py_INCREF(Py_None);
+  Py_XDECREF(tmp);
+  tmp = ((PyObject*)p->out_meta);
+  p->out_meta = ((PyObject*)Py_None); Py_INCREF(Py_None);
+  Py_XDECREF(tmp);
+  tmp = ((PyObject*)p->scalars);
+  p->scalars = ((PyObject*)Py_None); Py_INCREF(Py_None);
+  Py_XDECREF(tmp);
+  tmp = ((PyObject*)p->calls);
+  p->calls = ((PyObject*)Py_None); Py_INCREF(Py_None);
+  Py_XDECREF(tmp);
+  tmp = ((PyObject*)p->ext_ids);
+  p->ext_ids = ((PyObject*)Py_None); Py_INCREF(Py_None);
+  Py_XDECREF(tmp);
+  tmp = ((PyObject*)p->out_ids);
+  p->out_ids = ((PyObject*)Py_None); Py_INCREF(Py_None);
+  Py_XDECREF(tmp);
+  tmp = ((PyObject*)p->lo);
+  p->lo = Py_None; Py_INCREF(Py_None);
+  Py_XDECREF(tmp);
+  tmp = ((PyObject*)p->hi);
+  p->hi = Py_None; Py_INCREF(Py_None);
+  Py_XDECREF(tmp);
+  return 0;
+}
+
+static PyObject *__pyx_getprop_5accel_5_core_10RegionCore_node(PyObject *o, CYTHON_UNUSED void *x) {
+  return __pyx_pw_5accel_5_core_10RegionCore_4node_1__get__(o);
+}
+
+static int __pyx_setprop_5accel_5_core_10RegionCore_node(PyObject *o, PyObject *v, CYTHON_UNUSED void *x) {
+  if (v) {
+    return __pyx_pw_5accel_5_core_10RegionCore_4node_3__set__(o, v);
+  }
+  else {
+    return __pyx_pw_5accel_5_core_10RegionCore_4node_5__del__(o);
+  }
+}
+
+static PyObject *__pyx_getprop_5accel_5_core_10RegionCore_ext(PyObject *o, CYTHON_UNUSED void *x) {
+  return __pyx_pw_5accel_5_core_10RegionCore_3ext_1__get__(o);
+}
+
+static int __pyx_setprop_5accel_5_core_10RegionCore_ext(PyObject *o, PyObject *v, CYTHON_UNUSED void *x) {
+  if (v) {
+    return __pyx_pw_5accel_5_core_10RegionCore_3ext_3__set__(o, v);
+  }
+  else {
+    return __pyx_pw_5accel_5_core_10RegionCore_3ext_5__del__(o);
+  }
+}
+
+static PyObject *__pyx_getprop_5accel_5_core_10RegionCore_outs(PyObject *o, CYTHON_UNUSED void *x) {
+  return __pyx_pw_5accel_5_core_10RegionCore_4outs_1__get__(o);
+}
+
+static int __pyx_setprop_5accel_5_core_10RegionCore_outs(PyObject *o, PyObject *v, CYTHON_UNUSED void *x) {
+  if (v) {
+    return __pyx_pw_5accel_5_core_10RegionCore_4outs_3__set__(o, v);
+  }
+  else {
+    return __pyx_pw_5accel_5_core_10RegionCore_4outs_5__del__(o);
+  }
+}
+
+static PyObject *__pyx_getprop_5accel_5_core_10RegionCore_out_meta(PyObject *o, CYTHON_UNUSED void *x) {
+  return __pyx_pw_5accel_5_core_10RegionCore_8out_meta_1__get__(o);
+}
+
+static int __pyx_setprop_5accel_5_core_10RegionCore_out_meta(PyObject *o, PyObject *v, CYTHON_UNUSED void *x) {
+  if (v) {
+    return __pyx_pw_5accel_5_core_10RegionCore_8out_meta_3__set__(o, v);
+  }
+  else {
+    return __pyx_pw_5accel_5_core_10RegionCore_8out_meta_5__del__(o);
+  }
+}
+
+static PyObject *__pyx_getprop_5accel_5_core_10RegionCore_scalars(PyObject *o, CYTHON_UNUSED void *x) {
+  return __pyx_pw_5accel_5_core_10RegionCore_7scalars_1__get__(o);
+}
+
+static int __pyx_setprop_5accel_5_core_10RegionCore_scalars(PyObject *o, PyObject *v, CYTHON_UNUSED void *x) {
+  if (v) {
+    return __pyx_pw_5accel_5_core_10RegionCore_7scalars_3__set__(o, v);
+  }
+  else {
+    return __pyx_pw_5accel_5_core_10RegionCore_7scalars_5__del__(o);
+  }
+}
+
+static PyObject *__pyx_getprop_5accel_5_core_10RegionCore_calls(PyObject *o, CYTHON_UNUSED void *x) {
+  return __pyx_pw_5accel_5_core_10RegionCore_5calls_1__get__(o);
+}
+
+static int __pyx_setprop_5accel_5_core_10RegionCore_calls(PyObject *o, PyObject *v, CYTHON_UNUSED void *x) {
+  if (v) {
+    return __pyx_pw_5accel_5_core_10RegionCore_5calls_3__set__(o, v);
+  }
+  else {
+    return __pyx_pw_5accel_5_core_10RegionCore_5calls_5__del__(o);
+  }
+}
+
+static PyObject *__pyx_getprop_5accel_5_core_10RegionCore_ext_ids(PyObject *o, CYTHON_UNUSED void *x) {
+  return __pyx_pw_5accel_5_core_10RegionCore_7ext_ids_1__get__(o);
+}
+
+static int __pyx_setprop_5accel_5_core_10RegionCore_ext_ids(PyObject *o, PyObject *v, CYTHON_UNUSED void *x) {
+  if (v) {
+    return __pyx_pw_5accel_5_core_10RegionCore_7ext_ids_3__set__(o, v);
+  }
+  else {
+    return __pyx_pw_5accel_5_core_10RegionCore_7ext_ids_5__del__(o);
+  }
+}
+
+static PyObject *__pyx_getprop_5accel_5_core_10RegionCore_out_ids(PyObject *o, CYTHON_UNUSED void *x) {
+  return __pyx_pw_5accel_5_core_10RegionCore_7out_ids_1__get__(o);
+}
+
+static int __pyx_setprop_5accel_5_core_10RegionCore_out_ids(PyObject *o, PyObject *v, CYTHON_UNUSED void *x) {
+  if (v) {
+    return __pyx_pw_5accel_5_core_10RegionCore_7out_ids_3__set__(o, v);
+  }
+  else {
+    return __pyx_pw_5accel_5_core_10RegionCore_7out_ids_5__del__(o);
+  }
+}
+
+static PyObject *__pyx_getprop_5accel_5_core_10RegionCore_lo(PyObject *o, CYTHON_UNUSED void *x) {
+  return __pyx_pw_5accel_5_core_10RegionCore_2lo_1__get__(o);
+}
+
+static int __pyx_setprop_5accel_5_core_10RegionCore_lo(PyObject *o, PyObject *v, CYTHON_UNUSED void *x) {
+  if (v) {
+    return __pyx_pw_5accel_5_core_10RegionCore_2lo_3__set__(o, v);
+  }
+  else {
+    return __pyx_pw_5accel_5_core_10RegionCore_2lo_5__del__(o);
+  }
+}
+
+static PyObject *__pyx_getprop_5accel_5_core_10RegionCore_hi(PyObject *o, CYTHON_UNUSED void *x) {
+  return __pyx_pw_5accel_5_core_10RegionCore_2hi_1__get__(o);
+}
+
+static int __pyx_setprop_5accel_5_core_10RegionCore_hi(PyObject *o, PyObject *v, CYTHON_UNUSED void *x) {
+  if (v) {
+    return __pyx_pw_5accel_5_core_10RegionCore_2hi_3__set__(o, v);
+  }
+  else {
+    return __pyx_pw_5accel_5_core_10RegionCore_2hi_5__del__(o);
+  }
+}
+
+static PyObject *__pyx_getprop_5accel_5_core_10RegionCore_mutates_ext(PyObject *o, CYTHON_UNUSED void *x) {
+  return __pyx_pw_5accel_5_core_10RegionCore_11mutates_ext_1__get__(o);
+}
+
+static int __pyx_setprop_5accel_5_core_10RegionCore_mutates_ext(PyObject *o, PyObject *v, CYTHON_UNUSED void *x) {
+  if (v) {
+    return __pyx_pw_5accel_5_core_10RegionCore_11mutates_ext_3__set__(o, v);
+  }
+  else {
+    PyErr_SetString(PyExc_NotImplementedError, "__del__");
+    return -1;
+  }
+}
+
+static PyMethodDef __pyx_methods_5accel_5_core_RegionCore[] = {
+  {"clear", (PyCFunction)(void(*)(void))(__Pyx_PyCFunction_FastCallWithKeywords)__pyx_pw_5accel_5_core_10RegionCore_1clear, __Pyx_METH_FASTCALL|METH_KEYWORDS, 0},
+  {"record", (PyCFunction)(void(*)(void))(__Pyx_PyCFunction_FastCallWithKeywords)__pyx_pw_5accel_5_core_10RegionCore_5record, __Pyx_METH_FASTCALL|METH_KEYWORDS, __pyx_doc_5accel_5_core_10RegionCore_4record},
+  {"__reduce_cython__", (PyCFunction)(void(*)(void))(__Pyx_PyCFunction_FastCallWithKeywords)__pyx_pw_5accel_5_core_10RegionCore_7__reduce_cython__, __Pyx_METH_FASTCALL|METH_KEYWORDS, 0},
+  {"__setstate_cython__", (PyCFunction)(void(*)(void))(__Pyx_PyCFunction_FastCallWithKeywords)__pyx_pw_5accel_5_core_10RegionCore_9__setstate_cython__, __Pyx_METH_FASTCALL|METH_KEYWORDS, 0},
+  {0, 0, 0, 0}
+};
+
+static struct PyGetSetDef __pyx_getsets_5accel_5_core_RegionCore[] = {
+  {"node", __pyx_getprop_5accel_5_core_10RegionCore_node, __pyx_setprop_5accel_5_core_10RegionCore_node, 0, 0},
+  {"ext", __pyx_getprop_5accel_5_core_10RegionCore_ext, __pyx_setprop_5accel_5_core_10RegionCore_ext, 0, 0},
+  {"outs", __pyx_getprop_5accel_5_core_10RegionCore_outs, __pyx_setprop_5accel_5_core_10RegionCore_outs, 0, 0},
+  {"out_meta", __pyx_getprop_5accel_5_core_10RegionCore_out_meta, __pyx_setprop_5accel_5_core_10RegionCore_out_meta, 0, 0},
+  {"scalars", __pyx_getprop_5accel_5_core_10RegionCore_scalars, __pyx_setprop_5accel_5_core_10RegionCore_scalars, 0, 0},
+  {"calls", __pyx_getprop_5accel_5_core_10RegionCore_calls, __pyx_setprop_5accel_5_core_10RegionCore_calls, 0, 0},
+  {"ext_ids", __pyx_getprop_5accel_5_core_10RegionCore_ext_ids, __pyx_setprop_5accel_5_core_10RegionCore_ext_ids, 0, 0},
+  {"out_ids", __pyx_getprop_5accel_5_core_10RegionCore_out_ids, __pyx_setprop_5accel_5_core_10RegionCore_out_ids, 0, 0},
+  {"lo", __pyx_getprop_5accel_5_core_10RegionCore_lo, __pyx_setprop_5accel_5_core_10RegionCore_lo, 0, 0},
+  {"hi", __pyx_getprop_5accel_5_core_10RegionCore_hi, __pyx_setprop_5accel_5_core_10RegionCore_hi, 0, 0},
+  {"mutates_ext", __pyx_getprop_5accel_5_core_10RegionCore_mutates_ext, __pyx_setprop_5accel_5_core_10RegionCore_mutates_ext, 0, 0},
+  {0, 0, 0, 0, 0}
+};
+#if CYTHON_USE_TYPE_SPECS
+static PyType_Slot __pyx_type_5accel_5_core_RegionCore_slots[] = {
+  {Py_tp_dealloc, (void *)__pyx_tp_dealloc_5accel_5_core_RegionCore},
+  {Py_sq_length, (void *)__pyx_pw_5accel_5_core_10RegionCore_3__len__},
+  {Py_mp_length, (void *)__pyx_pw_5accel_5_core_10RegionCore_3__len__},
+  {Py_tp_doc, (void *)PyDoc_STR("The recording half of a region (see accel.region.Region): builds the per-call key,\n    steps the trie and allocates the deferred outputs.")},
+  {Py_tp_traverse, (void *)__pyx_tp_traverse_5accel_5_core_RegionCore},
+  {Py_tp_clear, (void *)__pyx_tp_clear_5accel_5_core_RegionCore},
+  {Py_tp_methods, (void *)__pyx_methods_5accel_5_core_RegionCore},
+  {Py_tp_getset, (void *)__pyx_getsets_5accel_5_core_RegionCore},
+  {Py_tp_new, (void *)__pyx_tp_new_5accel_5_core_RegionCore},
+  #if (!CYTHON_COMPILING_IN_PYPY || PYPY_VERSION_NUM >= 0x07030800) && (!CYTHON_COMPILING_IN_LIMITED_API || __PYX_LIMITED_VERSION_HEX >= 0x030E0000)
+  #if CYTHON_VECTORCALL_TPNEW
+  {Py_tp_vectorcall, (void *)__pyx_tp_vectorcall_5accel_5_core_RegionCore},
+  #endif
+  #endif
+  {0, 0},
+};
+static PyType_Spec __pyx_type_5accel_5_core_RegionCore_spec = {
+  "accel._core.RegionCore",
+  sizeof(struct __pyx_obj_5accel_5_core_RegionCore),
+  0,
+  Py_TPFLAGS_DEFAULT|Py_TPFLAGS_HAVE_VERSION_TAG|Py_TPFLAGS_BASETYPE|Py_TPFLAGS_HAVE_GC,
+  __pyx_type_5accel_5_core_RegionCore_slots,
+};
+#else
+
+static PySequenceMethods __pyx_tp_as_sequence_RegionCore = {
+  __pyx_pw_5accel_5_core_10RegionCore_3__len__, /*sq_length*/
+  0, /*sq_concat*/
+  0, /*sq_repeat*/
+  0, /*sq_item*/
+  0, /*sq_slice*/
+  0, /*sq_ass_item*/
+  0, /*sq_ass_slice*/
+  0, /*sq_contains*/
+  0, /*sq_inplace_concat*/
+  0, /*sq_inplace_repeat*/
+};
+
+static PyMappingMethods __pyx_tp_as_mapping_RegionCore = {
+  __pyx_pw_5accel_5_core_10RegionCore_3__len__, /*mp_length*/
+  0, /*mp_subscript*/
+  0, /*mp_ass_subscript*/
+};
+
+static PyTypeObject __pyx_type_5accel_5_core_RegionCore = {
+  PyVarObject_HEAD_INIT(0, 0)
+  "accel._core.""RegionCore", /*tp_name*/
+  sizeof(struct __pyx_obj_5accel_5_core_RegionCore), /*tp_basicsize*/
+  0, /*tp_itemsize*/
+  __pyx_tp_dealloc_5accel_5_core_RegionCore, /*tp_dealloc*/
+  0, /*tp_vectorcall_offset*/
+  0, /*tp_getattr*/
+  0, /*tp_setattr*/
+  0, /*tp_as_async*/
+  0, /*tp_repr*/
+  0, /*tp_as_number*/
+  &__pyx_tp_as_sequence_RegionCore, /*tp_as_sequence*/
+  &__pyx_tp_as_mapping_RegionCore, /*tp_as_mapping*/
+  0, /*tp_hash*/
+  0, /*tp_call*/
+  0, /*tp_str*/
+  0, /*tp_getattro*/
+  0, /*tp_setattro*/
+  0, /*tp_as_buffer*/
+  Py_TPFLAGS_DEFAULT|Py_TPFLAGS_HAVE_VERSION_TAG|Py_TPFLAGS_BASETYPE|Py_TPFLAGS_HAVE_GC, /*tp_flags*/
+  PyDoc_STR("The recording half of a region (see accel.region.Region): builds the per-call key,\n    steps the trie and allocates the deferred outputs."), /*tp_doc*/
+  __pyx_tp_traverse_5accel_5_core_RegionCore, /*tp_traverse*/
+  __pyx_tp_clear_5accel_5_core_RegionCore, /*tp_clear*/
+  0, /*tp_richcompare*/
+  0, /*tp_weaklistoffset*/
+  0, /*tp_iter*/
+  0, /*tp_iternext*/
+  __pyx_methods_5accel_5_core_RegionCore, /*tp_methods*/
+  0, /*tp_members*/
+  __pyx_getsets_5accel_5_core_RegionCore, /*tp_getset*/
+  0, /*tp_base*/
+  0, /*tp_dict*/
+  0, /*tp_descr_get*/
+  0, /*tp_descr_set*/
+  #if !CYTHON_USE_TYPE_SPECS
+  0, /*tp_dictoffset*/
+  #endif
+  0, /*tp_init*/
+  0, /*tp_alloc*/
+  __pyx_tp_new_5accel_5_core_RegionCore, /*tp_new*/
+  0, /*tp_free*/
+  0, /*tp_is_gc*/
+  0, /*tp_bases*/
+  0, /*tp_mro*/
+  0, /*tp_cache*/
+  0, /*tp_subclasses*/
+  0, /*tp_weaklist*/
+  0, /*tp_del*/
+  0, /*tp_version_tag*/
+  #if CYTHON_USE_TP_FINALIZE
+  0, /*tp_finalize*/
+  #else
+  NULL, /*tp_finalize*/
+  #endif
+  #if (!CYTHON_COMPILING_IN_PYPY || PYPY_VERSION_NUM >= 0x07030800) && (!CYTHON_COMPILING_IN_LIMITED_API || __PYX_LIMITED_VERSION_HEX >= 0x030E0000)
+  #if CYTHON_VECTORCALL_TPNEW
+  __pyx_tp_vectorcall_5accel_5_core_RegionCore, /*tp_vectorcall*/
+  #else
+  NULL, /*tp_vectorcall*/
+  #endif
+  #endif
+  #if __PYX_NEED_TP_PRINT_SLOT == 1
+  0, /*tp_print*/
+  #endif
+  #if PY_VERSION_HEX >= 0x030C0000
+  0, /*tp_watched*/
+  #endif
+  #if PY_VERSION_HEX >= 0x030d00A4
+  0, /*tp_versions_used*/
+  #endif
+  #if CYTHON_COMPILING_IN_PYPY && PY_VERSION_HEX < 0x030a0000
+  0, /*tp_pypy_flags*/
+  #endif
+};
+#endif
 
 static PyMethodDef __pyx_methods[] = {
   {0, 0, 0, 0}
@@ -3761,6 +10917,7 @@ static CYTHON_SMALL_CODE int __Pyx_InitConstants(__pyx_mstatetype *__pyx_mstate)
 static CYTHON_SMALL_CODE int __Pyx_modinit_Global_init_code(__pyx_mstatetype *__pyx_mstate); /*proto*/
 static CYTHON_SMALL_CODE int __Pyx_modinit_Variable_export_code(__pyx_mstatetype *__pyx_mstate); /*proto*/
 static CYTHON_SMALL_CODE int __Pyx_modinit_Function_export_code(__pyx_mstatetype *__pyx_mstate); /*proto*/
+static CYTHON_SMALL_CODE int __Pyx_modinit_Exttype___pyx_obj_5accel_5_core_RegionCore(__pyx_mstatetype *__pyx_mstate); /*proto*/
 static CYTHON_SMALL_CODE int __Pyx_modinit_Type_import_code(__pyx_mstatetype *__pyx_mstate); /*proto*/
 static CYTHON_SMALL_CODE int __Pyx_modinit_Variable_import_code(__pyx_mstatetype *__pyx_mstate); /*proto*/
 static CYTHON_SMALL_CODE int __Pyx_modinit_Function_import_code(__pyx_mstatetype *__pyx_mstate); /*proto*/
@@ -3772,6 +10929,15 @@ static int __Pyx_modinit_Global_init_code(__pyx_mstatetype *__pyx_mstate) {
   CYTHON_UNUSED_VAR(__pyx_mstate);
   __Pyx_RefNannySetupContext("__Pyx_modinit_Global_init_code", 0);
   /*--- Global init code ---*/
+  __pyx_v_5accel_5_core__data_ptr = Py_None; Py_INCREF(Py_None);
+  __pyx_v_5accel_5_core__untyped_storage = Py_None; Py_INCREF(Py_None);
+  __pyx_v_5accel_5_core__Tensor = Py_None; Py_INCREF(Py_None);
+  __pyx_v_5accel_5_core__Parameter = Py_None; Py_INCREF(Py_None);
+  __pyx_v_5accel_5_core__strided = Py_None; Py_INCREF(Py_None);
+  __pyx_v_5accel_5_core__bool = Py_None; Py_INCREF(Py_None);
+  __pyx_v_5accel_5_core__empty_strided = Py_None; Py_INCREF(Py_None);
+  __pyx_v_5accel_5_core__device = Py_None; Py_INCREF(Py_None);
+  __pyx_v_5accel_5_core__CONST_TYPES = ((PyObject*)Py_None); Py_INCREF(Py_None);
   __Pyx_RefNannyFinishContext();
   return 0;
 }
@@ -3792,6 +10958,46 @@ static int __Pyx_modinit_Function_export_code(__pyx_mstatetype *__pyx_mstate) {
   /*--- Function export code ---*/
   __Pyx_RefNannyFinishContext();
   return 0;
+}
+
+static int __Pyx_modinit_Exttype___pyx_obj_5accel_5_core_RegionCore(__pyx_mstatetype *__pyx_mstate) {
+  __Pyx_RefNannyDeclarations
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
+  CYTHON_UNUSED_VAR(__pyx_mstate);
+  __Pyx_RefNannySetupContext("__Pyx_modinit_Exttype___pyx_obj_5accel_5_core_RegionCore", 0);
+  /*--- Exttype __pyx_obj_5accel_5_core_RegionCore ---*/
+  __pyx_vtabptr_5accel_5_core_RegionCore = &__pyx_vtable_5accel_5_core_RegionCore;
+  __pyx_vtable_5accel_5_core_RegionCore._aliases_pending = (PyObject *(*)(struct __pyx_obj_5accel_5_core_RegionCore *, Py_ssize_t))__pyx_f_5accel_5_core_10RegionCore__aliases_pending;
+  __pyx_vtable_5accel_5_core_RegionCore._tensor_sig = (PyObject *(*)(struct __pyx_obj_5accel_5_core_RegionCore *, PyObject *, PyObject *, PyObject *))__pyx_f_5accel_5_core_10RegionCore__tensor_sig;
+  __pyx_vtable_5accel_5_core_RegionCore._arg = (PyObject *(*)(struct __pyx_obj_5accel_5_core_RegionCore *, int, PyObject *, PyObject *, PyObject *))__pyx_f_5accel_5_core_10RegionCore__arg;
+  #if CYTHON_USE_TYPE_SPECS
+  __pyx_mstate->__pyx_ptype_5accel_5_core_RegionCore = (PyTypeObject *) __Pyx_PyType_FromModuleAndSpec(__pyx_m, &__pyx_type_5accel_5_core_RegionCore_spec, NULL); if (unlikely(!__pyx_mstate->__pyx_ptype_5accel_5_core_RegionCore)) __PYX_ERR(0, 87, __pyx_L1_error)
+  #else
+  __pyx_mstate->__pyx_ptype_5accel_5_core_RegionCore = &__pyx_type_5accel_5_core_RegionCore;
+  #endif
+  #if !CYTHON_COMPILING_IN_LIMITED_API
+  #endif
+  #if !CYTHON_USE_TYPE_SPECS
+  if (__Pyx_PyType_Ready(__pyx_mstate->__pyx_ptype_5accel_5_core_RegionCore) < (0)) __PYX_ERR(0, 87, __pyx_L1_error)
+  #endif
+  #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
+  PyUnstable_Object_EnableDeferredRefcount((PyObject*)__pyx_mstate->__pyx_ptype_5accel_5_core_RegionCore);
+  #endif
+  #if !CYTHON_COMPILING_IN_LIMITED_API
+  if ((CYTHON_USE_TYPE_SLOTS && CYTHON_USE_PYTYPE_LOOKUP) && likely(!__pyx_mstate->__pyx_ptype_5accel_5_core_RegionCore->tp_dictoffset && __pyx_mstate->__pyx_ptype_5accel_5_core_RegionCore->tp_getattro == PyObject_GenericGetAttr)) {
+    __pyx_mstate->__pyx_ptype_5accel_5_core_RegionCore->tp_getattro = PyObject_GenericGetAttr;
+  }
+  #endif
+  if (__Pyx_SetVtable(__pyx_mstate->__pyx_ptype_5accel_5_core_RegionCore, __pyx_vtabptr_5accel_5_core_RegionCore) < (0)) __PYX_ERR(0, 87, __pyx_L1_error)
+  if (PyObject_SetAttr(__pyx_m, __pyx_mstate_global->__pyx_n_u_RegionCore, (PyObject *) __pyx_mstate->__pyx_ptype_5accel_5_core_RegionCore) < (0)) __PYX_ERR(0, 87, __pyx_L1_error)
+  if (__Pyx_setup_reduce((PyObject *) __pyx_mstate->__pyx_ptype_5accel_5_core_RegionCore) < (0)) __PYX_ERR(0, 87, __pyx_L1_error)
+  __Pyx_RefNannyFinishContext();
+  return 0;
+  __pyx_L1_error:;
+  __Pyx_RefNannyFinishContext();
+  return -1;
 }
 
 static int __Pyx_modinit_Type_import_code(__pyx_mstatetype *__pyx_mstate) {
@@ -4015,6 +11221,9 @@ static CYTHON_SMALL_CODE int __pyx_pymod_exec__core(PyObject *__pyx_pyinit_modul
   PyObject *__pyx_t_3 = NULL;
   PyObject *__pyx_t_4 = NULL;
   PyObject *__pyx_t_5 = NULL;
+  Py_ssize_t __pyx_t_6;
+  PyObject *__pyx_t_7 = NULL;
+  int __pyx_t_8;
   int __pyx_lineno = 0;
   const char *__pyx_filename = NULL;
   int __pyx_clineno = 0;
@@ -4098,6 +11307,7 @@ __Pyx_RefNannySetupContext("PyInit__core", 0);
   (void)__Pyx_modinit_Variable_export_code(__pyx_mstate);
   (void)__Pyx_modinit_Function_export_code(__pyx_mstate);
   /*--- Type init code ---*/
+  if (unlikely((__Pyx_modinit_Exttype___pyx_obj_5accel_5_core_RegionCore(__pyx_mstate) < 0))) __PYX_ERR(0, 1, __pyx_L1_error)
   (void)__Pyx_modinit_Type_import_code(__pyx_mstate);
   (void)__Pyx_modinit_Variable_import_code(__pyx_mstate);
   (void)__Pyx_modinit_Function_import_code(__pyx_mstate);
@@ -4170,15 +11380,363 @@ __Pyx_RefNannySetupContext("PyInit__core", 0);
   if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_launch, __pyx_t_4) < (0)) __PYX_ERR(0, 41, __pyx_L1_error)
   __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
 
+  /* "accel/_core.pyx":70
+ * 
+ * # -- recording: the per-call hot path (pure-Python twin: accel/_core_py.py) -----------------
+ * import sys             # <<<<<<<<<<<<<<
+ * import torch
+ * from accel.ops import DTYPES, NOT_DEFERRABLE, SCALAR, TENSOR, Deferred
+*/
+  __pyx_t_1 = __Pyx_Import(__pyx_mstate_global->__pyx_n_u_sys, 0, 0, NULL, 0); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 70, __pyx_L1_error)
+  __pyx_t_4 = __pyx_t_1;
+  __Pyx_GOTREF(__pyx_t_4);
+  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_sys, __pyx_t_4) < (0)) __PYX_ERR(0, 70, __pyx_L1_error)
+  __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
+
+  /* "accel/_core.pyx":71
+ * # -- recording: the per-call hot path (pure-Python twin: accel/_core_py.py) -----------------
+ * import sys
+ * import torch             # <<<<<<<<<<<<<<
+ * from accel.ops import DTYPES, NOT_DEFERRABLE, SCALAR, TENSOR, Deferred
+ * 
+*/
+  __pyx_t_1 = __Pyx_Import(__pyx_mstate_global->__pyx_n_u_torch, 0, 0, NULL, 0); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 71, __pyx_L1_error)
+  __pyx_t_4 = __pyx_t_1;
+  __Pyx_GOTREF(__pyx_t_4);
+  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_torch, __pyx_t_4) < (0)) __PYX_ERR(0, 71, __pyx_L1_error)
+  __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
+
+  /* "accel/_core.pyx":72
+ * import sys
+ * import torch
+ * from accel.ops import DTYPES, NOT_DEFERRABLE, SCALAR, TENSOR, Deferred             # <<<<<<<<<<<<<<
+ * 
+ * cdef object _data_ptr = torch._C.TensorBase.data_ptr
+*/
+  {
+    PyObject* const __pyx_imported_names[] = {__pyx_mstate_global->__pyx_n_u_DTYPES,__pyx_mstate_global->__pyx_n_u_NOT_DEFERRABLE,__pyx_mstate_global->__pyx_n_u_SCALAR,__pyx_mstate_global->__pyx_n_u_TENSOR,__pyx_mstate_global->__pyx_n_u_Deferred};
+    __pyx_t_1 = __Pyx_Import(__pyx_mstate_global->__pyx_n_u_accel_ops, __pyx_imported_names, 5, NULL, 0); if (unlikely(!__pyx_t_1)) __PYX_ERR(0, 72, __pyx_L1_error)
+  }
+  __pyx_t_4 = __pyx_t_1;
+  __Pyx_GOTREF(__pyx_t_4);
+  {
+    PyObject* const __pyx_imported_names[] = {__pyx_mstate_global->__pyx_n_u_DTYPES,__pyx_mstate_global->__pyx_n_u_NOT_DEFERRABLE,__pyx_mstate_global->__pyx_n_u_SCALAR,__pyx_mstate_global->__pyx_n_u_TENSOR,__pyx_mstate_global->__pyx_n_u_Deferred};
+    for (__pyx_t_6=0; __pyx_t_6 < 5; __pyx_t_6++) {
+      __pyx_t_3 = __Pyx_ImportFrom(__pyx_t_4, __pyx_imported_names[__pyx_t_6]); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 72, __pyx_L1_error)
+      __Pyx_GOTREF(__pyx_t_3);
+      if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_imported_names[__pyx_t_6], __pyx_t_3) < (0)) __PYX_ERR(0, 72, __pyx_L1_error)
+      __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
+    }
+  }
+  __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
+
+  /* "accel/_core.pyx":74
+ * from accel.ops import DTYPES, NOT_DEFERRABLE, SCALAR, TENSOR, Deferred
+ * 
+ * cdef object _data_ptr = torch._C.TensorBase.data_ptr             # <<<<<<<<<<<<<<
+ * cdef object _untyped_storage = torch._C.TensorBase.untyped_storage
+ * cdef object _Tensor = torch.Tensor
+*/
+  __Pyx_GetModuleGlobalName(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_torch); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 74, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_4);
+  __pyx_t_3 = __Pyx_PyObject_GetAttrStr(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_C); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 74, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_3);
+  __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
+  __pyx_t_4 = __Pyx_PyObject_GetAttrStr(__pyx_t_3, __pyx_mstate_global->__pyx_n_u_TensorBase); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 74, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_4);
+  __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
+  __pyx_t_3 = __Pyx_PyObject_GetAttrStr(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_data_ptr); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 74, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_3);
+  __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
+  __Pyx_XGOTREF(__pyx_v_5accel_5_core__data_ptr);
+  __Pyx_DECREF_SET(__pyx_v_5accel_5_core__data_ptr, __pyx_t_3);
+  __Pyx_GIVEREF(__pyx_t_3);
+  __pyx_t_3 = 0;
+
+  /* "accel/_core.pyx":75
+ * 
+ * cdef object _data_ptr = torch._C.TensorBase.data_ptr
+ * cdef object _untyped_storage = torch._C.TensorBase.untyped_storage             # <<<<<<<<<<<<<<
+ * cdef object _Tensor = torch.Tensor
+ * cdef object _Parameter = torch.nn.Parameter
+*/
+  __Pyx_GetModuleGlobalName(__pyx_t_3, __pyx_mstate_global->__pyx_n_u_torch); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 75, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_3);
+  __pyx_t_4 = __Pyx_PyObject_GetAttrStr(__pyx_t_3, __pyx_mstate_global->__pyx_n_u_C); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 75, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_4);
+  __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
+  __pyx_t_3 = __Pyx_PyObject_GetAttrStr(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_TensorBase); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 75, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_3);
+  __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
+  __pyx_t_4 = __Pyx_PyObject_GetAttrStr(__pyx_t_3, __pyx_mstate_global->__pyx_n_u_untyped_storage); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 75, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_4);
+  __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
+  __Pyx_XGOTREF(__pyx_v_5accel_5_core__untyped_storage);
+  __Pyx_DECREF_SET(__pyx_v_5accel_5_core__untyped_storage, __pyx_t_4);
+  __Pyx_GIVEREF(__pyx_t_4);
+  __pyx_t_4 = 0;
+
+  /* "accel/_core.pyx":76
+ * cdef object _data_ptr = torch._C.TensorBase.data_ptr
+ * cdef object _untyped_storage = torch._C.TensorBase.untyped_storage
+ * cdef object _Tensor = torch.Tensor             # <<<<<<<<<<<<<<
+ * cdef object _Parameter = torch.nn.Parameter
+ * cdef object _strided = torch.strided
+*/
+  __Pyx_GetModuleGlobalName(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_torch); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 76, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_4);
+  __pyx_t_3 = __Pyx_PyObject_GetAttrStr(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_Tensor); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 76, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_3);
+  __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
+  __Pyx_XGOTREF(__pyx_v_5accel_5_core__Tensor);
+  __Pyx_DECREF_SET(__pyx_v_5accel_5_core__Tensor, __pyx_t_3);
+  __Pyx_GIVEREF(__pyx_t_3);
+  __pyx_t_3 = 0;
+
+  /* "accel/_core.pyx":77
+ * cdef object _untyped_storage = torch._C.TensorBase.untyped_storage
+ * cdef object _Tensor = torch.Tensor
+ * cdef object _Parameter = torch.nn.Parameter             # <<<<<<<<<<<<<<
+ * cdef object _strided = torch.strided
+ * cdef object _bool = torch.bool
+*/
+  __Pyx_GetModuleGlobalName(__pyx_t_3, __pyx_mstate_global->__pyx_n_u_torch); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 77, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_3);
+  __pyx_t_4 = __Pyx_PyObject_GetAttrStr(__pyx_t_3, __pyx_mstate_global->__pyx_n_u_nn); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 77, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_4);
+  __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
+  __pyx_t_3 = __Pyx_PyObject_GetAttrStr(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_Parameter); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 77, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_3);
+  __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
+  __Pyx_XGOTREF(__pyx_v_5accel_5_core__Parameter);
+  __Pyx_DECREF_SET(__pyx_v_5accel_5_core__Parameter, __pyx_t_3);
+  __Pyx_GIVEREF(__pyx_t_3);
+  __pyx_t_3 = 0;
+
+  /* "accel/_core.pyx":78
+ * cdef object _Tensor = torch.Tensor
+ * cdef object _Parameter = torch.nn.Parameter
+ * cdef object _strided = torch.strided             # <<<<<<<<<<<<<<
+ * cdef object _bool = torch.bool
+ * cdef object _empty_strided = torch.empty_strided
+*/
+  __Pyx_GetModuleGlobalName(__pyx_t_3, __pyx_mstate_global->__pyx_n_u_torch); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 78, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_3);
+  __pyx_t_4 = __Pyx_PyObject_GetAttrStr(__pyx_t_3, __pyx_mstate_global->__pyx_n_u_strided); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 78, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_4);
+  __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
+  __Pyx_XGOTREF(__pyx_v_5accel_5_core__strided);
+  __Pyx_DECREF_SET(__pyx_v_5accel_5_core__strided, __pyx_t_4);
+  __Pyx_GIVEREF(__pyx_t_4);
+  __pyx_t_4 = 0;
+
+  /* "accel/_core.pyx":79
+ * cdef object _Parameter = torch.nn.Parameter
+ * cdef object _strided = torch.strided
+ * cdef object _bool = torch.bool             # <<<<<<<<<<<<<<
+ * cdef object _empty_strided = torch.empty_strided
+ * cdef object _device = torch.device
+*/
+  __Pyx_GetModuleGlobalName(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_torch); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 79, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_4);
+  __pyx_t_3 = __Pyx_PyObject_GetAttrStr(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_bool); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 79, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_3);
+  __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
+  __Pyx_XGOTREF(__pyx_v_5accel_5_core__bool);
+  __Pyx_DECREF_SET(__pyx_v_5accel_5_core__bool, __pyx_t_3);
+  __Pyx_GIVEREF(__pyx_t_3);
+  __pyx_t_3 = 0;
+
+  /* "accel/_core.pyx":80
+ * cdef object _strided = torch.strided
+ * cdef object _bool = torch.bool
+ * cdef object _empty_strided = torch.empty_strided             # <<<<<<<<<<<<<<
+ * cdef object _device = torch.device
+ * cdef tuple _CONST_TYPES = (bool, int, float, str, type(None), torch.dtype, torch.device,
+*/
+  __Pyx_GetModuleGlobalName(__pyx_t_3, __pyx_mstate_global->__pyx_n_u_torch); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 80, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_3);
+  __pyx_t_4 = __Pyx_PyObject_GetAttrStr(__pyx_t_3, __pyx_mstate_global->__pyx_n_u_empty_strided); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 80, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_4);
+  __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
+  __Pyx_XGOTREF(__pyx_v_5accel_5_core__empty_strided);
+  __Pyx_DECREF_SET(__pyx_v_5accel_5_core__empty_strided, __pyx_t_4);
+  __Pyx_GIVEREF(__pyx_t_4);
+  __pyx_t_4 = 0;
+
+  /* "accel/_core.pyx":81
+ * cdef object _bool = torch.bool
+ * cdef object _empty_strided = torch.empty_strided
+ * cdef object _device = torch.device             # <<<<<<<<<<<<<<
+ * cdef tuple _CONST_TYPES = (bool, int, float, str, type(None), torch.dtype, torch.device,
+ *                            torch.memory_format, torch.layout, tuple)
+*/
+  __Pyx_GetModuleGlobalName(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_torch); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 81, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_4);
+  __pyx_t_3 = __Pyx_PyObject_GetAttrStr(__pyx_t_4, __pyx_mstate_global->__pyx_n_u_device); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 81, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_3);
+  __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
+  __Pyx_XGOTREF(__pyx_v_5accel_5_core__device);
+  __Pyx_DECREF_SET(__pyx_v_5accel_5_core__device, __pyx_t_3);
+  __Pyx_GIVEREF(__pyx_t_3);
+  __pyx_t_3 = 0;
+
+  /* "accel/_core.pyx":82
+ * cdef object _empty_strided = torch.empty_strided
+ * cdef object _device = torch.device
+ * cdef tuple _CONST_TYPES = (bool, int, float, str, type(None), torch.dtype, torch.device,             # <<<<<<<<<<<<<<
+ *                            torch.memory_format, torch.layout, tuple)
+ * cdef int _TENSOR = TENSOR, _SCALAR = SCALAR
+*/
+  __Pyx_GetModuleGlobalName(__pyx_t_3, __pyx_mstate_global->__pyx_n_u_torch); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 82, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_3);
+  __pyx_t_4 = __Pyx_PyObject_GetAttrStr(__pyx_t_3, __pyx_mstate_global->__pyx_n_u_dtype); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 82, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_4);
+  __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
+  __Pyx_GetModuleGlobalName(__pyx_t_3, __pyx_mstate_global->__pyx_n_u_torch); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 82, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_3);
+  __pyx_t_5 = __Pyx_PyObject_GetAttrStr(__pyx_t_3, __pyx_mstate_global->__pyx_n_u_device); if (unlikely(!__pyx_t_5)) __PYX_ERR(0, 82, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_5);
+  __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
+
+  /* "accel/_core.pyx":83
+ * cdef object _device = torch.device
+ * cdef tuple _CONST_TYPES = (bool, int, float, str, type(None), torch.dtype, torch.device,
+ *                            torch.memory_format, torch.layout, tuple)             # <<<<<<<<<<<<<<
+ * cdef int _TENSOR = TENSOR, _SCALAR = SCALAR
+ * 
+*/
+  __Pyx_GetModuleGlobalName(__pyx_t_3, __pyx_mstate_global->__pyx_n_u_torch); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 83, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_3);
+  __pyx_t_2 = __Pyx_PyObject_GetAttrStr(__pyx_t_3, __pyx_mstate_global->__pyx_n_u_memory_format); if (unlikely(!__pyx_t_2)) __PYX_ERR(0, 83, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_2);
+  __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
+  __Pyx_GetModuleGlobalName(__pyx_t_3, __pyx_mstate_global->__pyx_n_u_torch); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 83, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_3);
+  __pyx_t_7 = __Pyx_PyObject_GetAttrStr(__pyx_t_3, __pyx_mstate_global->__pyx_n_u_layout); if (unlikely(!__pyx_t_7)) __PYX_ERR(0, 83, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_7);
+  __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
+
+  /* "accel/_core.pyx":82
+ * cdef object _empty_strided = torch.empty_strided
+ * cdef object _device = torch.device
+ * cdef tuple _CONST_TYPES = (bool, int, float, str, type(None), torch.dtype, torch.device,             # <<<<<<<<<<<<<<
+ *                            torch.memory_format, torch.layout, tuple)
+ * cdef int _TENSOR = TENSOR, _SCALAR = SCALAR
+*/
+  {
+    PyObject* __pyx_temp[10] = {((PyObject *)(&PyBool_Type)), ((PyObject *)(&PyLong_Type)), ((PyObject *)(&PyFloat_Type)), ((PyObject *)(&PyUnicode_Type)), ((PyObject *)Py_TYPE(Py_None)), __pyx_t_4, __pyx_t_5, __pyx_t_2, __pyx_t_7, ((PyObject *)(&PyTuple_Type))};
+    __pyx_t_3 = __Pyx_PyTuple_FromArray(__pyx_temp, 10); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 82, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_t_3);
+  }
+  __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
+  __Pyx_DECREF(__pyx_t_5); __pyx_t_5 = 0;
+  __Pyx_DECREF(__pyx_t_2); __pyx_t_2 = 0;
+  __Pyx_DECREF(__pyx_t_7); __pyx_t_7 = 0;
+  __Pyx_XGOTREF(__pyx_v_5accel_5_core__CONST_TYPES);
+  __Pyx_DECREF_SET(__pyx_v_5accel_5_core__CONST_TYPES, ((PyObject*)__pyx_t_3));
+  __Pyx_GIVEREF(__pyx_t_3);
+  __pyx_t_3 = 0;
+
+  /* "accel/_core.pyx":84
+ * cdef tuple _CONST_TYPES = (bool, int, float, str, type(None), torch.dtype, torch.device,
+ *                            torch.memory_format, torch.layout, tuple)
+ * cdef int _TENSOR = TENSOR, _SCALAR = SCALAR             # <<<<<<<<<<<<<<
+ * 
+ * 
+*/
+  __Pyx_GetModuleGlobalName(__pyx_t_3, __pyx_mstate_global->__pyx_n_u_TENSOR); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 84, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_3);
+  __pyx_t_8 = __Pyx_PyLong_As_int(__pyx_t_3); if (unlikely((__pyx_t_8 == (int)-1) && PyErr_Occurred())) __PYX_ERR(0, 84, __pyx_L1_error)
+  __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
+  __pyx_v_5accel_5_core__TENSOR = __pyx_t_8;
+  __Pyx_GetModuleGlobalName(__pyx_t_3, __pyx_mstate_global->__pyx_n_u_SCALAR); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 84, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_3);
+  __pyx_t_8 = __Pyx_PyLong_As_int(__pyx_t_3); if (unlikely((__pyx_t_8 == (int)-1) && PyErr_Occurred())) __PYX_ERR(0, 84, __pyx_L1_error)
+  __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
+  __pyx_v_5accel_5_core__SCALAR = __pyx_t_8;
+
+  /* "accel/_core.pyx":99
+ *     cdef Py_ssize_t _lo, _hi
+ * 
+ *     def clear(self, root):             # <<<<<<<<<<<<<<
+ *         self.node = root
+ *         self.ext = []
+*/
+  __pyx_t_3 = __Pyx_CyFunction_New(&__pyx_mdef_5accel_5_core_10RegionCore_1clear, __Pyx_CYFUNCTION_CCLASS, __pyx_mstate_global->__pyx_n_u_RegionCore_clear, NULL, __pyx_mstate_global->__pyx_n_u_accel__core, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[2])); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 99, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_3);
+  #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
+  PyUnstable_Object_EnableDeferredRefcount(__pyx_t_3);
+  #endif
+  if (__Pyx_SetItemOnTypeDict(__pyx_mstate_global->__pyx_ptype_5accel_5_core_RegionCore, __pyx_mstate_global->__pyx_n_u_clear, __pyx_t_3) < (0)) __PYX_ERR(0, 99, __pyx_L1_error)
+  __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
+
+  /* "accel/_core.pyx":171
+ *             tmpl.append(("c", v))
+ * 
+ *     def record(self, func, spec, tuple args, dict kwargs):             # <<<<<<<<<<<<<<
+ *         """Defer one call; return its (real, unfilled) result tensor.
+ * 
+*/
+  __pyx_t_3 = __Pyx_CyFunction_New(&__pyx_mdef_5accel_5_core_10RegionCore_5record, __Pyx_CYFUNCTION_CCLASS, __pyx_mstate_global->__pyx_n_u_RegionCore_record, NULL, __pyx_mstate_global->__pyx_n_u_accel__core, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[3])); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 171, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_3);
+  #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
+  PyUnstable_Object_EnableDeferredRefcount(__pyx_t_3);
+  #endif
+  if (__Pyx_SetItemOnTypeDict(__pyx_mstate_global->__pyx_ptype_5accel_5_core_RegionCore, __pyx_mstate_global->__pyx_n_u_record, __pyx_t_3) < (0)) __PYX_ERR(0, 171, __pyx_L1_error)
+  __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
+
+  /* "(tree fragment)":1
+ * def __reduce_cython__(self):             # <<<<<<<<<<<<<<
+ *     cdef tuple state
+ *     cdef object _dict
+*/
+  __pyx_t_3 = __Pyx_CyFunction_New(&__pyx_mdef_5accel_5_core_10RegionCore_7__reduce_cython__, __Pyx_CYFUNCTION_CCLASS, __pyx_mstate_global->__pyx_n_u_RegionCore___reduce_cython, NULL, __pyx_mstate_global->__pyx_n_u_accel__core, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[4])); if (unlikely(!__pyx_t_3)) __PYX_ERR(1, 1, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_3);
+  #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
+  PyUnstable_Object_EnableDeferredRefcount(__pyx_t_3);
+  #endif
+  if (__Pyx_SetItemOnTypeDict(__pyx_mstate_global->__pyx_ptype_5accel_5_core_RegionCore, __pyx_mstate_global->__pyx_n_u_reduce_cython, __pyx_t_3) < (0)) __PYX_ERR(1, 1, __pyx_L1_error)
+  __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
+
+  /* "(tree fragment)":17
+ *     else:
+ *         return __pyx_unpickle_RegionCore, (type(self), 0x14aa989, state)
+ * def __setstate_cython__(self, __pyx_state):             # <<<<<<<<<<<<<<
+ *     __pyx_unpickle_RegionCore__set_state(self, __pyx_state)
+*/
+  __pyx_t_3 = __Pyx_CyFunction_New(&__pyx_mdef_5accel_5_core_10RegionCore_9__setstate_cython__, __Pyx_CYFUNCTION_CCLASS, __pyx_mstate_global->__pyx_n_u_RegionCore___setstate_cython, NULL, __pyx_mstate_global->__pyx_n_u_accel__core, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[5])); if (unlikely(!__pyx_t_3)) __PYX_ERR(1, 17, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_3);
+  #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
+  PyUnstable_Object_EnableDeferredRefcount(__pyx_t_3);
+  #endif
+  if (__Pyx_SetItemOnTypeDict(__pyx_mstate_global->__pyx_ptype_5accel_5_core_RegionCore, __pyx_mstate_global->__pyx_n_u_setstate_cython, __pyx_t_3) < (0)) __PYX_ERR(1, 17, __pyx_L1_error)
+  __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
+
+  /* "(tree fragment)":4
+ *     int __Pyx_CheckUnpickleChecksum(long, long, long, long, const char*) except -1
+ *     int __Pyx_UpdateUnpickledDict(object, object, Py_ssize_t) except -1
+ * def __pyx_unpickle_RegionCore(__pyx_type, long __pyx_checksum, tuple __pyx_state):             # <<<<<<<<<<<<<<
+ *     cdef object __pyx_result
+ *     __Pyx_CheckUnpickleChecksum(__pyx_checksum, 0x14aa989, 0xfc4c573, 0x07eb087, b'_float_ok, _hi, _int_ok, _lo, calls, ext, ext_ids, hi, lo, mutates_ext, node, out_ids, out_meta, outs, scalars')
+*/
+  __pyx_t_3 = __Pyx_CyFunction_New(&__pyx_mdef_5accel_5_core_5__pyx_unpickle_RegionCore, 0, __pyx_mstate_global->__pyx_n_u_pyx_unpickle_RegionCore, NULL, __pyx_mstate_global->__pyx_n_u_accel__core, __pyx_mstate_global->__pyx_d, ((PyObject *)__pyx_mstate_global->__pyx_codeobj_tab[6])); if (unlikely(!__pyx_t_3)) __PYX_ERR(1, 4, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_3);
+  #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030E0000
+  PyUnstable_Object_EnableDeferredRefcount(__pyx_t_3);
+  #endif
+  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_pyx_unpickle_RegionCore, __pyx_t_3) < (0)) __PYX_ERR(1, 4, __pyx_L1_error)
+  __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
+
   /* "accel/_core.pyx":1
  * # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True             # <<<<<<<<<<<<<<
  * """accel's native core: loading compiled kernels and calling them without the GIL.
  * 
 */
-  __pyx_t_4 = __Pyx_PyDict_NewPresized(0); if (unlikely(!__pyx_t_4)) __PYX_ERR(0, 1, __pyx_L1_error)
-  __Pyx_GOTREF(__pyx_t_4);
-  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_test, __pyx_t_4) < (0)) __PYX_ERR(0, 1, __pyx_L1_error)
-  __Pyx_DECREF(__pyx_t_4); __pyx_t_4 = 0;
+  __pyx_t_3 = __Pyx_PyDict_NewPresized(0); if (unlikely(!__pyx_t_3)) __PYX_ERR(0, 1, __pyx_L1_error)
+  __Pyx_GOTREF(__pyx_t_3);
+  if (PyDict_SetItem(__pyx_mstate_global->__pyx_d, __pyx_mstate_global->__pyx_n_u_test, __pyx_t_3) < (0)) __PYX_ERR(0, 1, __pyx_L1_error)
+  __Pyx_DECREF(__pyx_t_3); __pyx_t_3 = 0;
 
   /*--- Wrapped vars code ---*/
 
@@ -4188,6 +11746,7 @@ __Pyx_RefNannySetupContext("PyInit__core", 0);
   __Pyx_XDECREF(__pyx_t_3);
   __Pyx_XDECREF(__pyx_t_4);
   __Pyx_XDECREF(__pyx_t_5);
+  __Pyx_XDECREF(__pyx_t_7);
   if (__pyx_m) {
     if (__pyx_mstate->__pyx_d && stringtab_initialized) {
       __Pyx_AddTraceback("init accel._core", __pyx_clineno, __pyx_lineno, __pyx_filename);
@@ -4218,9 +11777,15 @@ __Pyx_RefNannySetupContext("PyInit__core", 0);
 /* #### Code section: cached_builtins ### */
 
 static int __Pyx_InitCachedBuiltins(__pyx_mstatetype *__pyx_mstate) {
+  int __pyx_lineno = 0;
+  const char *__pyx_filename = NULL;
+  int __pyx_clineno = 0;
   CYTHON_UNUSED_VAR(__pyx_mstate);
+  __pyx_builtin_id = __Pyx_GetBuiltinName(__pyx_mstate->__pyx_n_u_id); if (!__pyx_builtin_id) __PYX_ERR(0, 129, __pyx_L1_error)
 
   /* Cached unbound methods */
+  __pyx_mstate->__pyx_umethod_PyDict_Type_get.type = (PyObject*)&PyDict_Type;
+  __pyx_mstate->__pyx_umethod_PyDict_Type_get.method_name = &__pyx_mstate->__pyx_n_u_get;
   __pyx_mstate->__pyx_umethod_PyDict_Type_items.type = (PyObject*)&PyDict_Type;
   __pyx_mstate->__pyx_umethod_PyDict_Type_items.method_name = &__pyx_mstate->__pyx_n_u_items;
   __pyx_mstate->__pyx_umethod_PyDict_Type_pop.type = (PyObject*)&PyDict_Type;
@@ -4228,6 +11793,8 @@ static int __Pyx_InitCachedBuiltins(__pyx_mstatetype *__pyx_mstate) {
   __pyx_mstate->__pyx_umethod_PyDict_Type_values.type = (PyObject*)&PyDict_Type;
   __pyx_mstate->__pyx_umethod_PyDict_Type_values.method_name = &__pyx_mstate->__pyx_n_u_values;
   return 0;
+  __pyx_L1_error:;
+  return -1;
 }
 /* #### Code section: cached_constants ### */
 
@@ -4252,10 +11819,24 @@ static int __Pyx_InitCachedConstants(__pyx_mstatetype *__pyx_mstate) {
     __Pyx_GOTREF(__pyx_mstate_global->__pyx_tuple[0]);
   }
   __Pyx_GIVEREF(__pyx_mstate_global->__pyx_tuple[0]);
+
+  /* "accel/_core.pyx":227
+ *             return self.outs[ret[1]]
+ *         meta = outs[0]
+ *         r = _empty_strided(meta[0], meta[1], dtype=meta[2])             # <<<<<<<<<<<<<<
+ *         self.out_ids[id(r)] = len(self.outs)
+ *         self.outs.append(r)
+*/
+  {
+    PyObject* __pyx_temp[1] = {__pyx_mstate_global->__pyx_n_u_dtype};
+    __pyx_mstate_global->__pyx_tuple[1] = __Pyx_PyTuple_FromArray(__pyx_temp, 1); if (unlikely(!__pyx_mstate_global->__pyx_tuple[1])) __PYX_ERR(0, 227, __pyx_L1_error)
+    __Pyx_GOTREF(__pyx_mstate_global->__pyx_tuple[1]);
+  }
+  __Pyx_GIVEREF(__pyx_mstate_global->__pyx_tuple[1]);
   #if CYTHON_IMMORTAL_CONSTANTS
   {
     PyObject **table = __pyx_mstate->__pyx_tuple;
-    for (Py_ssize_t i=0; i<1; ++i) {
+    for (Py_ssize_t i=0; i<2; ++i) {
       #if PY_VERSION_HEX >= 0x030F0000
       PyUnstable_SetImmortal(table[i]);
       #elif CYTHON_COMPILING_IN_CPYTHON_FREETHREADING
@@ -4289,32 +11870,41 @@ static int __Pyx_InitConstants(__pyx_mstatetype *__pyx_mstate) {
   int __pyx_clineno = 0;
   CYTHON_UNUSED_VAR(__pyx_mstate);
   {
-    const struct { const unsigned int length: 8; } str_length_index[] = {{14},{1},{62},{4},{179},{15},{8},{9},{20},{12},{7},{8},{8},{13},{10},{15},{8},{11},{12},{8},{13},{11},{18},{6},{4},{18},{6},{6},{1},{2},{1},{1},{5},{6},{4},{2},{2},{1},{4},{3},{4},{7},{1},{2},{7},{10},{6},{6},{6},{1},{6}};
-    const struct { const unsigned int length: 8; } bytes_length_index[] = {{238},{112}};
+    const struct { const unsigned int length: 8; } str_length_index[] = {{14},{15},{1},{1},{62},{4},{179},{15},{8},{13},{7},{6},{2},{9},{11},{6},{8},{9},{14},{9},{10},{28},{30},{16},{17},{6},{6},{6},{10},{2},{20},{12},{17},{8},{7},{8},{12},{8},{13},{10},{15},{8},{7},{11},{14},{12},{11},{10},{25},{14},{12},{10},{17},{13},{12},{12},{19},{8},{5},{13},{9},{11},{9},{5},{4},{18},{4},{6},{4},{1},{8},{5},{18},{3},{8},{6},{6},{5},{1},{13},{6},{1},{2},{4},{3},{1},{1},{2},{6},{17},{5},{1},{3},{7},{4},{2},{6},{6},{6},{4},{7},{13},{4},{1},{5},{4},{4},{3},{2},{6},{2},{4},{2},{1},{4},{1},{4},{3},{3},{4},{1},{6},{7},{3},{4},{1},{2},{7},{4},{10},{5},{4},{6},{5},{6},{14},{6},{7},{6},{3},{1},{5},{3},{5},{2},{4},{15},{6},{12},{1},{6},{1}};
+    const struct { const unsigned int length: 10; } bytes_length_index[] = {{11},{55},{464},{238},{112},{97},{680}};
     #ifndef CYTHON_COMPRESS_STRINGS
-      #define CYTHON_COMPRESS_STRINGS 0
+      #define CYTHON_COMPRESS_STRINGS 90
     #endif
-    #if (CYTHON_COMPRESS_STRINGS) == 1 /* compression: zlib (684 bytes) */
-static const char cstring[] = "x\332]Q\317O\324@\024fa\021\"+\262\242\220hbfc\342j\214\253(\020\023b\314\006!11\004D\022\004\223f\332\276\262#\2633ef\212\364\306q\217s\234\343\036{\334#G\216\034\367\330#\177\202\177\202\257E\210\332\244}\277\276\367\276\357\275\022!\r\211d\"B\302\004\371\320&\207\240\004p\302\231\257\250JI \023\036\222\002\344\003\2211\010\010\211T\204\323\340P\023f4\001a\020\026K&LkC\n\330\220\006\210\351PCVS\323\221\2020MB\300q\240\250\001\236\022m\024\013\014\250\002$\310\346\332\346\313\305w\213\204\242\000\005? \300\221:\361\003N\265\006MdD\374\204q\203\332L\032\203n\221O\021IeB\004\240\020#I\214\270\277\033L\007\004\321`\n\2074\251@\345\3240)<lg\342\240IB\246\220\204\035C\321\275N\271\206\026\r\002\340\257\274@*h\305\351\t\rC\017\333\340\263\244\341\232RRy\336fz\202\357G\324\355m\300\211\371\002\221\347\375\231\r\036>\241\014\n\023%\242\264]\312Di\301\320RX\031\3100\341%\272\253\244W\234\215AY\020\264[\246c\0051U\245{\224P~\2356\240\r\032\246\013\2012\301S@)\270U\n\246:\025\001\223\255\233\232\3665\222\036\372I\244\003\216\261\207R\214\242\001\370\230\r!\220!@\261\224\216\"\321a\314@Ws\212\272;\034\327\025\276\320qLM\047\226ql\224FE\370\247A\353@\007\224S\205\0476!D4\341F\2274\3701\211\326i\327\227\374\370\230\362\004\364i\345\327\355\221\361\207n\326\265\335\367l6kg[yu\336\036\271[\216\272\343\376v6\226\255\014:g\321y\373|\373b\364\242\221W\037\227\205\255~\224\255fz\360b\370~\343\"\032~\335\031\356\354\016w\367\206{\373\227\325\361|\262\326[\263\017,\265Gym\306V\320=p\373Y\265\234\376om\002\251*y\355n\317\330\005\273j\265k\3443\367l\303\276\261;\356Y\277qy\023<\357/\344w\246\363\332\334p\256\331\327Y#[\036\324/\047\247zKv\014;\327]\303-\\q\325s\314\276\355\005\266n\237\272\212\253_g\253S\275\005\334\26662~\337.\332\237\216\346\325Y\273\354\346\373\225+\247\356\236\270o}?\303p\342T\365f{\355|r\272\307\254B\310\00426\007\365A\363\254^\200\227p.\036\354?\340\221\033u\215\341\243\327\203\312\240d[\261\3647\361 l\211";
-    PyObject *data = __Pyx_DecompressString(cstring, 684, 1);
+    #if (CYTHON_COMPRESS_STRINGS) == 1 /* compression: zlib (1909 bytes) */
+static const char cstring[] = "x\332}T\317S\333H\026\306\262I\310\300\004\034L\230\232T\315\212Jv\310\324\354\262C \231\255\311nm9\306\314\260K\010`\207\037\303$\252\266\324\262\205eIV\267\000g3\033\216>\352\330G\035u\364\321G\216\034u\324\221?!\177\302\276\327\002\222\314l\255\013\364\265\272\373\365{\357\373\276\226\352\270\\5\335\3001T\313Q\037r\237R\325\364I\263C\035\376\315\302?\312j\233\372\016\265U\333j\370\304\357\251\272\033\330\206\212A\r\252\272\036u\250\241\272\276j\023\275\315T\2133\025\342`\233\347Z\016_\330p\035\272\341r\252\362\026\341j\245\307[\256\243ZL5(\034G}\302\251\335S\031\367-\235S\03779\352fu\363\317\313\177]V\t\024\344\323C\252\303\221,h\3506a\2142\3255\325F`\331\034j\345=\217\262\005u\315T{n\240:\024\n\341\256\352\301\276\217\003x\213:*\243\034\007\352<q\240r\302-\327\321 \334r\232\363\252a\371\220\304:\242\030\275JlF\027\210\256S\373/\232\356\372t\301\353\235\020\303\320 \214\022\277\031 -2\263a1\322\260)u\360\331\324-\226\215\014N\035\006|\264-\307X\251\357oVk+\324\244\276O\215u\227\030U\337w\375\215\027um\245\272Z\335\336.?[\257n\022\237t(\264\277M\233PV\005r~\030-h\032D\006:\325t\311\235\246}\262\006m1\350\346\177\256\3526\324\373\321;4\351\372F\255R^/o\327\253\033\265\027\333uYi\366|F\030\325*\232\266\331;\201\377\025\320C\333\240\047|\233\232\232v\311\031\325\340\047Y\325\232\224[\234vp\302\300\255\210\256\216`\006\216\304\346Ue\360\353\020\313\221H9\311\342\361\3055\002;[\366]\r=cQ\271\340\000\033\022\3511\202\347S\217\370r\006\224\320\364\026\005\237\005\235\354\315\247,\260y6\276L\207C\224\047\033\005\216g\351m\310\363\201\210l\341\210\243Xxj7 \366U\316K\256\265\337\261~=AO\360\005x\277\256\223}\324\351\357\364\3204N\031\277\242\311bh)7\000\363R\331\237\343\032TzmAz-\033\272\036#\266E\030\270\215\021\326st\313]\270\016c\r\327\265\033\220Do7\002\223\351z\313\262\r\237:Rm\335\306\203\201l\356\023\2356`\217\356\005\006\341D\363\270o\200\376\0065\350\221\245\203I\201!J;\036\357ix\373p\036\235\311L\323A\005A\275\226e\031X\257\027\300\323\264]\2703NS\223\267\032\245g""\3556\355\301\3371x\n\255\336>n\037c\3016\201\360\226M\340Fr\0102:\344\204Yoh\207v\\\277\247\231\256\337!\034}\3408@%w4\246#\217\016\2747\234F\017\310r\034$\005,\t\0070\317#\274\345\271\236\3472\350\200\371\231\207\301\021\360\265\241>\345\276\353r\306t\246\023\233\370p\333m\023\0240\250I\300\025\254E\340\363\340Q\235I\266\244.\370\010\340\335\205\357\033\325\\\323\224\202a\377\227,\260^\247\341\332\254\3078\307nx\373\030\366\352-~\204\204\005\216\274\367\332e|\340\001\2654\200{s%\373\321\021\261\003\312NNsi\341a\234\213\357\306\335\323\334E\341\017\242\233\250\337\r\306\207O\317\332\311\326vZ\230\016\177\020{\321VD\322\302\315\323\267\341\367b.\035\373S\\\216_\r\027\316!t\274\277x\232{?6\362\331=\\(\206\245\360\227\250\024\355\304\313\361\233ai\270s\266|vr\316\223\332~\262\377*y\325L\232\355\244\355%\036Ox/\351\375\372~d\344?\271u\005`]\331D\330Tv\021v\225\003\204\003\205\"P\305B\260\024\216\300\225\023\204\023\345\035\302;\245\222\007\250\344W\362\351\330Tx3\354\212\033\302\216\347\260\330\243\376nX\025%\261\225\216\335\t\241\270\331\260{\001\017.\276\217\346\343\231X\037\224\006/\207\363g3g\372y\351|?\331\201\002\033I\203&\324J\254N\322\311j|\013\247\377\232+c\256\262RE\250*\227\025o!l)u\204\272\262\207\260\247\274Fx}U\370!\302\241\322A\350(]\204\256\362\006\341\215R\306\302\313\371U\204\325\374\032\302Z\3769\302\363\374.\302n\3765\302\353\274\216\240\347M\0043\177\210p\230\367\020\274\3741\302q\376-\302\333\374;\204w\371J\0019)\254#\254\027j\010\265B\275\200\244t\323\261\311d\362[\320\247;\2709\370\367\331\374y\361\342\323\2319\320\363\263\221\321/\305\264(\213_\342i\320z+-\314Jf\2118\212jq>~:h\r\315\263\362Y\355\\9\007\256\277\222\013[\221\031Wb6\3706\371\373\306\271\231\324_&/\367\222\275\237\223\237\017.\n\243\351\330D\277\032\316\204$\354\246\023Sa\016\206Mq\020\027\344\351\237\256\241\210\271tb\262\317\303\305\260\02220\326\024\010\030>\n_\212\207\321\334\305\365\3137\321b\372\371\355t\342nrw>b\361\\\374d\000\315\214\367\037\207y\210\\\025sb1\313ULav\251""\257\207\305\360k\221\023\305\253\331K\367N\214\214\226\302\345\360X\020\264\373\0231\033\345\262AQ\334\027\373Q#\316!s~\177\272_N\307n\367\255\320\207-7!\343\374\2408\230\037\026q\363c8\027\010\373\315\306\256P\304\\r\357\273An \263=\r\311i\031\333\375)\224\360c\270\210\360/h\374\303\344\345\333:\220\360\341m-\334\312\002\226B\362Q\344j\370 {_E\207O\364_\210\305\32324tk.\312G\213\321J|{\240\017\213\303\007C\362\376\306\310\255/\263\333p?Z\212Ht\024\327dY\020\365\034\346\017\342\\\246\003\260\203\327x\013\316\005\232\362\220\260%\364h:\252Do\007\313\003>\\L\376\266qN\322\251R\370<*\246S\323@\365\217b\t\270+}!\306A\221\261[\351\004*\004\334\227\240!\034\343A\243 \030\n\002qUI\354\2260\242\007P\007\217\037\017\244\334\335tj&\254\203:\260eU\374\021\034\265\023/\246\245{\342\221\250G\305h.-\315\206\201\250\210n\372\305W\242\005\221]\234\001\325`\006r\347\3601\n\307\232Pj\020\227q\261+\306\242\234\214\225\025\310\236\246A\352@\254E\365\270\010\337\t\310\033\200\311 7~\031~\220&^\035\334\037\354\016\313\231\005\237HY\247\356\002\013\230hr*;\252\216T\nI\303Ob\005\222\334\221t\347p\265\020\256\\\271\254\000\253e\340|\342\363k\201o\367\r\324J\332;Sn^\334\021O\242\031\350\350$\016\006U\370n\356\236\375\363\\\207\317o\262]C\353.\367\217\261\362\311>\003^\227B=\343\350\005\220-\253^\026]\251v\371\252\271\262\250a\333\227I2Wm\000\373\270\261\200U\306\245x\007\304\354\016s\227e\205\333\362~\353\300\025h\222\031aV6!\275\267+\233\310l\210~\033\357?\352o\313\006\262\373\212p#3\342\263~#\234\220\214\024\377\317>P\373\277i7\201\365";
+    PyObject *data = __Pyx_DecompressString(cstring, 1909, 1);
     #define __Pyx_DecompressString_LZSS_UNUSED
     if (unlikely(!data)) __PYX_ERR(0, 1, __pyx_L1_error)
     const char* const bytes = __Pyx_PyBytes_AsString(data);
     #if !CYTHON_ASSUME_SAFE_MACROS
     if (likely(bytes)); else { Py_DECREF(data); __PYX_ERR(0, 1, __pyx_L1_error) }
     #endif
-    #else /* compression: none (944 bytes) */
-static const char bytes[] = " not found in ?A kernel library could not be opened or lacks its entry point.NoneNote that Cython is deliberately stricter than PEP-484 and rejects subclasses of builtin types. If you need to pass subclasses then set the \047annotation_typing\047 directive to False.accel/_core.pyxadd_noteLoadError__Pyx_PyDict_NextRef__annotate____doc____func____main____metaclass____module____mro_entries____name____prepare____qualname____test___is_coroutineaccel._coreasyncio.coroutinesbstackbufscline_in_tracebackdecodeerrorsffnhiitemslaunchloadnbnsppathpopptrsreplacesscscalarssetdefaultsstackstatussymbolvvalues\200\001\360\n\000\005\032\230\023\230A\230\\\250\023\250A\250Q\330\004\027\220q\230\006\230a\230v\240S\250\003\250;\260h\270f\300A\300S\310\002\310!\330\004\036\230a\230v\240Q\240f\250C\250s\260+\320=N\310f\320TU\320UX\320XZ\320Z[\340\004\005\330\010\014\210E\220\025\220a\220q\330\014\020\220\001\220\025\220g\230[\250\004\250A\250Q\330\010\014\210E\220\025\220a\220q\330\014\020\220\007\220q\230\001\330\014\017\210t\2201\220C\220s\230!\330\020\022\220!\2202\220U\230(\240!\340\020\022\220!\2202\220U\230)\2401\330\r\016\330\014\026\320\026\047\240s\250!\2506\260\021\340\010\013\2105\220\003\2201\220F\230!\2301\330\014\020\220\001\220\021\330\010\013\2103\210c\220\021\220&\230\001\230\021\330\014\020\220\001\220\021\330\004\013\2101\200\001\360\014\000\005\024\2204\220w\230a\330\004\023\2206\230\027\240\001\330\004\023\2206\230\021\230#\230Y\240b\250\001\330\004\007\200r\210\023\210A\330\010\016\210i\220r\230\027\240\007\240s\250\047\260\021\260\047\270\021\330\004\023\2205\230\001\230\023\230A\330\004\007\200r\210\023\210A\330\010\016\210i\220q\230\002\230!\320\0330\260\001\260\021\330\004\013\210;\220a";
+    #elif (CYTHON_COMPRESS_STRINGS) > 0 && (CYTHON_COMPRESS_STRINGS) <= 90 /* compression: lzss (2492 bytes) */
+static const char cstring[] = "\377 not fou\377nd in (t\377ree frag\377ment).?A\377 kernel \377library \337could0\002be\377 opened \377or lacks\237 its 5\000$\000p\377oint.Non\377eNote th\377at Cytho\177n is deL\000\377erately \377stricter\376!\001n PEP-4\35784 a\216\000rej\373ecP\000subcl\377asses of\277 built\251\000t\377ypes. If\177 you ne\206\000\257to p%\000 &\010t\177hen set\200\000\337e \047an\354\000at\357ion_<\000ing\337\047 dirb\000iv\376\242\000o False\377.accel/_\377core.pyx\357add_\243 ear\353gu\223! v\001dis\277ableen\002\001g\367cis\004\003dten\375s\215 kindDT\377YPESDefe\377rredLoad\377ErrorNOT\377_DEFERRA\377BLEParam]e\374\000Reg\224\000Cq\000\356\000\007.__7\000uce\233_c\267\"__\017\n\324\000s\031t\302 \n\021cl\255\000?\010\342\000\377ordSCALA\377RTENSORT\374\245\002\000\003Base_C___Pyx\001\000D\215@\377_NextRef\373__\255$e____\376\202B_getite\345m\r\001d\047\001\027\000doc\016\034\001fun\003\002\037\000\224\0032\000Omain8\001\343\000a:\003\336\021\001odulN\002mr\273o_\260aies^\001n\354\213 \003\002ewm\001pre\347parw\002\207@_ch\345e\345`ux\000\n\001res\037ult__\026\001h\004!\001\374\225a\017\003unpick\230e\000\323\047(\003vt\271A\316\001q\047uall\005\345$_\345.\376&\023ex\202!\314`_\240\005\373&\234 \276\377.__tes\236\000_\366\242\"is\317aouti\357ne_n\335\000nod\345e\347b.\347b\005\003ops\337alias\353`sa\377syncio.c\373or1\003sbool\375b\362@ckbufs\377cchildre\315n\351BclU\001\352 tr\377acebackc\377pudata_p\337trdeck\000de\337viced\267\205\001ee\337mpty_\372\205\001de{de\226\204\001sffn\276A\336\335@hiid\254\001pu\376\263\000floatin\363g_\321\206\002\367Askke\345y\000\000w\321`\347\204\001kwk\355w\255\001la\376@hla\371y\343\0002\000dmaxs\377izememor\377y_format\356\204ann_\334`n_s\375c\354Anannbn\333by\252 nn\221!ns\375o\244 sppath\277poppos\277\000s\351r\276\204\003\217`l\335\000ret\377rootsscs\377calarsse\377lfsetdef\375a\223`shapes\217pecs\251\"\243\205\002\251\205\001u\376\r\000orage_o\361f+\001\372\003\377\004symb\177olsystt\373!\377tkwtorch\033tv\350\207\001un\363\206\002""\257 ;\002\373up\330 euse_\376\377\205\005vvalues\377x\200\001\330\004(\250\001\377\250\026\250q\200\001\340\004\377\037\230q\320 0\260\013\377\270;\300k\320QR\330\377\004\023\220:\230X\240Q\377\240a\330\004\007\200|\220\3777\230!\330\010,\250A\337\250]\270.\3108\000\013\210\3771\200\001\360\010\000\n\033\376\025\001\021\220\024\220\\\240\024\377\240V\2504\250z\270\024\377\270V\3004\300x\310t\377\320SY\320Y]\320]\377g\320gk\320kp\320\377pt\320ty\320y}\177\360\000\000~\001L\002\004\000wL\002P\003\001P\002W\n\001wW\002[\021\001[\002e\030\001we\002i\037\001i\002t&\001wt\002x-\001x\002\1774\001\357\177\002C\003C\000C\003D\377\003\330\010\020\220\007\220q\277\230\006\230l\250!\251\001v\377\210W\220E\230\024\230Q\357\330\010\022\220\263\000\027\220q\377\340\010\027\220t\2307\240\377\047\250\025\250c\260\024\260\377U\270\047\300\025\300c\310\337\024\310Y\320V\236\000b\320\377be\320ei\320im\353\320m\236\003|\241\000}\001An\240\001A\002E\247\001E\002\253\004\335Q\265\001Q\002T\274\001T\002]X\303\001X\002^\312\001^\261\005\335j\330\001j\002m\337\001m\002\335q\346\001q\002z\355\001z\002\335A\265\001A\003F\274\001F\003\335I\303\001I\003M\312\001M\003\335W\321\001W\003^\330\001^\003\335c\337\001c\003f\346\001f\003\335j\355\001j\003p\364\001p\003\335w\373\001w\003|\202!|\003\275\177\211!\177\003C\004\220!\004\335L\003\001L\004S\n\001S\004\373T\004\276Aq\330\010\017\320\373\017+\235@q\260\007\260{_\300\047\310\021\340\004\013!\315@\377\n\000\005\032\230\023\230A\357\230\\\250\023\351@Q\330\004\375\027\325\"a\230v\240S\250\377\003\250;\260h\270f\300\277A\300S\310\002\310\351 \036\375\230\025\001Q\240f\250C\250\377s\260+\320=N\310f\377\320TU\320UX\320X\377Z\320Z[\340\004\005\330\377\010\014\210E\220\025\220a\177\220q\330\014\020\220\001\010\000\037g\230[\250\004Y\002\016\013\301A\377\001\330\014\017\210t\2201\257\220C\220s\357`\020\276@\220\3772\220U\230(\240!\340\376\004\006)\2401\330\r\016\330\377\014\026\320\026\047\240s\250\357!\2506\260\312\000\013\2105\373\220\0037\000F\230!""\2301\376f\003\021\330\010\013\2103\210\377c\220\021\220&\230\001\230\365\021\016\005\004\270\204\003\014\000\005\024\277\2204\220w\230a\353\204\0016\357\230\027\240\001\003\003\021\230#\277\230Y\240b\250\001\370\204\001r\377\210\023\210A\330\010\016\210\327i\220r \000\007o\000\047\260_\021\260\047\270\021\241\205\0015U\000\374\256 \032\014q\230\002\230!\320\337\0330\260\001\260#\000\013\210\357;\220a\200A\000\014\210H]\220\002\002G\2201\225!K\222 \271\010\014\006\007\004L\230\001\021\010I\373\220Q\277!G\2203\220a\\\003\0035\002F\220$\n\003F\336\204\001\377\014\210O\2301\200A\360\377\014\000\t!\240\003\2401\377\240D\250\016\260c\270\021\377\270$\270a\360\006\000\t\375\032\210\205\003#\2403\240a\240\347v\250S\222\002\226@M\230\024L\211@j\002E\220\233 \303\206\001Qe\000\372\246@\003n\000h\230c\240\023\377\240C\240|\2604\260t\377\2701\320<N\310a\330\377\020\024\220M\240\021\330\020\335\023\242@G\2303\271 \024\030{\230\013\217@\010\t\330\014\253A\"\371 \024\343\000\010\001\356A\005\273@\215A\3665\000E\230\325!Q\230d\240\275$\205\000t\2505\260\352Bq\237\330\020\025\220T\233@X\000F\373\230%\350`V\2501\330\024\377\033\2302\230T\240\021\240\377!\330\024\027\220u\230C\177\230q\330\030\036\230h\277\000aq\016\001\263@\017\000y\000\001\330~\000\337\005\230Q\230f\250\000u\250}A+\001q\230\010\240\0017\002\326\361`\005\220\317\002\023\350@u\230\177I\240T\250\021\250!\343a\261u\342`y\000\226\207\001:\240\301\204\001F\277\260#\260W\270A\375c6\376\204\205\001\330\020\026\220h\230aVx\000\017\020\307\003T\325\207\001\230\202\"WH\230Db\000\022\352\"\001\331\204\001\367\004\220D\336e\004\220H\230\177A\230Q\330\014\r\330\331E\307\016\210d\212\210\001\332\204\002\222\205\001F\220\177\047\230\022\2306\240\025\221@\377x\250u\260E\270\024\270\377W\300J\310c\320QRw\320RS\267\204\0014\210w\212A_\017\210s\220!\376@c\236#\337O\2401\330\020\314\210\0014\230qq\351B\257\000\327\003A\230S\363\001\363\330\010\276\205\003\355bN\230!\230\372%\001\004\222`\001\250\024\250Vn\312@q\270\001\220\004\220R""\265\211\002\321c\345 \221@\247\206\003\027\246\205\002\010\014\217\210I\220W\300\002\006\002\224a\010\237\013\2102\210R\234\206\001\310\206\001\007\372\315\206\003\006\223\204\003B\210b\220\0148\215\"\361\205\002\021\024\017\210q";
+    PyObject *data = __Pyx_DecompressString_LZSS(cstring, 2492, 3020);
+    #define __Pyx_DecompressString_UNUSED
+    if (unlikely(!data)) __PYX_ERR(0, 1, __pyx_L1_error)
+    const char* const bytes = __Pyx_PyBytes_AsString(data);
+    #if !CYTHON_ASSUME_SAFE_MACROS
+    if (likely(bytes)); else { Py_DECREF(data); __PYX_ERR(0, 1, __pyx_L1_error) }
+    #endif
+    #else /* compression: none (3020 bytes) */
+static const char bytes[] = " not found in (tree fragment).?A kernel library could not be opened or lacks its entry point.NoneNote that Cython is deliberately stricter than PEP-484 and rejects subclasses of builtin types. If you need to pass subclasses then set the \047annotation_typing\047 directive to False.accel/_core.pyxadd_noteargument typedisableenablegcisenabledtensor kindDTYPESDeferredLoadErrorNOT_DEFERRABLEParameterRegionCoreRegionCore.__reduce_cython__RegionCore.__setstate_cython__RegionCore.clearRegionCore.recordSCALARTENSORTensorTensorBase_C__Pyx_PyDict_NextRef__annotate____class_getitem____dict____doc____func____getstate____main____metaclass____module____mro_entries____name____new____prepare____pyx_checksum__pyx_result__pyx_state__pyx_type__pyx_unpickle_RegionCore__pyx_vtable____qualname____reduce____reduce_cython____reduce_ex____set_name____setstate____setstate_cython____test___dict_is_coroutine_new_nodeaccel._coreaccel.opsaliasargsasyncio.coroutinesboolbstackbufscchildrenclearcline_in_tracebackcpudata_ptrdecodedevicedtypeeempty_stridederrorsffnfuncgethiidis_cpuis_floating_pointitemskkeykeywordkindkwkwargslaunchlayoutloadmaxsizememory_formatmetann_extn_scnamenannbnbytesnnnodensooutsppathpopposptrsrrecordreplaceretrootsscscalarsselfsetdefaultshapespecsstackstatestatusstorage_offsetstridestridedsymbolsysttargstkwtorchtvtypeuntyped_storageupdateuse_setstatevvaluesx\200\001\330\004(\250\001\250\026\250q\200\001\340\004\037\230q\320 0\260\013\270;\300k\320QR\330\004\023\220:\230X\240Q\240a\330\004\007\200|\2207\230!\330\010,\250A\250]\270.\310\001\330\004\013\2101\200\001\360\010\000\n\033\230!\330\010\021\220\024\220\\\240\024\240V\2504\250z\270\024\270V\3004\300x\310t\320SY\320Y]\320]g\320gk\320kp\320pt\320ty\320y}\360\000\000~\001L\002\360\000\000L\002P\002\360\000\000P\002W\002\360\000\000W\002[\002\360\000\000[\002e\002\360\000\000e\002i\002\360\000\000i\002t\002\360\000\000t\002x\002\360\000\000x\002\177\002\360\000\000\177\002C\003\360\000\000C\003D\003\330\010\020\220\007\220q""\230\006\230l\250!\330\004\007\200v\210W\220E\230\024\230Q\330\010\022\220!\330\010\027\220q\340\010\027\220t\2307\240\047\250\025\250c\260\024\260U\270\047\300\025\300c\310\024\310Y\320V]\320]b\320be\320ei\320im\320mt\320ty\320y|\360\000\000}\001A\002\360\000\000A\002E\002\360\000\000E\002L\002\360\000\000L\002Q\002\360\000\000Q\002T\002\360\000\000T\002X\002\360\000\000X\002^\002\360\000\000^\002e\002\360\000\000e\002j\002\360\000\000j\002m\002\360\000\000m\002q\002\360\000\000q\002z\002\360\000\000z\002A\003\360\000\000A\003F\003\360\000\000F\003I\003\360\000\000I\003M\003\360\000\000M\003W\003\360\000\000W\003^\003\360\000\000^\003c\003\360\000\000c\003f\003\360\000\000f\003j\003\360\000\000j\003p\003\360\000\000p\003w\003\360\000\000w\003|\003\360\000\000|\003\177\003\360\000\000\177\003C\004\360\000\000C\004L\004\360\000\000L\004S\004\360\000\000S\004T\004\330\004\007\200q\330\010\017\320\017+\2504\250q\260\007\260{\300\047\310\021\340\010\017\320\017+\2504\250q\260\007\260{\300!\200\001\360\n\000\005\032\230\023\230A\230\\\250\023\250A\250Q\330\004\027\220q\230\006\230a\230v\240S\250\003\250;\260h\270f\300A\300S\310\002\310!\330\004\036\230a\230v\240Q\240f\250C\250s\260+\320=N\310f\320TU\320UX\320XZ\320Z[\340\004\005\330\010\014\210E\220\025\220a\220q\330\014\020\220\001\220\025\220g\230[\250\004\250A\250Q\330\010\014\210E\220\025\220a\220q\330\014\020\220\007\220q\230\001\330\014\017\210t\2201\220C\220s\230!\330\020\022\220!\2202\220U\230(\240!\340\020\022\220!\2202\220U\230)\2401\330\r\016\330\014\026\320\026\047\240s\250!\2506\260\021\340\010\013\2105\220\003\2201\220F\230!\2301\330\014\020\220\001\220\021\330\010\013\2103\210c\220\021\220&\230\001\230\021\330\014\020\220\001\220\021\330\004\013\2101\200\001\360\014\000\005\024\2204\220w\230a\330\004\023\2206\230\027\240\001\330\004\023\2206\230\021\230#\230Y\240b\250\001\330\004\007\200r\210\023\210A\330\010\016\210i\220r\230\027\240\007\240s\250\047\260\021\260\047\270\021\330\004\023\2205\230\001\230""\023\230A\330\004\007\200r\210\023\210A\330\010\016\210i\220q\230\002\230!\320\0330\260\001\260\021\330\004\013\210;\220a\200A\330\010\014\210H\220A\330\010\014\210G\2201\330\010\014\210K\220q\330\010\014\210H\220A\330\010\014\210K\220q\330\010\014\210L\230\001\330\010\014\210K\220q\330\010\014\210I\220Q\330\010\014\210G\2203\220a\330\010\014\210G\2201\330\010\014\210F\220$\220a\330\010\014\210F\220!\330\010\014\210O\2301\200A\360\014\000\t!\240\003\2401\240D\250\016\260c\270\021\270$\270a\360\006\000\t\032\230\024\230Q\330\010#\2403\240a\240v\250S\260\001\260\021\330\010\014\210M\230\024\230[\250\001\330\010\014\210E\220\021\330\014\021\220\024\220Q\220a\330\014\020\220\003\2203\220h\230c\240\023\240C\240|\2604\260t\2701\320<N\310a\330\020\024\220M\240\021\330\020\023\2201\220G\2303\230a\330\024\030\230\013\2401\330\010\t\330\014\022\220!\2201\330\014\024\220A\330\014\022\220!\330\014\020\220\005\220U\230!\2301\330\020\024\220E\230\021\230#\230Q\230d\240$\240a\240t\2505\260\001\330\014\017\210q\330\020\025\220T\230\021\330\020\024\220F\230%\230v\240V\2501\330\024\033\2302\230T\240\021\240!\330\024\027\220u\230C\230q\330\030\036\230h\240a\240q\330\024\027\220w\230a\230q\330\024\030\230\001\330\024\030\230\005\230Q\230f\240C\240u\250A\330\024\027\220q\230\010\240\001\240\021\240!\330\014\020\220\005\220Q\220a\330\014\023\2204\220u\230I\240T\250\021\250!\330\014\017\210u\220C\220q\330\020\027\220t\230:\240Q\240f\250F\260#\260W\270A\330\014\017\210t\2206\230\023\230A\330\020\026\220h\230a\230q\330\017\020\330\014\020\220\005\220T\230\024\230Q\230a\330\020\024\220H\230D\240\001\240\022\2401\240D\250\001\330\014\020\220\004\220D\230\001\230\021\330\014\020\220\004\220H\230A\230Q\330\014\r\330\010\014\210H\220A\330\010\016\210d\220!\330\010\017\210t\2201\330\010\014\210F\220\047\230\022\2306\240\025\240a\240x\250u\260E\270\024\270W\300J\310c\320QR\320RS\330\010\013\2104\210w\220a\330\014\017\210s\220!\2203\220c\230\021\330\020\024\220O\2401\330\020\027\220t\2304\230q\240""\003\2401\240A\330\014\023\2204\220u\230A\230S\240\001\240\021\330\010\017\210t\2201\220A\330\010\014\210N\230!\2304\230q\240\004\240D\250\001\250\024\250V\2604\260q\270\001\330\010\014\210H\220A\220R\220q\230\006\230c\240\021\240$\240a\330\010\014\210E\220\027\230\001\230\021\330\010\014\210I\220W\230A\230Q\330\010\014\210I\220Q\220a\330\010\013\2102\210R\210t\2201\330\014\020\220\007\220q\330\014\020\220\006\220a\330\010\014\210B\210b\220\014\230D\240\001\240\021\330\010\013\2102\210R\210t\2201\330\014\020\220\007\220q\330\014\020\220\006\220a\330\010\017\210q";
     PyObject *data = NULL;
     #define __Pyx_DecompressString_UNUSED
     #define __Pyx_DecompressString_LZSS_UNUSED
     #endif
     PyObject **stringtab = __pyx_mstate->__pyx_string_tab;
     Py_ssize_t pos = 0;
-    for (int i = 0; i < 51; i++) {
+    for (int i = 0; i < 152; i++) {
       Py_ssize_t bytes_length = str_length_index[i].length;
       PyObject *string = PyUnicode_DecodeUTF8(bytes + pos, bytes_length, NULL);
-      if (likely(string) && i >= 7) PyUnicode_InternInPlace(&string);
+      if (likely(string) && i >= 15) PyUnicode_InternInPlace(&string);
       if (unlikely(!string)) {
         Py_XDECREF(data);
         __PYX_ERR(0, 1, __pyx_L1_error)
@@ -4322,8 +11912,8 @@ static const char bytes[] = " not found in ?A kernel library could not be opened
       stringtab[i] = string;
       pos += bytes_length;
     }
-    for (int i = 51; i < 53; i++) {
-      Py_ssize_t bytes_length = bytes_length_index[i-51].length;
+    for (int i = 152; i < 159; i++) {
+      Py_ssize_t bytes_length = bytes_length_index[i-152].length;
       PyObject *string = PyBytes_FromStringAndSize(bytes + pos, bytes_length);
       stringtab[i] = string;
       pos += bytes_length;
@@ -4333,15 +11923,15 @@ static const char bytes[] = " not found in ?A kernel library could not be opened
       }
     }
     Py_XDECREF(data);
-    for (Py_ssize_t i = 0; i < 53; i++) {
+    for (Py_ssize_t i = 0; i < 159; i++) {
       if (unlikely(PyObject_Hash(stringtab[i]) == -1)) {
         __PYX_ERR(0, 1, __pyx_L1_error)
       }
     }
     #if CYTHON_IMMORTAL_CONSTANTS
     {
-      PyObject **table = stringtab + 51;
-      for (Py_ssize_t i=0; i<2; ++i) {
+      PyObject **table = stringtab + 152;
+      for (Py_ssize_t i=0; i<7; ++i) {
         #if PY_VERSION_HEX >= 0x030F0000
         PyUnstable_SetImmortal(table[i]);
         #elif CYTHON_COMPILING_IN_CPYTHON_FREETHREADING
@@ -4362,6 +11952,38 @@ static const char bytes[] = " not found in ?A kernel library could not be opened
     }
     #endif
   }
+  {
+    PyObject **numbertab = __pyx_mstate->__pyx_number_tab + 0;
+    int8_t const cint_constants_1[] = {0};
+    int32_t const cint_constants_4[] = {21670281L};
+    for (int i = 0; i < 2; i++) {
+      numbertab[i] = PyLong_FromLong((i < 1 ? cint_constants_1[i - 0] : cint_constants_4[i - 1]));
+      if (unlikely(!numbertab[i])) __PYX_ERR(0, 1, __pyx_L1_error)
+    }
+  }
+  #if CYTHON_IMMORTAL_CONSTANTS
+  {
+    PyObject **table = __pyx_mstate->__pyx_number_tab;
+    for (Py_ssize_t i=0; i<2; ++i) {
+      #if PY_VERSION_HEX >= 0x030F0000
+      PyUnstable_SetImmortal(table[i]);
+      #elif CYTHON_COMPILING_IN_CPYTHON_FREETHREADING
+      if ((PY_SSIZE_T_MAX <= _Py_IMMORTAL_REFCNT_LOCAL)) break;
+      #if PY_VERSION_HEX < 0x030E0000
+      if (_Py_IsOwnedByCurrentThread(table[i]) && Py_REFCNT(table[i]) == 1)
+      #else
+      if (PyUnstable_Object_IsUniquelyReferenced(table[i]))
+      #endif
+      {
+        Py_SET_REFCNT(table[i], ((Py_ssize_t)_Py_IMMORTAL_REFCNT_LOCAL + 1));
+      }
+      #else
+      if ((PY_SSIZE_T_MAX < _Py_IMMORTAL_INITIAL_REFCNT)) break;
+      Py_SET_REFCNT(table[i], _Py_IMMORTAL_INITIAL_REFCNT);
+      #endif
+    }
+  }
+  #endif
   return 0;
   __pyx_L1_error:;
   return -1;
@@ -4371,12 +11993,12 @@ static const char bytes[] = " not found in ?A kernel library could not be opened
 namespace {
 #endif
 typedef struct {
-    unsigned int argcount : 2;
+    unsigned int argcount : 3;
     unsigned int num_posonly_args : 1;
     unsigned int num_kwonly_args : 1;
-    unsigned int nlocals : 4;
+    unsigned int nlocals : 5;
     unsigned int flags : 10;
-    unsigned int first_line : 6;
+    unsigned int first_line : 8;
 } __Pyx_PyCode_New_function_description;
 #ifdef __cplusplus
 } /* anonymous namespace */
@@ -4405,6 +12027,31 @@ static int __Pyx_CreateCodeObjects(__pyx_mstatetype *__pyx_mstate) {
     PyObject* const varnames[] = {__pyx_mstate->__pyx_n_u_fn, __pyx_mstate->__pyx_n_u_ptrs, __pyx_mstate->__pyx_n_u_scalars, __pyx_mstate->__pyx_n_u_bstack, __pyx_mstate->__pyx_n_u_sstack, __pyx_mstate->__pyx_n_u_nb, __pyx_mstate->__pyx_n_u_ns, __pyx_mstate->__pyx_n_u_i, __pyx_mstate->__pyx_n_u_bufs, __pyx_mstate->__pyx_n_u_sc, __pyx_mstate->__pyx_n_u_status, __pyx_mstate->__pyx_n_u_v};
     __pyx_mstate_global->__pyx_codeobj_tab[1] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_accel__core_pyx, __pyx_mstate->__pyx_n_u_launch, __pyx_mstate->__pyx_kp_b_iso88591_A_AQ_q_avS_hfAS_avQfCs_NfTUUXXZ, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[1])) goto bad;
   }
+  {
+    const __Pyx_PyCode_New_function_description descr = {2, 0, 0, 2, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 99};
+    PyObject* const varnames[] = {__pyx_mstate->__pyx_n_u_self, __pyx_mstate->__pyx_n_u_root};
+    __pyx_mstate_global->__pyx_codeobj_tab[2] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_accel__core_pyx, __pyx_mstate->__pyx_n_u_clear, __pyx_mstate->__pyx_kp_b_iso88591_A_HA_G1_Kq_HA_Kq_L_Kq_IQ_G3a_G1, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[2])) goto bad;
+  }
+  {
+    const __Pyx_PyCode_New_function_description descr = {5, 0, 0, 28, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 171};
+    PyObject* const varnames[] = {__pyx_mstate->__pyx_n_u_self, __pyx_mstate->__pyx_n_u_func, __pyx_mstate->__pyx_n_u_spec, __pyx_mstate->__pyx_n_u_args, __pyx_mstate->__pyx_n_u_kwargs, __pyx_mstate->__pyx_n_u_n_ext, __pyx_mstate->__pyx_n_u_n_sc, __pyx_mstate->__pyx_n_u_p, __pyx_mstate->__pyx_n_u_e, __pyx_mstate->__pyx_n_u_key, __pyx_mstate->__pyx_n_u_targs, __pyx_mstate->__pyx_n_u_t, __pyx_mstate->__pyx_n_u_tkw, __pyx_mstate->__pyx_n_u_pos, __pyx_mstate->__pyx_n_u_i, __pyx_mstate->__pyx_n_u_n, __pyx_mstate->__pyx_n_u_v, __pyx_mstate->__pyx_n_u_tv, __pyx_mstate->__pyx_n_u_kw, __pyx_mstate->__pyx_n_u_name_2, __pyx_mstate->__pyx_n_u_kind, __pyx_mstate->__pyx_n_u_k, __pyx_mstate->__pyx_n_u_node, __pyx_mstate->__pyx_n_u_x, __pyx_mstate->__pyx_n_u_ret, __pyx_mstate->__pyx_n_u_outs, __pyx_mstate->__pyx_n_u_meta, __pyx_mstate->__pyx_n_u_r};
+    __pyx_mstate_global->__pyx_codeobj_tab[3] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_accel__core_pyx, __pyx_mstate->__pyx_n_u_record, __pyx_mstate->__pyx_kp_b_iso88591_A_1D_c_a_Q_3avS_M_E_Qa_3hc_C_4t1, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[3])) goto bad;
+  }
+  {
+    const __Pyx_PyCode_New_function_description descr = {1, 0, 0, 4, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 1};
+    PyObject* const varnames[] = {__pyx_mstate->__pyx_n_u_self, __pyx_mstate->__pyx_n_u_state, __pyx_mstate->__pyx_n_u_dict_2, __pyx_mstate->__pyx_n_u_use_setstate};
+    __pyx_mstate_global->__pyx_codeobj_tab[4] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_tree_fragment, __pyx_mstate->__pyx_n_u_reduce_cython, __pyx_mstate->__pyx_kp_b_iso88591_V4z_V4xtSYY_ggkkppttyy_L_L_P_P, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[4])) goto bad;
+  }
+  {
+    const __Pyx_PyCode_New_function_description descr = {2, 0, 0, 2, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 17};
+    PyObject* const varnames[] = {__pyx_mstate->__pyx_n_u_self, __pyx_mstate->__pyx_n_u_pyx_state};
+    __pyx_mstate_global->__pyx_codeobj_tab[5] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_tree_fragment, __pyx_mstate->__pyx_n_u_setstate_cython, __pyx_mstate->__pyx_kp_b_iso88591_q, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[5])) goto bad;
+  }
+  {
+    const __Pyx_PyCode_New_function_description descr = {3, 0, 0, 4, (unsigned int)(CO_OPTIMIZED|CO_NEWLOCALS), 4};
+    PyObject* const varnames[] = {__pyx_mstate->__pyx_n_u_pyx_type, __pyx_mstate->__pyx_n_u_pyx_checksum, __pyx_mstate->__pyx_n_u_pyx_state, __pyx_mstate->__pyx_n_u_pyx_result};
+    __pyx_mstate_global->__pyx_codeobj_tab[6] = __Pyx_PyCode_New(descr, varnames, __pyx_mstate->__pyx_kp_u_tree_fragment, __pyx_mstate->__pyx_n_u_pyx_unpickle_RegionCore, __pyx_mstate->__pyx_kp_b_iso88591_q_0_kQR_XQa_7_A_1, tuple_dedup_map); if (unlikely(!__pyx_mstate_global->__pyx_codeobj_tab[6])) goto bad;
+  }
   Py_DECREF(tuple_dedup_map);
   return 0;
   bad:
@@ -4419,6 +12066,28 @@ static int __Pyx_InitGlobals(void) {
   int __pyx_clineno = 0;
   /* PythonCompatibility.init */
   if (likely(__Pyx_init_co_variables() == 0 && __Pyx_init_tpflags_variables() == 0)); else
+  
+  if (unlikely(PyErr_Occurred())) __PYX_ERR(0, 1, __pyx_L1_error)
+
+  /* PyFrozenDict.init */
+  #if CYTHON_COMPILING_IN_LIMITED_API
+  {
+      PyObject *builtins = PyEval_GetBuiltins(); // borrowed
+      if (likely(builtins)) {
+          PyObject *type_name = PyUnicode_FromStringAndSize("frozendict", sizeof("frozendict")-1);
+          if (likely(type_name)) {
+              PyObject *frozendict_type = PyObject_GetItem(builtins, type_name);
+              Py_DECREF(type_name);
+              if (!frozendict_type && PyErr_ExceptionMatches(PyExc_KeyError)) {
+                  PyErr_Clear();
+                  frozendict_type = (PyObject*) &PyDict_Type;
+                  Py_INCREF(frozendict_type);
+              }
+              __pyx_mstate_global->__Pyx_PyFrozenDictType = frozendict_type;
+          }
+      }
+  } // error handling follows
+  #endif
   
   if (unlikely(PyErr_Occurred())) __PYX_ERR(0, 1, __pyx_L1_error)
 
@@ -4494,6 +12163,246 @@ end:
     return (__Pyx_RefNannyAPIStruct *)r;
 }
 #endif
+
+/* FastTypeChecks (used by GivenExceptionMatches) */
+#if CYTHON_COMPILING_IN_CPYTHON
+static int __Pyx_InBases(PyTypeObject *a, PyTypeObject *b) {
+    while (a) {
+        a = __Pyx_PyType_GetSlot(a, tp_base, PyTypeObject*);
+        if (a == b)
+            return 1;
+    }
+    return b == &PyBaseObject_Type;
+}
+static CYTHON_INLINE int __Pyx_IsSubtype(PyTypeObject *a, PyTypeObject *b) {
+    PyObject *mro;
+    if (a == b) return 1;
+    mro = a->tp_mro;
+    if (likely(mro)) {
+        Py_ssize_t i, n;
+        n = PyTuple_GET_SIZE(mro);
+        for (i = 0; i < n; i++) {
+            if (PyTuple_GET_ITEM(mro, i) == (PyObject *)b)
+                return 1;
+        }
+        return 0;
+    }
+    return __Pyx_InBases(a, b);
+}
+static CYTHON_INLINE int __Pyx_IsAnySubtype2(PyTypeObject *cls, PyTypeObject *a, PyTypeObject *b) {
+    PyObject *mro;
+    if (cls == a || cls == b) return 1;
+    mro = cls->tp_mro;
+    if (likely(mro)) {
+        Py_ssize_t i, n;
+        n = PyTuple_GET_SIZE(mro);
+        for (i = 0; i < n; i++) {
+            PyObject *base = PyTuple_GET_ITEM(mro, i);
+            if (base == (PyObject *)a || base == (PyObject *)b)
+                return 1;
+        }
+        return 0;
+    }
+    return __Pyx_InBases(cls, a) || __Pyx_InBases(cls, b);
+}
+#endif
+
+/* PyErrFetchRestore (used by GivenExceptionMatches) */
+#if CYTHON_FAST_THREAD_STATE
+static CYTHON_INLINE void __Pyx_ErrRestoreInState(PyThreadState *tstate, PyObject *type, PyObject *value, PyObject *tb) {
+#if PY_VERSION_HEX >= 0x030C00A6
+    PyObject *tmp_value;
+    assert(type == NULL || (value != NULL && type == (PyObject*) Py_TYPE(value)));
+    if (value) {
+        #if CYTHON_COMPILING_IN_CPYTHON
+        if (unlikely(((PyBaseExceptionObject*) value)->traceback != tb))
+        #endif
+            PyException_SetTraceback(value, tb);
+    }
+    tmp_value = tstate->current_exception;
+    tstate->current_exception = value;
+    Py_XDECREF(tmp_value);
+    Py_XDECREF(type);
+    Py_XDECREF(tb);
+#else
+    PyObject *tmp_type, *tmp_value, *tmp_tb;
+    tmp_type = tstate->curexc_type;
+    tmp_value = tstate->curexc_value;
+    tmp_tb = tstate->curexc_traceback;
+    tstate->curexc_type = type;
+    tstate->curexc_value = value;
+    tstate->curexc_traceback = tb;
+    Py_XDECREF(tmp_type);
+    Py_XDECREF(tmp_value);
+    Py_XDECREF(tmp_tb);
+#endif
+}
+static CYTHON_INLINE void __Pyx_ErrFetchInState(PyThreadState *tstate, PyObject **type, PyObject **value, PyObject **tb) {
+#if PY_VERSION_HEX >= 0x030C00A6
+    PyObject* exc_value;
+    exc_value = tstate->current_exception;
+    tstate->current_exception = 0;
+    *value = exc_value;
+    *type = NULL;
+    *tb = NULL;
+    if (exc_value) {
+        *type = (PyObject*) Py_TYPE(exc_value);
+        Py_INCREF(*type);
+        #if CYTHON_COMPILING_IN_CPYTHON
+        *tb = ((PyBaseExceptionObject*) exc_value)->traceback;
+        Py_XINCREF(*tb);
+        #else
+        *tb = PyException_GetTraceback(exc_value);
+        #endif
+    }
+#else
+    *type = tstate->curexc_type;
+    *value = tstate->curexc_value;
+    *tb = tstate->curexc_traceback;
+    tstate->curexc_type = 0;
+    tstate->curexc_value = 0;
+    tstate->curexc_traceback = 0;
+#endif
+}
+#endif
+
+/* GivenExceptionMatches (used by PyErrExceptionMatches) */
+#if CYTHON_COMPILING_IN_CPYTHON
+static CYTHON_INLINE int __Pyx_inner_PyErr_GivenExceptionMatches2(PyObject *err, PyObject* exc_type1, PyObject *exc_type2) {
+    if (exc_type1) {
+        return __Pyx_IsAnySubtype2((PyTypeObject*)err, (PyTypeObject*)exc_type1, (PyTypeObject*)exc_type2);
+    } else {
+        return __Pyx_IsSubtype((PyTypeObject*)err, (PyTypeObject*)exc_type2);
+    }
+}
+static int __Pyx_PyErr_GivenExceptionMatchesTuple(PyObject *exc_type, PyObject *tuple) {
+    Py_ssize_t i, n;
+    assert(PyExceptionClass_Check(exc_type));
+    n = PyTuple_GET_SIZE(tuple);
+    for (i=0; i<n; i++) {
+        if (exc_type == PyTuple_GET_ITEM(tuple, i)) return 1;
+    }
+    for (i=0; i<n; i++) {
+        PyObject *t = PyTuple_GET_ITEM(tuple, i);
+        if (likely(PyExceptionClass_Check(t))) {
+            if (__Pyx_inner_PyErr_GivenExceptionMatches2(exc_type, NULL, t)) return 1;
+        } else {
+        }
+    }
+    return 0;
+}
+static CYTHON_INLINE int __Pyx_PyErr_GivenExceptionMatches(PyObject *err, PyObject* exc_type) {
+    if (likely(err == exc_type)) return 1;
+    if (likely(PyExceptionClass_Check(err))) {
+        if (likely(PyExceptionClass_Check(exc_type))) {
+            return __Pyx_inner_PyErr_GivenExceptionMatches2(err, NULL, exc_type);
+        } else if (likely(PyTuple_Check(exc_type))) {
+            return __Pyx_PyErr_GivenExceptionMatchesTuple(err, exc_type);
+        } else {
+        }
+    }
+    return PyErr_GivenExceptionMatches(err, exc_type);
+}
+static CYTHON_INLINE int __Pyx_PyErr_GivenExceptionMatches2(PyObject *err, PyObject *exc_type1, PyObject *exc_type2) {
+    assert(PyExceptionClass_Check(exc_type1));
+    assert(PyExceptionClass_Check(exc_type2));
+    if (likely(err == exc_type1 || err == exc_type2)) return 1;
+    if (likely(PyExceptionClass_Check(err))) {
+        return __Pyx_inner_PyErr_GivenExceptionMatches2(err, exc_type1, exc_type2);
+    }
+    return (PyErr_GivenExceptionMatches(err, exc_type1) || PyErr_GivenExceptionMatches(err, exc_type2));
+}
+#endif
+
+/* PyErrExceptionMatches (used by PyObjectGetAttrStrNoError) */
+#if CYTHON_FAST_THREAD_STATE
+static int __Pyx_PyErr_ExceptionMatchesTuple(PyObject *exc_type, PyObject *tuple) {
+    Py_ssize_t i, n;
+    n = PyTuple_GET_SIZE(tuple);
+    for (i=0; i<n; i++) {
+        if (exc_type == PyTuple_GET_ITEM(tuple, i)) return 1;
+    }
+    for (i=0; i<n; i++) {
+        if (__Pyx_PyErr_GivenExceptionMatches(exc_type, PyTuple_GET_ITEM(tuple, i))) return 1;
+    }
+    return 0;
+}
+static CYTHON_INLINE int __Pyx_PyErr_ExceptionMatchesInState(PyThreadState* tstate, PyObject* err) {
+    int result;
+    PyObject *exc_type;
+#if PY_VERSION_HEX >= 0x030C00A6
+    PyObject *current_exception = tstate->current_exception;
+    if (unlikely(!current_exception)) return 0;
+    exc_type = (PyObject*) Py_TYPE(current_exception);
+    if (exc_type == err) return 1;
+#else
+    exc_type = tstate->curexc_type;
+    if (exc_type == err) return 1;
+    if (unlikely(!exc_type)) return 0;
+#endif
+    #if CYTHON_AVOID_BORROWED_REFS
+    Py_INCREF(exc_type);
+    #endif
+    if (unlikely(PyTuple_Check(err))) {
+        result = __Pyx_PyErr_ExceptionMatchesTuple(exc_type, err);
+    } else {
+        result = __Pyx_PyErr_GivenExceptionMatches(exc_type, err);
+    }
+    #if CYTHON_AVOID_BORROWED_REFS
+    Py_DECREF(exc_type);
+    #endif
+    return result;
+}
+#endif
+
+/* PyObjectGetAttrStr (used by PyObjectGetAttrStrNoError) */
+#if CYTHON_USE_TYPE_SLOTS
+static CYTHON_INLINE PyObject* __Pyx_PyObject_GetAttrStr(PyObject* obj, PyObject* attr_name) {
+    PyTypeObject* tp = Py_TYPE(obj);
+    if (likely(tp->tp_getattro))
+        return tp->tp_getattro(obj, attr_name);
+    return PyObject_GetAttr(obj, attr_name);
+}
+#endif
+
+/* PyObjectGetAttrStrNoError (used by GetBuiltinName) */
+#if __PYX_LIMITED_VERSION_HEX < 0x030d0000
+static void __Pyx_PyObject_GetAttrStr_ClearAttributeError(void) {
+    __Pyx_PyThreadState_declare
+    __Pyx_PyThreadState_assign
+    if (likely(__Pyx_PyErr_ExceptionMatches(PyExc_AttributeError)))
+        __Pyx_PyErr_Clear();
+}
+#endif
+static CYTHON_INLINE PyObject* __Pyx_PyObject_GetAttrStrNoError(PyObject* obj, PyObject* attr_name) {
+    PyObject *result;
+#if __PYX_LIMITED_VERSION_HEX >= 0x030d0000
+    (void) PyObject_GetOptionalAttr(obj, attr_name, &result);
+    return result;
+#else
+#if CYTHON_COMPILING_IN_CPYTHON && CYTHON_USE_TYPE_SLOTS
+    PyTypeObject* tp = Py_TYPE(obj);
+    if (likely(tp->tp_getattro == PyObject_GenericGetAttr)) {
+        return _PyObject_GenericGetAttrWithDict(obj, attr_name, NULL, 1);
+    }
+#endif
+    result = __Pyx_PyObject_GetAttrStr(obj, attr_name);
+    if (unlikely(!result)) {
+        __Pyx_PyObject_GetAttrStr_ClearAttributeError();
+    }
+    return result;
+#endif
+}
+
+/* GetBuiltinName */
+static PyObject *__Pyx_GetBuiltinName(PyObject *name) {
+    PyObject* result = __Pyx_PyObject_GetAttrStrNoError(__pyx_mstate_global->__pyx_b, name);
+    if (unlikely(!result) && !PyErr_Occurred()) {
+        PyErr_Format(PyExc_NameError,
+            "name '%U' is not defined", name);
+    }
+    return result;
+}
 
 /* CopyObjectArray (used by TupleOrListFromArrayImpl) */
 #if CYTHON_COMPILING_IN_CPYTHON
@@ -4773,59 +12682,6 @@ static CYTHON_INLINE int __Pyx_IgnoreGivenException(PyObject *given_exception, P
     }
     return 0;
 }
-
-/* FastTypeChecks (used by UnpackUnboundCMethod_impl) */
-#if CYTHON_COMPILING_IN_CPYTHON
-static int __Pyx_InBases(PyTypeObject *a, PyTypeObject *b) {
-    while (a) {
-        a = __Pyx_PyType_GetSlot(a, tp_base, PyTypeObject*);
-        if (a == b)
-            return 1;
-    }
-    return b == &PyBaseObject_Type;
-}
-static CYTHON_INLINE int __Pyx_IsSubtype(PyTypeObject *a, PyTypeObject *b) {
-    PyObject *mro;
-    if (a == b) return 1;
-    mro = a->tp_mro;
-    if (likely(mro)) {
-        Py_ssize_t i, n;
-        n = PyTuple_GET_SIZE(mro);
-        for (i = 0; i < n; i++) {
-            if (PyTuple_GET_ITEM(mro, i) == (PyObject *)b)
-                return 1;
-        }
-        return 0;
-    }
-    return __Pyx_InBases(a, b);
-}
-static CYTHON_INLINE int __Pyx_IsAnySubtype2(PyTypeObject *cls, PyTypeObject *a, PyTypeObject *b) {
-    PyObject *mro;
-    if (cls == a || cls == b) return 1;
-    mro = cls->tp_mro;
-    if (likely(mro)) {
-        Py_ssize_t i, n;
-        n = PyTuple_GET_SIZE(mro);
-        for (i = 0; i < n; i++) {
-            PyObject *base = PyTuple_GET_ITEM(mro, i);
-            if (base == (PyObject *)a || base == (PyObject *)b)
-                return 1;
-        }
-        return 0;
-    }
-    return __Pyx_InBases(cls, a) || __Pyx_InBases(cls, b);
-}
-#endif
-
-/* PyObjectGetAttrStr (used by UnpackUnboundCMethod_impl) */
-#if CYTHON_USE_TYPE_SLOTS
-static CYTHON_INLINE PyObject* __Pyx_PyObject_GetAttrStr(PyObject* obj, PyObject* attr_name) {
-    PyTypeObject* tp = Py_TYPE(obj);
-    if (likely(tp->tp_getattro))
-        return tp->tp_getattro(obj, attr_name);
-    return PyObject_GetAttr(obj, attr_name);
-}
-#endif
 
 /* UnpackUnboundCMethod_impl (used by UnpackUnboundCMethod) */
 #if CYTHON_COMPILING_IN_LIMITED_API && __PYX_LIMITED_VERSION_HEX < 0x030C0000
@@ -5546,193 +13402,6 @@ static CYTHON_INLINE int __Pyx_ArgTypeTest(PyObject *obj, PyTypeObject *type, in
     return 0;
 }
 
-/* PyErrFetchRestore (used by GivenExceptionMatches) */
-#if CYTHON_FAST_THREAD_STATE
-static CYTHON_INLINE void __Pyx_ErrRestoreInState(PyThreadState *tstate, PyObject *type, PyObject *value, PyObject *tb) {
-#if PY_VERSION_HEX >= 0x030C00A6
-    PyObject *tmp_value;
-    assert(type == NULL || (value != NULL && type == (PyObject*) Py_TYPE(value)));
-    if (value) {
-        #if CYTHON_COMPILING_IN_CPYTHON
-        if (unlikely(((PyBaseExceptionObject*) value)->traceback != tb))
-        #endif
-            PyException_SetTraceback(value, tb);
-    }
-    tmp_value = tstate->current_exception;
-    tstate->current_exception = value;
-    Py_XDECREF(tmp_value);
-    Py_XDECREF(type);
-    Py_XDECREF(tb);
-#else
-    PyObject *tmp_type, *tmp_value, *tmp_tb;
-    tmp_type = tstate->curexc_type;
-    tmp_value = tstate->curexc_value;
-    tmp_tb = tstate->curexc_traceback;
-    tstate->curexc_type = type;
-    tstate->curexc_value = value;
-    tstate->curexc_traceback = tb;
-    Py_XDECREF(tmp_type);
-    Py_XDECREF(tmp_value);
-    Py_XDECREF(tmp_tb);
-#endif
-}
-static CYTHON_INLINE void __Pyx_ErrFetchInState(PyThreadState *tstate, PyObject **type, PyObject **value, PyObject **tb) {
-#if PY_VERSION_HEX >= 0x030C00A6
-    PyObject* exc_value;
-    exc_value = tstate->current_exception;
-    tstate->current_exception = 0;
-    *value = exc_value;
-    *type = NULL;
-    *tb = NULL;
-    if (exc_value) {
-        *type = (PyObject*) Py_TYPE(exc_value);
-        Py_INCREF(*type);
-        #if CYTHON_COMPILING_IN_CPYTHON
-        *tb = ((PyBaseExceptionObject*) exc_value)->traceback;
-        Py_XINCREF(*tb);
-        #else
-        *tb = PyException_GetTraceback(exc_value);
-        #endif
-    }
-#else
-    *type = tstate->curexc_type;
-    *value = tstate->curexc_value;
-    *tb = tstate->curexc_traceback;
-    tstate->curexc_type = 0;
-    tstate->curexc_value = 0;
-    tstate->curexc_traceback = 0;
-#endif
-}
-#endif
-
-/* GivenExceptionMatches (used by PyErrExceptionMatches) */
-#if CYTHON_COMPILING_IN_CPYTHON
-static CYTHON_INLINE int __Pyx_inner_PyErr_GivenExceptionMatches2(PyObject *err, PyObject* exc_type1, PyObject *exc_type2) {
-    if (exc_type1) {
-        return __Pyx_IsAnySubtype2((PyTypeObject*)err, (PyTypeObject*)exc_type1, (PyTypeObject*)exc_type2);
-    } else {
-        return __Pyx_IsSubtype((PyTypeObject*)err, (PyTypeObject*)exc_type2);
-    }
-}
-static int __Pyx_PyErr_GivenExceptionMatchesTuple(PyObject *exc_type, PyObject *tuple) {
-    Py_ssize_t i, n;
-    assert(PyExceptionClass_Check(exc_type));
-    n = PyTuple_GET_SIZE(tuple);
-    for (i=0; i<n; i++) {
-        if (exc_type == PyTuple_GET_ITEM(tuple, i)) return 1;
-    }
-    for (i=0; i<n; i++) {
-        PyObject *t = PyTuple_GET_ITEM(tuple, i);
-        if (likely(PyExceptionClass_Check(t))) {
-            if (__Pyx_inner_PyErr_GivenExceptionMatches2(exc_type, NULL, t)) return 1;
-        } else {
-        }
-    }
-    return 0;
-}
-static CYTHON_INLINE int __Pyx_PyErr_GivenExceptionMatches(PyObject *err, PyObject* exc_type) {
-    if (likely(err == exc_type)) return 1;
-    if (likely(PyExceptionClass_Check(err))) {
-        if (likely(PyExceptionClass_Check(exc_type))) {
-            return __Pyx_inner_PyErr_GivenExceptionMatches2(err, NULL, exc_type);
-        } else if (likely(PyTuple_Check(exc_type))) {
-            return __Pyx_PyErr_GivenExceptionMatchesTuple(err, exc_type);
-        } else {
-        }
-    }
-    return PyErr_GivenExceptionMatches(err, exc_type);
-}
-static CYTHON_INLINE int __Pyx_PyErr_GivenExceptionMatches2(PyObject *err, PyObject *exc_type1, PyObject *exc_type2) {
-    assert(PyExceptionClass_Check(exc_type1));
-    assert(PyExceptionClass_Check(exc_type2));
-    if (likely(err == exc_type1 || err == exc_type2)) return 1;
-    if (likely(PyExceptionClass_Check(err))) {
-        return __Pyx_inner_PyErr_GivenExceptionMatches2(err, exc_type1, exc_type2);
-    }
-    return (PyErr_GivenExceptionMatches(err, exc_type1) || PyErr_GivenExceptionMatches(err, exc_type2));
-}
-#endif
-
-/* PyErrExceptionMatches (used by PyObjectGetAttrStrNoError) */
-#if CYTHON_FAST_THREAD_STATE
-static int __Pyx_PyErr_ExceptionMatchesTuple(PyObject *exc_type, PyObject *tuple) {
-    Py_ssize_t i, n;
-    n = PyTuple_GET_SIZE(tuple);
-    for (i=0; i<n; i++) {
-        if (exc_type == PyTuple_GET_ITEM(tuple, i)) return 1;
-    }
-    for (i=0; i<n; i++) {
-        if (__Pyx_PyErr_GivenExceptionMatches(exc_type, PyTuple_GET_ITEM(tuple, i))) return 1;
-    }
-    return 0;
-}
-static CYTHON_INLINE int __Pyx_PyErr_ExceptionMatchesInState(PyThreadState* tstate, PyObject* err) {
-    int result;
-    PyObject *exc_type;
-#if PY_VERSION_HEX >= 0x030C00A6
-    PyObject *current_exception = tstate->current_exception;
-    if (unlikely(!current_exception)) return 0;
-    exc_type = (PyObject*) Py_TYPE(current_exception);
-    if (exc_type == err) return 1;
-#else
-    exc_type = tstate->curexc_type;
-    if (exc_type == err) return 1;
-    if (unlikely(!exc_type)) return 0;
-#endif
-    #if CYTHON_AVOID_BORROWED_REFS
-    Py_INCREF(exc_type);
-    #endif
-    if (unlikely(PyTuple_Check(err))) {
-        result = __Pyx_PyErr_ExceptionMatchesTuple(exc_type, err);
-    } else {
-        result = __Pyx_PyErr_GivenExceptionMatches(exc_type, err);
-    }
-    #if CYTHON_AVOID_BORROWED_REFS
-    Py_DECREF(exc_type);
-    #endif
-    return result;
-}
-#endif
-
-/* PyObjectGetAttrStrNoError (used by GetBuiltinName) */
-#if __PYX_LIMITED_VERSION_HEX < 0x030d0000
-static void __Pyx_PyObject_GetAttrStr_ClearAttributeError(void) {
-    __Pyx_PyThreadState_declare
-    __Pyx_PyThreadState_assign
-    if (likely(__Pyx_PyErr_ExceptionMatches(PyExc_AttributeError)))
-        __Pyx_PyErr_Clear();
-}
-#endif
-static CYTHON_INLINE PyObject* __Pyx_PyObject_GetAttrStrNoError(PyObject* obj, PyObject* attr_name) {
-    PyObject *result;
-#if __PYX_LIMITED_VERSION_HEX >= 0x030d0000
-    (void) PyObject_GetOptionalAttr(obj, attr_name, &result);
-    return result;
-#else
-#if CYTHON_COMPILING_IN_CPYTHON && CYTHON_USE_TYPE_SLOTS
-    PyTypeObject* tp = Py_TYPE(obj);
-    if (likely(tp->tp_getattro == PyObject_GenericGetAttr)) {
-        return _PyObject_GenericGetAttrWithDict(obj, attr_name, NULL, 1);
-    }
-#endif
-    result = __Pyx_PyObject_GetAttrStr(obj, attr_name);
-    if (unlikely(!result)) {
-        __Pyx_PyObject_GetAttrStr_ClearAttributeError();
-    }
-    return result;
-#endif
-}
-
-/* GetBuiltinName (used by GetModuleGlobalName) */
-static PyObject *__Pyx_GetBuiltinName(PyObject *name) {
-    PyObject* result = __Pyx_PyObject_GetAttrStrNoError(__pyx_mstate_global->__pyx_b, name);
-    if (unlikely(!result) && !PyErr_Occurred()) {
-        PyErr_Format(PyExc_NameError,
-            "name '%U' is not defined", name);
-    }
-    return result;
-}
-
 /* PyDictVersioning (used by GetModuleGlobalName) */
 #if CYTHON_USE_DICT_VERSIONS && CYTHON_USE_TYPE_SLOTS
 static CYTHON_INLINE PY_UINT64_T __Pyx_get_tp_dict_version(PyObject *obj) {
@@ -6340,6 +14009,2391 @@ static CYTHON_INLINE void __Pyx__ExceptionReset(PyThreadState *tstate, PyObject 
 }
 #endif
 
+/* PyObjectCompare */
+#if CYTHON_USE_PYLONG_INTERNALS
+#ifndef __Pyx_DEFINED_PyObject_CompareIntIntBoolLe
+#define __Pyx_DEFINED_PyObject_CompareIntIntBoolLe
+static int __Pyx_PyObject_CompareIntIntBoolLe(PyObject *op1, PyObject *op2) {
+    Py_ssize_t cmp = __Pyx_PyLong_CompareSignAndSize(op1, op2);
+    if (cmp == 0) {
+        Py_ssize_t size = __Pyx_PyLong_DigitCount(op1);
+        if (size > 0) {
+            const digit* digits1 = __Pyx_PyLong_Digits(op1);
+            const digit* digits2 = __Pyx_PyLong_Digits(op2);
+            if (size == 1) {
+                cmp = (Py_ssize_t) digits1[0] - (Py_ssize_t) digits2[0];
+            } else if ((size == 2) && (8 * sizeof(Py_ssize_t) >= 2 * PyLong_SHIFT)) {
+                cmp = (Py_ssize_t) (((((size_t)digits1[1]) << PyLong_SHIFT) | (size_t)digits1[0])) - (Py_ssize_t) (((((size_t)digits2[1]) << PyLong_SHIFT) | (size_t)digits2[0]));
+            } else {
+                for (Py_ssize_t i=size-1; i >= 0 && !cmp; --i) {
+                    cmp = (Py_ssize_t) digits1[i] - (Py_ssize_t) digits2[i];
+                }
+            }
+        }
+        if (cmp == 0) return 1;
+        if (__Pyx_PyLong_IsNeg(op1)) cmp = -cmp;
+    }
+    return (cmp <= 0);
+}
+#endif
+#ifndef __Pyx_DEFINED_PyObject_CompareIntIntBoolLe
+#define __Pyx_DEFINED_PyObject_CompareIntIntBoolLe
+static CYTHON_INLINE PyObject* __Pyx_PyObject_CompareIntIntLe(PyObject *op1, PyObject *op2) {
+    int result = __Pyx_PyObject_CompareIntIntBoolLe(op1, op2);
+    if (unlikely(result == -1)) return NULL;
+    return __Pyx_NewRef(result ? Py_True : Py_False);
+}
+#endif
+#else
+#ifndef __Pyx_DEFINED_PyObject_CompareIntIntBoolLe
+#define __Pyx_DEFINED_PyObject_CompareIntIntBoolLe
+static int __Pyx_PyObject_CompareIntIntBoolLe(PyObject *op1, PyObject *op2) {
+    int overflow1, overflow2;
+    long long iop1 = PyLong_AsLongLongAndOverflow(op1, &overflow1);
+    long long iop2 = PyLong_AsLongLongAndOverflow(op2, &overflow2);
+    if (likely(!(overflow1 | overflow2))) {
+        if (iop1 <= iop2) goto __pyx_return_true; else goto __pyx_return_false;
+    } else if (overflow1 != overflow2) {
+        if (overflow1 <= overflow2) goto __pyx_return_true; else goto __pyx_return_false;
+    } else {
+        return __Pyx_PyObject_RichCompareBool(op1, op2, Py_LE);
+    }
+__pyx_return_true:
+    return 1;
+__pyx_return_false:
+    return 0;
+}
+#endif
+#endif
+static CYTHON_INLINE int __Pyx_PyObject_CompareBoolLe_int_int(PyObject *op1, PyObject *op2, int pyop) {
+    CYTHON_UNUSED_VAR(pyop);
+    if (unlikely(op1 == Py_None)) {
+        goto __pyx_richcmp;
+    }
+    if (unlikely(op2 == Py_None)) {
+        goto __pyx_richcmp;
+    }
+    if (op1 == op2) goto __pyx_return_true;
+    if (likely(op1 != Py_None)) {
+        if (op1 == op2) goto __pyx_return_true;
+        if (likely(op2 != Py_None)) {
+            return __Pyx_PyObject_CompareIntIntBoolLe(op1, op2);
+        }
+        goto __pyx_richcmp;
+    }
+    if ((0)) goto __pyx_richcmp;
+    if ((0)) goto __pyx_return_true;
+    if ((0)) goto __pyx_return_false;
+__pyx_richcmp:
+    return __Pyx_PyObject_RichCompareBool(op1, op2, Py_LE);
+__pyx_return_true:
+    return 1;
+__pyx_return_false:
+    return 0;
+}
+
+/* PyObjectFastCallMethod */
+#if !CYTHON_VECTORCALL
+static PyObject *__Pyx_PyObject_FastCallMethod(PyObject *name, PyObject *const *args, size_t nargsf) {
+    PyObject *result;
+    switch (__Pyx_PyVectorcall_NARGS(nargsf)) {
+        case 1:
+            return PyObject_CallMethodObjArgs(args[0], name, NULL);
+        case 2:
+            return PyObject_CallMethodObjArgs(args[0], name, args[1], NULL);
+        case 3:
+            return PyObject_CallMethodObjArgs(args[0], name, args[1], args[2], NULL);
+        case 4:
+            return PyObject_CallMethodObjArgs(args[0], name, args[1], args[2], args[3], NULL);
+        case 5:
+            return PyObject_CallMethodObjArgs(args[0], name, args[1], args[2], args[3], args[4], NULL);
+    }
+    PyObject *attr = PyObject_GetAttr(args[0], name);
+    if (unlikely(!attr))
+        return NULL;
+    result = __Pyx_PyObject_FastCall(attr, args+1, nargsf - 1);
+    Py_DECREF(attr);
+    return result;
+}
+#endif
+
+/* RaiseErrorWithObjectTypes (used by PyNumberBinop) */
+static void __Pyx_RaiseErrorWithTypes1(PyObject* exc_type, const char *message, const char *arg, PyTypeObject *type_obj1, PyTypeObject *type_obj2) {
+    __Pyx_TypeName type_name1 = __Pyx_PyType_GetFullyQualifiedName(type_obj1);
+    #if CYTHON_COMPILING_IN_LIMITED_API && __PYX_LIMITED_VERSION_HEX < 0x030d0000
+    if (unlikely(!type_name1)) return;
+    #endif
+    __Pyx_TypeName type_name2 = __Pyx_PyType_GetFullyQualifiedName(type_obj2);
+    #if CYTHON_COMPILING_IN_LIMITED_API && __PYX_LIMITED_VERSION_HEX < 0x030d0000
+    if (unlikely(!type_name2)) goto type2_failed;
+    #endif
+    PyErr_Format(exc_type, message, arg, type_name1, type_name2);
+    __Pyx_DECREF_TypeName(type_name2);
+#if CYTHON_COMPILING_IN_LIMITED_API && __PYX_LIMITED_VERSION_HEX < 0x030d0000
+type2_failed:
+#endif
+    __Pyx_DECREF_TypeName(type_name1);
+}
+
+/* PyNumberBinop */
+#if !(CYTHON_COMPILING_IN_PYPY || CYTHON_COMPILING_IN_GRAAL || CYTHON_COMPILING_IN_LIMITED_API)
+#if CYTHON_USE_TYPE_SLOTS || __PYX_LIMITED_VERSION_HEX >= 0x030A0000
+#ifndef __Pyx_DEFINED_BinopTypeError
+#define __Pyx_DEFINED_BinopTypeError
+static void __Pyx_BinopTypeError(PyObject *op1, PyObject *op2, const char* op, int inplace) {
+    char opname[4] = {op[0], op[1], 0, 0};
+    if (inplace) {
+        opname[op[1] ? 2 : 1] = '=';
+    }
+    __Pyx_RaiseErrorWithObjectTypes1(
+        PyExc_TypeError,
+        "unsupported operand type(s) for %.3s: '" __Pyx_FMT_TYPENAME "' and '" __Pyx_FMT_TYPENAME "'",
+        opname, op1, op2);
+}
+#endif
+#endif
+#ifndef __Pyx_DEFINED_PyNumber_Add_xint_object
+#define __Pyx_DEFINED_PyNumber_Add_xint_object
+static PyObject* __Pyx_PyNumber_Add_xint_object(PyObject *op1, PyObject *op2, int inplace) {
+    if (PyFloat_CheckExact(op2)) {
+        double int_op1;
+        #if CYTHON_USE_PYLONG_INTERNALS
+        if (__Pyx_PyLong_IsCompact(op1)) {
+            Py_ssize_t compact_op1 = __Pyx_PyLong_CompactValue(op1);
+            if (compact_op1 == 0) return __Pyx_NewRef(op2);
+            int_op1 = (double) compact_op1;
+        } else
+        #endif
+        {
+            int_op1 = PyLong_AsDouble(op1);
+            if (unlikely((int_op1 == -1.) && PyErr_Occurred())) return NULL;
+            #if !CYTHON_USE_PYLONG_INTERNALS
+            if (int_op1 == 0.) return __Pyx_NewRef(op2);
+            #endif
+        }
+        double float_op2 = __Pyx_PyFloat_AS_DOUBLE(op2);
+        #if !CYTHON_ASSUME_SAFE_MACROS
+        if (unlikely((float_op2 == -1.) && PyErr_Occurred())) return NULL;
+        #endif
+        return PyFloat_FromDouble(int_op1 + float_op2);
+    }
+    #if CYTHON_USE_TYPE_SLOTS || __PYX_LIMITED_VERSION_HEX >= 0x030A0000
+    {
+        PyTypeObject *type_op2 = Py_TYPE(op2);
+        binaryfunc slot_func = __Pyx_PyType_GetSubSlot(type_op2, tp_as_number, nb_add, binaryfunc);
+        if (likely(slot_func)) {
+            PyObject *result = slot_func(op1, op2);
+            if (likely(result != Py_NotImplemented)) {
+                return result;
+            }
+            Py_DECREF(result);
+        }
+        __Pyx_BinopTypeError(op1, op2, "+", inplace);
+        return NULL;
+    }
+    #else
+    return (inplace) ? PyNumber_InPlaceAdd(op1, op2) : PyNumber_Add(op1, op2);
+    #endif
+}
+#endif
+static CYTHON_INLINE PyObject* __Pyx__PyNumber_Add_int_object(PyObject *op1, PyObject *op2, int inplace) {
+    if (likely(op1 != Py_None)) {
+        if (likely(PyLong_CheckExact(op2))) {
+            #if CYTHON_USE_PYLONG_INTERNALS
+            if (__Pyx_PyLong_IsCompact(op1)) {
+                Py_ssize_t int_op1 = __Pyx_PyLong_CompactValue(op1);
+                if (int_op1 == 0) return __Pyx_NewRef(op2);
+                if (__Pyx_PyLong_IsCompact(op2)) {
+                    Py_ssize_t int_op2 = __Pyx_PyLong_CompactValue(op2);
+                    if (int_op2 == 0) return __Pyx_NewRef(op1);
+                    return PyLong_FromSsize_t(int_op1 + int_op2);
+                }
+            }
+            else if (__Pyx_PyLong_IsZero(op2)) return __Pyx_NewRef(op1);
+            #endif
+            binaryfunc slot_func = __Pyx_PyType_GetSubSlot(&PyLong_Type, tp_as_number, nb_add, binaryfunc);
+            if (likely(slot_func)) {
+                return slot_func(op1, op2);
+            }
+        }
+        return __Pyx_PyNumber_Add_xint_object(op1, op2, inplace);
+    }
+    return (inplace) ? PyNumber_InPlaceAdd(op1, op2) : PyNumber_Add(op1, op2);
+}
+#endif
+
+/* PyObjectCompare */
+#ifndef __Pyx_DEFINED_PyObject_CompareIntFloatBoolLt
+#define __Pyx_DEFINED_PyObject_CompareIntFloatBoolLt
+static int __Pyx_PyObject_CompareIntFloatBoolLt(PyObject *op1, PyObject *op2) {
+    double float_op2 = __Pyx_PyFloat_AS_DOUBLE(op2);
+    #if !CYTHON_ASSUME_SAFE_MACROS
+    if (unlikely(float_op2 == -1. && PyErr_Occurred())) return -1;
+    #endif
+    #if CYTHON_USE_PYLONG_INTERNALS
+    if (__Pyx_PyLong_IsCompact(op1)) {
+        Py_ssize_t iop1 = __Pyx_PyLong_CompactValue(op1);
+        if (((double)iop1) < float_op2) goto __pyx_return_true; else goto __pyx_return_false;
+    }
+    if (unlikely(!__Pyx_isfinite(float_op2))) {
+        if (0.0 < float_op2) goto __pyx_return_true; else goto __pyx_return_false;
+    } else {
+        int sign1 = __Pyx_PyLong_Sign(op1);
+        if (float_op2 >= 0.) {
+            if (sign1 < 0) goto __pyx_return_true;
+            if (float_op2 < (double) (1L << PyLong_SHIFT)) goto __pyx_return_false;
+        } else {
+            if (sign1 > 0) goto __pyx_return_false;
+            if (float_op2 > -(double) (1L << PyLong_SHIFT)) goto __pyx_return_true;
+        }
+    }
+    #else
+    if (unlikely(!__Pyx_isfinite(float_op2))) {
+        if (0.0 < float_op2) goto __pyx_return_true; else goto __pyx_return_false;
+    } else {
+        int overflow1;
+        long iop1 = PyLong_AsLongAndOverflow(op1, &overflow1);
+        if (likely(!overflow1)) {
+            if ((long long) iop1 >= (1LL << 53)) {
+                overflow1 = 1;
+            } else if ((long long) iop1 <= - (1LL << 53)) {
+                overflow1 = -1;
+            } else {
+                if (((double) iop1) < float_op2) goto __pyx_return_true; else goto __pyx_return_false;
+            }
+        }
+        if (overflow1 < 0) {
+            if (float_op2 > ((double) (1LL << 53))) goto __pyx_return_true;
+        } else {
+            if (float_op2 < - ((double) (1LL << 53))) goto __pyx_return_false;
+        }
+    }
+    #endif
+    return __Pyx_PyObject_RichCompareBool(op1, op2, Py_LT);
+__pyx_return_true:
+    return 1;
+__pyx_return_false:
+    return 0;
+}
+#endif
+#if CYTHON_USE_PYLONG_INTERNALS
+#ifndef __Pyx_DEFINED_PyObject_CompareIntIntBoolLt
+#define __Pyx_DEFINED_PyObject_CompareIntIntBoolLt
+static int __Pyx_PyObject_CompareIntIntBoolLt(PyObject *op1, PyObject *op2) {
+    Py_ssize_t cmp = __Pyx_PyLong_CompareSignAndSize(op1, op2);
+    if (cmp == 0) {
+        Py_ssize_t size = __Pyx_PyLong_DigitCount(op1);
+        if (size > 0) {
+            const digit* digits1 = __Pyx_PyLong_Digits(op1);
+            const digit* digits2 = __Pyx_PyLong_Digits(op2);
+            if (size == 1) {
+                cmp = (Py_ssize_t) digits1[0] - (Py_ssize_t) digits2[0];
+            } else if ((size == 2) && (8 * sizeof(Py_ssize_t) >= 2 * PyLong_SHIFT)) {
+                cmp = (Py_ssize_t) (((((size_t)digits1[1]) << PyLong_SHIFT) | (size_t)digits1[0])) - (Py_ssize_t) (((((size_t)digits2[1]) << PyLong_SHIFT) | (size_t)digits2[0]));
+            } else {
+                for (Py_ssize_t i=size-1; i >= 0 && !cmp; --i) {
+                    cmp = (Py_ssize_t) digits1[i] - (Py_ssize_t) digits2[i];
+                }
+            }
+        }
+        if (cmp == 0) return 0;
+        if (__Pyx_PyLong_IsNeg(op1)) cmp = -cmp;
+    }
+    return (cmp < 0);
+}
+#endif
+#ifndef __Pyx_DEFINED_PyObject_CompareIntIntBoolLt
+#define __Pyx_DEFINED_PyObject_CompareIntIntBoolLt
+static CYTHON_INLINE PyObject* __Pyx_PyObject_CompareIntIntLt(PyObject *op1, PyObject *op2) {
+    int result = __Pyx_PyObject_CompareIntIntBoolLt(op1, op2);
+    if (unlikely(result == -1)) return NULL;
+    return __Pyx_NewRef(result ? Py_True : Py_False);
+}
+#endif
+#else
+#ifndef __Pyx_DEFINED_PyObject_CompareIntIntBoolLt
+#define __Pyx_DEFINED_PyObject_CompareIntIntBoolLt
+static int __Pyx_PyObject_CompareIntIntBoolLt(PyObject *op1, PyObject *op2) {
+    int overflow1, overflow2;
+    long long iop1 = PyLong_AsLongLongAndOverflow(op1, &overflow1);
+    long long iop2 = PyLong_AsLongLongAndOverflow(op2, &overflow2);
+    if (likely(!(overflow1 | overflow2))) {
+        if (iop1 < iop2) goto __pyx_return_true; else goto __pyx_return_false;
+    } else if (overflow1 != overflow2) {
+        if (overflow1 < overflow2) goto __pyx_return_true; else goto __pyx_return_false;
+    } else {
+        return __Pyx_PyObject_RichCompareBool(op1, op2, Py_LT);
+    }
+__pyx_return_true:
+    return 1;
+__pyx_return_false:
+    return 0;
+}
+#endif
+#endif
+static CYTHON_INLINE int __Pyx_PyObject_CompareBoolLt_int_object(PyObject *op1, PyObject *op2, int pyop) {
+    CYTHON_UNUSED_VAR(pyop);
+    if (unlikely(op1 == Py_None)) {
+        goto __pyx_richcmp;
+    }
+    if (op1 == op2) goto __pyx_return_false;
+    if (likely(op1 != Py_None)) {
+        if (op1 == op2) goto __pyx_return_false;
+        if (likely(PyLong_CheckExact(op2))) {
+            return __Pyx_PyObject_CompareIntIntBoolLt(op1, op2);
+        }
+        if (PyFloat_CheckExact(op2)) {
+            return __Pyx_PyObject_CompareIntFloatBoolLt(op1, op2);
+        }
+        goto __pyx_richcmp;
+    }
+    if ((0)) goto __pyx_richcmp;
+    if ((0)) goto __pyx_return_true;
+    if ((0)) goto __pyx_return_false;
+__pyx_richcmp:
+    return __Pyx_PyObject_RichCompareBool(op1, op2, Py_LT);
+__pyx_return_true:
+    return 1;
+__pyx_return_false:
+    return 0;
+}
+
+/* PyObjectCall2Args (used by CallUnboundCMethod1) */
+static CYTHON_INLINE PyObject* __Pyx_PyObject_Call2Args(PyObject* function, PyObject* arg1, PyObject* arg2) {
+    PyObject *args[3] = {NULL, arg1, arg2};
+    return __Pyx_PyObject_FastCall(function, args+1, 2 | __Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET);
+}
+
+/* CallUnboundCMethod1 */
+#if CYTHON_COMPILING_IN_CPYTHON
+static CYTHON_INLINE PyObject* __Pyx_CallUnboundCMethod1(__Pyx_CachedCFunction* cfunc, PyObject* self, PyObject* arg) {
+    int was_initialized =  __Pyx_CachedCFunction_GetAndSetInitializing(cfunc);
+    if (likely(was_initialized == 2 && cfunc->func)) {
+        int flag = cfunc->flag;
+        if (flag == METH_O) {
+            return __Pyx_CallCFunction(cfunc, self, arg);
+        } else if (flag == METH_FASTCALL) {
+            return __Pyx_CallCFunctionFast(cfunc, self, &arg, 1);
+        } else if (flag == (METH_FASTCALL | METH_KEYWORDS)) {
+            return __Pyx_CallCFunctionFastWithKeywords(cfunc, self, &arg, 1, NULL);
+        }
+    }
+#if CYTHON_COMPILING_IN_CPYTHON_FREETHREADING
+    else if (unlikely(was_initialized == 1)) {
+        __Pyx_CachedCFunction tmp_cfunc = {
+#ifndef __cplusplus
+            0
+#endif
+        };
+        tmp_cfunc.type = cfunc->type;
+        tmp_cfunc.method_name = cfunc->method_name;
+        return __Pyx__CallUnboundCMethod1(&tmp_cfunc, self, arg);
+    }
+#endif
+    PyObject* result = __Pyx__CallUnboundCMethod1(cfunc, self, arg);
+    __Pyx_CachedCFunction_SetFinishedInitializing(cfunc);
+    return result;
+}
+#endif
+static PyObject* __Pyx__CallUnboundCMethod1(__Pyx_CachedCFunction* cfunc, PyObject* self, PyObject* arg){
+    PyObject *result = NULL;
+    if (unlikely(!cfunc->func && !cfunc->method) && unlikely(__Pyx_TryUnpackUnboundCMethod(cfunc) < 0)) return NULL;
+#if CYTHON_COMPILING_IN_CPYTHON
+    if (cfunc->func && (cfunc->flag & METH_VARARGS)) {
+        PyObject *args = PyTuple_New(1);
+        if (unlikely(!args)) return NULL;
+        Py_INCREF(arg);
+        PyTuple_SET_ITEM(args, 0, arg);
+        if (cfunc->flag & METH_KEYWORDS)
+            result = __Pyx_CallCFunctionWithKeywords(cfunc, self, args, NULL);
+        else
+            result = __Pyx_CallCFunction(cfunc, self, args);
+        Py_DECREF(args);
+    } else
+#endif
+    {
+        result = __Pyx_PyObject_Call2Args(cfunc->method, self, arg);
+    }
+    return result;
+}
+
+/* dict_getitem_default */
+static PyObject* __Pyx_PyDict_GetItemDefault(PyObject* d, PyObject* key, PyObject* default_value) {
+    PyObject* value;
+#if !CYTHON_COMPILING_IN_PYPY || PYPY_VERSION_NUM >= 0x07020000
+    value = PyDict_GetItemWithError(d, key);
+    if (unlikely(!value)) {
+        if (unlikely(PyErr_Occurred()))
+            return NULL;
+        value = default_value;
+    }
+    Py_INCREF(value);
+    if ((1));
+#else
+    if (PyBytes_CheckExact(key) || PyUnicode_CheckExact(key) || PyLong_CheckExact(key)) {
+        value = PyDict_GetItem(d, key);
+        if (unlikely(!value)) {
+            value = default_value;
+        }
+        Py_INCREF(value);
+    }
+#endif
+    else {
+        if (default_value == Py_None)
+            value = __Pyx_CallUnboundCMethod1(&__pyx_mstate_global->__pyx_umethod_PyDict_Type_get, d, key);
+        else
+            value = __Pyx_CallUnboundCMethod2(&__pyx_mstate_global->__pyx_umethod_PyDict_Type_get, d, key, default_value);
+    }
+    return value;
+}
+
+/* PyFrozenDict (used by GetItemInt) */
+#if CYTHON_COMPILING_IN_LIMITED_API
+static CYTHON_INLINE PyObject* __Pyx__PyFrozenDict_New(PyObject* frozendict_type, PyObject* it) {
+    return PyObject_CallFunctionObjArgs(frozendict_type, it, NULL);
+}
+#endif
+
+/* GettItemInt_wraparound (used by GetItemInt) */
+#if CYTHON_USE_TYPE_SLOTS && !CYTHON_COMPILING_IN_PYPY
+static int __Pyx_GetItemInt_wraparound(PyObject *o, PySequenceMethods *sm, Py_ssize_t *i) {
+    assert(*i < 0);
+    if (likely(sm->sq_length)) {
+        Py_ssize_t l = sm->sq_length(o);
+        if (likely(l >= 0)) {
+            *i += l;
+        } else {
+            if (!PyErr_ExceptionMatches(PyExc_OverflowError))
+                return -1;
+            PyErr_Clear();
+        }
+    }
+    return 0;
+}
+#endif
+
+/* GetItemInt */
+static PyObject *__Pyx_GetItemInt_Generic(PyObject *o, PyObject* j) {
+    PyObject *r;
+    if (unlikely(!j)) return NULL;
+    r = PyObject_GetItem(o, j);
+    Py_DECREF(j);
+    return r;
+}
+static PyObject *__Pyx_GetItemInt_Generic_size(PyObject *o, Py_ssize_t i) {
+    return __Pyx_GetItemInt_Generic(o, PyLong_FromSsize_t(i));
+}
+static CYTHON_INLINE PyObject *__Pyx_GetItemInt_List_Fast(PyObject *o, Py_ssize_t i,
+                                                              int wraparound, int boundscheck, int unsafe_shared) {
+    CYTHON_MAYBE_UNUSED_VAR(unsafe_shared);
+#if CYTHON_AVOID_BORROWED_REFS
+    CYTHON_UNUSED_VAR(boundscheck);
+    Py_ssize_t wrapped_i = i;
+    if (wraparound & unlikely(i < 0)) {
+        Py_ssize_t size = __Pyx_PyList_GET_SIZE(o);
+        #if !CYTHON_ASSUME_SAFE_SIZE
+        if (unlikely(size < 0)) return NULL;
+        #endif
+        wrapped_i += size;
+    }
+    return __Pyx_PyList_GetItemRef(o, wrapped_i);
+#elif CYTHON_ASSUME_SAFE_SIZE && CYTHON_ASSUME_SAFE_MACROS
+    Py_ssize_t wrapped_i = i;
+    Py_ssize_t size = (wraparound | boundscheck) ? PyList_GET_SIZE(o) : -1;
+    if (wraparound & unlikely(i < 0)) {
+        wrapped_i += size;
+    }
+    if ((!boundscheck) || likely(__Pyx_is_valid_index(wrapped_i, size))) {
+        return __Pyx_PyList_GET_ITEM_REF(o, wrapped_i, unsafe_shared);
+    }
+    return __Pyx_GetItemInt_Generic_size(o, i);
+#else
+    (void)wraparound;
+    (void)boundscheck;
+    return PySequence_GetItem(o, i);
+#endif
+}
+static CYTHON_INLINE PyObject *__Pyx_GetItemInt_Tuple_Fast(PyObject *o, Py_ssize_t i,
+                                                              int wraparound, int boundscheck, int unsafe_shared) {
+    CYTHON_MAYBE_UNUSED_VAR(unsafe_shared);
+#if CYTHON_AVOID_BORROWED_REFS
+    CYTHON_UNUSED_VAR(boundscheck);
+    Py_ssize_t wrapped_i = i;
+    if (wraparound & unlikely(i < 0)) {
+        Py_ssize_t size = __Pyx_PyTuple_GET_SIZE(o);
+        #if !CYTHON_ASSUME_SAFE_SIZE
+        if (unlikely(size < 0)) return NULL;
+        #endif
+        wrapped_i += size;
+    }
+    #if CYTHON_ASSUME_SAFE_MACROS && !CYTHON_COMPILING_IN_LIMITED_API
+    return PySequence_ITEM(o, wrapped_i);
+    #else
+    if (unlikely(wrapped_i < 0)) {
+        PyErr_SetString(PyExc_IndexError, "tuple index out of range");
+        return NULL;
+    }
+    return PySequence_GetItem(o, wrapped_i);
+    #endif
+#elif CYTHON_ASSUME_SAFE_SIZE && CYTHON_ASSUME_SAFE_MACROS
+    Py_ssize_t wrapped_i = i;
+    Py_ssize_t size = (wraparound | boundscheck) ? PyTuple_GET_SIZE(o) : -1;
+    if (wraparound & unlikely(i < 0)) {
+        wrapped_i += size;
+    }
+    if ((!boundscheck) || likely(__Pyx_is_valid_index(wrapped_i, size))) {
+        return __Pyx_NewRef(__Pyx_PyTuple_GET_ITEM(o, wrapped_i));
+    }
+    return __Pyx_GetItemInt_Generic_size(o, i);
+#else
+    (void)wraparound;
+    (void)boundscheck;
+    return PySequence_GetItem(o, i);
+#endif
+}
+#if CYTHON_USE_TYPE_SLOTS && !CYTHON_COMPILING_IN_PYPY
+static CYTHON_INLINE PyObject *__Pyx_GetItemInt_Fast_mapping(PyObject *o, binaryfunc getitem, Py_ssize_t i) {
+    PyObject *r, *key = PyLong_FromSsize_t(i);
+    if (unlikely(!key)) return NULL;
+    r = getitem(o, key);
+    Py_DECREF(key);
+    return r;
+}
+#endif
+static CYTHON_INLINE PyObject *__Pyx_GetItemInt_Fast(PyObject *o, Py_ssize_t i,
+                                                     int wraparound, int boundscheck, int unsafe_shared) {
+    CYTHON_MAYBE_UNUSED_VAR(unsafe_shared);
+#if CYTHON_ASSUME_SAFE_SIZE
+    if (PyList_CheckExact(o)) {
+        return __Pyx_GetItemInt_List_Fast(o, i, wraparound, boundscheck, unsafe_shared);
+    } else
+    #if CYTHON_ASSUME_SAFE_MACROS && !CYTHON_AVOID_BORROWED_REFS
+    if (PyTuple_CheckExact(o)) {
+        return __Pyx_GetItemInt_Tuple_Fast(o, i, wraparound, boundscheck, unsafe_shared);
+    } else
+    #endif
+#else
+    if ((!wraparound || i >= 0) & PyList_CheckExact(o)) {
+        return boundscheck ? __Pyx_PyList_GetItemRef(o, i) : __Pyx_PyList_GET_ITEM_REF(o, i, unsafe_shared);
+    } else
+#endif
+#if CYTHON_USE_TYPE_SLOTS && !CYTHON_COMPILING_IN_PYPY
+    if (PyDict_CheckExact(o)) {
+        return __Pyx_GetItemInt_Fast_mapping(o, PyDict_Type.tp_as_mapping->mp_subscript, i);
+    #if defined(PyFrozenDict_CheckExact)
+    } else if (PyFrozenDict_CheckExact(o)) {
+        return __Pyx_GetItemInt_Fast_mapping(o, PyFrozenDict_Type.tp_as_mapping->mp_subscript, i);
+    #endif
+    } else
+    {
+        PyTypeObject *obj_type = Py_TYPE(o);
+        int seq_or_mapping = __Pyx_PyType_GetFlags(obj_type) & (Py_TPFLAGS_SEQUENCE|Py_TPFLAGS_MAPPING);
+        if (seq_or_mapping != Py_TPFLAGS_SEQUENCE) {
+            PyMappingMethods *mm = obj_type->tp_as_mapping;
+            if (mm && mm->mp_subscript)
+                return __Pyx_GetItemInt_Fast_mapping(o, mm->mp_subscript, i);
+        }
+        PySequenceMethods *sm = obj_type->tp_as_sequence;
+        if (likely(sm && sm->sq_item)) {
+            if (wraparound && (i < 0) && unlikely(__Pyx_GetItemInt_wraparound(o, sm, &i) == -1))
+                return NULL;
+            return sm->sq_item(o, i);
+        }
+        if (seq_or_mapping == Py_TPFLAGS_SEQUENCE) {
+            PyMappingMethods *mm = obj_type->tp_as_mapping;
+            if (likely(mm && mm->mp_subscript))
+                return __Pyx_GetItemInt_Fast_mapping(o, mm->mp_subscript, i);
+        }
+    }
+#else
+    if (!PyMapping_Check(o)) {
+        return PySequence_GetItem(o, i);
+    }
+#endif
+    (void)wraparound;
+    (void)boundscheck;
+    return __Pyx_GetItemInt_Generic_size(o, i);
+}
+
+/* RaiseErrorWithObjectType (used by ObjectGetItem) */
+static void __Pyx_RaiseErrorWithType(PyObject* exc_type, const char* message, PyTypeObject *type_obj) {
+    __Pyx_TypeName type_name = __Pyx_PyType_GetFullyQualifiedName(type_obj);
+    #if CYTHON_COMPILING_IN_LIMITED_API && __PYX_LIMITED_VERSION_HEX < 0x030d0000
+    if (unlikely(!type_name)) return;
+    #endif
+    PyErr_Format(exc_type, message, type_name);
+    __Pyx_DECREF_TypeName(type_name);
+}
+
+/* ObjectGetItem */
+#if CYTHON_USE_TYPE_SLOTS
+static PyObject *__Pyx_PyObject_GetIndex(PyObject *obj, PyObject *index) {
+    PyObject *runerr = NULL;
+    Py_ssize_t key_value;
+    key_value = __Pyx_PyIndex_AsSsize_t(index);
+    if (likely(key_value != -1 || !(runerr = PyErr_Occurred()))) {
+        return __Pyx_GetItemInt_Fast(obj, key_value, 1, 1, 1);
+    }
+    if (PyErr_GivenExceptionMatches(runerr, PyExc_OverflowError)) {
+        PyErr_Clear();
+        __Pyx_RaiseErrorWithObjectType(
+            PyExc_IndexError,
+            "cannot fit '" __Pyx_FMT_TYPENAME "' into an index-sized integer",
+            index);
+    }
+    return NULL;
+}
+static PyObject *__Pyx_PyObject_GetItem_Slow(PyObject *obj, PyObject *key) {
+    if (likely(PyType_Check(obj))) {
+        if ((PyTypeObject*)obj == &PyType_Type) {
+            return Py_GenericAlias(obj, key);
+        }
+        PyObject *meth = __Pyx_PyObject_GetAttrStrNoError(obj, __pyx_mstate_global->__pyx_n_u_class_getitem);
+        if (!meth) {
+            if (PyErr_Occurred()) {
+                return NULL;
+            }
+        } else {
+            PyObject *result = __Pyx_PyObject_CallOneArg(meth, key);
+            Py_DECREF(meth);
+            return result;
+        }
+    }
+    __Pyx_RaiseTypeErrorWithObjectType(
+        "'" __Pyx_FMT_TYPENAME "' object is not subscriptable", obj);
+    return NULL;
+}
+static PyObject *__Pyx_PyObject_GetItem(PyObject *obj, PyObject *key) {
+    PyTypeObject *tp = Py_TYPE(obj);
+    PyMappingMethods *mm = tp->tp_as_mapping;
+    PySequenceMethods *sm = tp->tp_as_sequence;
+    if (likely(mm && mm->mp_subscript)) {
+        return mm->mp_subscript(obj, key);
+    }
+    if (likely(sm && sm->sq_item)) {
+        return __Pyx_PyObject_GetIndex(obj, key);
+    }
+    return __Pyx_PyObject_GetItem_Slow(obj, key);
+}
+#endif
+
+/* ListAppendAndDecrefInternal (used by ListAppend) */
+#if CYTHON_USE_PYLIST_INTERNALS && CYTHON_ASSUME_SAFE_MACROS && CYTHON_ASSUME_SAFE_SIZE
+static CYTHON_INLINE void __Pyx__ListComp_AppendAndDecref(PyObject* list, Py_ssize_t len, PyObject* x) {
+    PyList_SET_ITEM(list, len, x);
+    Py_SET_SIZE(list, len + 1);
+}
+#endif
+
+/* ListAppend */
+#if CYTHON_USE_PYLIST_INTERNALS && CYTHON_ASSUME_SAFE_MACROS && CYTHON_ASSUME_SAFE_SIZE
+static CYTHON_INLINE int __Pyx_PyList_Append(PyObject* list, PyObject* x) {
+    PyListObject* L = (PyListObject*) list;
+    Py_ssize_t len = Py_SIZE(list);
+    if (likely(L->allocated > len) & likely(len > (L->allocated >> 1))) {
+        Py_INCREF(x);
+        __Pyx__ListComp_AppendAndDecref(list, len, x);
+        return 0;
+    }
+    return PyList_Append(list, x);
+}
+#endif
+
+/* PyObjectCompare */
+#ifndef __Pyx_DEFINED_PyObject_CompareStrStrBoolNe
+#define __Pyx_DEFINED_PyObject_CompareStrStrBoolNe
+static CYTHON_INLINE int __Pyx_PyObject_CompareStrStrBoolNe(PyObject* s1, PyObject* s2) {
+    #if __PYX_LIMITED_VERSION_HEX >= 0x030e0000
+    int result = PyUnicode_Equal(s1, s2);
+    #if !CYTHON_COMPILING_IN_CPYTHON
+    if (unlikely(result == -1)) return -1;
+    #endif
+    if (result != 0) goto __pyx_return_false; else goto __pyx_return_true;
+    #else
+    int result = PyUnicode_Compare(s1, s2);
+    if (unlikely((result == -1) && PyErr_Occurred())) return -1;
+    if (result != 0) goto __pyx_return_true; else goto __pyx_return_false;
+    #endif
+__pyx_return_true:
+    return 1;
+__pyx_return_false:
+    return 0;
+}
+#endif
+static CYTHON_INLINE int __Pyx_PyObject_CompareBoolNe_object_str(PyObject *op1, PyObject *op2, int pyop) {
+    CYTHON_UNUSED_VAR(pyop);
+    if (unlikely(op2 == Py_None)) {
+        if (op1 == Py_None) goto __pyx_return_false; else goto __pyx_richcmp;
+    }
+    if (PyFloat_CheckExact(op1)) {
+        goto __pyx_richcmp;
+    }
+    if (PyLong_CheckExact(op1)) {
+        if (op1 == op2) goto __pyx_return_false;
+        goto __pyx_richcmp;
+    }
+    
+    if (likely(PyUnicode_CheckExact(op1))) {
+        if (op1 == op2) goto __pyx_return_false;
+        if (likely(op2 != Py_None)) {
+            return __Pyx_PyObject_CompareStrStrBoolNe(op1, op2);
+        }
+        goto __pyx_richcmp;
+    }
+    
+    if ((0)) goto __pyx_richcmp;
+    if ((0)) goto __pyx_return_true;
+    if ((0)) goto __pyx_return_false;
+__pyx_richcmp:
+    return __Pyx_PyObject_RichCompareBool(op1, op2, Py_NE);
+__pyx_return_true:
+    return 1;
+__pyx_return_false:
+    return 0;
+}
+
+/* PyObjectCompare */
+#ifndef __Pyx_DEFINED_PyObject_CompareStrStrBoolNe
+#define __Pyx_DEFINED_PyObject_CompareStrStrBoolNe
+static CYTHON_INLINE int __Pyx_PyObject_CompareStrStrBoolNe(PyObject* s1, PyObject* s2) {
+    #if __PYX_LIMITED_VERSION_HEX >= 0x030e0000
+    int result = PyUnicode_Equal(s1, s2);
+    #if !CYTHON_COMPILING_IN_CPYTHON
+    if (unlikely(result == -1)) return -1;
+    #endif
+    if (result != 0) goto __pyx_return_false; else goto __pyx_return_true;
+    #else
+    int result = PyUnicode_Compare(s1, s2);
+    if (unlikely((result == -1) && PyErr_Occurred())) return -1;
+    if (result != 0) goto __pyx_return_true; else goto __pyx_return_false;
+    #endif
+__pyx_return_true:
+    return 1;
+__pyx_return_false:
+    return 0;
+}
+#endif
+#if !(CYTHON_COMPILING_IN_PYPY || CYTHON_COMPILING_IN_GRAAL)
+#ifndef __Pyx_DEFINED_PyObject_ComparePyBytesPyBytesBoolNe
+#define __Pyx_DEFINED_PyObject_ComparePyBytesPyBytesBoolNe
+static CYTHON_INLINE int __Pyx_PyObject_ComparePyBytesPyBytesBoolNe(PyObject* s1, PyObject* s2) {
+    #if CYTHON_ASSUME_SAFE_SIZE && CYTHON_ASSUME_SAFE_MACROS
+    const char *ps1, *ps2;
+    Py_ssize_t length = PyBytes_GET_SIZE(s1);
+    if (length != PyBytes_GET_SIZE(s2)) goto __pyx_return_true;
+    ps1 = PyBytes_AS_STRING(s1);
+    ps2 = PyBytes_AS_STRING(s2);
+    #else
+    char *ps1, *ps2;
+    Py_ssize_t length, length2;
+    if (unlikely(PyBytes_AsStringAndSize(s1, &ps1, &length) == -1)) return -1;
+    if (unlikely(PyBytes_AsStringAndSize(s2, &ps2, &length2) == -1)) return -1;
+    if (length != length2) goto __pyx_return_true;
+    #endif
+    if (ps1[0] != ps2[0]) goto __pyx_return_true;
+    if (length == 1) goto __pyx_return_false;
+    {
+        int cmp;
+#if CYTHON_USE_UNICODE_INTERNALS && (PY_VERSION_HEX < 0x030B0000)
+        Py_hash_t hash1 = ((PyBytesObject*)s1)->ob_shash;
+        Py_hash_t hash2 = ((PyBytesObject*)s2)->ob_shash;
+        if (hash1 != hash2 && hash1 != -1 && hash2 != -1) goto __pyx_return_true;
+#endif
+        cmp = memcmp(ps1, ps2, (size_t)length);
+        if (cmp != 0) goto __pyx_return_true; else goto __pyx_return_false;
+    }
+__pyx_return_true:
+    return 1;
+__pyx_return_false:
+    return 0;
+}
+#endif
+#endif
+#if !(CYTHON_COMPILING_IN_PYPY || CYTHON_COMPILING_IN_GRAAL)
+#ifndef __Pyx_DEFINED_PyObject_ComparePyBytesPyByteArrayBoolNe
+#define __Pyx_DEFINED_PyObject_ComparePyBytesPyByteArrayBoolNe
+static CYTHON_INLINE int __Pyx_PyObject_ComparePyBytesPyByteArrayBoolNe(PyObject* s1, PyObject* s2) {
+    #if CYTHON_ASSUME_SAFE_SIZE && CYTHON_ASSUME_SAFE_MACROS
+    const char *ps1, *ps2;
+    Py_ssize_t length = PyBytes_GET_SIZE(s1);
+    if (length != PyByteArray_GET_SIZE(s2)) goto __pyx_return_true;
+    ps1 = PyBytes_AS_STRING(s1);
+    ps2 = PyByteArray_AS_STRING(s2);
+    #else
+    char *ps1, *ps2;
+    Py_ssize_t length, length2;
+    if (unlikely(PyBytes_AsStringAndSize(s1, &ps1, &length) == -1)) return -1;
+    ps2 = __Pyx_PyByteArray_AsString(s2); if (unlikely(!ps2)) return -1;
+    length2 = __Pyx_PyByteArray_GET_SIZE(s2); if (unlikely(length2 == -1)) return -1;
+    if (length != length2) goto __pyx_return_true;
+    #endif
+    if (ps1[0] != ps2[0]) goto __pyx_return_true;
+    if (length == 1) goto __pyx_return_false;
+    {
+        int cmp;
+        cmp = memcmp(ps1, ps2, (size_t)length);
+        if (cmp != 0) goto __pyx_return_true; else goto __pyx_return_false;
+    }
+__pyx_return_true:
+    return 1;
+__pyx_return_false:
+    return 0;
+}
+#endif
+#endif
+#if !(CYTHON_COMPILING_IN_PYPY || CYTHON_COMPILING_IN_GRAAL)
+#ifndef __Pyx_DEFINED_PyObject_ComparePyByteArrayPyBytesBoolNe
+#define __Pyx_DEFINED_PyObject_ComparePyByteArrayPyBytesBoolNe
+static CYTHON_INLINE int __Pyx_PyObject_ComparePyByteArrayPyBytesBoolNe(PyObject* s1, PyObject* s2) {
+    #if CYTHON_ASSUME_SAFE_SIZE && CYTHON_ASSUME_SAFE_MACROS
+    const char *ps1, *ps2;
+    Py_ssize_t length = PyByteArray_GET_SIZE(s1);
+    if (length != PyBytes_GET_SIZE(s2)) goto __pyx_return_true;
+    ps1 = PyByteArray_AS_STRING(s1);
+    ps2 = PyBytes_AS_STRING(s2);
+    #else
+    char *ps1, *ps2;
+    Py_ssize_t length, length2;
+    ps1 = __Pyx_PyByteArray_AsString(s1); if (unlikely(!ps1)) return -1;
+    length = __Pyx_PyByteArray_GET_SIZE(s1); if (unlikely(length == -1)) return -1;
+    if (unlikely(PyBytes_AsStringAndSize(s2, &ps2, &length2) == -1)) return -1;
+    if (length != length2) goto __pyx_return_true;
+    #endif
+    if (length == 0) goto __pyx_return_false;
+    if (ps1[0] != ps2[0]) goto __pyx_return_true;
+    if (length == 1) goto __pyx_return_false;
+    {
+        int cmp;
+        cmp = memcmp(ps1, ps2, (size_t)length);
+        if (cmp != 0) goto __pyx_return_true; else goto __pyx_return_false;
+    }
+__pyx_return_true:
+    return 1;
+__pyx_return_false:
+    return 0;
+}
+#endif
+#endif
+#if !(CYTHON_COMPILING_IN_PYPY || CYTHON_COMPILING_IN_GRAAL)
+#ifndef __Pyx_DEFINED_PyObject_ComparePyByteArrayPyByteArrayBoolNe
+#define __Pyx_DEFINED_PyObject_ComparePyByteArrayPyByteArrayBoolNe
+static CYTHON_INLINE int __Pyx_PyObject_ComparePyByteArrayPyByteArrayBoolNe(PyObject* s1, PyObject* s2) {
+    #if CYTHON_ASSUME_SAFE_SIZE && CYTHON_ASSUME_SAFE_MACROS
+    const char *ps1, *ps2;
+    Py_ssize_t length = PyByteArray_GET_SIZE(s1);
+    if (length != PyByteArray_GET_SIZE(s2)) goto __pyx_return_true;
+    ps1 = PyByteArray_AS_STRING(s1);
+    ps2 = PyByteArray_AS_STRING(s2);
+    #else
+    char *ps1, *ps2;
+    Py_ssize_t length, length2;
+    ps1 = __Pyx_PyByteArray_AsString(s1); if (unlikely(!ps1)) return -1;
+    length = __Pyx_PyByteArray_GET_SIZE(s1); if (unlikely(length == -1)) return -1;
+    ps2 = __Pyx_PyByteArray_AsString(s2); if (unlikely(!ps2)) return -1;
+    length2 = __Pyx_PyByteArray_GET_SIZE(s2); if (unlikely(length2 == -1)) return -1;
+    if (length != length2) goto __pyx_return_true;
+    #endif
+    if (length == 0) goto __pyx_return_false;
+    if (ps1[0] != ps2[0]) goto __pyx_return_true;
+    if (length == 1) goto __pyx_return_false;
+    {
+        int cmp;
+        cmp = memcmp(ps1, ps2, (size_t)length);
+        if (cmp != 0) goto __pyx_return_true; else goto __pyx_return_false;
+    }
+__pyx_return_true:
+    return 1;
+__pyx_return_false:
+    return 0;
+}
+#endif
+#endif
+#ifndef __Pyx_DEFINED_PyObject_CompareFloatIntBoolNe
+#define __Pyx_DEFINED_PyObject_CompareFloatIntBoolNe
+static int __Pyx_PyObject_CompareFloatIntBoolNe(PyObject *op1, PyObject *op2) {
+    double float_op1 = __Pyx_PyFloat_AS_DOUBLE(op1);
+    #if !CYTHON_ASSUME_SAFE_MACROS
+    if (unlikely(float_op1 == -1. && PyErr_Occurred())) return -1;
+    #endif
+    #if CYTHON_USE_PYLONG_INTERNALS
+    if (__Pyx_PyLong_IsCompact(op2)) {
+        Py_ssize_t iop2 = __Pyx_PyLong_CompactValue(op2);
+        if (float_op1 != ((double)iop2)) goto __pyx_return_true; else goto __pyx_return_false;
+    }
+    if (unlikely(!__Pyx_isfinite(float_op1))) {
+        if (float_op1 != 0.0) goto __pyx_return_true; else goto __pyx_return_false;
+    } else {
+        int sign2 = __Pyx_PyLong_Sign(op2);
+        if (float_op1 >= 0.) {
+            if (sign2 < 0) goto __pyx_return_true;
+            if (float_op1 < (double) (1L << PyLong_SHIFT)) goto __pyx_return_true;
+        } else {
+            if (sign2 > 0) goto __pyx_return_true;
+            if (float_op1 > -(double) (1L << PyLong_SHIFT)) goto __pyx_return_true;
+        }
+    }
+    #else
+    if (unlikely(!__Pyx_isfinite(float_op1))) {
+        if (float_op1 != 0.0) goto __pyx_return_true; else goto __pyx_return_false;
+    } else {
+        int overflow2;
+        long iop2 = PyLong_AsLongAndOverflow(op2, &overflow2);
+        if (likely(!overflow2)) {
+            if ((long long) iop2 >= (1LL << 53)) {
+                overflow2 = 1;
+            } else if ((long long) iop2 <= - (1LL << 53)) {
+                overflow2 = -1;
+            } else {
+                if (float_op1 != ((double) iop2)) goto __pyx_return_true; else goto __pyx_return_false;
+            }
+        }
+        if (overflow2 > 0) {
+            if (float_op1 < ((double) (1LL << 53))) goto __pyx_return_true;
+        } else {
+            if (float_op1 > - ((double) (1LL << 53))) goto __pyx_return_true;
+        }
+    }
+    #endif
+    return __Pyx_PyObject_RichCompareBool(op1, op2, Py_NE);
+__pyx_return_true:
+    return 1;
+__pyx_return_false:
+    return 0;
+}
+#endif
+#ifndef __Pyx_DEFINED_PyObject_CompareIntFloatBoolNe
+#define __Pyx_DEFINED_PyObject_CompareIntFloatBoolNe
+static int __Pyx_PyObject_CompareIntFloatBoolNe(PyObject *op1, PyObject *op2) {
+    double float_op2 = __Pyx_PyFloat_AS_DOUBLE(op2);
+    #if !CYTHON_ASSUME_SAFE_MACROS
+    if (unlikely(float_op2 == -1. && PyErr_Occurred())) return -1;
+    #endif
+    #if CYTHON_USE_PYLONG_INTERNALS
+    if (__Pyx_PyLong_IsCompact(op1)) {
+        Py_ssize_t iop1 = __Pyx_PyLong_CompactValue(op1);
+        if (((double)iop1) != float_op2) goto __pyx_return_true; else goto __pyx_return_false;
+    }
+    if (unlikely(!__Pyx_isfinite(float_op2))) {
+        if (0.0 != float_op2) goto __pyx_return_true; else goto __pyx_return_false;
+    } else {
+        int sign1 = __Pyx_PyLong_Sign(op1);
+        if (float_op2 >= 0.) {
+            if (sign1 < 0) goto __pyx_return_true;
+            if (float_op2 < (double) (1L << PyLong_SHIFT)) goto __pyx_return_true;
+        } else {
+            if (sign1 > 0) goto __pyx_return_true;
+            if (float_op2 > -(double) (1L << PyLong_SHIFT)) goto __pyx_return_true;
+        }
+    }
+    #else
+    if (unlikely(!__Pyx_isfinite(float_op2))) {
+        if (0.0 != float_op2) goto __pyx_return_true; else goto __pyx_return_false;
+    } else {
+        int overflow1;
+        long iop1 = PyLong_AsLongAndOverflow(op1, &overflow1);
+        if (likely(!overflow1)) {
+            if ((long long) iop1 >= (1LL << 53)) {
+                overflow1 = 1;
+            } else if ((long long) iop1 <= - (1LL << 53)) {
+                overflow1 = -1;
+            } else {
+                if (((double) iop1) != float_op2) goto __pyx_return_true; else goto __pyx_return_false;
+            }
+        }
+        if (overflow1 < 0) {
+            if (float_op2 > ((double) (1LL << 53))) goto __pyx_return_true;
+        } else {
+            if (float_op2 < - ((double) (1LL << 53))) goto __pyx_return_true;
+        }
+    }
+    #endif
+    return __Pyx_PyObject_RichCompareBool(op1, op2, Py_NE);
+__pyx_return_true:
+    return 1;
+__pyx_return_false:
+    return 0;
+}
+#endif
+#if CYTHON_USE_PYLONG_INTERNALS
+#ifndef __Pyx_DEFINED_PyObject_CompareIntIntBoolNe
+#define __Pyx_DEFINED_PyObject_CompareIntIntBoolNe
+static int __Pyx_PyObject_CompareIntIntBoolNe(PyObject *op1, PyObject *op2) {
+    Py_ssize_t cmp = __Pyx_PyLong_CompareSignAndSize(op1, op2);
+    if (cmp == 0) {
+        Py_ssize_t size = __Pyx_PyLong_DigitCount(op1);
+        if (size > 0) {
+            const digit* digits1 = __Pyx_PyLong_Digits(op1);
+            const digit* digits2 = __Pyx_PyLong_Digits(op2);
+            if (size == 1) {
+                cmp = (Py_ssize_t) digits1[0] - (Py_ssize_t) digits2[0];
+            } else if ((size == 2) && (8 * sizeof(Py_ssize_t) >= 2 * PyLong_SHIFT)) {
+                cmp = (Py_ssize_t) (((((size_t)digits1[1]) << PyLong_SHIFT) | (size_t)digits1[0])) - (Py_ssize_t) (((((size_t)digits2[1]) << PyLong_SHIFT) | (size_t)digits2[0]));
+            } else {
+                for (Py_ssize_t i=size-1; i >= 0 && !cmp; --i) {
+                    cmp = (Py_ssize_t) digits1[i] - (Py_ssize_t) digits2[i];
+                }
+            }
+        }
+        if (cmp == 0) return 0;
+        if (__Pyx_PyLong_IsNeg(op1)) cmp = -cmp;
+    }
+    return 1;
+}
+#endif
+#ifndef __Pyx_DEFINED_PyObject_CompareIntIntBoolNe
+#define __Pyx_DEFINED_PyObject_CompareIntIntBoolNe
+static CYTHON_INLINE PyObject* __Pyx_PyObject_CompareIntIntNe(PyObject *op1, PyObject *op2) {
+    int result = __Pyx_PyObject_CompareIntIntBoolNe(op1, op2);
+    if (unlikely(result == -1)) return NULL;
+    return __Pyx_NewRef(result ? Py_True : Py_False);
+}
+#endif
+#else
+#ifndef __Pyx_DEFINED_PyObject_CompareIntIntBoolNe
+#define __Pyx_DEFINED_PyObject_CompareIntIntBoolNe
+static int __Pyx_PyObject_CompareIntIntBoolNe(PyObject *op1, PyObject *op2) {
+    int overflow1, overflow2;
+    long long iop1 = PyLong_AsLongLongAndOverflow(op1, &overflow1);
+    long long iop2 = PyLong_AsLongLongAndOverflow(op2, &overflow2);
+    if (likely(!(overflow1 | overflow2))) {
+        if (iop1 != iop2) goto __pyx_return_true; else goto __pyx_return_false;
+    } else if (overflow1 != overflow2) {
+        if (overflow1 != overflow2) goto __pyx_return_true; else goto __pyx_return_false;
+    } else {
+        return __Pyx_PyObject_RichCompareBool(op1, op2, Py_NE);
+    }
+__pyx_return_true:
+    return 1;
+__pyx_return_false:
+    return 0;
+}
+#endif
+#endif
+static CYTHON_INLINE int __Pyx_PyObject_CompareBoolNe_object_object(PyObject *op1, PyObject *op2, int pyop) {
+    CYTHON_UNUSED_VAR(pyop);
+    if (PyFloat_CheckExact(op1)) {
+        if (PyFloat_CheckExact(op2)) {
+            double float_op1 = __Pyx_PyFloat_AS_DOUBLE(op1);
+            #if !CYTHON_ASSUME_SAFE_MACROS
+            if (unlikely(float_op1 == -1. && PyErr_Occurred())) return -1;
+            #endif
+            double float_op2 = __Pyx_PyFloat_AS_DOUBLE(op2);
+            #if !CYTHON_ASSUME_SAFE_MACROS
+            if (unlikely(float_op2 == -1. && PyErr_Occurred())) return -1;
+            #endif
+            if (float_op1 != float_op2) goto __pyx_return_true; else goto __pyx_return_false;
+        }
+        if (PyLong_CheckExact(op2)) {
+            return __Pyx_PyObject_CompareFloatIntBoolNe(op1, op2);
+        }
+        goto __pyx_richcmp;
+    }
+    if (PyLong_CheckExact(op1)) {
+        if (op1 == op2) goto __pyx_return_false;
+        if (PyLong_CheckExact(op2)) {
+            return __Pyx_PyObject_CompareIntIntBoolNe(op1, op2);
+        }
+        if (PyFloat_CheckExact(op2)) {
+            return __Pyx_PyObject_CompareIntFloatBoolNe(op1, op2);
+        }
+        goto __pyx_richcmp;
+    }
+    
+    if (PyUnicode_CheckExact(op1)) {
+        if (op1 == op2) goto __pyx_return_false;
+        if (PyUnicode_CheckExact(op2)) {
+            return __Pyx_PyObject_CompareStrStrBoolNe(op1, op2);
+        }
+        goto __pyx_richcmp;
+    }
+    
+    #if !(CYTHON_COMPILING_IN_PYPY || CYTHON_COMPILING_IN_GRAAL)
+    if (PyBytes_CheckExact(op1)) {
+        if (op1 == op2) goto __pyx_return_false;
+        if (PyBytes_CheckExact(op2)) {
+            return __Pyx_PyObject_ComparePyBytesPyBytesBoolNe(op1, op2);
+        }
+        if (PyByteArray_CheckExact(op2)) {
+            return __Pyx_PyObject_ComparePyBytesPyByteArrayBoolNe(op1, op2);
+        }
+        goto __pyx_richcmp;
+    }
+    #endif
+    #if !(CYTHON_COMPILING_IN_PYPY || CYTHON_COMPILING_IN_GRAAL)
+    if (PyByteArray_CheckExact(op1)) {
+        if (op1 == op2) goto __pyx_return_false;
+        if (PyByteArray_CheckExact(op2)) {
+            return __Pyx_PyObject_ComparePyByteArrayPyByteArrayBoolNe(op1, op2);
+        }
+        if (PyBytes_CheckExact(op2)) {
+            return __Pyx_PyObject_ComparePyByteArrayPyBytesBoolNe(op1, op2);
+        }
+        goto __pyx_richcmp;
+    }
+    #endif
+    if ((0)) goto __pyx_richcmp;
+    if ((0)) goto __pyx_return_true;
+    if ((0)) goto __pyx_return_false;
+__pyx_richcmp:
+    return __Pyx_PyObject_RichCompareBool(op1, op2, Py_NE);
+__pyx_return_true:
+    return 1;
+__pyx_return_false:
+    return 0;
+}
+
+/* IterFinish (used by dict_iter_common) */
+static CYTHON_INLINE int __Pyx_IterFinish(void) {
+    PyObject* exc_type;
+    __Pyx_PyThreadState_declare
+    __Pyx_PyThreadState_assign
+    exc_type = __Pyx_PyErr_CurrentExceptionType();
+    if (unlikely(exc_type)) {
+        if (unlikely(!__Pyx_PyErr_GivenExceptionMatches(exc_type, PyExc_StopIteration)))
+            return -1;
+        __Pyx_PyErr_Clear();
+        return 0;
+    }
+    return 0;
+}
+
+/* PyObjectCallMethod0 (used by dict_iter_common) */
+static CYTHON_INLINE PyObject* __Pyx_PyObject_CallMethod0(PyObject* obj, PyObject* method_name) {
+#if CYTHON_VECTORCALL && (__PYX_LIMITED_VERSION_HEX >= 0x030C0000 || !CYTHON_COMPILING_IN_LIMITED_API)
+    return PyObject_VectorcallMethod(method_name, &obj, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+#elif CYTHON_COMPILING_IN_LIMITED_API
+    return PyObject_CallMethodObjArgs(obj, method_name, NULL);
+#else
+    return PyObject_CallMethodNoArgs(obj, method_name);
+#endif
+}
+
+/* RaiseNeedMoreValuesToUnpack (used by UnpackTuple2) */
+static CYTHON_INLINE void __Pyx_RaiseNeedMoreValuesError(Py_ssize_t index) {
+    PyErr_Format(PyExc_ValueError,
+                 "need more than %" CYTHON_FORMAT_SSIZE_T "d value%.1s to unpack",
+                 index, (index == 1) ? "" : "s");
+}
+
+/* RaiseTooManyValuesToUnpack (used by UnpackItemEndCheck) */
+static CYTHON_INLINE void __Pyx_RaiseTooManyValuesError(Py_ssize_t expected) {
+    PyErr_Format(PyExc_ValueError,
+                 "too many values to unpack (expected %" CYTHON_FORMAT_SSIZE_T "d)", expected);
+}
+
+/* UnpackItemEndCheck (used by UnpackTuple2) */
+static int __Pyx_IternextUnpackEndCheck(PyObject *retval, Py_ssize_t expected) {
+    if (unlikely(retval)) {
+        Py_DECREF(retval);
+        __Pyx_RaiseTooManyValuesError(expected);
+        return -1;
+    }
+    return __Pyx_IterFinish();
+}
+
+/* RaiseNoneIterError (used by UnpackTupleError) */
+static CYTHON_INLINE void __Pyx_RaiseNoneNotIterableError(void) {
+    PyErr_SetString(PyExc_TypeError, "'NoneType' object is not iterable");
+}
+
+/* UnpackTupleError (used by UnpackTuple2) */
+static void __Pyx_UnpackTupleError(PyObject *t, Py_ssize_t index) {
+    if (t == Py_None) {
+      __Pyx_RaiseNoneNotIterableError();
+    } else {
+      Py_ssize_t size = __Pyx_PyTuple_GET_SIZE(t);
+ #if !CYTHON_ASSUME_SAFE_SIZE
+      if (unlikely(size < 0)) return;
+ #endif
+      if (size < index) {
+        __Pyx_RaiseNeedMoreValuesError(size);
+      } else {
+        __Pyx_RaiseTooManyValuesError(index);
+      }
+    }
+}
+
+/* UnpackTuple2 (used by dict_iter_common) */
+static CYTHON_INLINE int __Pyx_unpack_tuple2(
+        PyObject* tuple, PyObject** value1, PyObject** value2, int is_tuple, int has_known_size, int decref_tuple) {
+    if (likely(is_tuple || PyTuple_Check(tuple))) {
+        Py_ssize_t size;
+        if (has_known_size) {
+            return __Pyx_unpack_tuple2_exact(tuple, value1, value2, decref_tuple);
+        }
+        size = __Pyx_PyTuple_GET_SIZE(tuple);
+        if (likely(size == 2)) {
+            return __Pyx_unpack_tuple2_exact(tuple, value1, value2, decref_tuple);
+        }
+        if (size >= 0) {
+            __Pyx_UnpackTupleError(tuple, 2);
+        }
+        return -1;
+    } else {
+        return __Pyx_unpack_tuple2_generic(tuple, value1, value2, has_known_size, decref_tuple);
+    }
+}
+static CYTHON_INLINE int __Pyx_unpack_tuple2_exact(
+        PyObject* tuple, PyObject** pvalue1, PyObject** pvalue2, int decref_tuple) {
+    PyObject *value1 = NULL, *value2 = NULL;
+#if CYTHON_AVOID_BORROWED_REFS || !CYTHON_ASSUME_SAFE_MACROS
+    value1 = __Pyx_PySequence_ITEM(tuple, 0);  if (unlikely(!value1)) goto bad;
+    value2 = __Pyx_PySequence_ITEM(tuple, 1);  if (unlikely(!value2)) goto bad;
+#else
+    value1 = PyTuple_GET_ITEM(tuple, 0);  Py_INCREF(value1);
+    value2 = PyTuple_GET_ITEM(tuple, 1);  Py_INCREF(value2);
+#endif
+    if (decref_tuple) {
+        Py_DECREF(tuple);
+    }
+    *pvalue1 = value1;
+    *pvalue2 = value2;
+    return 0;
+#if CYTHON_AVOID_BORROWED_REFS || !CYTHON_ASSUME_SAFE_MACROS
+bad:
+    Py_XDECREF(value1);
+    Py_XDECREF(value2);
+    if (decref_tuple) { Py_XDECREF(tuple); }
+    return -1;
+#endif
+}
+static int __Pyx_unpack_tuple2_generic(PyObject* tuple, PyObject** pvalue1, PyObject** pvalue2,
+                                       int has_known_size, int decref_tuple) {
+    Py_ssize_t index;
+    PyObject *value1 = NULL, *value2 = NULL, *iter = NULL;
+    iternextfunc iternext;
+    iter = PyObject_GetIter(tuple);
+    if (unlikely(!iter)) goto bad;
+    if (decref_tuple) { Py_DECREF(tuple); tuple = NULL; }
+    iternext = __Pyx_PyObject_GetIterNextFunc(iter);
+    value1 = iternext(iter); if (unlikely(!value1)) { index = 0; goto unpacking_failed; }
+    value2 = iternext(iter); if (unlikely(!value2)) { index = 1; goto unpacking_failed; }
+    if (!has_known_size && unlikely(__Pyx_IternextUnpackEndCheck(iternext(iter), 2))) goto bad;
+    Py_DECREF(iter);
+    *pvalue1 = value1;
+    *pvalue2 = value2;
+    return 0;
+unpacking_failed:
+    if (!has_known_size && __Pyx_IterFinish() == 0)
+        __Pyx_RaiseNeedMoreValuesError(index);
+bad:
+    Py_XDECREF(iter);
+    Py_XDECREF(value1);
+    Py_XDECREF(value2);
+    if (decref_tuple) { Py_XDECREF(tuple); }
+    return -1;
+}
+
+/* dict_iter_common (used by dict_iter) */
+static PyObject *__Pyx_dict_call_to_get_iterable(PyObject* iterable, PyObject* method_name) {
+    PyObject* iter;
+    iterable = __Pyx_PyObject_CallMethod0(iterable, method_name);
+    if (!iterable)
+        return NULL;
+#if !CYTHON_AVOID_BORROWED_REFS
+    if (PyTuple_CheckExact(iterable) || PyList_CheckExact(iterable))
+        return iterable;
+#endif
+    iter = PyObject_GetIter(iterable);
+    Py_DECREF(iterable);
+    return iter;
+}
+#if !CYTHON_AVOID_BORROWED_REFS
+static CYTHON_INLINE int __Pyx_dict_iter_next_source_is_dict(
+        PyObject* iter_obj, CYTHON_NCP_UNUSED Py_ssize_t orig_length, CYTHON_NCP_UNUSED Py_ssize_t* ppos,
+        PyObject** pkey, PyObject** pvalue, PyObject** pitem) {
+    PyObject *key, *value;
+    if (unlikely(orig_length != PyDict_Size(iter_obj))) {
+        PyErr_SetString(PyExc_RuntimeError, "dictionary changed size during iteration");
+        return -1;
+    }
+    if (unlikely(!PyDict_Next(iter_obj, ppos, &key, &value))) {
+        return 0;
+    }
+    if (pitem) {
+        PyObject* tuple = PyTuple_New(2);
+        if (unlikely(!tuple)) {
+            return -1;
+        }
+        Py_INCREF(key);
+        Py_INCREF(value);
+        #if CYTHON_ASSUME_SAFE_MACROS
+        PyTuple_SET_ITEM(tuple, 0, key);
+        PyTuple_SET_ITEM(tuple, 1, value);
+        #else
+        if (unlikely(PyTuple_SetItem(tuple, 0, key) < 0)) {
+            Py_DECREF(value);
+            Py_DECREF(tuple);
+            return -1;
+        }
+        if (unlikely(PyTuple_SetItem(tuple, 1, value) < 0)) {
+            Py_DECREF(tuple);
+            return -1;
+        }
+        #endif
+        *pitem = tuple;
+    } else {
+        if (pkey) {
+            Py_INCREF(key);
+            *pkey = key;
+        }
+        if (pvalue) {
+            Py_INCREF(value);
+            *pvalue = value;
+        }
+    }
+    return 1;
+}
+#endif
+static CYTHON_INLINE int __Pyx_dict_iter_next(
+        PyObject* iter_obj, CYTHON_NCP_UNUSED Py_ssize_t orig_length, CYTHON_NCP_UNUSED Py_ssize_t* ppos,
+        PyObject** pkey, PyObject** pvalue, PyObject** pitem, int source_is_dict) {
+    PyObject* next_item;
+#if !CYTHON_AVOID_BORROWED_REFS
+    if (source_is_dict) {
+        int result;
+#if PY_VERSION_HEX >= 0x030d0000 && !CYTHON_COMPILING_IN_LIMITED_API
+        Py_BEGIN_CRITICAL_SECTION(iter_obj);
+#endif
+        result = __Pyx_dict_iter_next_source_is_dict(iter_obj, orig_length, ppos, pkey, pvalue, pitem);
+#if PY_VERSION_HEX >= 0x030d0000 && !CYTHON_COMPILING_IN_LIMITED_API
+        Py_END_CRITICAL_SECTION();
+#endif
+        return result;
+    } else if (PyTuple_CheckExact(iter_obj)) {
+        Py_ssize_t pos = *ppos;
+        Py_ssize_t tuple_size = __Pyx_PyTuple_GET_SIZE(iter_obj);
+        #if !CYTHON_ASSUME_SAFE_SIZE
+        if (unlikely(tuple_size < 0)) return -1;
+        #endif
+        if (unlikely(pos >= tuple_size)) return 0;
+        *ppos = pos + 1;
+        #if CYTHON_ASSUME_SAFE_MACROS
+        next_item = PyTuple_GET_ITEM(iter_obj, pos);
+        #else
+        next_item = PyTuple_GetItem(iter_obj, pos);
+        if (unlikely(!next_item)) return -1;
+        #endif
+        Py_INCREF(next_item);
+    } else if (PyList_CheckExact(iter_obj)) {
+        Py_ssize_t pos = *ppos;
+        Py_ssize_t list_size = __Pyx_PyList_GET_SIZE(iter_obj);
+        #if !CYTHON_ASSUME_SAFE_SIZE
+        if (unlikely(list_size < 0)) return -1;
+        #endif
+        if (unlikely(pos >= list_size)) return 0;
+        *ppos = pos + 1;
+        next_item = __Pyx_PyList_GET_ITEM_REF(iter_obj, pos, __Pyx_ReferenceSharing_OwnStrongReference);
+        if (unlikely(!next_item)) return -1;
+    } else
+#endif
+    {
+        next_item = PyIter_Next(iter_obj);
+        if (unlikely(!next_item)) {
+            return __Pyx_IterFinish();
+        }
+    }
+    if (pitem) {
+        *pitem = next_item;
+    } else if (pkey && pvalue) {
+        if (__Pyx_unpack_tuple2(next_item, pkey, pvalue, source_is_dict, source_is_dict, 1))
+            return -1;
+    } else if (pkey) {
+        *pkey = next_item;
+    } else {
+        *pvalue = next_item;
+    }
+    return 1;
+}
+
+/* dict_iter */
+static CYTHON_INLINE PyObject* __Pyx_dict_iterator(PyObject* iterable, int is_dict, PyObject* method_name,
+                                                   Py_ssize_t* p_orig_length, int* p_source_is_dict) {
+    is_dict = is_dict || likely(__Pyx_PyAnyDict_CheckExact(iterable));
+    *p_source_is_dict = is_dict;
+#if !CYTHON_AVOID_BORROWED_REFS
+    if (is_dict) {
+        *p_orig_length = PyDict_Size(iterable);
+        Py_INCREF(iterable);
+        return iterable;
+    }
+#endif
+    *p_orig_length = 0;
+    if (method_name) {
+        return __Pyx_dict_call_to_get_iterable(iterable, method_name);
+    } else {
+        return PyObject_GetIter(iterable);
+    }
+}
+
+/* TupleOrListFromArrayImpl (used by ListFromArray) */
+CYTHON_UNUSED static PyObject *
+__Pyx_PyList_FromArray(PyObject *const *src, Py_ssize_t n) {
+    PyObject *res = PyList_New(n);
+    if (unlikely(res == NULL)) return NULL;
+    #if CYTHON_COMPILING_IN_CPYTHON
+    __Pyx_copy_object_array(src, ((PyListObject*)res)->ob_item, n);
+    #else
+    Py_ssize_t i;
+    for (i = 0; i < n; i++) {
+        Py_INCREF(src[i]);
+        if (unlikely(__Pyx_PyList_SET_ITEM(res, i, src[i]) < (0))) {
+            Py_DECREF(res);
+            return NULL;
+        }
+    }
+    #endif
+    return res;
+}
+
+/* SliceTupleAndList */
+#if CYTHON_COMPILING_IN_CPYTHON
+static CYTHON_INLINE void __Pyx_crop_slice(Py_ssize_t* _start, Py_ssize_t* _stop, Py_ssize_t* _length) {
+    Py_ssize_t start = *_start, stop = *_stop, length = *_length;
+    if (start < 0) {
+        start += length;
+        if (start < 0)
+            start = 0;
+    }
+    if (stop < 0)
+        stop += length;
+    else if (stop > length)
+        stop = length;
+    *_length = stop - start;
+    *_start = start;
+    *_stop = stop;
+}
+static CYTHON_INLINE PyObject* __Pyx_PyTuple_GetSlice(
+            PyObject* src, Py_ssize_t start, Py_ssize_t stop) {
+    Py_ssize_t length = PyTuple_GET_SIZE(src);
+    __Pyx_crop_slice(&start, &stop, &length);
+    return __Pyx_PyTuple_FromArray(((PyTupleObject*)src)->ob_item + start, length);
+}
+static CYTHON_INLINE PyObject* __Pyx_PyList_GetSlice_locked(
+            PyObject* src, Py_ssize_t start, Py_ssize_t stop) {
+    Py_ssize_t length = PyList_GET_SIZE(src);
+    __Pyx_crop_slice(&start, &stop, &length);
+    if (length <= 0) {
+        return PyList_New(0);
+    }
+    return __Pyx_PyList_FromArray(((PyListObject*)src)->ob_item + start, length);
+}
+static CYTHON_INLINE PyObject* __Pyx_PyList_GetSlice(
+            PyObject* src, Py_ssize_t start, Py_ssize_t stop) {
+    PyObject *result;
+    __Pyx_BEGIN_CRITICAL_SECTION(src);
+    result = __Pyx_PyList_GetSlice_locked(src, start, stop);
+    __Pyx_END_CRITICAL_SECTION();
+    return result;
+}
+#endif // CYTHON_COMPILING_IN_CPYTHON
+
+/* py_dict_pop_ignore */
+static CYTHON_INLINE int __Pyx_PyDict_Pop_ignore(PyObject *d, PyObject *key, PyObject *default_value) {
+#if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX >= 0x030d00A2 || defined(PyDict_Pop)
+    int result = PyDict_Pop(d, key, NULL);
+    CYTHON_UNUSED_VAR(default_value);
+    return (unlikely(result == -1)) ? -1 : 0;
+#else
+    PyObject *value;
+    CYTHON_UNUSED_VAR(default_value);
+    #if CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX < 0x030d0000
+    value = _PyDict_Pop(d, key, Py_None);
+    #else
+    value = __Pyx_CallUnboundCMethod2(&__pyx_mstate_global->__pyx_umethod_PyDict_Type_pop, d, key, Py_None);
+    #endif
+    if (unlikely(value == NULL))
+        return -1;
+    Py_DECREF(value);
+    return 0;
+#endif
+}
+
+/* SliceObject */
+static CYTHON_INLINE int __Pyx_PyObject_SetSlice(PyObject* obj, PyObject* value,
+        Py_ssize_t cstart, Py_ssize_t cstop,
+        PyObject** _py_start, PyObject** _py_stop, PyObject** _py_slice,
+        int has_cstart, int has_cstop, CYTHON_UNUSED int wraparound) {
+#if CYTHON_USE_TYPE_SLOTS
+    PyMappingMethods* mp = Py_TYPE(obj)->tp_as_mapping;
+    if (likely(mp && mp->mp_ass_subscript))
+#else
+    if ((1))
+#endif
+    {
+        int result;
+        PyObject *py_slice, *py_start, *py_stop;
+        if (_py_slice) {
+            py_slice = *_py_slice;
+        } else {
+            PyObject* owned_start = NULL;
+            PyObject* owned_stop = NULL;
+            if (_py_start) {
+                py_start = *_py_start;
+            } else {
+                if (has_cstart) {
+                    owned_start = py_start = PyLong_FromSsize_t(cstart);
+                    if (unlikely(!py_start)) goto bad;
+                } else
+                    py_start = Py_None;
+            }
+            if (_py_stop) {
+                py_stop = *_py_stop;
+            } else {
+                if (has_cstop) {
+                    owned_stop = py_stop = PyLong_FromSsize_t(cstop);
+                    if (unlikely(!py_stop)) {
+                        Py_XDECREF(owned_start);
+                        goto bad;
+                    }
+                } else
+                    py_stop = Py_None;
+            }
+            py_slice = PySlice_New(py_start, py_stop, Py_None);
+            Py_XDECREF(owned_start);
+            Py_XDECREF(owned_stop);
+            if (unlikely(!py_slice)) goto bad;
+        }
+#if CYTHON_USE_TYPE_SLOTS
+        result = mp->mp_ass_subscript(obj, py_slice, value);
+#else
+        result = value ? PyObject_SetItem(obj, py_slice, value) : PyObject_DelItem(obj, py_slice);
+#endif
+        if (!_py_slice) {
+            Py_DECREF(py_slice);
+        }
+        return result;
+    } else {
+        __Pyx_RaiseTypeErrorWithObjectType(
+            (value) ?
+                "'" __Pyx_FMT_TYPENAME "' object does not support slice assignment" :
+                "'" __Pyx_FMT_TYPENAME "' object does not support slice deletion",
+            obj);
+    }
+bad:
+    return -1;
+}
+
+/* UnicodeEqualsUCS4 (used by UnicodeEquals_uchar) */
+#if !(CYTHON_COMPILING_IN_PYPY || CYTHON_COMPILING_IN_LIMITED_API || CYTHON_COMPILING_IN_GRAAL)
+static CYTHON_INLINE int __Pyx__PyUnicode_EqualsUCS4(PyObject* s1, Py_UCS4 ch2, int equals) {
+    Py_ssize_t length;
+    Py_UCS4 ch1;
+    int kind;
+    if (unlikely(__Pyx_PyUnicode_READY(s1) < 0)) goto bad;
+    length = __Pyx_PyUnicode_GET_LENGTH(s1);
+    #if !CYTHON_ASSUME_SAFE_SIZE
+    if (unlikely(length < 0)) goto bad;
+    #endif
+    if (length != 1) goto return_ne;
+    kind = PyUnicode_KIND(s1);
+    if (ch2 < 256) {
+        if (likely(kind == PyUnicode_1BYTE_KIND)) {
+            ch1 = PyUnicode_1BYTE_DATA(s1)[0];
+        } else if (kind == PyUnicode_2BYTE_KIND) {
+            ch1 = PyUnicode_2BYTE_DATA(s1)[0];
+        } else {
+            ch1 = PyUnicode_4BYTE_DATA(s1)[0];
+        }
+    } else if (ch2 < 65536) {
+        if (kind == PyUnicode_2BYTE_KIND) {
+            ch1 = PyUnicode_2BYTE_DATA(s1)[0];
+        } else if (kind == PyUnicode_4BYTE_KIND) {
+            ch1 = PyUnicode_4BYTE_DATA(s1)[0];
+        } else {
+            goto return_ne;
+        }
+    } else {
+        if (kind == PyUnicode_4BYTE_KIND){
+            ch1 = PyUnicode_4BYTE_DATA(s1)[0];
+        } else {
+            goto return_ne;
+        }
+    }
+    if (ch1 == ch2) {
+        goto return_eq;
+    } else {
+        goto return_ne;
+    }
+return_eq:
+    return (equals == Py_EQ);
+return_ne:
+    return (equals == Py_NE);
+bad:
+    return -1;
+}
+#endif
+
+/* RejectKeywords */
+static void __Pyx_RejectKeywords(const char* function_name, PyObject *kwds) {
+    PyObject *key = NULL;
+    if (CYTHON_VECTORCALL && likely(PyTuple_Check(kwds))) {
+        key = __Pyx_PySequence_ITEM(kwds, 0);
+    } else {
+#if CYTHON_AVOID_BORROWED_REFS
+        PyObject *pos = NULL;
+#else
+        Py_ssize_t pos = 0;
+#endif
+#if !CYTHON_COMPILING_IN_PYPY || defined(PyArg_ValidateKeywordArguments)
+        if (unlikely(!PyArg_ValidateKeywordArguments(kwds))) return;
+#endif
+        __Pyx_PyDict_NextRef(kwds, &pos, &key, NULL);
+#if CYTHON_AVOID_BORROWED_REFS
+        Py_XDECREF(pos);
+#endif
+    }
+    if (likely(key)) {
+        PyErr_Format(PyExc_TypeError,
+            "%s() got an unexpected keyword argument '%U'",
+            function_name, key);
+        Py_DECREF(key);
+    }
+}
+
+/* GetAttr3 */
+#if __PYX_LIMITED_VERSION_HEX < 0x030d0000
+static PyObject *__Pyx_GetAttr3Default(PyObject *d) {
+    __Pyx_PyThreadState_declare
+    __Pyx_PyThreadState_assign
+    if (unlikely(!__Pyx_PyErr_ExceptionMatches(PyExc_AttributeError)))
+        return NULL;
+    __Pyx_PyErr_Clear();
+    Py_INCREF(d);
+    return d;
+}
+#endif
+static CYTHON_INLINE PyObject *__Pyx_GetAttr3(PyObject *o, PyObject *n, PyObject *d) {
+    PyObject *r;
+#if __PYX_LIMITED_VERSION_HEX >= 0x030d0000
+    int res = PyObject_GetOptionalAttr(o, n, &r);
+    return (res != 0) ? r : __Pyx_NewRef(d);
+#else
+  #if CYTHON_USE_TYPE_SLOTS
+    if (likely(PyUnicode_Check(n))) {
+        r = __Pyx_PyObject_GetAttrStrNoError(o, n);
+        if (unlikely(!r) && likely(!PyErr_Occurred())) {
+            r = __Pyx_NewRef(d);
+        }
+        return r;
+    }
+  #endif
+    r = PyObject_GetAttr(o, n);
+    return (likely(r)) ? r : __Pyx_GetAttr3Default(d);
+#endif
+}
+
+/* AllocateExtensionType */
+static PyObject *__Pyx_AllocateExtensionType(PyTypeObject *t, int is_final) {
+    if (is_final || likely(!__Pyx_PyType_HasFeature(t, Py_TPFLAGS_IS_ABSTRACT))) {
+        allocfunc alloc_func = __Pyx_PyType_GetSlot(t, tp_alloc, allocfunc);
+        return alloc_func(t, 0);
+    } else {
+        newfunc tp_new = __Pyx_PyType_TryGetSlot(&PyBaseObject_Type, tp_new, newfunc);
+    #if CYTHON_COMPILING_IN_LIMITED_API && __PYX_LIMITED_VERSION_HEX < 0x030A0000
+        if (!tp_new) {
+            PyObject *new_str = PyUnicode_FromString("__new__");
+            if (likely(new_str)) {
+                PyObject *o = PyObject_CallMethodObjArgs((PyObject *)&PyBaseObject_Type, new_str, t, NULL);
+                Py_DECREF(new_str);
+                return o;
+            } else
+                return NULL;
+        } else
+    #endif
+        return tp_new(t, __pyx_mstate_global->__pyx_empty_tuple, 0);
+    }
+}
+
+/* CallSlotAsVectorcallUnpackDict (used by CallSlotAsVectorcall) */
+static CYTHON_INLINE int __Pyx_CallSlotAsVectorcallUnpackDict(Py_ssize_t args_size, PyObject *keys_dict, PyObject **args, PyObject *kwnames) {
+    Py_ssize_t pos = 0, i = 0;
+    PyObject *key, *value;
+    while (PyDict_Next(keys_dict, &pos, &key, &value)) {
+        Py_INCREF(value);
+        args[args_size+i] = value;
+        Py_INCREF(key);
+        if (unlikely(__Pyx_PyTuple_SET_ITEM(kwnames, i, key) == -1)) {
+            return -1;
+        }
+        ++i;
+    }
+    return 0;
+}
+
+/* CallSlotAsVectorcall */
+#if CYTHON_VECTORCALL_TPNEW
+static PyObject * __Pyx_CallTpnewAsVectorcall(__Pyx_tpnewvectorcallfunc f, PyTypeObject* o, PyObject *a, PyObject *k) {
+    Py_ssize_t k_size = k ? __Pyx_PyDict_GET_SIZE(k) : 0;
+#if !CYTHON_ASSUME_SAFE_SIZE
+    if (unlikely(k_size < 0)) return NULL;
+#endif
+    Py_ssize_t a_size = __Pyx_PyTuple_GET_SIZE(a);
+#if !CYTHON_ASSUME_SAFE_SIZE
+    if (unlikely(a_size < 0)) return NULL;
+#endif
+#if CYTHON_ASSUME_SAFE_MACROS
+    if (k_size == 0) {
+        return f(o, &PyTuple_GET_ITEM(a, 0), a_size, NULL);
+    }
+#else
+    if (k_size == 0 && a_size == 0) {
+        return f(o, NULL, 0, NULL);
+    }
+#endif
+    PyObject *stack_args[5];
+    PyObject **args = stack_args;
+    Py_ssize_t maxnargs = PY_SSIZE_T_MAX / sizeof(PyObject*) - 1;
+    if (a_size > maxnargs - k_size) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    Py_ssize_t total_size = a_size + k_size;
+    if (total_size > 5) {
+        args = (PyObject**)PyMem_Malloc(((size_t)total_size)*sizeof(PyObject*));
+        if (unlikely(!args)) {
+            PyErr_NoMemory();
+            return NULL;
+        }
+    }
+    PyObject * result = NULL;
+    PyObject *kwnames = NULL;
+    int unpack_dict_result;
+    Py_ssize_t i = 0;
+    for (; i < a_size; ++i) {
+        args[i] = __Pyx_PyTuple_GET_ITEM(a, i);
+#if !CYTHON_ASSUME_SAFE_MACROS
+        if (unlikely(!args[i])) goto cleanup;
+#endif
+    }
+#if !CYTHON_ASSUME_SAFE_MACROS
+    if (k)  // There's a specific shortcut earlier for ASSUME_SAFE_MACROS with no keywords
+#endif
+    {
+        kwnames = PyTuple_New(k_size);
+        if (unlikely(!kwnames)) goto cleanup;
+        __Pyx_BEGIN_CRITICAL_SECTION(k);
+        unpack_dict_result = __Pyx_CallSlotAsVectorcallUnpackDict(a_size, k, args, kwnames);
+        __Pyx_END_CRITICAL_SECTION();
+        if (unlikely(unpack_dict_result == -1)) goto cleanup;
+    }
+    result = f(o, args, a_size, kwnames);
+  cleanup:
+    Py_XDECREF(kwnames);
+    for (i=a_size; i<total_size; ++i) {
+        Py_XDECREF(args[i]);
+    }
+    if (args != stack_args) {
+        PyMem_Free(args);
+    }
+    return result;
+}
+#endif
+
+/* CallNewInitFromVectorcall */
+#if CYTHON_VECTORCALL_TPNEW
+static PyObject *__Pyx_CallNewInitFromVectorcall(PyTypeObject *t, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    newfunc tp_new = __Pyx_PyType_GetSlot(t, tp_new, newfunc);
+    if (unlikely(!tp_new)) {
+        __Pyx_RaiseErrorWithType(PyExc_TypeError, "cannot create " __Pyx_FMT_TYPENAME " instances", t);
+        return NULL;
+    }
+    Py_ssize_t nargs = __Pyx_PyVectorcall_NARGS(nargsf);
+    PyObject *result = NULL, *args_tuple = NULL, *kwds_dict = NULL;
+    Py_ssize_t kw_size = kwnames ? __Pyx_PyTuple_GET_SIZE(kwnames) : 0;
+#if !CYTHON_ASSUME_SAFE_SIZE
+    if (unlikely(kw_size == -1)) {
+        return NULL;
+    }
+#endif
+    if (kw_size) {
+        kwds_dict = __Pyx_PyDict_NewPresized(kw_size);
+        if (unlikely(!kwds_dict)) {
+            return NULL;
+        }
+        for (Py_ssize_t i=0; i<kw_size; ++i) {
+            PyObject *v = args[nargs + i];
+            PyObject *k = __Pyx_PyTuple_GET_ITEM(kwnames, i);
+#if !CYTHON_ASSUME_SAFE_MACROS
+            if (unlikely(!k)) {
+                goto end;
+            }
+#endif
+            if (unlikely(PyDict_SetItem(kwds_dict, k, v) < 0)) {
+                goto end;
+            }
+        }
+    }
+    if (nargs) {
+        args_tuple = __Pyx_PyTuple_FromArray(args, nargs);
+        if (unlikely(!args_tuple)) {
+            goto end;
+        }
+    } else {
+        args_tuple = __Pyx_NewRef(__pyx_mstate_global->__pyx_empty_tuple);
+    }
+    result = tp_new(t, args_tuple, kwds_dict);
+    if (unlikely(!result)) {
+        goto end;
+    }
+    if (PyObject_TypeCheck(result, t)) {
+        initproc tp_init = __Pyx_PyObject_GetSlot(result, tp_init, initproc);
+        if (tp_init && unlikely(tp_init(result, args_tuple, kwds_dict) < 0)) {
+            Py_CLEAR(result);
+        }
+    }
+  end:
+    Py_XDECREF(args_tuple);
+    Py_XDECREF(kwds_dict);
+    return result;
+}
+#endif
+
+/* CallTypeTraverse */
+#if !CYTHON_USE_TYPE_SPECS
+#else
+static int __Pyx_call_type_traverse(PyObject *o, int always_call, visitproc visit, void *arg) {
+    if (!always_call) {
+        PyTypeObject *base = __Pyx_PyObject_GetSlot(o, tp_base, PyTypeObject*);
+        unsigned long flags = PyType_GetFlags(base);
+        if (flags & Py_TPFLAGS_HEAPTYPE) {
+            return 0;
+        }
+    }
+    Py_VISIT((PyObject*)Py_TYPE(o));
+    return 0;
+}
+#endif
+
+/* GetTypeDictOffset (used by ValidateBasesTuple) */
+#if !CYTHON_USE_TYPE_SLOTS
+CYTHON_UNUSED static Py_ssize_t __Pyx_GetTypeDictOffset(PyObject *tp, int require_cython_valid_result) {
+    PyObject *tp_dictoffset_o;
+    Py_ssize_t tp_dictoffset;
+    tp_dictoffset_o = PyObject_GetAttrString(tp, "__dictoffset__");
+    if (unlikely(!tp_dictoffset_o)) return -1;
+    tp_dictoffset = PyLong_AsSsize_t(tp_dictoffset_o);
+    Py_DECREF(tp_dictoffset_o);
+    if (unlikely(require_cython_valid_result && tp_dictoffset == 0)) {
+        PyErr_SetString(
+            PyExc_TypeError,
+            "'type' doesn't have a dictoffset");
+        return -1;
+    } else if (unlikely(require_cython_valid_result && tp_dictoffset < 0)) {
+        PyErr_SetString(
+            PyExc_TypeError,
+            "'type' has an unexpected negative dictoffset. "
+            "Please report this as Cython bug");
+        return -1;
+    }
+    return tp_dictoffset;
+}
+#endif
+
+/* ValidateBasesTuple (used by PyType_Ready) */
+#if CYTHON_COMPILING_IN_CPYTHON || CYTHON_COMPILING_IN_LIMITED_API || CYTHON_USE_TYPE_SPECS
+static int __Pyx_validate_bases_tuple(const char *type_name, int has_dictoffset, PyObject *bases) {
+    Py_ssize_t i, n;
+#if CYTHON_ASSUME_SAFE_SIZE
+    n = PyTuple_GET_SIZE(bases);
+#else
+    n = PyTuple_Size(bases);
+    if (unlikely(n < 0)) return -1;
+#endif
+    if (!has_dictoffset) {
+        PyObject *b;
+#if CYTHON_AVOID_BORROWED_REFS
+        b = PySequence_GetItem(bases, 0);
+        if (!b) return -1;
+#elif CYTHON_ASSUME_SAFE_MACROS
+        b = PyTuple_GET_ITEM(bases, 0);
+#else
+        b = PyTuple_GetItem(bases, 0);
+        if (!b) return -1;
+#endif
+#if CYTHON_USE_TYPE_SLOTS
+        has_dictoffset = ((PyTypeObject*)b)->tp_dictoffset != 0;
+#else
+        Py_ssize_t dictoffset = __Pyx_GetTypeDictOffset(b, 0);
+        has_dictoffset = dictoffset != 0;
+#endif
+#if CYTHON_AVOID_BORROWED_REFS
+        Py_DECREF(b);
+#endif
+#if !CYTHON_USE_TYPE_SLOTS
+        if (dictoffset == -1 && PyErr_Occurred()) return -1;
+#endif
+    }
+    for (i = 1; i < n; i++)
+    {
+        PyTypeObject *b;
+#if CYTHON_AVOID_BORROWED_REFS
+        PyObject *b0 = PySequence_GetItem(bases, i);
+        if (!b0) return -1;
+#elif CYTHON_ASSUME_SAFE_MACROS
+        PyObject *b0 = PyTuple_GET_ITEM(bases, i);
+#else
+        PyObject *b0 = PyTuple_GetItem(bases, i);
+        if (!b0) return -1;
+#endif
+        b = (PyTypeObject*) b0;
+        if (!__Pyx_PyType_HasFeature(b, Py_TPFLAGS_HEAPTYPE))
+        {
+            __Pyx_RaiseErrorWithType(
+                PyExc_TypeError, "base class '" __Pyx_FMT_TYPENAME "' is not a heap type", b);
+#if CYTHON_AVOID_BORROWED_REFS
+            Py_DECREF(b0);
+#endif
+            return -1;
+        }
+        if (!has_dictoffset)
+        {
+            Py_ssize_t b_dictoffset = 0;
+#if CYTHON_USE_TYPE_SLOTS
+            b_dictoffset = b->tp_dictoffset;
+#else
+            b_dictoffset = __Pyx_GetTypeDictOffset((PyObject*)b, 0);
+            if (b_dictoffset == -1 && PyErr_Occurred()) goto dictoffset_return;
+#endif
+            if (b_dictoffset) {
+                __Pyx_RaiseErrorWithType1(
+                    PyExc_TypeError,
+                    "extension type '%.200s' has no __dict__ slot, "
+                    "but base type '" __Pyx_FMT_TYPENAME "' has: "
+                    "either add 'cdef dict __dict__' to the extension type "
+                    "or add '__slots__ = [...]' to the base type",
+                    type_name, b);
+#if !CYTHON_USE_TYPE_SLOTS
+              dictoffset_return:
+#endif
+#if CYTHON_AVOID_BORROWED_REFS
+                Py_DECREF(b0);
+#endif
+                return -1;
+            }
+        }
+#if CYTHON_AVOID_BORROWED_REFS
+        Py_DECREF(b0);
+#endif
+    }
+    return 0;
+}
+#endif
+
+/* PyType_Ready */
+CYTHON_UNUSED static int __Pyx_PyType_HasMultipleInheritance(PyTypeObject *t) {
+    while (t) {
+        PyObject *bases = __Pyx_PyType_GetSlot(t, tp_bases, PyObject*);
+        if (bases) {
+            return 1;
+        }
+        t = __Pyx_PyType_GetSlot(t, tp_base, PyTypeObject*);
+    }
+    return 0;
+}
+static int __Pyx_PyType_Ready(PyTypeObject *t) {
+#if CYTHON_USE_TYPE_SPECS || !CYTHON_COMPILING_IN_CPYTHON
+    (void)&__Pyx_PyObject_CallMethod0;
+#if CYTHON_USE_TYPE_SPECS
+    (void)&__Pyx_validate_bases_tuple;
+#endif
+    return PyType_Ready(t);
+#else
+    int r;
+    if (!__Pyx_PyType_HasMultipleInheritance(t)) {
+        return PyType_Ready(t);
+    }
+    PyObject *bases = __Pyx_PyType_GetSlot(t, tp_bases, PyObject*);
+    if (bases && unlikely(__Pyx_validate_bases_tuple(t->tp_name, t->tp_dictoffset != 0, bases) == -1))
+        return -1;
+    {
+        int gc_was_enabled;
+    #if PY_VERSION_HEX >= 0x030A00b1
+        gc_was_enabled = PyGC_Disable();
+        (void)&__Pyx_PyObject_CallMethod0;
+    #else
+        PyObject *ret, *py_status;
+        PyObject *gc = NULL;
+        #if (!CYTHON_COMPILING_IN_PYPY || PYPY_VERSION_NUM+0 >= 0x07030400) &&\
+                !CYTHON_COMPILING_IN_GRAAL
+        gc = PyImport_GetModule(__pyx_mstate_global->__pyx_kp_u_gc);
+        #endif
+        if (unlikely(!gc)) gc = PyImport_Import(__pyx_mstate_global->__pyx_kp_u_gc);
+        if (unlikely(!gc)) return -1;
+        py_status = __Pyx_PyObject_CallMethod0(gc, __pyx_mstate_global->__pyx_kp_u_isenabled);
+        if (unlikely(!py_status)) {
+            Py_DECREF(gc);
+            return -1;
+        }
+        gc_was_enabled = __Pyx_PyObject_IsTrue(py_status);
+        Py_DECREF(py_status);
+        if (gc_was_enabled > 0) {
+            ret = __Pyx_PyObject_CallMethod0(gc, __pyx_mstate_global->__pyx_kp_u_disable);
+            if (unlikely(!ret)) {
+                Py_DECREF(gc);
+                return -1;
+            }
+            Py_DECREF(ret);
+        } else if (unlikely(gc_was_enabled == -1)) {
+            Py_DECREF(gc);
+            return -1;
+        }
+    #endif
+        t->tp_flags |= Py_TPFLAGS_HEAPTYPE;
+#if PY_VERSION_HEX >= 0x030A0000
+        t->tp_flags |= Py_TPFLAGS_IMMUTABLETYPE;
+#endif
+        r = PyType_Ready(t);
+        t->tp_flags &= ~Py_TPFLAGS_HEAPTYPE;
+    #if PY_VERSION_HEX >= 0x030A00b1
+        if (gc_was_enabled)
+            PyGC_Enable();
+    #else
+        if (gc_was_enabled) {
+            PyObject *tp, *v, *tb;
+            PyErr_Fetch(&tp, &v, &tb);
+            ret = __Pyx_PyObject_CallMethod0(gc, __pyx_mstate_global->__pyx_kp_u_enable);
+            if (likely(ret || r == -1)) {
+                Py_XDECREF(ret);
+                PyErr_Restore(tp, v, tb);
+            } else {
+                Py_XDECREF(tp);
+                Py_XDECREF(v);
+                Py_XDECREF(tb);
+                r = -1;
+            }
+        }
+        Py_DECREF(gc);
+    #endif
+    }
+    return r;
+#endif
+}
+
+/* GetVTable (used by MergeVTables) */
+static int __Pyx_GetVtable(PyTypeObject *type, void** table) {
+    void* ptr;
+    *table = NULL;
+#if CYTHON_COMPILING_IN_LIMITED_API
+    PyObject *ob = PyObject_GetAttr((PyObject *)type, __pyx_mstate_global->__pyx_n_u_pyx_vtable);
+#else
+    PyObject *ob = PyObject_GetItem(type->tp_dict, __pyx_mstate_global->__pyx_n_u_pyx_vtable);
+#endif
+    if (!ob)
+        goto no_attr;
+    ptr = PyCapsule_GetPointer(ob, 0);
+    if (!ptr && !PyErr_Occurred())
+        PyErr_SetString(PyExc_RuntimeError, "invalid vtable found for imported type");
+    Py_DECREF(ob);
+    *table = ptr;
+    return 1;
+no_attr:
+    if (PyErr_ExceptionMatches(CYTHON_COMPILING_IN_LIMITED_API ? PyExc_AttributeError : PyExc_KeyError)) {
+        return 0;
+    }
+    Py_XDECREF(ob);
+    return -1;
+}
+
+/* MergeVTables (used by SetVTable) */
+static int __Pyx_MergeVtables(PyTypeObject *type) {
+    int i=0;
+    Py_ssize_t size;
+    void** base_vtables;
+    void* unknown = (void*)-1;
+    PyObject* bases = __Pyx_PyType_GetSlot(type, tp_bases, PyObject*);
+    int base_depth = 0;
+    {
+        PyTypeObject* base = __Pyx_PyType_GetSlot(type, tp_base, PyTypeObject*);
+        while (base) {
+            base_depth += 1;
+            base = __Pyx_PyType_TryGetSlot(base, tp_base, PyTypeObject*);
+        }
+    }
+    base_vtables = (void**) PyMem_Malloc(sizeof(void*) * (size_t)(base_depth + 1));
+    if (unlikely(!base_vtables)) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    base_vtables[0] = unknown;
+#if CYTHON_COMPILING_IN_LIMITED_API
+    size = PyTuple_Size(bases);
+    if (size < 0) goto other_failure;
+#else
+    size = PyTuple_GET_SIZE(bases);
+#endif
+    for (i = 1; i < size; i++) {
+        PyObject *basei;
+        void* base_vtable;
+#if CYTHON_AVOID_BORROWED_REFS
+        basei = PySequence_GetItem(bases, i);
+        if (unlikely(!basei)) goto other_failure;
+#elif !CYTHON_ASSUME_SAFE_MACROS
+        basei = PyTuple_GetItem(bases, i);
+        if (unlikely(!basei)) goto other_failure;
+#else
+        basei = PyTuple_GET_ITEM(bases, i);
+#endif
+        int get_vtable_result = __Pyx_GetVtable((PyTypeObject*)basei, &base_vtable);
+#if CYTHON_AVOID_BORROWED_REFS
+        Py_DECREF(basei);
+#endif
+        if (get_vtable_result != 1) {
+            if (get_vtable_result == -1) {
+                goto other_failure;
+            }
+            PyErr_Clear(); // Class doesn't have a vtable.
+        } else {
+            assert(base_vtable != NULL);
+            int j;
+            PyTypeObject* base = __Pyx_PyType_TryGetSlot(type, tp_base, PyTypeObject*);
+#if CYTHON_COMPILING_IN_LIMITED_API && __PYX_LIMITED_VERSION_HEX < 0x030A0000
+            if (!base) goto bad;
+#endif
+            for (j = 0; j < base_depth; j++) {
+                if (base_vtables[j] == unknown) {
+                    switch (__Pyx_GetVtable(base, &base_vtables[j])) {
+                        case 1:
+                            assert(base_vtables[j] == NULL);
+                            break;
+                        case 0:
+                            goto bad;
+                        case -1:
+                        default:
+                            goto other_failure;
+                    }
+                    base_vtables[j + 1] = unknown;
+                }
+                if (base_vtables[j] == base_vtable) {
+                    break;
+                }
+                base = __Pyx_PyType_TryGetSlot(base, tp_base, PyTypeObject*);
+#if CYTHON_COMPILING_IN_LIMITED_API && __PYX_LIMITED_VERSION_HEX < 0x030A0000
+                if (!base) goto bad;
+#endif
+            }
+        }
+    }
+    PyMem_Free(base_vtables);
+    return 0;
+bad:
+    {
+        PyTypeObject* tp_base = __Pyx_PyType_GetSlot(type, tp_base, PyTypeObject*);
+        PyTypeObject* basei;
+#if CYTHON_AVOID_BORROWED_REFS
+        basei = (PyTypeObject*)PySequence_GetItem(bases, i);
+        if (unlikely(!basei)) goto other_failure;
+#elif !CYTHON_ASSUME_SAFE_MACROS
+        basei = (PyTypeObject*)PyTuple_GetItem(bases, i);
+        if (unlikely(!basei)) goto other_failure;
+#else
+        basei = (PyTypeObject*)PyTuple_GET_ITEM(bases, i);
+#endif
+    __Pyx_RaiseTypeErrorWithTypes(
+        "multiple bases have vtable conflict: '" __Pyx_FMT_TYPENAME "' and '" __Pyx_FMT_TYPENAME "'", tp_base, basei);
+#if CYTHON_AVOID_BORROWED_REFS
+        Py_DECREF(basei);
+#endif
+    }
+other_failure:
+    PyMem_Free(base_vtables);
+    return -1;
+}
+
+/* SetVTable */
+static int __Pyx_SetVtable(PyTypeObject *type, void *vtable) {
+    PyObject *ob = PyCapsule_New(vtable, 0, 0);
+    if (unlikely(!ob))
+        goto bad;
+#if CYTHON_COMPILING_IN_LIMITED_API
+    if (unlikely(PyObject_SetAttr((PyObject *) type, __pyx_mstate_global->__pyx_n_u_pyx_vtable, ob) < 0))
+#else
+    if (unlikely(PyDict_SetItem(type->tp_dict, __pyx_mstate_global->__pyx_n_u_pyx_vtable, ob) < 0))
+#endif
+        goto bad;
+    Py_DECREF(ob);
+    return __Pyx_MergeVtables(type);
+bad:
+    Py_XDECREF(ob);
+    return -1;
+}
+
+/* LimitedApiGetTypeTypeDict (used by DelItemOnTypeDict) */
+#if CYTHON_COMPILING_IN_LIMITED_API
+static PyObject *__Pyx_GetTypeTypeDict(PyTypeObject *tp) {
+    static Py_ssize_t tp_dictoffset = 0;
+    if (unlikely(tp_dictoffset == 0)) {
+        tp_dictoffset = __Pyx_GetTypeDictOffset((PyObject*)(&PyType_Type), 1);
+        if (unlikely(tp_dictoffset == -1 && PyErr_Occurred())) {
+            tp_dictoffset = 0; // try again next time?
+            return NULL;
+        }
+    }
+    return *(PyObject**)((char*)tp + tp_dictoffset);
+}
+#endif
+
+/* DelItemOnTypeDict (used by SetupReduce) */
+static int __Pyx__DelItemOnTypeDict(PyTypeObject *tp, PyObject *k) {
+    int result;
+    PyObject *tp_dict;
+#if CYTHON_COMPILING_IN_LIMITED_API
+    tp_dict = __Pyx_GetTypeTypeDict(tp);
+    if (unlikely(!tp_dict)) return -1;
+#else
+    tp_dict = tp->tp_dict;
+#endif
+    result = PyDict_DelItem(tp_dict, k);
+    if (likely(!result)) PyType_Modified(tp);
+    return result;
+}
+
+/* SetItemOnTypeDict (used by SetupReduce) */
+static int __Pyx__SetItemOnTypeDict(PyTypeObject *tp, PyObject *k, PyObject *v) {
+    int result;
+    PyObject *tp_dict;
+#if CYTHON_COMPILING_IN_LIMITED_API
+    tp_dict = __Pyx_GetTypeTypeDict(tp);
+    if (unlikely(!tp_dict)) return -1;
+#else
+    tp_dict = tp->tp_dict;
+#endif
+    result = PyDict_SetItem(tp_dict, k, v);
+    if (likely(!result)) {
+        PyType_Modified(tp);
+        if (unlikely(PyObject_HasAttr(v, __pyx_mstate_global->__pyx_n_u_set_name))) {
+            PyObject *setNameResult = PyObject_CallMethodObjArgs(v, __pyx_mstate_global->__pyx_n_u_set_name,  (PyObject *) tp, k, NULL);
+            if (!setNameResult) return -1;
+            Py_DECREF(setNameResult);
+        }
+    }
+    return result;
+}
+
+/* SetupReduce */
+static int __Pyx_setup_reduce_is_named(PyObject* meth, PyObject* name) {
+  int ret;
+  PyObject *name_attr;
+  name_attr = __Pyx_PyObject_GetAttrStrNoError(meth, __pyx_mstate_global->__pyx_n_u_name);
+  if (likely(name_attr)) {
+      ret = PyObject_RichCompareBool(name_attr, name, Py_EQ);
+  } else {
+      ret = -1;
+  }
+  if (unlikely(ret < 0) && __Pyx_IgnoreException(PyExc_Exception)) {
+      ret = 0;  // But BaseException is still propagated.
+  }
+  Py_XDECREF(name_attr);
+  return ret;
+}
+static PyObject *__Pyx_setup_reduce_get_reduce_attribute(PyObject *type_obj, PyObject *name, int allow_not_present) {
+#if CYTHON_USE_PYTYPE_LOOKUP
+    CYTHON_UNUSED_VAR(allow_not_present);
+    return _PyType_Lookup((PyTypeObject*)type_obj, name);
+#else
+    if (allow_not_present) {
+        return __Pyx_PyObject_GetAttrStrNoError(type_obj, name);
+    } else {
+        return __Pyx_PyObject_GetAttrStr(type_obj, name);
+    }
+#endif
+}
+static int __Pyx_setup_reduce(PyObject* type_obj) {
+    int ret = 0;
+    PyObject *object_reduce = NULL;
+    PyObject *object_getstate = NULL;
+    PyObject *object_reduce_ex = NULL;
+    PyObject *reduce = NULL;
+    PyObject *reduce_ex = NULL;
+    PyObject *reduce_cython = NULL;
+    PyObject *setstate = NULL;
+    PyObject *setstate_cython = NULL;
+    PyObject *getstate = NULL;
+    getstate = __Pyx_setup_reduce_get_reduce_attribute(type_obj, __pyx_mstate_global->__pyx_n_u_getstate, 1);
+    if (!getstate && PyErr_Occurred()) {
+        goto __PYX_BAD;
+    }
+    if (getstate) {
+        object_getstate = __Pyx_setup_reduce_get_reduce_attribute((PyObject*)&PyBaseObject_Type, __pyx_mstate_global->__pyx_n_u_getstate, 1);
+        if (!object_getstate && PyErr_Occurred()) {
+            goto __PYX_BAD;
+        }
+        if (object_getstate != getstate) {
+            goto __PYX_GOOD;
+        }
+    }
+    object_reduce_ex = __Pyx_setup_reduce_get_reduce_attribute((PyObject*)&PyBaseObject_Type, __pyx_mstate_global->__pyx_n_u_reduce_ex, 0);
+    if (unlikely(!object_reduce_ex)) goto __PYX_BAD;
+    reduce_ex = __Pyx_PyObject_GetAttrStr(type_obj, __pyx_mstate_global->__pyx_n_u_reduce_ex); if (unlikely(!reduce_ex)) goto __PYX_BAD;
+    if (reduce_ex == object_reduce_ex) {
+        object_reduce = __Pyx_setup_reduce_get_reduce_attribute((PyObject*)&PyBaseObject_Type, __pyx_mstate_global->__pyx_n_u_reduce, 0);
+        if (!object_reduce) goto __PYX_BAD;
+        reduce = __Pyx_PyObject_GetAttrStr(type_obj, __pyx_mstate_global->__pyx_n_u_reduce); if (unlikely(!reduce)) goto __PYX_BAD;
+        int try_to_replace_reduce = (reduce == object_reduce);
+        if (!try_to_replace_reduce) {
+            try_to_replace_reduce = __Pyx_setup_reduce_is_named(reduce, __pyx_mstate_global->__pyx_n_u_reduce_cython);
+            if (unlikely(try_to_replace_reduce < 0)) {
+                goto __PYX_BAD;
+            }
+        }
+        if (try_to_replace_reduce) {
+            reduce_cython = __Pyx_PyObject_GetAttrStrNoError(type_obj, __pyx_mstate_global->__pyx_n_u_reduce_cython);
+            if (likely(reduce_cython)) {
+                ret = __Pyx_SetItemOnTypeDict((PyTypeObject*)type_obj, __pyx_mstate_global->__pyx_n_u_reduce, reduce_cython); if (unlikely(ret < 0)) goto __PYX_BAD;
+                ret = __Pyx_DelItemOnTypeDict((PyTypeObject*)type_obj, __pyx_mstate_global->__pyx_n_u_reduce_cython); if (unlikely(ret < 0)) goto __PYX_BAD;
+            } else if (reduce == object_reduce || PyErr_Occurred()) {
+                goto __PYX_BAD;
+            }
+            setstate = __Pyx_PyObject_GetAttrStrNoError(type_obj, __pyx_mstate_global->__pyx_n_u_setstate);
+            int try_to_replace_setstate;
+            if (!setstate) {
+                PyObject *exc = PyErr_Occurred();
+                if (exc && !__Pyx_IgnoreGivenException(exc, PyExc_Exception)) {
+                    goto __PYX_BAD;
+                }
+                try_to_replace_setstate = 1;
+            } else {
+                try_to_replace_setstate = __Pyx_setup_reduce_is_named(setstate, __pyx_mstate_global->__pyx_n_u_setstate_cython);
+                if (unlikely(try_to_replace_setstate < 0)) {
+                    goto __PYX_BAD;
+                }
+            }
+            if (try_to_replace_setstate) {
+                setstate_cython = __Pyx_PyObject_GetAttrStrNoError(type_obj, __pyx_mstate_global->__pyx_n_u_setstate_cython);
+                if (likely(setstate_cython)) {
+                    ret = __Pyx_SetItemOnTypeDict((PyTypeObject*)type_obj, __pyx_mstate_global->__pyx_n_u_setstate, setstate_cython); if (unlikely(ret < 0)) goto __PYX_BAD;
+                    ret = __Pyx_DelItemOnTypeDict((PyTypeObject*)type_obj, __pyx_mstate_global->__pyx_n_u_setstate_cython); if (unlikely(ret < 0)) goto __PYX_BAD;
+                } else if (!setstate || PyErr_Occurred()) {
+                    goto __PYX_BAD;
+                }
+            }
+            PyType_Modified((PyTypeObject*)type_obj);
+        }
+    }
+    goto __PYX_GOOD;
+__PYX_BAD:
+    if (!PyErr_Occurred()) {
+        __Pyx_RaiseErrorWithType(
+            PyExc_RuntimeError,
+            "Unable to initialize pickling for " __Pyx_FMT_TYPENAME,
+            (PyTypeObject*)type_obj);
+    }
+    ret = -1;
+__PYX_GOOD:
+#if !CYTHON_USE_PYTYPE_LOOKUP
+    Py_XDECREF(object_reduce);
+    Py_XDECREF(object_reduce_ex);
+    Py_XDECREF(object_getstate);
+    Py_XDECREF(getstate);
+#endif
+    Py_XDECREF(reduce);
+    Py_XDECREF(reduce_ex);
+    Py_XDECREF(reduce_cython);
+    Py_XDECREF(setstate);
+    Py_XDECREF(setstate_cython);
+    return ret;
+}
+
 /* Py3UpdateBases */
 static PyObject*
 __Pyx_PEP560_update_bases(PyObject *bases)
@@ -6483,12 +16537,6 @@ static PyObject *__Pyx_CalculateMetaclass(PyTypeObject *metaclass, PyObject *bas
     }
     Py_INCREF((PyObject*) metaclass);
     return (PyObject*) metaclass;
-}
-
-/* PyObjectCall2Args (used by Py3ClassCreate) */
-static CYTHON_INLINE PyObject* __Pyx_PyObject_Call2Args(PyObject* function, PyObject* arg1, PyObject* arg2) {
-    PyObject *args[3] = {NULL, arg1, arg2};
-    return __Pyx_PyObject_FastCall(function, args+1, 2 | __Pyx_PY_VECTORCALL_ARGUMENTS_OFFSET);
 }
 
 /* PyObjectLookupSpecial (used by Py3ClassCreate) */
@@ -6826,7 +16874,7 @@ static CYTHON_INLINE int __Pyx__IsSameCyOrCFunctionNoMethod(PyObject *func, void
 static CYTHON_INLINE int __Pyx__IsSameCyOrCFunction(PyObject *func, void (*cfunc)(void)) {
     if ((PyObject*)Py_TYPE(func) == __pyx_mstate_global->__Pyx_CachedMethodType) {
         int result;
-        PyObject *newFunc = PyObject_GetAttr(func, __pyx_mstate_global->__pyx_n_u_func);
+        PyObject *newFunc = PyObject_GetAttr(func, __pyx_mstate_global->__pyx_n_u_func_2);
         if (unlikely(!newFunc)) {
             PyErr_Clear(); // It's only an optimization, so don't throw an error
             return 0;
@@ -6878,22 +16926,6 @@ static CYTHON_INLINE void __Pyx_CyFunction_SetAnnotationsDict(PyObject *func, Py
     m->func_annotations = dict;
     Py_INCREF(dict);
 }
-
-/* CallTypeTraverse (used by CythonFunctionShared) */
-#if !CYTHON_USE_TYPE_SPECS
-#else
-static int __Pyx_call_type_traverse(PyObject *o, int always_call, visitproc visit, void *arg) {
-    if (!always_call) {
-        PyTypeObject *base = __Pyx_PyObject_GetSlot(o, tp_base, PyTypeObject*);
-        unsigned long flags = PyType_GetFlags(base);
-        if (flags & Py_TPFLAGS_HEAPTYPE) {
-            return 0;
-        }
-    }
-    Py_VISIT((PyObject*)Py_TYPE(o));
-    return 0;
-}
-#endif
 
 /* PyMethodNew (used by CythonFunctionShared) */
 #if CYTHON_COMPILING_IN_LIMITED_API
@@ -8069,6 +18101,179 @@ static PyTypeObject *__Pyx_Get_CyFunction_Type(void) {
     return tp;
 }
 
+/* HasAttr (used by ImportImpl) */
+#if __PYX_LIMITED_VERSION_HEX < 0x030d0000
+static CYTHON_INLINE int __Pyx_HasAttr(PyObject *o, PyObject *n) {
+    PyObject *r;
+    if (unlikely(!PyUnicode_Check(n))) {
+        PyErr_SetString(PyExc_TypeError,
+                        "hasattr(): attribute name must be string");
+        return -1;
+    }
+    r = __Pyx_PyObject_GetAttrStrNoError(o, n);
+    if (!r) {
+        return (unlikely(PyErr_Occurred())) ? -1 : 0;
+    } else {
+        Py_DECREF(r);
+        return 1;
+    }
+}
+#endif
+
+/* ImportImpl (used by Import) */
+static int __Pyx__Import_GetModule(PyObject *qualname, PyObject **module) {
+    PyObject *imported_module = PyImport_GetModule(qualname);
+    if (unlikely(!imported_module)) {
+        *module = NULL;
+        if (PyErr_Occurred()) {
+            return -1;
+        }
+        return 0;
+    }
+    *module = imported_module;
+    return 1;
+}
+static int __Pyx__Import_Lookup(PyObject *qualname, PyObject *const *imported_names, Py_ssize_t len_imported_names, PyObject **module) {
+    PyObject *imported_module;
+    PyObject *top_level_package_name;
+    Py_ssize_t i;
+    int status, module_found;
+    Py_ssize_t dot_index;
+    module_found = __Pyx__Import_GetModule(qualname, &imported_module);
+    if (unlikely(!module_found || module_found == -1)) {
+        *module = NULL;
+        return module_found;
+    }
+    if (imported_names) {
+        for (i = 0; i < len_imported_names; i++) {
+            PyObject *imported_name = imported_names[i];
+#if __PYX_LIMITED_VERSION_HEX < 0x030d0000
+            int has_imported_attribute = PyObject_HasAttr(imported_module, imported_name);
+#else
+            int has_imported_attribute = PyObject_HasAttrWithError(imported_module, imported_name);
+            if (unlikely(has_imported_attribute == -1)) goto error;
+#endif
+            if (!has_imported_attribute) {
+                goto not_found;
+            }
+        }
+        *module = imported_module;
+        return 1;
+    }
+    dot_index = PyUnicode_FindChar(qualname, '.', 0, PY_SSIZE_T_MAX, 1);
+    if (dot_index == -1) {
+        *module = imported_module;
+        return 1;
+    }
+    if (unlikely(dot_index == -2)) goto error;
+    top_level_package_name = PyUnicode_Substring(qualname, 0, dot_index);
+    if (unlikely(!top_level_package_name)) goto error;
+    Py_DECREF(imported_module);
+    status = __Pyx__Import_GetModule(top_level_package_name, module);
+    Py_DECREF(top_level_package_name);
+    return status;
+error:
+    Py_DECREF(imported_module);
+    *module = NULL;
+    return -1;
+not_found:
+    Py_DECREF(imported_module);
+    *module = NULL;
+    return 0;
+}
+static PyObject *__Pyx__Import(PyObject *name, PyObject *const *imported_names, Py_ssize_t len_imported_names, PyObject *qualname, PyObject *moddict, int level) {
+    PyObject *module = 0;
+    PyObject *empty_dict = 0;
+    PyObject *from_list = 0;
+    int module_found;
+    if (!qualname) {
+        qualname = name;
+    }
+    module_found = __Pyx__Import_Lookup(qualname, imported_names, len_imported_names, &module);
+    if (likely(module_found == 1)) {
+        return module;
+    } else if (unlikely(module_found == -1)) {
+        return NULL;
+    }
+    #if !CYTHON_COMPILING_IN_LIMITED_API && PY_VERSION_HEX >= 0x030f00a6
+    empty_dict = PyFrozenDict_New(NULL);
+    #else
+    empty_dict = PyDict_New();
+    #endif
+    if (unlikely(!empty_dict))
+        goto bad;
+    if (imported_names) {
+        from_list = __Pyx_PyList_FromArray(imported_names, len_imported_names);
+        if (unlikely(!from_list))
+            goto bad;
+    }
+    if (level == -1) {
+        const char* package_sep = strchr(__Pyx_MODULE_NAME, '.');
+        if (package_sep != (0)) {
+            module = PyImport_ImportModuleLevelObject(
+                name, moddict, empty_dict, from_list, 1);
+            if (unlikely(!module)) {
+                if (unlikely(!PyErr_ExceptionMatches(PyExc_ImportError)))
+                    goto bad;
+                PyErr_Clear();
+            }
+        }
+        level = 0;
+    }
+    if (!module) {
+        module = PyImport_ImportModuleLevelObject(
+            name, moddict, empty_dict, from_list, level);
+    }
+bad:
+    Py_XDECREF(from_list);
+    Py_XDECREF(empty_dict);
+    return module;
+}
+
+/* Import */
+static PyObject *__Pyx_Import(PyObject *name, PyObject *const *imported_names, Py_ssize_t len_imported_names, PyObject *qualname, int level) {
+    return __Pyx__Import(name, imported_names, len_imported_names, qualname, __pyx_mstate_global->__pyx_d, level);
+}
+
+/* ImportFrom */
+static PyObject* __Pyx_ImportFrom(PyObject* module, PyObject* name) {
+    PyObject* value = __Pyx_PyObject_GetAttrStr(module, name);
+    if (unlikely(!value) && PyErr_ExceptionMatches(PyExc_AttributeError)) {
+        const char* module_name_str = 0;
+        PyObject* module_name = 0;
+        PyObject* module_dot = 0;
+        PyObject* full_name = 0;
+        PyErr_Clear();
+        module_name_str = PyModule_GetName(module);
+        if (unlikely(!module_name_str)) { goto modbad; }
+        module_name = PyUnicode_FromString(module_name_str);
+        if (unlikely(!module_name)) { goto modbad; }
+        module_dot = PyUnicode_Concat(module_name, __pyx_mstate_global->__pyx_kp_u__2);
+        if (unlikely(!module_dot)) { goto modbad; }
+        full_name = PyUnicode_Concat(module_dot, name);
+        if (unlikely(!full_name)) { goto modbad; }
+        #if (CYTHON_COMPILING_IN_PYPY && PYPY_VERSION_NUM  < 0x07030400) ||\
+                CYTHON_COMPILING_IN_GRAAL
+        {
+            PyObject *modules = PyImport_GetModuleDict();
+            if (unlikely(!modules))
+                goto modbad;
+            value = PyObject_GetItem(modules, full_name);
+        }
+        #else
+        value = PyImport_GetModule(full_name);
+        #endif
+      modbad:
+        Py_XDECREF(full_name);
+        Py_XDECREF(module_dot);
+        Py_XDECREF(module_name);
+    }
+    if (unlikely(!value)) {
+        PyErr_Format(PyExc_ImportError, "cannot import name %S", name);
+    }
+    return value;
+}
+
 /* CLineInTraceback (used by AddTraceback) */
 #if CYTHON_CLINE_IN_TRACEBACK && CYTHON_CLINE_IN_TRACEBACK_RUNTIME
 #if CYTHON_COMPILING_IN_LIMITED_API && __PYX_LIMITED_VERSION_HEX < 0x030A0000
@@ -8362,6 +18567,38 @@ bad:
 }
 #endif
 
+/* PyObjectCallMethod1 */
+static CYTHON_INLINE PyObject* __Pyx_PyObject_CallMethod1(PyObject* obj, PyObject* method_name, PyObject* arg) {
+#if CYTHON_VECTORCALL && (__PYX_LIMITED_VERSION_HEX >= 0x030C0000 || !CYTHON_COMPILING_IN_LIMITED_API)
+    PyObject *args[2] = {obj, arg};
+    return PyObject_VectorcallMethod(method_name, args, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+#elif CYTHON_COMPILING_IN_LIMITED_API
+    return PyObject_CallMethodObjArgs(obj, method_name, arg, NULL);
+#else
+    return PyObject_CallMethodOneArg(obj, method_name, arg);
+#endif
+}
+
+/* CheckUnpickleChecksumError */
+static void __Pyx_RaiseUnpickleChecksumError(long checksum, long checksum1, long checksum2, long checksum3, const char *members) {
+    PyObject *pickle_module = PyImport_ImportModule("pickle");
+    if (unlikely(!pickle_module)) return;
+    PyObject *pickle_error = PyObject_GetAttrString(pickle_module, "PickleError");
+    Py_DECREF(pickle_module);
+    if (unlikely(!pickle_error)) return;
+    if (checksum2 == checksum1) {
+        PyErr_Format(pickle_error, "Incompatible checksums (0x%x vs (0x%x) = (%s))",
+            checksum, checksum1, members);
+    } else if (checksum3 == checksum2) {
+        PyErr_Format(pickle_error, "Incompatible checksums (0x%x vs (0x%x, 0x%x) = (%s))",
+            checksum, checksum1, checksum2, members);
+    } else {
+        PyErr_Format(pickle_error, "Incompatible checksums (0x%x vs (0x%x, 0x%x, 0x%x) = (%s))",
+            checksum, checksum1, checksum2, checksum3, members);
+    }
+    Py_DECREF(pickle_error);
+}
+
 /* CIntFromPyVerify */
 #define __PYX_VERIFY_RETURN_INT(target_type, func_type, func_value)\
     __PYX__VERIFY_RETURN_INT(target_type, func_type, func_value, 0)
@@ -8383,6 +18620,68 @@ bad:
         }\
         return (target_type) value;\
     }
+
+/* UpdateUnpickledDict */
+static int __Pyx__UpdateUnpickledDict(PyObject *obj, PyObject *state, Py_ssize_t index) {
+    PyObject *state_dict = __Pyx_PySequence_ITEM(state, index);
+    if (unlikely(!state_dict)) {
+        return -1;
+    }
+    int non_empty = PyObject_IsTrue(state_dict);
+    if (non_empty == 0) {
+        Py_DECREF(state_dict);
+        return 0;
+    } else if (unlikely(non_empty == -1)) {
+        return -1;
+    }
+    PyObject *dict;
+    #if CYTHON_COMPILING_IN_LIMITED_API && __PYX_LIMITED_VERSION_HEX < 0x030A0000
+    dict = PyObject_GetAttrString(obj, "__dict__");
+    #else
+    dict = PyObject_GenericGetDict(obj, NULL);
+    #endif
+    if (unlikely(!dict)) {
+        Py_DECREF(state_dict);
+        return -1;
+    }
+    int result;
+    if (likely(PyDict_CheckExact(dict))) {
+        result = PyDict_Update(dict, state_dict);
+    } else {
+        PyObject *obj_result = __Pyx_PyObject_CallMethod1(dict, __pyx_mstate_global->__pyx_n_u_update, state_dict);
+        if (likely(obj_result)) {
+            Py_DECREF(obj_result);
+            result = 0;
+        } else {
+            result = -1;
+        }
+    }
+    Py_DECREF(state_dict);
+    Py_DECREF(dict);
+    return result;
+}
+static int __Pyx_UpdateUnpickledDict(PyObject *obj, PyObject *state, Py_ssize_t index) {
+    Py_ssize_t state_size = __Pyx_PyTuple_GET_SIZE(state);
+    #if !CYTHON_ASSUME_SAFE_SIZE
+    if (unlikely(state_size == -1)) return -1;
+    #endif
+    if (state_size <= index) {
+        return 0;
+    }
+    return __Pyx__UpdateUnpickledDict(obj, state, index);
+}
+
+/* CheckUnpickleChecksum */
+static int __Pyx_CheckUnpickleChecksum(long checksum, long checksum1, long checksum2, long checksum3, const char *members) {
+    int found = 0;
+    found |= checksum1 == checksum;
+    found |= checksum2 == checksum;
+    found |= checksum3 == checksum;
+    if (likely(found))
+        return 0;
+    __Pyx_RaiseUnpickleChecksumError(checksum, checksum1, checksum2, checksum3, members);
+    return -1;
+}
 
 /* CIntFromPy */
 static size_t __Pyx_LargePyLong___Pyx_PyLong_As_size_t(PyObject *x);
@@ -8682,6 +18981,608 @@ static CYTHON_INLINE size_t __Pyx_PyLong_As_size_t(PyObject *x) {
         return __Pyx_PyLong___Pyx_PyLong_As_size_t(x);
     } else {
         return __Pyx_NonPyLong___Pyx_PyLong_As_size_t(x);
+    }
+}
+
+/* CIntFromPy */
+static int __Pyx_LargePyLong___Pyx_PyLong_As_int(PyObject *x);
+static int __Pyx_raise_neg_overflow___Pyx_PyLong_As_int(void) {
+    const char* type_name = "int";
+    PyErr_Format(PyExc_OverflowError,
+        "can't convert negative value to %.200s", type_name);
+    return (int) -1;
+}
+static int __Pyx_raise_overflow___Pyx_PyLong_As_int(void) {
+    const char* type_name = "int";
+    PyErr_Format(PyExc_OverflowError,
+        "value too large to convert to %.200s", type_name);
+    return (int) -1;
+}
+static CYTHON_INLINE int __Pyx_PyULong___Pyx_PyLong_As_int(PyObject *x) {
+    const int is_unsigned = 1;
+#if CYTHON_USE_PYLONG_INTERNALS
+    {
+        const digit* digits = __Pyx_PyLong_Digits(x);
+        const Py_ssize_t size = __Pyx_PyLong_DigitCount(x);
+        if (size == 2 && (8 * sizeof(int) > 1 * PyLong_SHIFT)) {
+            if ((8 * sizeof(unsigned long) > 2 * PyLong_SHIFT)) {
+                __PYX_VERIFY_RETURN_INT(int, unsigned long, (((((unsigned long)digits[1]) << PyLong_SHIFT) | (unsigned long)digits[0])))
+            } else if ((8 * sizeof(int) >= 2 * PyLong_SHIFT)) {
+                return (int) (((((int)digits[1]) << PyLong_SHIFT) | (int)digits[0]));
+            }
+        } else
+        if (size == 3 && (8 * sizeof(int) > 2 * PyLong_SHIFT)) {
+            if ((8 * sizeof(unsigned long) > 3 * PyLong_SHIFT)) {
+                __PYX_VERIFY_RETURN_INT(int, unsigned long, (((((((unsigned long)digits[2]) << PyLong_SHIFT) | (unsigned long)digits[1]) << PyLong_SHIFT) | (unsigned long)digits[0])))
+            } else if ((8 * sizeof(int) >= 3 * PyLong_SHIFT)) {
+                return (int) (((((((int)digits[2]) << PyLong_SHIFT) | (int)digits[1]) << PyLong_SHIFT) | (int)digits[0]));
+            }
+        } else
+        if (size == 4 && (8 * sizeof(int) > 3 * PyLong_SHIFT)) {
+            if ((8 * sizeof(unsigned long) > 4 * PyLong_SHIFT)) {
+                __PYX_VERIFY_RETURN_INT(int, unsigned long, (((((((((unsigned long)digits[3]) << PyLong_SHIFT) | (unsigned long)digits[2]) << PyLong_SHIFT) | (unsigned long)digits[1]) << PyLong_SHIFT) | (unsigned long)digits[0])))
+            } else if ((8 * sizeof(int) >= 4 * PyLong_SHIFT)) {
+                return (int) (((((((((int)digits[3]) << PyLong_SHIFT) | (int)digits[2]) << PyLong_SHIFT) | (int)digits[1]) << PyLong_SHIFT) | (int)digits[0]));
+            }
+        } else
+        {}
+    }
+#elif CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX < 0x030C00A7
+    if (unlikely(Py_SIZE(x) < 0)) {
+        goto raise_neg_overflow;
+    }
+#else
+    {
+        int result = PyObject_RichCompareBool(x, Py_False, Py_LT);
+        if (unlikely(result < 0))
+            return (int) -1;
+        if (unlikely(result == 1))
+            goto raise_neg_overflow;
+    }
+#endif
+    if ((sizeof(int) <= sizeof(unsigned long))) {
+        __PYX_VERIFY_RETURN_INT_EXC(int, unsigned long, PyLong_AsUnsignedLong(x))
+    } else if ((sizeof(int) <= sizeof(unsigned PY_LONG_LONG))) {
+        __PYX_VERIFY_RETURN_INT_EXC(int, unsigned PY_LONG_LONG, PyLong_AsUnsignedLongLong(x))
+    }
+    return __Pyx_LargePyLong___Pyx_PyLong_As_int(x);
+raise_neg_overflow:
+    return __Pyx_raise_neg_overflow___Pyx_PyLong_As_int();
+raise_overflow:
+    return __Pyx_raise_overflow___Pyx_PyLong_As_int();
+}
+static CYTHON_INLINE int __Pyx_PySLong___Pyx_PyLong_As_int(PyObject *x) {
+    const int is_unsigned = 0;
+#if CYTHON_USE_PYLONG_INTERNALS
+    if (__Pyx_PyLong_IsNeg(x)) {
+        const Py_ssize_t size = __Pyx_PyLong_DigitCount(x);
+        const digit* digits = __Pyx_PyLong_Digits(x);
+        if (size == 2 && (8 * sizeof(int) > 1 * PyLong_SHIFT)) {
+            if ((8 * sizeof(long) > 2 * PyLong_SHIFT)) {
+                long ival = - (long) (((((unsigned long)digits[1]) << PyLong_SHIFT) | (unsigned long)digits[0]));
+                __PYX_VERIFY_RETURN_INT(int, long, ival)
+            } else if ((8 * sizeof(int) - 1 > 2 * PyLong_SHIFT)) {
+                return (int) (((int) -1) * (((((int)digits[1]) << PyLong_SHIFT) | (int)digits[0])));
+            }
+        } else
+        if (size == 3 && (8 * sizeof(int) > 2 * PyLong_SHIFT)) {
+            if ((8 * sizeof(long) > 3 * PyLong_SHIFT)) {
+                long ival = - (long) (((((((unsigned long)digits[2]) << PyLong_SHIFT) | (unsigned long)digits[1]) << PyLong_SHIFT) | (unsigned long)digits[0]));
+                __PYX_VERIFY_RETURN_INT(int, long, ival)
+            } else if ((8 * sizeof(int) - 1 > 3 * PyLong_SHIFT)) {
+                return (int) (((int) -1) * (((((((int)digits[2]) << PyLong_SHIFT) | (int)digits[1]) << PyLong_SHIFT) | (int)digits[0])));
+            }
+        } else
+        if (size == 4 && (8 * sizeof(int) > 3 * PyLong_SHIFT)) {
+            if ((8 * sizeof(long) > 4 * PyLong_SHIFT)) {
+                long ival = - (long) (((((((((unsigned long)digits[3]) << PyLong_SHIFT) | (unsigned long)digits[2]) << PyLong_SHIFT) | (unsigned long)digits[1]) << PyLong_SHIFT) | (unsigned long)digits[0]));
+                __PYX_VERIFY_RETURN_INT(int, long, ival)
+            } else if ((8 * sizeof(int) - 1 > 4 * PyLong_SHIFT)) {
+                return (int) (((int) -1) * (((((((((int)digits[3]) << PyLong_SHIFT) | (int)digits[2]) << PyLong_SHIFT) | (int)digits[1]) << PyLong_SHIFT) | (int)digits[0])));
+            }
+        } else
+        {}
+    } else {
+        const Py_ssize_t size = __Pyx_PyLong_DigitCount(x);
+        const digit* digits = __Pyx_PyLong_Digits(x);
+        if (size == 2 && (8 * sizeof(int) > 1 * PyLong_SHIFT)) {
+            if ((8 * sizeof(long) > 2 * PyLong_SHIFT)) {
+                __PYX_VERIFY_RETURN_INT(int, unsigned long, (((((unsigned long)digits[1]) << PyLong_SHIFT) | (unsigned long)digits[0])))
+            } else if ((8 * sizeof(int) - 1 > 2 * PyLong_SHIFT)) {
+                return (int) (((((int)digits[1]) << PyLong_SHIFT) | (int)digits[0]));
+            }
+        } else
+        if (size == 3 && (8 * sizeof(int) > 2 * PyLong_SHIFT)) {
+            if ((8 * sizeof(long) > 3 * PyLong_SHIFT)) {
+                __PYX_VERIFY_RETURN_INT(int, unsigned long, (((((((unsigned long)digits[2]) << PyLong_SHIFT) | (unsigned long)digits[1]) << PyLong_SHIFT) | (unsigned long)digits[0])))
+            } else if ((8 * sizeof(int) - 1 > 3 * PyLong_SHIFT)) {
+                return (int) (((((((int)digits[2]) << PyLong_SHIFT) | (int)digits[1]) << PyLong_SHIFT) | (int)digits[0]));
+            }
+        } else
+        if (size == 4 && (8 * sizeof(int) > 3 * PyLong_SHIFT)) {
+            if ((8 * sizeof(long) > 4 * PyLong_SHIFT)) {
+                __PYX_VERIFY_RETURN_INT(int, unsigned long, (((((((((unsigned long)digits[3]) << PyLong_SHIFT) | (unsigned long)digits[2]) << PyLong_SHIFT) | (unsigned long)digits[1]) << PyLong_SHIFT) | (unsigned long)digits[0])))
+            } else if ((8 * sizeof(int) - 1 > 4 * PyLong_SHIFT)) {
+                return (int) (((((((((int)digits[3]) << PyLong_SHIFT) | (int)digits[2]) << PyLong_SHIFT) | (int)digits[1]) << PyLong_SHIFT) | (int)digits[0]));
+            }
+        } else
+        {}
+    }
+#endif
+    #if __PYX_LIMITED_VERSION_HEX >= 0x030d0000
+    if ((sizeof(int) <= sizeof(int)) && (sizeof(int) < sizeof(long))) {
+        __PYX_VERIFY_RETURN_INT_EXC(int, int, PyLong_AsInt(x))
+    } else
+    #endif
+    if ((sizeof(int) <= sizeof(long))) {
+        __PYX_VERIFY_RETURN_INT_EXC(int, long, PyLong_AsLong(x))
+    } else if ((sizeof(int) <= sizeof(PY_LONG_LONG))) {
+        __PYX_VERIFY_RETURN_INT_EXC(int, PY_LONG_LONG, PyLong_AsLongLong(x))
+    }
+    return __Pyx_LargePyLong___Pyx_PyLong_As_int(x);
+raise_neg_overflow:
+    return __Pyx_raise_neg_overflow___Pyx_PyLong_As_int();
+raise_overflow:
+    return __Pyx_raise_overflow___Pyx_PyLong_As_int();
+}
+static int __Pyx_LargePyLong___Pyx_PyLong_As_int(PyObject *x) {
+#ifdef __Pyx_HAS_GCC_DIAGNOSTIC
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wconversion"
+#endif
+    const int neg_one = (int) -1, const_zero = (int) 0;
+#ifdef __Pyx_HAS_GCC_DIAGNOSTIC
+#pragma GCC diagnostic pop
+#endif
+    const int is_unsigned = neg_one > const_zero;
+    int val;
+    int ret = -1;
+#if PY_VERSION_HEX >= 0x030d00A6 && !CYTHON_COMPILING_IN_LIMITED_API
+    Py_ssize_t bytes_copied = PyLong_AsNativeBytes(
+        x, &val, sizeof(val), Py_ASNATIVEBYTES_NATIVE_ENDIAN | (is_unsigned ? Py_ASNATIVEBYTES_UNSIGNED_BUFFER | Py_ASNATIVEBYTES_REJECT_NEGATIVE : 0));
+    if (unlikely(bytes_copied == -1)) {
+    } else if (unlikely(bytes_copied > (Py_ssize_t) sizeof(val))) {
+        goto raise_overflow;
+    } else {
+        ret = 0;
+    }
+#elif PY_VERSION_HEX < 0x030d0000 && !(CYTHON_COMPILING_IN_PYPY || CYTHON_COMPILING_IN_LIMITED_API) || defined(_PyLong_AsByteArray)
+    int one = 1; int is_little = (int)*(unsigned char *)&one;
+    unsigned char *bytes = (unsigned char *)&val;
+    ret = _PyLong_AsByteArray((PyLongObject *)x,
+                                bytes, sizeof(val),
+                                is_little, !is_unsigned);
+    if ((0)) goto raise_overflow;
+#else
+    PyObject *v;
+    PyObject *stepval = NULL, *mask = NULL, *shift = NULL;
+    int bits, remaining_bits, is_negative = 0;
+    int chunk_size = (sizeof(long) < 8) ? 30 : 62;
+    if (likely(PyLong_CheckExact(x))) {
+        v = __Pyx_NewRef(x);
+    } else {
+        v = PyNumber_Long(x);
+        if (unlikely(!v)) return (int) -1;
+        assert(PyLong_CheckExact(v));
+    }
+    {
+        int result = PyObject_RichCompareBool(v, Py_False, Py_LT);
+        if (unlikely(result < 0)) {
+            Py_DECREF(v);
+            return (int) -1;
+        }
+        is_negative = result == 1;
+    }
+    if (is_unsigned && unlikely(is_negative)) {
+        Py_DECREF(v);
+        PyErr_SetString(PyExc_OverflowError,
+            "can't convert negative value to int");
+        return (int) -1;
+    } else if (is_negative) {
+        stepval = PyNumber_Invert(v);
+        Py_DECREF(v);
+        if (unlikely(!stepval))
+            return (int) -1;
+    } else {
+        stepval = v;
+    }
+    v = NULL;
+    val = (int) 0;
+    mask = PyLong_FromLong((1L << chunk_size) - 1); if (unlikely(!mask)) goto done;
+    shift = PyLong_FromLong(chunk_size); if (unlikely(!shift)) goto done;
+    for (bits = 0; bits < (int) sizeof(int) * 8 - chunk_size; bits += chunk_size) {
+        PyObject *tmp, *digit;
+        long idigit;
+        digit = PyNumber_And(stepval, mask);
+        if (unlikely(!digit)) goto done;
+        idigit = PyLong_AsLong(digit);
+        Py_DECREF(digit);
+        if (unlikely(idigit < 0)) goto done;
+        val |= ((int) idigit) << bits;
+        tmp = PyNumber_Rshift(stepval, shift);
+        if (unlikely(!tmp)) goto done;
+        Py_DECREF(stepval); stepval = tmp;
+    }
+    Py_DECREF(shift); shift = NULL;
+    Py_DECREF(mask); mask = NULL;
+    {
+        long idigit = PyLong_AsLong(stepval);
+        if (unlikely(idigit < 0)) goto done;
+        remaining_bits = ((int) sizeof(int) * 8) - bits - (is_unsigned ? 0 : 1);
+        if (unlikely(idigit >= (1L << remaining_bits)))
+            goto raise_overflow;
+        val |= ((int) idigit) << bits;
+    }
+    if (!is_unsigned) {
+        if (unlikely(val & (((int) 1) << (sizeof(int) * 8 - 1))))
+            goto raise_overflow;
+        if (is_negative)
+            val = ~val;
+    }
+    ret = 0;
+done:
+    Py_XDECREF(shift);
+    Py_XDECREF(mask);
+    Py_XDECREF(stepval);
+#endif
+    if (unlikely(ret))
+        return (int) -1;
+    return val;
+raise_overflow:
+    return __Pyx_raise_overflow___Pyx_PyLong_As_int();
+}
+static CYTHON_INLINE int __Pyx_PyLong___Pyx_PyLong_As_int(PyObject *x) {
+#ifdef __Pyx_HAS_GCC_DIAGNOSTIC
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wconversion"
+#endif
+    const int neg_one = (int) -1, const_zero = (int) 0;
+#ifdef __Pyx_HAS_GCC_DIAGNOSTIC
+#pragma GCC diagnostic pop
+#endif
+    const int is_unsigned = neg_one > const_zero;
+    if (is_unsigned) {
+        #if CYTHON_USE_PYLONG_INTERNALS
+        if (unlikely(__Pyx_PyLong_IsNeg(x))) {
+            goto raise_neg_overflow;
+        } else if (__Pyx_PyLong_IsCompact(x)) {
+            __PYX_VERIFY_RETURN_INT(int, __Pyx_compact_upylong, __Pyx_PyLong_CompactValueUnsigned(x))
+        } else
+        #endif
+        {
+            return __Pyx_PyULong___Pyx_PyLong_As_int(x);
+        }
+    } else {
+        #if CYTHON_USE_PYLONG_INTERNALS
+        if (__Pyx_PyLong_IsCompact(x)) {
+            __PYX_VERIFY_RETURN_INT(int, __Pyx_compact_pylong, __Pyx_PyLong_CompactValue(x))
+        } else
+        #endif
+        {
+            return __Pyx_PySLong___Pyx_PyLong_As_int(x);
+        }
+    }
+#if CYTHON_USE_PYLONG_INTERNALS
+raise_neg_overflow:
+    return __Pyx_raise_neg_overflow___Pyx_PyLong_As_int();
+raise_overflow:
+    return __Pyx_raise_overflow___Pyx_PyLong_As_int();
+#endif
+}
+static int __Pyx_NonPyLong___Pyx_PyLong_As_int(PyObject *x) {
+    int val;
+    PyObject *tmp = __Pyx_PyNumber_Long(x);
+    if (!tmp) return (int) -1;
+    val = __Pyx_PyLong_As_int(tmp);
+    Py_DECREF(tmp);
+    return val;
+}
+static CYTHON_INLINE int __Pyx_PyLong_As_int(PyObject *x) {
+    if (likely(PyLong_Check(x))) {
+        return __Pyx_PyLong___Pyx_PyLong_As_int(x);
+    } else {
+        return __Pyx_NonPyLong___Pyx_PyLong_As_int(x);
+    }
+}
+
+/* CIntFromPy */
+static long __Pyx_LargePyLong___Pyx_PyLong_As_long(PyObject *x);
+static long __Pyx_raise_neg_overflow___Pyx_PyLong_As_long(void) {
+    const char* type_name = "long";
+    PyErr_Format(PyExc_OverflowError,
+        "can't convert negative value to %.200s", type_name);
+    return (long) -1;
+}
+static long __Pyx_raise_overflow___Pyx_PyLong_As_long(void) {
+    const char* type_name = "long";
+    PyErr_Format(PyExc_OverflowError,
+        "value too large to convert to %.200s", type_name);
+    return (long) -1;
+}
+static CYTHON_INLINE long __Pyx_PyULong___Pyx_PyLong_As_long(PyObject *x) {
+    const int is_unsigned = 1;
+#if CYTHON_USE_PYLONG_INTERNALS
+    {
+        const digit* digits = __Pyx_PyLong_Digits(x);
+        const Py_ssize_t size = __Pyx_PyLong_DigitCount(x);
+        if (size == 2 && (8 * sizeof(long) > 1 * PyLong_SHIFT)) {
+            if ((8 * sizeof(unsigned long) > 2 * PyLong_SHIFT)) {
+                __PYX_VERIFY_RETURN_INT(long, unsigned long, (((((unsigned long)digits[1]) << PyLong_SHIFT) | (unsigned long)digits[0])))
+            } else if ((8 * sizeof(long) >= 2 * PyLong_SHIFT)) {
+                return (long) (((((long)digits[1]) << PyLong_SHIFT) | (long)digits[0]));
+            }
+        } else
+        if (size == 3 && (8 * sizeof(long) > 2 * PyLong_SHIFT)) {
+            if ((8 * sizeof(unsigned long) > 3 * PyLong_SHIFT)) {
+                __PYX_VERIFY_RETURN_INT(long, unsigned long, (((((((unsigned long)digits[2]) << PyLong_SHIFT) | (unsigned long)digits[1]) << PyLong_SHIFT) | (unsigned long)digits[0])))
+            } else if ((8 * sizeof(long) >= 3 * PyLong_SHIFT)) {
+                return (long) (((((((long)digits[2]) << PyLong_SHIFT) | (long)digits[1]) << PyLong_SHIFT) | (long)digits[0]));
+            }
+        } else
+        if (size == 4 && (8 * sizeof(long) > 3 * PyLong_SHIFT)) {
+            if ((8 * sizeof(unsigned long) > 4 * PyLong_SHIFT)) {
+                __PYX_VERIFY_RETURN_INT(long, unsigned long, (((((((((unsigned long)digits[3]) << PyLong_SHIFT) | (unsigned long)digits[2]) << PyLong_SHIFT) | (unsigned long)digits[1]) << PyLong_SHIFT) | (unsigned long)digits[0])))
+            } else if ((8 * sizeof(long) >= 4 * PyLong_SHIFT)) {
+                return (long) (((((((((long)digits[3]) << PyLong_SHIFT) | (long)digits[2]) << PyLong_SHIFT) | (long)digits[1]) << PyLong_SHIFT) | (long)digits[0]));
+            }
+        } else
+        {}
+    }
+#elif CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX < 0x030C00A7
+    if (unlikely(Py_SIZE(x) < 0)) {
+        goto raise_neg_overflow;
+    }
+#else
+    {
+        int result = PyObject_RichCompareBool(x, Py_False, Py_LT);
+        if (unlikely(result < 0))
+            return (long) -1;
+        if (unlikely(result == 1))
+            goto raise_neg_overflow;
+    }
+#endif
+    if ((sizeof(long) <= sizeof(unsigned long))) {
+        __PYX_VERIFY_RETURN_INT_EXC(long, unsigned long, PyLong_AsUnsignedLong(x))
+    } else if ((sizeof(long) <= sizeof(unsigned PY_LONG_LONG))) {
+        __PYX_VERIFY_RETURN_INT_EXC(long, unsigned PY_LONG_LONG, PyLong_AsUnsignedLongLong(x))
+    }
+    return __Pyx_LargePyLong___Pyx_PyLong_As_long(x);
+raise_neg_overflow:
+    return __Pyx_raise_neg_overflow___Pyx_PyLong_As_long();
+raise_overflow:
+    return __Pyx_raise_overflow___Pyx_PyLong_As_long();
+}
+static CYTHON_INLINE long __Pyx_PySLong___Pyx_PyLong_As_long(PyObject *x) {
+    const int is_unsigned = 0;
+#if CYTHON_USE_PYLONG_INTERNALS
+    if (__Pyx_PyLong_IsNeg(x)) {
+        const Py_ssize_t size = __Pyx_PyLong_DigitCount(x);
+        const digit* digits = __Pyx_PyLong_Digits(x);
+        if (size == 2 && (8 * sizeof(long) > 1 * PyLong_SHIFT)) {
+            if ((8 * sizeof(long) > 2 * PyLong_SHIFT)) {
+                long ival = - (long) (((((unsigned long)digits[1]) << PyLong_SHIFT) | (unsigned long)digits[0]));
+                __PYX_VERIFY_RETURN_INT(long, long, ival)
+            } else if ((8 * sizeof(long) - 1 > 2 * PyLong_SHIFT)) {
+                return (long) (((long) -1) * (((((long)digits[1]) << PyLong_SHIFT) | (long)digits[0])));
+            }
+        } else
+        if (size == 3 && (8 * sizeof(long) > 2 * PyLong_SHIFT)) {
+            if ((8 * sizeof(long) > 3 * PyLong_SHIFT)) {
+                long ival = - (long) (((((((unsigned long)digits[2]) << PyLong_SHIFT) | (unsigned long)digits[1]) << PyLong_SHIFT) | (unsigned long)digits[0]));
+                __PYX_VERIFY_RETURN_INT(long, long, ival)
+            } else if ((8 * sizeof(long) - 1 > 3 * PyLong_SHIFT)) {
+                return (long) (((long) -1) * (((((((long)digits[2]) << PyLong_SHIFT) | (long)digits[1]) << PyLong_SHIFT) | (long)digits[0])));
+            }
+        } else
+        if (size == 4 && (8 * sizeof(long) > 3 * PyLong_SHIFT)) {
+            if ((8 * sizeof(long) > 4 * PyLong_SHIFT)) {
+                long ival = - (long) (((((((((unsigned long)digits[3]) << PyLong_SHIFT) | (unsigned long)digits[2]) << PyLong_SHIFT) | (unsigned long)digits[1]) << PyLong_SHIFT) | (unsigned long)digits[0]));
+                __PYX_VERIFY_RETURN_INT(long, long, ival)
+            } else if ((8 * sizeof(long) - 1 > 4 * PyLong_SHIFT)) {
+                return (long) (((long) -1) * (((((((((long)digits[3]) << PyLong_SHIFT) | (long)digits[2]) << PyLong_SHIFT) | (long)digits[1]) << PyLong_SHIFT) | (long)digits[0])));
+            }
+        } else
+        {}
+    } else {
+        const Py_ssize_t size = __Pyx_PyLong_DigitCount(x);
+        const digit* digits = __Pyx_PyLong_Digits(x);
+        if (size == 2 && (8 * sizeof(long) > 1 * PyLong_SHIFT)) {
+            if ((8 * sizeof(long) > 2 * PyLong_SHIFT)) {
+                __PYX_VERIFY_RETURN_INT(long, unsigned long, (((((unsigned long)digits[1]) << PyLong_SHIFT) | (unsigned long)digits[0])))
+            } else if ((8 * sizeof(long) - 1 > 2 * PyLong_SHIFT)) {
+                return (long) (((((long)digits[1]) << PyLong_SHIFT) | (long)digits[0]));
+            }
+        } else
+        if (size == 3 && (8 * sizeof(long) > 2 * PyLong_SHIFT)) {
+            if ((8 * sizeof(long) > 3 * PyLong_SHIFT)) {
+                __PYX_VERIFY_RETURN_INT(long, unsigned long, (((((((unsigned long)digits[2]) << PyLong_SHIFT) | (unsigned long)digits[1]) << PyLong_SHIFT) | (unsigned long)digits[0])))
+            } else if ((8 * sizeof(long) - 1 > 3 * PyLong_SHIFT)) {
+                return (long) (((((((long)digits[2]) << PyLong_SHIFT) | (long)digits[1]) << PyLong_SHIFT) | (long)digits[0]));
+            }
+        } else
+        if (size == 4 && (8 * sizeof(long) > 3 * PyLong_SHIFT)) {
+            if ((8 * sizeof(long) > 4 * PyLong_SHIFT)) {
+                __PYX_VERIFY_RETURN_INT(long, unsigned long, (((((((((unsigned long)digits[3]) << PyLong_SHIFT) | (unsigned long)digits[2]) << PyLong_SHIFT) | (unsigned long)digits[1]) << PyLong_SHIFT) | (unsigned long)digits[0])))
+            } else if ((8 * sizeof(long) - 1 > 4 * PyLong_SHIFT)) {
+                return (long) (((((((((long)digits[3]) << PyLong_SHIFT) | (long)digits[2]) << PyLong_SHIFT) | (long)digits[1]) << PyLong_SHIFT) | (long)digits[0]));
+            }
+        } else
+        {}
+    }
+#endif
+    #if __PYX_LIMITED_VERSION_HEX >= 0x030d0000
+    if ((sizeof(long) <= sizeof(int)) && (sizeof(int) < sizeof(long))) {
+        __PYX_VERIFY_RETURN_INT_EXC(long, int, PyLong_AsInt(x))
+    } else
+    #endif
+    if ((sizeof(long) <= sizeof(long))) {
+        __PYX_VERIFY_RETURN_INT_EXC(long, long, PyLong_AsLong(x))
+    } else if ((sizeof(long) <= sizeof(PY_LONG_LONG))) {
+        __PYX_VERIFY_RETURN_INT_EXC(long, PY_LONG_LONG, PyLong_AsLongLong(x))
+    }
+    return __Pyx_LargePyLong___Pyx_PyLong_As_long(x);
+raise_neg_overflow:
+    return __Pyx_raise_neg_overflow___Pyx_PyLong_As_long();
+raise_overflow:
+    return __Pyx_raise_overflow___Pyx_PyLong_As_long();
+}
+static long __Pyx_LargePyLong___Pyx_PyLong_As_long(PyObject *x) {
+#ifdef __Pyx_HAS_GCC_DIAGNOSTIC
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wconversion"
+#endif
+    const long neg_one = (long) -1, const_zero = (long) 0;
+#ifdef __Pyx_HAS_GCC_DIAGNOSTIC
+#pragma GCC diagnostic pop
+#endif
+    const int is_unsigned = neg_one > const_zero;
+    long val;
+    int ret = -1;
+#if PY_VERSION_HEX >= 0x030d00A6 && !CYTHON_COMPILING_IN_LIMITED_API
+    Py_ssize_t bytes_copied = PyLong_AsNativeBytes(
+        x, &val, sizeof(val), Py_ASNATIVEBYTES_NATIVE_ENDIAN | (is_unsigned ? Py_ASNATIVEBYTES_UNSIGNED_BUFFER | Py_ASNATIVEBYTES_REJECT_NEGATIVE : 0));
+    if (unlikely(bytes_copied == -1)) {
+    } else if (unlikely(bytes_copied > (Py_ssize_t) sizeof(val))) {
+        goto raise_overflow;
+    } else {
+        ret = 0;
+    }
+#elif PY_VERSION_HEX < 0x030d0000 && !(CYTHON_COMPILING_IN_PYPY || CYTHON_COMPILING_IN_LIMITED_API) || defined(_PyLong_AsByteArray)
+    int one = 1; int is_little = (int)*(unsigned char *)&one;
+    unsigned char *bytes = (unsigned char *)&val;
+    ret = _PyLong_AsByteArray((PyLongObject *)x,
+                                bytes, sizeof(val),
+                                is_little, !is_unsigned);
+    if ((0)) goto raise_overflow;
+#else
+    PyObject *v;
+    PyObject *stepval = NULL, *mask = NULL, *shift = NULL;
+    int bits, remaining_bits, is_negative = 0;
+    int chunk_size = (sizeof(long) < 8) ? 30 : 62;
+    if (likely(PyLong_CheckExact(x))) {
+        v = __Pyx_NewRef(x);
+    } else {
+        v = PyNumber_Long(x);
+        if (unlikely(!v)) return (long) -1;
+        assert(PyLong_CheckExact(v));
+    }
+    {
+        int result = PyObject_RichCompareBool(v, Py_False, Py_LT);
+        if (unlikely(result < 0)) {
+            Py_DECREF(v);
+            return (long) -1;
+        }
+        is_negative = result == 1;
+    }
+    if (is_unsigned && unlikely(is_negative)) {
+        Py_DECREF(v);
+        PyErr_SetString(PyExc_OverflowError,
+            "can't convert negative value to long");
+        return (long) -1;
+    } else if (is_negative) {
+        stepval = PyNumber_Invert(v);
+        Py_DECREF(v);
+        if (unlikely(!stepval))
+            return (long) -1;
+    } else {
+        stepval = v;
+    }
+    v = NULL;
+    val = (long) 0;
+    mask = PyLong_FromLong((1L << chunk_size) - 1); if (unlikely(!mask)) goto done;
+    shift = PyLong_FromLong(chunk_size); if (unlikely(!shift)) goto done;
+    for (bits = 0; bits < (int) sizeof(long) * 8 - chunk_size; bits += chunk_size) {
+        PyObject *tmp, *digit;
+        long idigit;
+        digit = PyNumber_And(stepval, mask);
+        if (unlikely(!digit)) goto done;
+        idigit = PyLong_AsLong(digit);
+        Py_DECREF(digit);
+        if (unlikely(idigit < 0)) goto done;
+        val |= ((long) idigit) << bits;
+        tmp = PyNumber_Rshift(stepval, shift);
+        if (unlikely(!tmp)) goto done;
+        Py_DECREF(stepval); stepval = tmp;
+    }
+    Py_DECREF(shift); shift = NULL;
+    Py_DECREF(mask); mask = NULL;
+    {
+        long idigit = PyLong_AsLong(stepval);
+        if (unlikely(idigit < 0)) goto done;
+        remaining_bits = ((int) sizeof(long) * 8) - bits - (is_unsigned ? 0 : 1);
+        if (unlikely(idigit >= (1L << remaining_bits)))
+            goto raise_overflow;
+        val |= ((long) idigit) << bits;
+    }
+    if (!is_unsigned) {
+        if (unlikely(val & (((long) 1) << (sizeof(long) * 8 - 1))))
+            goto raise_overflow;
+        if (is_negative)
+            val = ~val;
+    }
+    ret = 0;
+done:
+    Py_XDECREF(shift);
+    Py_XDECREF(mask);
+    Py_XDECREF(stepval);
+#endif
+    if (unlikely(ret))
+        return (long) -1;
+    return val;
+raise_overflow:
+    return __Pyx_raise_overflow___Pyx_PyLong_As_long();
+}
+static CYTHON_INLINE long __Pyx_PyLong___Pyx_PyLong_As_long(PyObject *x) {
+#ifdef __Pyx_HAS_GCC_DIAGNOSTIC
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wconversion"
+#endif
+    const long neg_one = (long) -1, const_zero = (long) 0;
+#ifdef __Pyx_HAS_GCC_DIAGNOSTIC
+#pragma GCC diagnostic pop
+#endif
+    const int is_unsigned = neg_one > const_zero;
+    if (is_unsigned) {
+        #if CYTHON_USE_PYLONG_INTERNALS
+        if (unlikely(__Pyx_PyLong_IsNeg(x))) {
+            goto raise_neg_overflow;
+        } else if (__Pyx_PyLong_IsCompact(x)) {
+            __PYX_VERIFY_RETURN_INT(long, __Pyx_compact_upylong, __Pyx_PyLong_CompactValueUnsigned(x))
+        } else
+        #endif
+        {
+            return __Pyx_PyULong___Pyx_PyLong_As_long(x);
+        }
+    } else {
+        #if CYTHON_USE_PYLONG_INTERNALS
+        if (__Pyx_PyLong_IsCompact(x)) {
+            __PYX_VERIFY_RETURN_INT(long, __Pyx_compact_pylong, __Pyx_PyLong_CompactValue(x))
+        } else
+        #endif
+        {
+            return __Pyx_PySLong___Pyx_PyLong_As_long(x);
+        }
+    }
+#if CYTHON_USE_PYLONG_INTERNALS
+raise_neg_overflow:
+    return __Pyx_raise_neg_overflow___Pyx_PyLong_As_long();
+raise_overflow:
+    return __Pyx_raise_overflow___Pyx_PyLong_As_long();
+#endif
+}
+static long __Pyx_NonPyLong___Pyx_PyLong_As_long(PyObject *x) {
+    long val;
+    PyObject *tmp = __Pyx_PyNumber_Long(x);
+    if (!tmp) return (long) -1;
+    val = __Pyx_PyLong_As_long(tmp);
+    Py_DECREF(tmp);
+    return val;
+}
+static CYTHON_INLINE long __Pyx_PyLong_As_long(PyObject *x) {
+    if (likely(PyLong_Check(x))) {
+        return __Pyx_PyLong___Pyx_PyLong_As_long(x);
+    } else {
+        return __Pyx_NonPyLong___Pyx_PyLong_As_long(x);
     }
 }
 
@@ -9144,608 +20045,6 @@ static CYTHON_INLINE PyObject* __Pyx_PyLong_From_long(long value) {
     }
 }
 
-/* CIntFromPy */
-static long __Pyx_LargePyLong___Pyx_PyLong_As_long(PyObject *x);
-static long __Pyx_raise_neg_overflow___Pyx_PyLong_As_long(void) {
-    const char* type_name = "long";
-    PyErr_Format(PyExc_OverflowError,
-        "can't convert negative value to %.200s", type_name);
-    return (long) -1;
-}
-static long __Pyx_raise_overflow___Pyx_PyLong_As_long(void) {
-    const char* type_name = "long";
-    PyErr_Format(PyExc_OverflowError,
-        "value too large to convert to %.200s", type_name);
-    return (long) -1;
-}
-static CYTHON_INLINE long __Pyx_PyULong___Pyx_PyLong_As_long(PyObject *x) {
-    const int is_unsigned = 1;
-#if CYTHON_USE_PYLONG_INTERNALS
-    {
-        const digit* digits = __Pyx_PyLong_Digits(x);
-        const Py_ssize_t size = __Pyx_PyLong_DigitCount(x);
-        if (size == 2 && (8 * sizeof(long) > 1 * PyLong_SHIFT)) {
-            if ((8 * sizeof(unsigned long) > 2 * PyLong_SHIFT)) {
-                __PYX_VERIFY_RETURN_INT(long, unsigned long, (((((unsigned long)digits[1]) << PyLong_SHIFT) | (unsigned long)digits[0])))
-            } else if ((8 * sizeof(long) >= 2 * PyLong_SHIFT)) {
-                return (long) (((((long)digits[1]) << PyLong_SHIFT) | (long)digits[0]));
-            }
-        } else
-        if (size == 3 && (8 * sizeof(long) > 2 * PyLong_SHIFT)) {
-            if ((8 * sizeof(unsigned long) > 3 * PyLong_SHIFT)) {
-                __PYX_VERIFY_RETURN_INT(long, unsigned long, (((((((unsigned long)digits[2]) << PyLong_SHIFT) | (unsigned long)digits[1]) << PyLong_SHIFT) | (unsigned long)digits[0])))
-            } else if ((8 * sizeof(long) >= 3 * PyLong_SHIFT)) {
-                return (long) (((((((long)digits[2]) << PyLong_SHIFT) | (long)digits[1]) << PyLong_SHIFT) | (long)digits[0]));
-            }
-        } else
-        if (size == 4 && (8 * sizeof(long) > 3 * PyLong_SHIFT)) {
-            if ((8 * sizeof(unsigned long) > 4 * PyLong_SHIFT)) {
-                __PYX_VERIFY_RETURN_INT(long, unsigned long, (((((((((unsigned long)digits[3]) << PyLong_SHIFT) | (unsigned long)digits[2]) << PyLong_SHIFT) | (unsigned long)digits[1]) << PyLong_SHIFT) | (unsigned long)digits[0])))
-            } else if ((8 * sizeof(long) >= 4 * PyLong_SHIFT)) {
-                return (long) (((((((((long)digits[3]) << PyLong_SHIFT) | (long)digits[2]) << PyLong_SHIFT) | (long)digits[1]) << PyLong_SHIFT) | (long)digits[0]));
-            }
-        } else
-        {}
-    }
-#elif CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX < 0x030C00A7
-    if (unlikely(Py_SIZE(x) < 0)) {
-        goto raise_neg_overflow;
-    }
-#else
-    {
-        int result = PyObject_RichCompareBool(x, Py_False, Py_LT);
-        if (unlikely(result < 0))
-            return (long) -1;
-        if (unlikely(result == 1))
-            goto raise_neg_overflow;
-    }
-#endif
-    if ((sizeof(long) <= sizeof(unsigned long))) {
-        __PYX_VERIFY_RETURN_INT_EXC(long, unsigned long, PyLong_AsUnsignedLong(x))
-    } else if ((sizeof(long) <= sizeof(unsigned PY_LONG_LONG))) {
-        __PYX_VERIFY_RETURN_INT_EXC(long, unsigned PY_LONG_LONG, PyLong_AsUnsignedLongLong(x))
-    }
-    return __Pyx_LargePyLong___Pyx_PyLong_As_long(x);
-raise_neg_overflow:
-    return __Pyx_raise_neg_overflow___Pyx_PyLong_As_long();
-raise_overflow:
-    return __Pyx_raise_overflow___Pyx_PyLong_As_long();
-}
-static CYTHON_INLINE long __Pyx_PySLong___Pyx_PyLong_As_long(PyObject *x) {
-    const int is_unsigned = 0;
-#if CYTHON_USE_PYLONG_INTERNALS
-    if (__Pyx_PyLong_IsNeg(x)) {
-        const Py_ssize_t size = __Pyx_PyLong_DigitCount(x);
-        const digit* digits = __Pyx_PyLong_Digits(x);
-        if (size == 2 && (8 * sizeof(long) > 1 * PyLong_SHIFT)) {
-            if ((8 * sizeof(long) > 2 * PyLong_SHIFT)) {
-                long ival = - (long) (((((unsigned long)digits[1]) << PyLong_SHIFT) | (unsigned long)digits[0]));
-                __PYX_VERIFY_RETURN_INT(long, long, ival)
-            } else if ((8 * sizeof(long) - 1 > 2 * PyLong_SHIFT)) {
-                return (long) (((long) -1) * (((((long)digits[1]) << PyLong_SHIFT) | (long)digits[0])));
-            }
-        } else
-        if (size == 3 && (8 * sizeof(long) > 2 * PyLong_SHIFT)) {
-            if ((8 * sizeof(long) > 3 * PyLong_SHIFT)) {
-                long ival = - (long) (((((((unsigned long)digits[2]) << PyLong_SHIFT) | (unsigned long)digits[1]) << PyLong_SHIFT) | (unsigned long)digits[0]));
-                __PYX_VERIFY_RETURN_INT(long, long, ival)
-            } else if ((8 * sizeof(long) - 1 > 3 * PyLong_SHIFT)) {
-                return (long) (((long) -1) * (((((((long)digits[2]) << PyLong_SHIFT) | (long)digits[1]) << PyLong_SHIFT) | (long)digits[0])));
-            }
-        } else
-        if (size == 4 && (8 * sizeof(long) > 3 * PyLong_SHIFT)) {
-            if ((8 * sizeof(long) > 4 * PyLong_SHIFT)) {
-                long ival = - (long) (((((((((unsigned long)digits[3]) << PyLong_SHIFT) | (unsigned long)digits[2]) << PyLong_SHIFT) | (unsigned long)digits[1]) << PyLong_SHIFT) | (unsigned long)digits[0]));
-                __PYX_VERIFY_RETURN_INT(long, long, ival)
-            } else if ((8 * sizeof(long) - 1 > 4 * PyLong_SHIFT)) {
-                return (long) (((long) -1) * (((((((((long)digits[3]) << PyLong_SHIFT) | (long)digits[2]) << PyLong_SHIFT) | (long)digits[1]) << PyLong_SHIFT) | (long)digits[0])));
-            }
-        } else
-        {}
-    } else {
-        const Py_ssize_t size = __Pyx_PyLong_DigitCount(x);
-        const digit* digits = __Pyx_PyLong_Digits(x);
-        if (size == 2 && (8 * sizeof(long) > 1 * PyLong_SHIFT)) {
-            if ((8 * sizeof(long) > 2 * PyLong_SHIFT)) {
-                __PYX_VERIFY_RETURN_INT(long, unsigned long, (((((unsigned long)digits[1]) << PyLong_SHIFT) | (unsigned long)digits[0])))
-            } else if ((8 * sizeof(long) - 1 > 2 * PyLong_SHIFT)) {
-                return (long) (((((long)digits[1]) << PyLong_SHIFT) | (long)digits[0]));
-            }
-        } else
-        if (size == 3 && (8 * sizeof(long) > 2 * PyLong_SHIFT)) {
-            if ((8 * sizeof(long) > 3 * PyLong_SHIFT)) {
-                __PYX_VERIFY_RETURN_INT(long, unsigned long, (((((((unsigned long)digits[2]) << PyLong_SHIFT) | (unsigned long)digits[1]) << PyLong_SHIFT) | (unsigned long)digits[0])))
-            } else if ((8 * sizeof(long) - 1 > 3 * PyLong_SHIFT)) {
-                return (long) (((((((long)digits[2]) << PyLong_SHIFT) | (long)digits[1]) << PyLong_SHIFT) | (long)digits[0]));
-            }
-        } else
-        if (size == 4 && (8 * sizeof(long) > 3 * PyLong_SHIFT)) {
-            if ((8 * sizeof(long) > 4 * PyLong_SHIFT)) {
-                __PYX_VERIFY_RETURN_INT(long, unsigned long, (((((((((unsigned long)digits[3]) << PyLong_SHIFT) | (unsigned long)digits[2]) << PyLong_SHIFT) | (unsigned long)digits[1]) << PyLong_SHIFT) | (unsigned long)digits[0])))
-            } else if ((8 * sizeof(long) - 1 > 4 * PyLong_SHIFT)) {
-                return (long) (((((((((long)digits[3]) << PyLong_SHIFT) | (long)digits[2]) << PyLong_SHIFT) | (long)digits[1]) << PyLong_SHIFT) | (long)digits[0]));
-            }
-        } else
-        {}
-    }
-#endif
-    #if __PYX_LIMITED_VERSION_HEX >= 0x030d0000
-    if ((sizeof(long) <= sizeof(int)) && (sizeof(int) < sizeof(long))) {
-        __PYX_VERIFY_RETURN_INT_EXC(long, int, PyLong_AsInt(x))
-    } else
-    #endif
-    if ((sizeof(long) <= sizeof(long))) {
-        __PYX_VERIFY_RETURN_INT_EXC(long, long, PyLong_AsLong(x))
-    } else if ((sizeof(long) <= sizeof(PY_LONG_LONG))) {
-        __PYX_VERIFY_RETURN_INT_EXC(long, PY_LONG_LONG, PyLong_AsLongLong(x))
-    }
-    return __Pyx_LargePyLong___Pyx_PyLong_As_long(x);
-raise_neg_overflow:
-    return __Pyx_raise_neg_overflow___Pyx_PyLong_As_long();
-raise_overflow:
-    return __Pyx_raise_overflow___Pyx_PyLong_As_long();
-}
-static long __Pyx_LargePyLong___Pyx_PyLong_As_long(PyObject *x) {
-#ifdef __Pyx_HAS_GCC_DIAGNOSTIC
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wconversion"
-#endif
-    const long neg_one = (long) -1, const_zero = (long) 0;
-#ifdef __Pyx_HAS_GCC_DIAGNOSTIC
-#pragma GCC diagnostic pop
-#endif
-    const int is_unsigned = neg_one > const_zero;
-    long val;
-    int ret = -1;
-#if PY_VERSION_HEX >= 0x030d00A6 && !CYTHON_COMPILING_IN_LIMITED_API
-    Py_ssize_t bytes_copied = PyLong_AsNativeBytes(
-        x, &val, sizeof(val), Py_ASNATIVEBYTES_NATIVE_ENDIAN | (is_unsigned ? Py_ASNATIVEBYTES_UNSIGNED_BUFFER | Py_ASNATIVEBYTES_REJECT_NEGATIVE : 0));
-    if (unlikely(bytes_copied == -1)) {
-    } else if (unlikely(bytes_copied > (Py_ssize_t) sizeof(val))) {
-        goto raise_overflow;
-    } else {
-        ret = 0;
-    }
-#elif PY_VERSION_HEX < 0x030d0000 && !(CYTHON_COMPILING_IN_PYPY || CYTHON_COMPILING_IN_LIMITED_API) || defined(_PyLong_AsByteArray)
-    int one = 1; int is_little = (int)*(unsigned char *)&one;
-    unsigned char *bytes = (unsigned char *)&val;
-    ret = _PyLong_AsByteArray((PyLongObject *)x,
-                                bytes, sizeof(val),
-                                is_little, !is_unsigned);
-    if ((0)) goto raise_overflow;
-#else
-    PyObject *v;
-    PyObject *stepval = NULL, *mask = NULL, *shift = NULL;
-    int bits, remaining_bits, is_negative = 0;
-    int chunk_size = (sizeof(long) < 8) ? 30 : 62;
-    if (likely(PyLong_CheckExact(x))) {
-        v = __Pyx_NewRef(x);
-    } else {
-        v = PyNumber_Long(x);
-        if (unlikely(!v)) return (long) -1;
-        assert(PyLong_CheckExact(v));
-    }
-    {
-        int result = PyObject_RichCompareBool(v, Py_False, Py_LT);
-        if (unlikely(result < 0)) {
-            Py_DECREF(v);
-            return (long) -1;
-        }
-        is_negative = result == 1;
-    }
-    if (is_unsigned && unlikely(is_negative)) {
-        Py_DECREF(v);
-        PyErr_SetString(PyExc_OverflowError,
-            "can't convert negative value to long");
-        return (long) -1;
-    } else if (is_negative) {
-        stepval = PyNumber_Invert(v);
-        Py_DECREF(v);
-        if (unlikely(!stepval))
-            return (long) -1;
-    } else {
-        stepval = v;
-    }
-    v = NULL;
-    val = (long) 0;
-    mask = PyLong_FromLong((1L << chunk_size) - 1); if (unlikely(!mask)) goto done;
-    shift = PyLong_FromLong(chunk_size); if (unlikely(!shift)) goto done;
-    for (bits = 0; bits < (int) sizeof(long) * 8 - chunk_size; bits += chunk_size) {
-        PyObject *tmp, *digit;
-        long idigit;
-        digit = PyNumber_And(stepval, mask);
-        if (unlikely(!digit)) goto done;
-        idigit = PyLong_AsLong(digit);
-        Py_DECREF(digit);
-        if (unlikely(idigit < 0)) goto done;
-        val |= ((long) idigit) << bits;
-        tmp = PyNumber_Rshift(stepval, shift);
-        if (unlikely(!tmp)) goto done;
-        Py_DECREF(stepval); stepval = tmp;
-    }
-    Py_DECREF(shift); shift = NULL;
-    Py_DECREF(mask); mask = NULL;
-    {
-        long idigit = PyLong_AsLong(stepval);
-        if (unlikely(idigit < 0)) goto done;
-        remaining_bits = ((int) sizeof(long) * 8) - bits - (is_unsigned ? 0 : 1);
-        if (unlikely(idigit >= (1L << remaining_bits)))
-            goto raise_overflow;
-        val |= ((long) idigit) << bits;
-    }
-    if (!is_unsigned) {
-        if (unlikely(val & (((long) 1) << (sizeof(long) * 8 - 1))))
-            goto raise_overflow;
-        if (is_negative)
-            val = ~val;
-    }
-    ret = 0;
-done:
-    Py_XDECREF(shift);
-    Py_XDECREF(mask);
-    Py_XDECREF(stepval);
-#endif
-    if (unlikely(ret))
-        return (long) -1;
-    return val;
-raise_overflow:
-    return __Pyx_raise_overflow___Pyx_PyLong_As_long();
-}
-static CYTHON_INLINE long __Pyx_PyLong___Pyx_PyLong_As_long(PyObject *x) {
-#ifdef __Pyx_HAS_GCC_DIAGNOSTIC
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wconversion"
-#endif
-    const long neg_one = (long) -1, const_zero = (long) 0;
-#ifdef __Pyx_HAS_GCC_DIAGNOSTIC
-#pragma GCC diagnostic pop
-#endif
-    const int is_unsigned = neg_one > const_zero;
-    if (is_unsigned) {
-        #if CYTHON_USE_PYLONG_INTERNALS
-        if (unlikely(__Pyx_PyLong_IsNeg(x))) {
-            goto raise_neg_overflow;
-        } else if (__Pyx_PyLong_IsCompact(x)) {
-            __PYX_VERIFY_RETURN_INT(long, __Pyx_compact_upylong, __Pyx_PyLong_CompactValueUnsigned(x))
-        } else
-        #endif
-        {
-            return __Pyx_PyULong___Pyx_PyLong_As_long(x);
-        }
-    } else {
-        #if CYTHON_USE_PYLONG_INTERNALS
-        if (__Pyx_PyLong_IsCompact(x)) {
-            __PYX_VERIFY_RETURN_INT(long, __Pyx_compact_pylong, __Pyx_PyLong_CompactValue(x))
-        } else
-        #endif
-        {
-            return __Pyx_PySLong___Pyx_PyLong_As_long(x);
-        }
-    }
-#if CYTHON_USE_PYLONG_INTERNALS
-raise_neg_overflow:
-    return __Pyx_raise_neg_overflow___Pyx_PyLong_As_long();
-raise_overflow:
-    return __Pyx_raise_overflow___Pyx_PyLong_As_long();
-#endif
-}
-static long __Pyx_NonPyLong___Pyx_PyLong_As_long(PyObject *x) {
-    long val;
-    PyObject *tmp = __Pyx_PyNumber_Long(x);
-    if (!tmp) return (long) -1;
-    val = __Pyx_PyLong_As_long(tmp);
-    Py_DECREF(tmp);
-    return val;
-}
-static CYTHON_INLINE long __Pyx_PyLong_As_long(PyObject *x) {
-    if (likely(PyLong_Check(x))) {
-        return __Pyx_PyLong___Pyx_PyLong_As_long(x);
-    } else {
-        return __Pyx_NonPyLong___Pyx_PyLong_As_long(x);
-    }
-}
-
-/* CIntFromPy */
-static int __Pyx_LargePyLong___Pyx_PyLong_As_int(PyObject *x);
-static int __Pyx_raise_neg_overflow___Pyx_PyLong_As_int(void) {
-    const char* type_name = "int";
-    PyErr_Format(PyExc_OverflowError,
-        "can't convert negative value to %.200s", type_name);
-    return (int) -1;
-}
-static int __Pyx_raise_overflow___Pyx_PyLong_As_int(void) {
-    const char* type_name = "int";
-    PyErr_Format(PyExc_OverflowError,
-        "value too large to convert to %.200s", type_name);
-    return (int) -1;
-}
-static CYTHON_INLINE int __Pyx_PyULong___Pyx_PyLong_As_int(PyObject *x) {
-    const int is_unsigned = 1;
-#if CYTHON_USE_PYLONG_INTERNALS
-    {
-        const digit* digits = __Pyx_PyLong_Digits(x);
-        const Py_ssize_t size = __Pyx_PyLong_DigitCount(x);
-        if (size == 2 && (8 * sizeof(int) > 1 * PyLong_SHIFT)) {
-            if ((8 * sizeof(unsigned long) > 2 * PyLong_SHIFT)) {
-                __PYX_VERIFY_RETURN_INT(int, unsigned long, (((((unsigned long)digits[1]) << PyLong_SHIFT) | (unsigned long)digits[0])))
-            } else if ((8 * sizeof(int) >= 2 * PyLong_SHIFT)) {
-                return (int) (((((int)digits[1]) << PyLong_SHIFT) | (int)digits[0]));
-            }
-        } else
-        if (size == 3 && (8 * sizeof(int) > 2 * PyLong_SHIFT)) {
-            if ((8 * sizeof(unsigned long) > 3 * PyLong_SHIFT)) {
-                __PYX_VERIFY_RETURN_INT(int, unsigned long, (((((((unsigned long)digits[2]) << PyLong_SHIFT) | (unsigned long)digits[1]) << PyLong_SHIFT) | (unsigned long)digits[0])))
-            } else if ((8 * sizeof(int) >= 3 * PyLong_SHIFT)) {
-                return (int) (((((((int)digits[2]) << PyLong_SHIFT) | (int)digits[1]) << PyLong_SHIFT) | (int)digits[0]));
-            }
-        } else
-        if (size == 4 && (8 * sizeof(int) > 3 * PyLong_SHIFT)) {
-            if ((8 * sizeof(unsigned long) > 4 * PyLong_SHIFT)) {
-                __PYX_VERIFY_RETURN_INT(int, unsigned long, (((((((((unsigned long)digits[3]) << PyLong_SHIFT) | (unsigned long)digits[2]) << PyLong_SHIFT) | (unsigned long)digits[1]) << PyLong_SHIFT) | (unsigned long)digits[0])))
-            } else if ((8 * sizeof(int) >= 4 * PyLong_SHIFT)) {
-                return (int) (((((((((int)digits[3]) << PyLong_SHIFT) | (int)digits[2]) << PyLong_SHIFT) | (int)digits[1]) << PyLong_SHIFT) | (int)digits[0]));
-            }
-        } else
-        {}
-    }
-#elif CYTHON_COMPILING_IN_CPYTHON && PY_VERSION_HEX < 0x030C00A7
-    if (unlikely(Py_SIZE(x) < 0)) {
-        goto raise_neg_overflow;
-    }
-#else
-    {
-        int result = PyObject_RichCompareBool(x, Py_False, Py_LT);
-        if (unlikely(result < 0))
-            return (int) -1;
-        if (unlikely(result == 1))
-            goto raise_neg_overflow;
-    }
-#endif
-    if ((sizeof(int) <= sizeof(unsigned long))) {
-        __PYX_VERIFY_RETURN_INT_EXC(int, unsigned long, PyLong_AsUnsignedLong(x))
-    } else if ((sizeof(int) <= sizeof(unsigned PY_LONG_LONG))) {
-        __PYX_VERIFY_RETURN_INT_EXC(int, unsigned PY_LONG_LONG, PyLong_AsUnsignedLongLong(x))
-    }
-    return __Pyx_LargePyLong___Pyx_PyLong_As_int(x);
-raise_neg_overflow:
-    return __Pyx_raise_neg_overflow___Pyx_PyLong_As_int();
-raise_overflow:
-    return __Pyx_raise_overflow___Pyx_PyLong_As_int();
-}
-static CYTHON_INLINE int __Pyx_PySLong___Pyx_PyLong_As_int(PyObject *x) {
-    const int is_unsigned = 0;
-#if CYTHON_USE_PYLONG_INTERNALS
-    if (__Pyx_PyLong_IsNeg(x)) {
-        const Py_ssize_t size = __Pyx_PyLong_DigitCount(x);
-        const digit* digits = __Pyx_PyLong_Digits(x);
-        if (size == 2 && (8 * sizeof(int) > 1 * PyLong_SHIFT)) {
-            if ((8 * sizeof(long) > 2 * PyLong_SHIFT)) {
-                long ival = - (long) (((((unsigned long)digits[1]) << PyLong_SHIFT) | (unsigned long)digits[0]));
-                __PYX_VERIFY_RETURN_INT(int, long, ival)
-            } else if ((8 * sizeof(int) - 1 > 2 * PyLong_SHIFT)) {
-                return (int) (((int) -1) * (((((int)digits[1]) << PyLong_SHIFT) | (int)digits[0])));
-            }
-        } else
-        if (size == 3 && (8 * sizeof(int) > 2 * PyLong_SHIFT)) {
-            if ((8 * sizeof(long) > 3 * PyLong_SHIFT)) {
-                long ival = - (long) (((((((unsigned long)digits[2]) << PyLong_SHIFT) | (unsigned long)digits[1]) << PyLong_SHIFT) | (unsigned long)digits[0]));
-                __PYX_VERIFY_RETURN_INT(int, long, ival)
-            } else if ((8 * sizeof(int) - 1 > 3 * PyLong_SHIFT)) {
-                return (int) (((int) -1) * (((((((int)digits[2]) << PyLong_SHIFT) | (int)digits[1]) << PyLong_SHIFT) | (int)digits[0])));
-            }
-        } else
-        if (size == 4 && (8 * sizeof(int) > 3 * PyLong_SHIFT)) {
-            if ((8 * sizeof(long) > 4 * PyLong_SHIFT)) {
-                long ival = - (long) (((((((((unsigned long)digits[3]) << PyLong_SHIFT) | (unsigned long)digits[2]) << PyLong_SHIFT) | (unsigned long)digits[1]) << PyLong_SHIFT) | (unsigned long)digits[0]));
-                __PYX_VERIFY_RETURN_INT(int, long, ival)
-            } else if ((8 * sizeof(int) - 1 > 4 * PyLong_SHIFT)) {
-                return (int) (((int) -1) * (((((((((int)digits[3]) << PyLong_SHIFT) | (int)digits[2]) << PyLong_SHIFT) | (int)digits[1]) << PyLong_SHIFT) | (int)digits[0])));
-            }
-        } else
-        {}
-    } else {
-        const Py_ssize_t size = __Pyx_PyLong_DigitCount(x);
-        const digit* digits = __Pyx_PyLong_Digits(x);
-        if (size == 2 && (8 * sizeof(int) > 1 * PyLong_SHIFT)) {
-            if ((8 * sizeof(long) > 2 * PyLong_SHIFT)) {
-                __PYX_VERIFY_RETURN_INT(int, unsigned long, (((((unsigned long)digits[1]) << PyLong_SHIFT) | (unsigned long)digits[0])))
-            } else if ((8 * sizeof(int) - 1 > 2 * PyLong_SHIFT)) {
-                return (int) (((((int)digits[1]) << PyLong_SHIFT) | (int)digits[0]));
-            }
-        } else
-        if (size == 3 && (8 * sizeof(int) > 2 * PyLong_SHIFT)) {
-            if ((8 * sizeof(long) > 3 * PyLong_SHIFT)) {
-                __PYX_VERIFY_RETURN_INT(int, unsigned long, (((((((unsigned long)digits[2]) << PyLong_SHIFT) | (unsigned long)digits[1]) << PyLong_SHIFT) | (unsigned long)digits[0])))
-            } else if ((8 * sizeof(int) - 1 > 3 * PyLong_SHIFT)) {
-                return (int) (((((((int)digits[2]) << PyLong_SHIFT) | (int)digits[1]) << PyLong_SHIFT) | (int)digits[0]));
-            }
-        } else
-        if (size == 4 && (8 * sizeof(int) > 3 * PyLong_SHIFT)) {
-            if ((8 * sizeof(long) > 4 * PyLong_SHIFT)) {
-                __PYX_VERIFY_RETURN_INT(int, unsigned long, (((((((((unsigned long)digits[3]) << PyLong_SHIFT) | (unsigned long)digits[2]) << PyLong_SHIFT) | (unsigned long)digits[1]) << PyLong_SHIFT) | (unsigned long)digits[0])))
-            } else if ((8 * sizeof(int) - 1 > 4 * PyLong_SHIFT)) {
-                return (int) (((((((((int)digits[3]) << PyLong_SHIFT) | (int)digits[2]) << PyLong_SHIFT) | (int)digits[1]) << PyLong_SHIFT) | (int)digits[0]));
-            }
-        } else
-        {}
-    }
-#endif
-    #if __PYX_LIMITED_VERSION_HEX >= 0x030d0000
-    if ((sizeof(int) <= sizeof(int)) && (sizeof(int) < sizeof(long))) {
-        __PYX_VERIFY_RETURN_INT_EXC(int, int, PyLong_AsInt(x))
-    } else
-    #endif
-    if ((sizeof(int) <= sizeof(long))) {
-        __PYX_VERIFY_RETURN_INT_EXC(int, long, PyLong_AsLong(x))
-    } else if ((sizeof(int) <= sizeof(PY_LONG_LONG))) {
-        __PYX_VERIFY_RETURN_INT_EXC(int, PY_LONG_LONG, PyLong_AsLongLong(x))
-    }
-    return __Pyx_LargePyLong___Pyx_PyLong_As_int(x);
-raise_neg_overflow:
-    return __Pyx_raise_neg_overflow___Pyx_PyLong_As_int();
-raise_overflow:
-    return __Pyx_raise_overflow___Pyx_PyLong_As_int();
-}
-static int __Pyx_LargePyLong___Pyx_PyLong_As_int(PyObject *x) {
-#ifdef __Pyx_HAS_GCC_DIAGNOSTIC
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wconversion"
-#endif
-    const int neg_one = (int) -1, const_zero = (int) 0;
-#ifdef __Pyx_HAS_GCC_DIAGNOSTIC
-#pragma GCC diagnostic pop
-#endif
-    const int is_unsigned = neg_one > const_zero;
-    int val;
-    int ret = -1;
-#if PY_VERSION_HEX >= 0x030d00A6 && !CYTHON_COMPILING_IN_LIMITED_API
-    Py_ssize_t bytes_copied = PyLong_AsNativeBytes(
-        x, &val, sizeof(val), Py_ASNATIVEBYTES_NATIVE_ENDIAN | (is_unsigned ? Py_ASNATIVEBYTES_UNSIGNED_BUFFER | Py_ASNATIVEBYTES_REJECT_NEGATIVE : 0));
-    if (unlikely(bytes_copied == -1)) {
-    } else if (unlikely(bytes_copied > (Py_ssize_t) sizeof(val))) {
-        goto raise_overflow;
-    } else {
-        ret = 0;
-    }
-#elif PY_VERSION_HEX < 0x030d0000 && !(CYTHON_COMPILING_IN_PYPY || CYTHON_COMPILING_IN_LIMITED_API) || defined(_PyLong_AsByteArray)
-    int one = 1; int is_little = (int)*(unsigned char *)&one;
-    unsigned char *bytes = (unsigned char *)&val;
-    ret = _PyLong_AsByteArray((PyLongObject *)x,
-                                bytes, sizeof(val),
-                                is_little, !is_unsigned);
-    if ((0)) goto raise_overflow;
-#else
-    PyObject *v;
-    PyObject *stepval = NULL, *mask = NULL, *shift = NULL;
-    int bits, remaining_bits, is_negative = 0;
-    int chunk_size = (sizeof(long) < 8) ? 30 : 62;
-    if (likely(PyLong_CheckExact(x))) {
-        v = __Pyx_NewRef(x);
-    } else {
-        v = PyNumber_Long(x);
-        if (unlikely(!v)) return (int) -1;
-        assert(PyLong_CheckExact(v));
-    }
-    {
-        int result = PyObject_RichCompareBool(v, Py_False, Py_LT);
-        if (unlikely(result < 0)) {
-            Py_DECREF(v);
-            return (int) -1;
-        }
-        is_negative = result == 1;
-    }
-    if (is_unsigned && unlikely(is_negative)) {
-        Py_DECREF(v);
-        PyErr_SetString(PyExc_OverflowError,
-            "can't convert negative value to int");
-        return (int) -1;
-    } else if (is_negative) {
-        stepval = PyNumber_Invert(v);
-        Py_DECREF(v);
-        if (unlikely(!stepval))
-            return (int) -1;
-    } else {
-        stepval = v;
-    }
-    v = NULL;
-    val = (int) 0;
-    mask = PyLong_FromLong((1L << chunk_size) - 1); if (unlikely(!mask)) goto done;
-    shift = PyLong_FromLong(chunk_size); if (unlikely(!shift)) goto done;
-    for (bits = 0; bits < (int) sizeof(int) * 8 - chunk_size; bits += chunk_size) {
-        PyObject *tmp, *digit;
-        long idigit;
-        digit = PyNumber_And(stepval, mask);
-        if (unlikely(!digit)) goto done;
-        idigit = PyLong_AsLong(digit);
-        Py_DECREF(digit);
-        if (unlikely(idigit < 0)) goto done;
-        val |= ((int) idigit) << bits;
-        tmp = PyNumber_Rshift(stepval, shift);
-        if (unlikely(!tmp)) goto done;
-        Py_DECREF(stepval); stepval = tmp;
-    }
-    Py_DECREF(shift); shift = NULL;
-    Py_DECREF(mask); mask = NULL;
-    {
-        long idigit = PyLong_AsLong(stepval);
-        if (unlikely(idigit < 0)) goto done;
-        remaining_bits = ((int) sizeof(int) * 8) - bits - (is_unsigned ? 0 : 1);
-        if (unlikely(idigit >= (1L << remaining_bits)))
-            goto raise_overflow;
-        val |= ((int) idigit) << bits;
-    }
-    if (!is_unsigned) {
-        if (unlikely(val & (((int) 1) << (sizeof(int) * 8 - 1))))
-            goto raise_overflow;
-        if (is_negative)
-            val = ~val;
-    }
-    ret = 0;
-done:
-    Py_XDECREF(shift);
-    Py_XDECREF(mask);
-    Py_XDECREF(stepval);
-#endif
-    if (unlikely(ret))
-        return (int) -1;
-    return val;
-raise_overflow:
-    return __Pyx_raise_overflow___Pyx_PyLong_As_int();
-}
-static CYTHON_INLINE int __Pyx_PyLong___Pyx_PyLong_As_int(PyObject *x) {
-#ifdef __Pyx_HAS_GCC_DIAGNOSTIC
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wconversion"
-#endif
-    const int neg_one = (int) -1, const_zero = (int) 0;
-#ifdef __Pyx_HAS_GCC_DIAGNOSTIC
-#pragma GCC diagnostic pop
-#endif
-    const int is_unsigned = neg_one > const_zero;
-    if (is_unsigned) {
-        #if CYTHON_USE_PYLONG_INTERNALS
-        if (unlikely(__Pyx_PyLong_IsNeg(x))) {
-            goto raise_neg_overflow;
-        } else if (__Pyx_PyLong_IsCompact(x)) {
-            __PYX_VERIFY_RETURN_INT(int, __Pyx_compact_upylong, __Pyx_PyLong_CompactValueUnsigned(x))
-        } else
-        #endif
-        {
-            return __Pyx_PyULong___Pyx_PyLong_As_int(x);
-        }
-    } else {
-        #if CYTHON_USE_PYLONG_INTERNALS
-        if (__Pyx_PyLong_IsCompact(x)) {
-            __PYX_VERIFY_RETURN_INT(int, __Pyx_compact_pylong, __Pyx_PyLong_CompactValue(x))
-        } else
-        #endif
-        {
-            return __Pyx_PySLong___Pyx_PyLong_As_int(x);
-        }
-    }
-#if CYTHON_USE_PYLONG_INTERNALS
-raise_neg_overflow:
-    return __Pyx_raise_neg_overflow___Pyx_PyLong_As_int();
-raise_overflow:
-    return __Pyx_raise_overflow___Pyx_PyLong_As_int();
-#endif
-}
-static int __Pyx_NonPyLong___Pyx_PyLong_As_int(PyObject *x) {
-    int val;
-    PyObject *tmp = __Pyx_PyNumber_Long(x);
-    if (!tmp) return (int) -1;
-    val = __Pyx_PyLong_As_int(tmp);
-    Py_DECREF(tmp);
-    return val;
-}
-static CYTHON_INLINE int __Pyx_PyLong_As_int(PyObject *x) {
-    if (likely(PyLong_Check(x))) {
-        return __Pyx_PyLong___Pyx_PyLong_As_int(x);
-    } else {
-        return __Pyx_NonPyLong___Pyx_PyLong_As_int(x);
-    }
-}
-
 /* GetRuntimeVersion */
 #if __PYX_LIMITED_VERSION_HEX < 0x030b0000
 void __Pyx_init_runtime_version(void) {
@@ -10016,6 +20315,65 @@ import_failed:
 bad:
     Py_XDECREF(module);
     Py_DECREF(methodname);
+    return NULL;
+#endif
+}
+
+/* DecompressString_LZSS */
+#ifndef __Pyx_DecompressString_LZSS_UNUSED
+CYTHON_UNUSED
+static CYTHON_SMALL_CODE size_t __pyx_lzss_decompress(const uint8_t* src, uint8_t* dst, size_t dst_len) {
+    size_t pos = 0, out_pos = 0;
+    while (1) {
+        uint32_t flags = src[pos++] | 0xFF00;
+        while (flags & 0x100) {
+            if (flags & 1) {
+                dst[out_pos++] = src[pos++];
+            } else {
+                uint32_t lo = src[pos++], hi = src[pos++];
+                uint32_t end_offset_of_last_occurrence, match_length;
+                if (!(lo & 0x80)) {
+                    end_offset_of_last_occurrence = lo;
+                    match_length = hi;
+                } else if (!(hi & 0x80)) {
+                    end_offset_of_last_occurrence = 0x80 + (((hi << 2) & 0x180) | (lo & 0x7F));
+                    match_length = hi & 0x1F;
+                } else {
+                    end_offset_of_last_occurrence = 0x80 + ((hi & 0x7F) << 7 | (lo & 0x7F));
+                    match_length = src[pos++];
+                }
+                match_length += 3;
+                size_t ref_pos = out_pos - end_offset_of_last_occurrence - match_length;
+                memcpy(dst + out_pos, dst + ref_pos, match_length);
+                out_pos += match_length;
+            }
+            if (out_pos >= dst_len) return pos;
+            flags >>= 1;
+        }
+    }
+}
+#endif
+static CYTHON_SMALL_CODE PyObject *__Pyx_DecompressString_LZSS(const char *s, size_t compressed_length, size_t uncompressed_length) {
+#ifdef __Pyx_DecompressString_LZSS_UNUSED
+    CYTHON_UNUSED_VAR(s);
+    CYTHON_UNUSED_VAR(compressed_length);
+    CYTHON_UNUSED_VAR(uncompressed_length);
+    return NULL;
+#else
+    PyObject *result;
+    unsigned char *result_data;
+    size_t src_length;
+    result = PyBytes_FromStringAndSize(NULL, (Py_ssize_t) uncompressed_length);
+    if (unlikely(!result)) return NULL;
+    result_data = __Pyx_PyBytes_AsWritableUString(result);
+    if (unlikely(!result_data)) goto bad;
+    src_length = __pyx_lzss_decompress((const uint8_t*) s, result_data, uncompressed_length);
+    if (unlikely(src_length != compressed_length)) goto decompression_failed;
+    return result;
+decompression_failed:
+    PyErr_SetString(PyExc_RuntimeError, "LZSS string data decompression failed");
+bad:
+    Py_DECREF(result);
     return NULL;
 #endif
 }

@@ -64,3 +64,176 @@ def launch(uintptr_t fn, list ptrs, list scalars):
         if sc != &sstack[0]:
             free(sc)
     return status
+
+
+# -- recording: the per-call hot path (pure-Python twin: accel/_core_py.py) -----------------
+import sys
+import torch
+from accel.ops import DTYPES, NOT_DEFERRABLE, SCALAR, TENSOR, Deferred
+
+cdef object _data_ptr = torch._C.TensorBase.data_ptr
+cdef object _untyped_storage = torch._C.TensorBase.untyped_storage
+cdef object _Tensor = torch.Tensor
+cdef object _Parameter = torch.nn.Parameter
+cdef object _strided = torch.strided
+cdef object _bool = torch.bool
+cdef object _empty_strided = torch.empty_strided
+cdef object _device = torch.device
+cdef tuple _CONST_TYPES = (bool, int, float, str, type(None), torch.dtype, torch.device,
+                           torch.memory_format, torch.layout, tuple)
+cdef int _TENSOR = TENSOR, _SCALAR = SCALAR
+
+
+cdef class RegionCore:
+    """The recording half of a region (see accel.region.Region): builds the per-call key,
+    steps the trie and allocates the deferred outputs."""
+
+    cdef public object node
+    cdef public list ext, outs, out_meta, scalars, calls
+    cdef public dict ext_ids, out_ids
+    cdef public object lo, hi
+    cdef public bint mutates_ext
+    cdef bint _float_ok, _int_ok
+    cdef Py_ssize_t _lo, _hi
+
+    def clear(self, root):
+        self.node = root
+        self.ext = []
+        self.ext_ids = {}
+        self.outs = []
+        self.out_ids = {}
+        self.out_meta = []
+        self.scalars = []
+        self.calls = []
+        self._lo = sys.maxsize
+        self._hi = 0
+        self.lo = self._lo
+        self.hi = 0
+        self.mutates_ext = False
+
+    def __len__(self):
+        return len(self.calls)
+
+    cdef _aliases_pending(self, Py_ssize_t p):
+        cdef Py_ssize_t b
+        for t in self.outs:
+            b = _data_ptr(t)
+            if b <= p < b + _untyped_storage(t).nbytes():
+                return True
+        return False
+
+    cdef _tensor_sig(self, t, list key, list tmpl):
+        cdef Py_ssize_t p
+        if not t.is_cpu or t.layout is not _strided:
+            raise Deferred("tensor kind")
+        i = self.out_ids.get(id(t))
+        if i is not None and self.outs[i] is t:
+            w = ("o", i)
+            key.append(w)
+            tmpl.append(w)
+            return
+        dtype = t.dtype
+        if dtype not in DTYPES:
+            raise Deferred("dtype")
+        if self.outs:
+            p = _data_ptr(t)
+            if self._lo <= p < self._hi and self._aliases_pending(p):
+                raise Deferred("alias")
+        j = self.ext_ids.get(id(t))
+        if j is None or self.ext[j] is not t:
+            j = len(self.ext)
+            self.ext.append(t)
+            self.ext_ids[id(t)] = j
+        key.append(("x", j, dtype, tuple(t.shape), t.stride(), t.storage_offset()))
+        tmpl.append(("x", j))
+
+    cdef _arg(self, int kind, v, list key, list tmpl):
+        tv = type(v)
+        if kind == _TENSOR and (tv is _Tensor or tv is _Parameter):
+            self._tensor_sig(v, key, tmpl)
+        elif (kind == _TENSOR or kind == _SCALAR) and (
+                (tv is float and self._float_ok) or (tv is int and self._int_ok)):
+            key.append("f" if tv is float else "i")
+            tmpl.append(("s", len(self.scalars)))
+            self.scalars.append(v)
+        else:
+            if tv is list:
+                v = tuple(v)
+            elif tv not in _CONST_TYPES:
+                raise Deferred("argument type")
+            if tv is _device and v.type != "cpu":
+                raise Deferred("device")
+            if tv is float and v != v:
+                v = "nan"
+            key.append(v)
+            tmpl.append(("c", v))
+
+    def record(self, func, spec, tuple args, dict kwargs):
+        """Defer one call; return its (real, unfilled) result tensor.
+
+        Raises:
+            Deferred: the call cannot be deferred; the region is left as it was.
+        """
+        cdef Py_ssize_t n_ext = len(self.ext), n_sc = len(self.scalars), p, e
+        cdef list key, targs, t
+        cdef dict tkw
+        cdef tuple pos = spec.pos
+        cdef Py_ssize_t i, n = min(len(pos), len(args))
+        self._float_ok = self._int_ok = True
+        for v in args:
+            tv = type(v)
+            if (tv is _Tensor or tv is _Parameter) and not v.is_floating_point():
+                self._float_ok = False
+                if v.dtype is _bool:
+                    self._int_ok = False
+        try:
+            key = [func]
+            targs = []
+            tkw = {}
+            for i in range(n):
+                self._arg(pos[i], args[i], key, targs)
+            if kwargs:
+                kw = spec.kw
+                for name, v in kwargs.items():
+                    kind = kw.get(name)
+                    if kind is None:
+                        raise Deferred("keyword")
+                    key.append(name)
+                    t = []
+                    self._arg(kind, v, key, t)
+                    tkw[name] = t[0]
+            k = tuple(key)
+            node = self.node.children.get(k)
+            if node is None:
+                node = self._new_node(func, spec, k, targs, tkw)
+            if node.outs is NOT_DEFERRABLE:
+                raise Deferred("meta")
+        except Deferred:
+            for x in self.ext[n_ext:]:
+                self.ext_ids.pop(id(x), None)
+            del self.ext[n_ext:]
+            del self.scalars[n_sc:]
+            raise
+        self.node = node
+        ret = node.ret
+        outs = node.outs
+        self.calls.append((func, tuple(targs), tkw, 0 if ret is not None else len(outs)))
+        if ret is not None:
+            if ret[0] == "x":
+                self.mutates_ext = True
+                return self.ext[ret[1]]
+            return self.outs[ret[1]]
+        meta = outs[0]
+        r = _empty_strided(meta[0], meta[1], dtype=meta[2])
+        self.out_ids[id(r)] = len(self.outs)
+        self.outs.append(r)
+        self.out_meta.append(meta)
+        p = _data_ptr(r)
+        if p < self._lo:
+            self._lo = p
+            self.lo = p
+        e = p + <Py_ssize_t>meta[3]
+        if e > self._hi:
+            self._hi = e
+            self.hi = e
+        return r

@@ -95,6 +95,8 @@ FLAGS = {
              "C++ compiler used for CPU kernels."),
         Flag("ACCEL_COMPILE_TIMEOUT", 120, _parse_int(1),
              "Seconds one kernel build may take before it is killed (and eager is used)."),
+        Flag("ACCEL_PURE_PYTHON", False, _parse_bool,
+             "Use the pure-Python twin of the Cython core (debugging; slower)."),
         Flag("ACCEL_NUM_THREADS", 0, _parse_int(0),
              "OpenMP threads for CPU kernels; 0 means torch.get_num_threads()."),
     ]

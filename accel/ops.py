@@ -18,6 +18,14 @@ aten = torch.ops.aten
 # Argument kinds of an op schema, as the hot path reads them.
 TENSOR, SCALAR, CONST = 0, 1, 2
 
+#: marker in a trie node: the call cannot be deferred (its meta evaluation raised).
+NOT_DEFERRABLE = type("NotDeferrable", (), {"__repr__": lambda self: "NOT_DEFERRABLE"})()
+
+
+class Deferred(Exception):
+    """Internal: a call cannot join the region; ``args[0]`` says why (``"alias"``: it reads
+    a view of a pending output, so flush and retry)."""
+
 #: dtypes whose results accel computes; float16/bfloat16/complex stay eager (v0).
 DTYPES = frozenset({torch.float32, torch.float64, torch.int32, torch.int64, torch.bool})
 

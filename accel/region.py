@@ -16,7 +16,16 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from . import config
-from .ops import CONST, DTYPES, SCALAR, TENSOR, OpSpec
+from .ops import DTYPES, NOT_DEFERRABLE, Deferred, OpSpec
+
+if config.flag("ACCEL_PURE_PYTHON"):
+    from ._core_py import RegionCore
+else:
+    try:
+        from ._core import RegionCore
+    except ImportError as _e:  # an uncompiled checkout: the pure-Python twin
+        logging.getLogger("accel").warning("accel._core unavailable (%s); using pure Python", _e)
+        from ._core_py import RegionCore
 
 log = logging.getLogger("accel")
 
@@ -25,8 +34,6 @@ _TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 _storage_use_count = torch._C._storage_Use_Count
 _untyped_storage = torch._C.TensorBase.untyped_storage  # likewise
 
-#: marker in a trie node: the call cannot be deferred (its meta evaluation raised).
-NOT_DEFERRABLE = object()
 
 
 class TrieNode:
@@ -61,11 +68,7 @@ class TrieNode:
 ROOT = TrieNode()
 
 
-class Deferred(Exception):
-    """Internal: the call cannot join the region (reason in args[0])."""
-
-
-class Region:
+class Region(RegionCore):
     """The pending region of one thread.
 
     ``ext`` are the external input tensors, ``outs`` the pending output tensors (strong
@@ -78,135 +81,8 @@ class Region:
         self.reset()
 
     def reset(self):
-        self.node = ROOT
-        self.ext: List[torch.Tensor] = []
-        self.ext_ids: Dict[int, int] = {}
-        self.outs: List[torch.Tensor] = []
-        self.out_ids: Dict[int, int] = {}
-        self.out_meta: List[tuple] = []
-        self.scalars: List[Any] = []
-        self.calls: List[tuple] = []
-        self.lo = sys.maxsize
-        self.hi = 0
-        self.mutates_ext = False
-
-    def __len__(self):
-        return len(self.calls)
-
-    # -- recording -------------------------------------------------------------------
-    def _tensor_sig(self, t):
-        if type(t) not in _TENSOR_TYPES or not t.is_cpu or t.layout != torch.strided:
-            raise Deferred("tensor kind")
-        i = self.out_ids.get(id(t))
-        if i is not None and self.outs[i] is t:
-            return ("o", i), ("o", i)
-        if t.dtype not in DTYPES:
-            raise Deferred("dtype")
-        if self.outs:
-            p = _data_ptr(t)
-            if self.lo <= p < self.hi and self._aliases_pending(p):
-                raise Deferred("alias")  # a view of a pending output: flush, then retry
-        j = self.ext_ids.get(id(t))
-        if j is None or self.ext[j] is not t:
-            j = len(self.ext)
-            self.ext.append(t)
-            self.ext_ids[id(t)] = j
-        return ("x", j, t.dtype, tuple(t.shape), t.stride(), t.storage_offset()), ("x", j)
-
-    def _aliases_pending(self, p):
-        for t in self.outs:
-            b = _data_ptr(t)
-            if b <= p < b + _untyped_storage(t).nbytes():
-                return True
-        return False
-
-    def _arg(self, kind, v, key, tmpl):
-        tv = type(v)
-        if kind == TENSOR and tv in _TENSOR_TYPES:
-            k, w = self._tensor_sig(v)
-            key.append(k)
-            tmpl.append(w)
-        elif (kind == TENSOR or kind == SCALAR) and (
-                (tv is float and self._float_ok) or (tv is int and self._int_ok)):
-            key.append("f" if type(v) is float else "i")
-            tmpl.append(("s", len(self.scalars)))
-            self.scalars.append(v)
-        else:
-            if isinstance(v, list):
-                v = tuple(v)
-            elif tv not in (bool, int, float, str, type(None), torch.dtype, torch.device,
-                            torch.memory_format, torch.layout, tuple):
-                raise Deferred("argument type")
-            if tv is torch.device and v.type != "cpu":
-                raise Deferred("device")  # a device copy: flush, then eager
-            if tv is float and v != v:
-                v = "nan"  # NaN != NaN would break dict lookups
-            key.append(v)
-            tmpl.append(("c", v))
-
-    def record(self, func, spec: OpSpec, args, kwargs):
-        """Defer one call; return its (real, unfilled) result tensor.
-
-        Raises:
-            Deferred: the call cannot be deferred; the region is left as it was.
-        """
-        n_ext, n_sc = len(self.ext), len(self.scalars)
-        # A scalar converted to an integer or bool tensor's dtype is folded by the trace,
-        # so there it is part of the key; elsewhere it is a runtime kernel argument.
-        self._float_ok = self._int_ok = True
-        for v in args:
-            if type(v) in _TENSOR_TYPES and not v.is_floating_point():
-                self._float_ok = False
-                if v.dtype == torch.bool:
-                    self._int_ok = False
-        try:
-            key = [func]
-            targs, tkw = [], {}
-            for kind, v in zip(spec.pos, args):
-                self._arg(kind, v, key, targs)
-            for name, v in kwargs.items():
-                kind = spec.kw.get(name)
-                if kind is None:
-                    raise Deferred("keyword")
-                key.append(name)
-                t = []
-                self._arg(kind, v, key, t)
-                tkw[name] = t[0]
-            key = tuple(key)
-            node = self.node.children.get(key)
-            if node is None:
-                node = self._new_node(func, spec, key, targs, tkw)
-            if node.outs is NOT_DEFERRABLE:
-                raise Deferred("meta")
-        except Deferred:
-            self._rollback(n_ext, n_sc)
-            raise
-        self.node = node
-        self.calls.append((func, tuple(targs), tkw, 0 if node.ret is not None else len(node.outs)))
-        if node.ret is not None:
-            if spec.mutates and isinstance(node.ret, tuple) and node.ret[0] == "x":
-                self.mutates_ext = True
-            return self._resolve(node.ret)
-        out = []
-        for shape, stride, dtype in node.outs:
-            t = torch.empty_strided(shape, stride, dtype=dtype)
-            self.out_ids[id(t)] = len(self.outs)
-            self.outs.append(t)
-            self.out_meta.append((shape, stride, dtype))
-            p = _data_ptr(t)
-            if p < self.lo:
-                self.lo = p
-            e = p + _untyped_storage(t).nbytes()
-            if e > self.hi:
-                self.hi = e
-            out.append(t)
-        return out[0]
-
-    def _rollback(self, n_ext, n_sc):
-        for t in self.ext[n_ext:]:
-            self.ext_ids.pop(id(t), None)
-        del self.ext[n_ext:]
-        del self.scalars[n_sc:]
+        """Start an empty region at the trie root."""
+        self.clear(ROOT)
 
     def _resolve(self, ref):
         return self.outs[ref[1]] if ref[0] == "o" else self.ext[ref[1]]
@@ -217,7 +93,7 @@ class Region:
 
         def m(r):
             if r[0] == "o":
-                shape, stride, dtype = self.out_meta[r[1]]
+                shape, stride, dtype = self.out_meta[r[1]][:3]
                 return torch.empty_strided(shape, stride, dtype=dtype, device="meta")
             if r[0] == "x":
                 t = self.ext[r[1]]
@@ -239,7 +115,9 @@ class Region:
             else:
                 if not isinstance(res, torch.Tensor) or res.dtype not in DTYPES:
                     raise TypeError("result dtype")
-                node.outs = ((tuple(res.shape), res.stride(), res.dtype),)
+                span = 1 + sum((sz - 1) * st for sz, st in zip(res.shape, res.stride()) if sz > 0)
+                nbytes = span * res.element_size() if res.numel() else 0
+                node.outs = ((tuple(res.shape), res.stride(), res.dtype, nbytes),)
         except Exception as e:  # eager will raise the user-facing error, if any
             log.debug("not deferring %s: %s", func, e)
             node.outs = NOT_DEFERRABLE

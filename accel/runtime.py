@@ -108,7 +108,7 @@ def _compile(region: Region, live, key: str, store):
     tr = trace_region(region.calls, region.ext, len(region.outs), live_idx, scalar_types)
     pass_log = run_passes(tr.gm)
     ext = [BufferSpec(t.dtype, tuple(t.shape), t.stride(), False) for t in region.ext]
-    outs = [BufferSpec(region.out_meta[i][2], region.out_meta[i][0], region.out_meta[i][1], True)
+    outs = [BufferSpec(region.out_meta[i][2], tuple(region.out_meta[i][0]), tuple(region.out_meta[i][1]), True)
             for i in live_idx]
     ir = lower(tr.gm, ext, outs, scalar_types)
     name = "accel_region_" + key[:16]

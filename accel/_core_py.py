@@ -1,0 +1,187 @@
+"""Pure-Python twin of :mod:`accel._core` (msgpack's ``fallback.py`` pattern): the same
+classes and functions, selected with ``ACCEL_PURE_PYTHON=1`` or when the extension is not
+built. It keeps the native hot path honest and debuggable; tests run both.
+"""
+from __future__ import annotations
+
+import ctypes
+import sys
+
+import torch
+
+from .ops import DTYPES, NOT_DEFERRABLE, SCALAR, TENSOR, Deferred, OpSpec
+
+_data_ptr = torch._C.TensorBase.data_ptr
+_untyped_storage = torch._C.TensorBase.untyped_storage
+_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
+_CONST_TYPES = (bool, int, float, str, type(None), torch.dtype, torch.device,
+                torch.memory_format, torch.layout, tuple)
+
+
+class RegionCore:
+    """The recording half of a region (see :class:`accel.region.Region`)."""
+
+    def clear(self, root):
+        self.node = root
+        self.ext = []
+        self.ext_ids = {}
+        self.outs = []
+        self.out_ids = {}
+        self.out_meta = []
+        self.scalars = []
+        self.calls = []
+        self.lo = sys.maxsize
+        self.hi = 0
+        self.mutates_ext = False
+
+    def __len__(self):
+        return len(self.calls)
+
+    def _tensor_sig(self, t):
+        if type(t) not in _TENSOR_TYPES or not t.is_cpu or t.layout != torch.strided:
+            raise Deferred("tensor kind")
+        i = self.out_ids.get(id(t))
+        if i is not None and self.outs[i] is t:
+            return ("o", i), ("o", i)
+        if t.dtype not in DTYPES:
+            raise Deferred("dtype")
+        if self.outs:
+            p = _data_ptr(t)
+            if self.lo <= p < self.hi and self._aliases_pending(p):
+                raise Deferred("alias")  # a view of a pending output: flush, then retry
+        j = self.ext_ids.get(id(t))
+        if j is None or self.ext[j] is not t:
+            j = len(self.ext)
+            self.ext.append(t)
+            self.ext_ids[id(t)] = j
+        return ("x", j, t.dtype, tuple(t.shape), t.stride(), t.storage_offset()), ("x", j)
+
+    def _aliases_pending(self, p):
+        for t in self.outs:
+            b = _data_ptr(t)
+            if b <= p < b + _untyped_storage(t).nbytes():
+                return True
+        return False
+
+    def _arg(self, kind, v, key, tmpl):
+        tv = type(v)
+        if kind == TENSOR and tv in _TENSOR_TYPES:
+            k, w = self._tensor_sig(v)
+            key.append(k)
+            tmpl.append(w)
+        elif (kind == TENSOR or kind == SCALAR) and (
+                (tv is float and self._float_ok) or (tv is int and self._int_ok)):
+            key.append("f" if type(v) is float else "i")
+            tmpl.append(("s", len(self.scalars)))
+            self.scalars.append(v)
+        else:
+            if isinstance(v, list):
+                v = tuple(v)
+            elif tv not in (bool, int, float, str, type(None), torch.dtype, torch.device,
+                            torch.memory_format, torch.layout, tuple):
+                raise Deferred("argument type")
+            if tv is torch.device and v.type != "cpu":
+                raise Deferred("device")  # a device copy: flush, then eager
+            if tv is float and v != v:
+                v = "nan"  # NaN != NaN would break dict lookups
+            key.append(v)
+            tmpl.append(("c", v))
+
+    def record(self, func, spec: OpSpec, args, kwargs):
+        """Defer one call; return its (real, unfilled) result tensor.
+
+        Raises:
+            Deferred: the call cannot be deferred; the region is left as it was.
+        """
+        n_ext, n_sc = len(self.ext), len(self.scalars)
+        # A scalar converted to an integer or bool tensor's dtype is folded by the trace,
+        # so there it is part of the key; elsewhere it is a runtime kernel argument.
+        self._float_ok = self._int_ok = True
+        for v in args:
+            if type(v) in _TENSOR_TYPES and not v.is_floating_point():
+                self._float_ok = False
+                if v.dtype == torch.bool:
+                    self._int_ok = False
+        try:
+            key = [func]
+            targs, tkw = [], {}
+            for kind, v in zip(spec.pos, args):
+                self._arg(kind, v, key, targs)
+            for name, v in kwargs.items():
+                kind = spec.kw.get(name)
+                if kind is None:
+                    raise Deferred("keyword")
+                key.append(name)
+                t = []
+                self._arg(kind, v, key, t)
+                tkw[name] = t[0]
+            key = tuple(key)
+            node = self.node.children.get(key)
+            if node is None:
+                node = self._new_node(func, spec, key, targs, tkw)
+            if node.outs is NOT_DEFERRABLE:
+                raise Deferred("meta")
+        except Deferred:
+            self._rollback(n_ext, n_sc)
+            raise
+        self.node = node
+        self.calls.append((func, tuple(targs), tkw, 0 if node.ret is not None else len(node.outs)))
+        if node.ret is not None:
+            if spec.mutates and isinstance(node.ret, tuple) and node.ret[0] == "x":
+                self.mutates_ext = True
+            return self._resolve(node.ret)
+        shape, stride, dtype, nbytes = meta = node.outs[0]
+        t = torch.empty_strided(shape, stride, dtype=dtype)
+        self.out_ids[id(t)] = len(self.outs)
+        self.outs.append(t)
+        self.out_meta.append(meta)
+        p = _data_ptr(t)
+        if p < self.lo:
+            self.lo = p
+        if p + nbytes > self.hi:
+            self.hi = p + nbytes
+        return t
+
+    def _rollback(self, n_ext, n_sc):
+        for t in self.ext[n_ext:]:
+            self.ext_ids.pop(id(t), None)
+        del self.ext[n_ext:]
+        del self.scalars[n_sc:]
+
+
+
+class LoadError(OSError):
+    """A kernel library could not be opened or lacks its entry point."""
+
+
+_libs = []
+
+
+def load(path: str, symbol: str) -> int:
+    """dlopen ``path`` and return the address of ``symbol``, keeping it loaded."""
+    try:
+        lib = ctypes.CDLL(path)
+        fn = getattr(lib, symbol)
+    except (OSError, AttributeError) as e:
+        raise LoadError(str(e)) from e
+    _libs.append(lib)
+    return ctypes.cast(fn, ctypes.c_void_p).value
+
+
+class _Scalar(ctypes.Union):
+    _fields_ = [("f", ctypes.c_double), ("i", ctypes.c_int64)]
+
+
+_KERNEL = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(_Scalar))
+
+
+def launch(fn: int, ptrs: list, scalars: list) -> int:
+    """Call kernel ``fn`` with buffer addresses and runtime scalars; return its status."""
+    bufs = (ctypes.c_void_p * max(1, len(ptrs)))(*ptrs)
+    sc = (_Scalar * max(1, len(scalars)))()
+    for i, v in enumerate(scalars):
+        if type(v) is float:
+            sc[i].f = v
+        else:
+            sc[i].i = v
+    return _KERNEL(fn)(bufs, sc)

@@ -1,0 +1,23 @@
+"""The pure-Python twin of the Cython core runs the interceptor suite too."""
+import os
+import subprocess
+import sys
+
+
+def test_interceptor_suite_on_pure_python_core():
+    env = dict(os.environ, ACCEL_PURE_PYTHON="1")
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                        os.path.join(os.path.dirname(__file__), "test_interceptor.py")],
+                       capture_output=True, text=True, env=env, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+
+
+def test_twin_is_selected_by_env():
+    code = "import accel.region as r; print(type(r.Region.__mro__[1]).__module__, r.RegionCore.__module__)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=dict(os.environ, ACCEL_PURE_PYTHON="1"), timeout=120)
+    assert "accel._core_py" in out.stdout, out.stderr
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={k: v for k, v in os.environ.items() if k != "ACCEL_PURE_PYTHON"},
+                         timeout=120)
+    assert "accel._core" in out.stdout and "_core_py" not in out.stdout, out.stderr
