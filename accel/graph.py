@@ -20,9 +20,11 @@ import torch.fx as fx
 
 log = logging.getLogger("accel.graph")
 
+#: two sentinel sets (float, int) per scalar slot k; the floats differ in sign, integer
+#: part and fraction, so a truncation or a sign test folded at trace time shows up.
 _SENTINELS = (
-    (lambda k: 1.2345678901234567e-3 + k * 3.0517578125e-05, lambda k: 1000003 + 7 * k),
-    (lambda k: -7.6543210987654321e-2 - k * 6.103515625e-05, lambda k: 2000029 + 11 * k),
+    (lambda k: 1000.2345678901234 + k * 3.0517578125e-05, lambda k: 1000003 + 7 * k),
+    (lambda k: -2000.7654321098765 - k * 6.103515625e-05, lambda k: -2000029 - 11 * k),
 )
 
 

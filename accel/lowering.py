@@ -163,6 +163,8 @@ class _Lowerer:
             return self.operand(n.args[0], (), dtype)
         if t in (prims.full.default,):
             return self.operand(n.args[1], (), dtype)
+        if t is aten.full_like.default:
+            return self.operand(n.args[1], (), dtype)
         if t is prims.fill.default:
             return self.operand(n.args[1], idx, dtype)
         if t in (aten.copy.default,):

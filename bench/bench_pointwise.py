@@ -34,7 +34,12 @@ import time
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import accel
+# measure the accel of this checkout, not whichever one is installed
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if os.path.isdir(os.path.join(_ROOT, "accel")) and _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
+
+import accel  # noqa: E402
 
 MiB = 1 << 20
 CHAIN_N = 16 * MiB  # 16M float32 elements = 64 MiB
@@ -77,7 +82,8 @@ def machine() -> str:
     except (OSError, StopIteration):
         pass
     return (f"CPU: {cpu}; {os.cpu_count()} cores; torch {torch.__version__} "
-            f"({torch.get_num_threads()} threads); accel {accel.__version__}; "
+            f"({torch.get_num_threads()} threads); accel {accel.__version__} "
+            f"({os.path.dirname(accel.__file__)}); "
             f"Python {platform.python_version()}")
 
 

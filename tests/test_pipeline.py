@@ -1,0 +1,125 @@
+"""The compile pipeline stage by stage: trace, passes (graphs before/after), lowering,
+codegen (golden source), build."""
+import os
+
+import pytest
+import torch
+import torch.fx as fx
+
+from accel.codegen import coalesce
+from accel.codegen.cpp import CppRenderer
+from accel.graph import TraceError, trace_region
+from accel.lowering import BufferSpec, LoweringError, lower
+from accel.passes import cse, dce, remove_noops, run_passes
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+GOLDEN = os.path.join(os.path.dirname(__file__), "golden")
+
+
+def _targets(gm):
+    return [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+
+
+def test_trace_decomposes_to_prims_with_scalar_placeholders():
+    x = torch.empty(4, 8)
+    calls = [(aten.add.Tensor, (("x", 0), ("x", 0)), {"alpha": ("s", 0)}, 1),
+             (aten.gelu.default, (("o", 0),), {"approximate": ("c", "tanh")}, 1)]
+    tr = trace_region(calls, [x], 2, (1,), ["f"])
+    phs = [n for n in tr.gm.graph.nodes if n.op == "placeholder"]
+    assert len(phs) == 2 and tr.n_ext == 1 and tr.n_scalars == 1
+    assert all(t.startswith("prims.") for t in _targets(tr.gm))
+    assert any(phs[1] in n.args for n in tr.gm.graph.nodes if n.op == "call_function")
+
+
+def test_trace_rejects_value_dependent_scalars():
+    x = torch.zeros(4)
+
+    def branchy(t, s):  # a decomposition that branches on the scalar's value
+        return aten.mul.Tensor(t, 1.0 if s > 0 else 2.0)
+
+    with pytest.raises(TraceError, match="scalar value"):
+        trace_region([(branchy, (("x", 0), ("s", 0)), {}, 1)], [x], 1, (0,), ["f"])
+
+
+def _graph(fn, *shapes):
+    return fx.symbolic_trace(fn)
+
+
+def test_cse_merges_equal_nodes():
+    x = torch.empty(4, 8)
+    calls = [(aten.sin.default, (("x", 0),), {}, 1), (aten.sin.default, (("x", 0),), {}, 1),
+             (aten.add.Tensor, (("o", 0), ("o", 1)), {}, 1)]
+    gm = trace_region(calls, [x], 3, (2,), []).gm
+    before = _targets(gm)
+    assert before.count("prims.sin.default") == 2
+    assert cse(gm) == 1
+    assert _targets(gm).count("prims.sin.default") == 1
+
+
+def test_dce_and_noop_removal():
+    x = torch.empty(4, 8)
+    calls = [(aten.exp.default, (("x", 0),), {}, 1),  # dead: not returned
+             (aten._to_copy.default, (("x", 0),), {"dtype": ("c", torch.float32)}, 1),
+             (aten.neg.default, (("o", 1),), {}, 1)]
+    gm = trace_region(calls, [x], 3, (2,), []).gm
+    g = gm.graph
+    with g.inserting_after(next(iter(g.nodes))):
+        ph = next(iter(g.nodes))
+        extra = g.call_function(prims.sin.default, (ph,))  # unused
+    extra.meta["val"] = torch.empty(4, 8, device="meta")
+    log = run_passes(gm)
+    assert [line.split(":")[0] for line in log] == ["remove_noops", "cse", "dce"]
+    assert _targets(gm) == ["prims.neg.default"], gm.graph
+    assert dce(gm) == 0 and remove_noops(gm) == 0
+
+
+def test_coalesce_merges_contiguous_dims():
+    assert coalesce((4, 8, 16), [(128, 16, 1), (128, 16, 1)]) == ((512,), [(1,), (1,)])
+    # a broadcast operand (stride 0 over dim 0) keeps dims apart
+    assert coalesce((4, 8), [(8, 1), (0, 1)]) == ((4, 8), [(8, 1), (0, 1)])
+    assert coalesce((1, 8), [(8, 1)]) == ((8,), [(1,)])
+
+
+def _kernel_source(calls, ext, out_meta, live, scalar_types=()):
+    tr = trace_region(calls, ext, len(out_meta), live, list(scalar_types))
+    run_passes(tr.gm)
+    exts = [BufferSpec(t.dtype, tuple(t.shape), t.stride(), False) for t in ext]
+    outs = [BufferSpec(out_meta[i][2], out_meta[i][0], out_meta[i][1], True) for i in live]
+    ir = lower(tr.gm, exts, outs, list(scalar_types))
+    return CppRenderer().render(ir, "accel_region_golden")
+
+
+def test_codegen_golden_broadcast_chain():
+    x, b = torch.empty(64, 1000), torch.empty(1000)
+    calls = [(aten.add.Tensor, (("x", 0), ("x", 1)), {}, 1),
+             (aten.mul.Tensor, (("o", 0), ("s", 0)), {}, 1),
+             (aten.tanh.default, (("o", 1),), {}, 1)]
+    meta = [((64, 1000), (1000, 1), torch.float32)] * 3
+    src = _kernel_source(calls, [x, b], meta, (2,), "f")
+    path = os.path.join(GOLDEN, "broadcast_chain.cpp")
+    if os.environ.get("ACCEL_UPDATE_GOLDEN"):
+        with open(path, "w") as f:
+            f.write(src)
+    with open(path) as f:
+        assert src == f.read(), "generated source changed; rerun with ACCEL_UPDATE_GOLDEN=1 and review the diff"
+
+
+def test_lowering_rejects_read_after_inplace_write():
+    # x.add_(1) then y.add_(x): the second nest would read x after the first wrote it
+    x, y = torch.empty(8), torch.empty(4, 8)
+    calls = [(aten.add_.Tensor, (("x", 0), ("s", 0)), {}, 0),
+             (aten.add_.Tensor, (("x", 1), ("x", 0)), {}, 0)]
+    tr = trace_region(calls, [x, y], 0, (), ["f"])
+    exts = [BufferSpec(torch.float32, (8,), (1,), False), BufferSpec(torch.float32, (4, 8), (8, 1), False)]
+    with pytest.raises(LoweringError):
+        lower(tr.gm, exts, [], ["f"])
+
+
+def test_lowering_allows_elementwise_inplace():
+    x = torch.empty(4, 8)
+    calls = [(aten.mul_.Tensor, (("x", 0), ("s", 0)), {}, 0),
+             (aten.exp_.default, (("x", 0),), {}, 0)]
+    tr = trace_region(calls, [x], 0, (), ["f"])
+    ir = lower(tr.gm, [BufferSpec(torch.float32, (4, 8), (8, 1), False)], [], ["f"])
+    assert len(ir.nests) == 1 and ir.nests[0].stores[0].buf == 0
