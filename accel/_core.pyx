@@ -82,6 +82,7 @@ cdef object _device = torch.device
 cdef tuple _CONST_TYPES = (bool, int, float, str, type(None), torch.dtype, torch.device,
                            torch.memory_format, torch.layout, tuple)
 cdef int _TENSOR = TENSOR, _SCALAR = SCALAR
+cdef str _FPOS = "f+", _FNEG = "f-", _IPOS = "i+", _INEG = "i-"
 
 
 cdef class RegionCore:
@@ -151,9 +152,10 @@ cdef class RegionCore:
         tv = type(v)
         if kind == _TENSOR and (tv is _Tensor or tv is _Parameter):
             self._tensor_sig(v, key, tmpl)
-        elif (kind == _TENSOR or kind == _SCALAR) and (
+        elif (kind == _TENSOR or kind == _SCALAR) and v and v == v and (
                 (tv is float and self._float_ok) or (tv is int and self._int_ok)):
-            key.append("f" if tv is float else "i")
+            # nonzero numbers are runtime arguments; their sign is part of the key
+            key.append((_FNEG if v < 0 else _FPOS) if tv is float else (_INEG if v < 0 else _IPOS))
             tmpl.append(("s", len(self.scalars)))
             self.scalars.append(v)
         else:

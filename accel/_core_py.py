@@ -69,9 +69,10 @@ class RegionCore:
             k, w = self._tensor_sig(v)
             key.append(k)
             tmpl.append(w)
-        elif (kind == TENSOR or kind == SCALAR) and (
+        elif (kind == TENSOR or kind == SCALAR) and v and v == v and (
                 (tv is float and self._float_ok) or (tv is int and self._int_ok)):
-            key.append("f" if type(v) is float else "i")
+            # nonzero numbers are runtime arguments; their sign is part of the key
+            key.append(("f" if tv is float else "i") + ("-" if v < 0 else "+"))
             tmpl.append(("s", len(self.scalars)))
             self.scalars.append(v)
         else:

@@ -20,11 +20,12 @@ import torch.fx as fx
 
 log = logging.getLogger("accel.graph")
 
-#: two sentinel sets (float, int) per scalar slot k; the floats differ in sign, integer
-#: part and fraction, so a truncation or a sign test folded at trace time shows up.
+#: two sentinel sets (float, int) per scalar slot k, positive; a negative scalar's sentinels
+#: are negated (the sign is part of the region key, zero a constant). The two differ in
+#: integer part and fraction, so a truncation or a comparison folded at trace time shows up.
 _SENTINELS = (
     (lambda k: 1000.2345678901234 + k * 3.0517578125e-05, lambda k: 1000003 + 7 * k),
-    (lambda k: -2000.7654321098765 - k * 6.103515625e-05, lambda k: -2000029 - 11 * k),
+    (lambda k: 2000.7654321098765 + k * 6.103515625e-05, lambda k: 2000029 + 11 * k),
 )
 
 
@@ -48,7 +49,8 @@ class TraceResult:
 
 def _sentinels(scalar_types: Sequence[str], which: int) -> List[Any]:
     f, i = _SENTINELS[which]
-    return [f(k) if t == "f" else i(k) for k, t in enumerate(scalar_types)]
+    vals = [f(k) if t[0] == "f" else i(k) for k, t in enumerate(scalar_types)]
+    return [-v if t.endswith("-") else v for v, t in zip(vals, scalar_types)]
 
 
 def _region_fn(calls, n_ext, n_out_slots, live_idx, scalars):
@@ -125,7 +127,8 @@ def trace_region(calls, ext_examples, n_out_slots, live_idx, scalar_types) -> Tr
             ``("s", k)`` runtime scalar, ``("c", value)`` constant.
         ext_examples: tensors (real or meta) with the external inputs' metadata.
         n_out_slots: number of region outputs; live_idx: the ones the graph returns.
-        scalar_types: ``"f"`` or ``"i"`` per runtime scalar.
+        scalar_types: per runtime scalar ``"f"`` (float) or ``"i"`` (int), suffixed ``"-"``
+            for a negative value (``"+"`` or nothing: positive), as in the region key.
 
     Raises:
         TraceError: tracing failed, or a scalar is used in a way the sentinels cannot prove
@@ -160,7 +163,7 @@ def trace_region(calls, ext_examples, n_out_slots, live_idx, scalar_types) -> Tr
         else:
             with g.inserting_after(anchor):
                 p = g.placeholder(f"s{k}")
-        p.meta["scalar_type"] = scalar_types[k]
+        p.meta["scalar_type"] = scalar_types[k][0]
         anchor = p
         sph.append(p)
 

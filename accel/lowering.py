@@ -111,6 +111,8 @@ class _Lowerer:
         if isinstance(a, fx.Node):
             if a in self.scalar_ph:
                 return self.mk("scalar", dtype, self.scalar_ph[a])
+            if a.meta["val"].dim() == 0:  # prims take 0-dim tensors beside n-dim ones
+                idx = ()
             return self.value(a, idx)
         if isinstance(a, (bool, int, float)):
             return self.mk("const", dtype, a)
@@ -159,7 +161,7 @@ class _Lowerer:
             for i, p in enumerate(perm):
                 inner[p] = idx[i]
             return self.value(x, tuple(inner))
-        if t is prims.scalar_tensor.default:
+        if t in (prims.scalar_tensor.default, aten.scalar_tensor.default):
             return self.operand(n.args[0], (), dtype)
         if t in (prims.full.default,):
             return self.operand(n.args[1], (), dtype)

@@ -44,12 +44,16 @@ VIEW_OPS = frozenset({
 
 #: pointwise ops not tagged as such in torch, or whose decomposition accel relies on.
 _EXTRA = (aten._to_copy.default, aten.copy_.default, aten.fill_.Scalar, aten.zero_.default,
-          aten.fill.Scalar)
+          aten.fill.Scalar, aten.scalar_tensor.default)
 
 #: scalar arguments whose *value* eager specializes on (e.g. pow(x, 2) is x*x, pow(x, 0.5)
 #: is sqrt): they are part of the key, never runtime arguments.
 _VALUE_SPECIALIZED = {"pow": {"exponent", "self"}, "float_power": {"exponent", "self"},
                       "round": {"decimals"}}
+
+#: ops that eager refuses to run on integer tensors with a zero divisor, raising at the call;
+#: a kernel cannot raise there, so on integer (and bool) results they run eagerly.
+INTEGER_DIVISION = frozenset({"div", "floor_divide", "remainder", "fmod"})
 
 #: pointwise-tagged ops accel does not take: no useful decomposition, or non-numeric results.
 _DENY = {"equal", "polygamma", "polygamma_", "_conj_physical", "angle", "rrelu",

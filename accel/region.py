@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import logging
 import sys
+import warnings
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
 from . import config
-from .ops import DTYPES, NOT_DEFERRABLE, Deferred, OpSpec
+from .ops import DTYPES, INTEGER_DIVISION, NOT_DEFERRABLE, Deferred, OpSpec
 
 if config.flag("ACCEL_PURE_PYTHON"):
     from ._core_py import RegionCore
@@ -103,26 +104,73 @@ class Region(RegionCore):
         return [m(r) for r in targs], {k: m(r) for k, r in tkw.items()}
 
     def _new_node(self, func, spec, key, targs, tkw):
+        """The trie node of a call seen for the first time after the current one: its output
+        metadata, or ``NOT_DEFERRABLE`` when eager must run the call (see :meth:`_outputs`)."""
+        from .interceptor import _state  # the miss path only
+
         node = TrieNode(self.node, key)
+        busy, _state.busy = _state.busy, True  # a hooked Tensor method called here must not flush
         try:
-            margs, mkw = self.meta_args(targs, tkw)
-            res = func(*margs, **mkw)
-            if spec.mutates:
-                name = spec.mutates[0]
-                ref = tkw[name] if name in tkw else targs[0]
-                node.ret = ref
-                node.outs = ()
-            else:
-                if not isinstance(res, torch.Tensor) or res.dtype not in DTYPES:
-                    raise TypeError("result dtype")
-                span = 1 + sum((sz - 1) * st for sz, st in zip(res.shape, res.stride()) if sz > 0)
-                nbytes = span * res.element_size() if res.numel() else 0
-                node.outs = ((tuple(res.shape), res.stride(), res.dtype, nbytes),)
+            node.outs, node.ret = self._outputs(func, spec, targs, tkw)
         except Exception as e:  # eager will raise the user-facing error, if any
             log.debug("not deferring %s: %s", func, e)
-            node.outs = NOT_DEFERRABLE
+            node.outs, node.ret = NOT_DEFERRABLE, None
+        finally:
+            _state.busy = busy
         self.node.children[key] = node
         return node
+
+    def _outputs(self, func, spec, targs, tkw):
+        """``(outs, ret)`` of a :class:`TrieNode` from a meta evaluation of the call.
+
+        Raises (the call then runs eagerly, which raises the user-facing error if any):
+            Exception: the meta function rejects the call; its result is not a tensor of
+                a dtype in ``DTYPES``; it is an integer division (eager raises on a zero
+                divisor at the call, a kernel could not); it writes in place into a tensor
+                whose elements overlap (eager refuses); or eager's CPU kernel rejects it
+                where the meta function does not (:meth:`_probe`).
+        """
+        margs, mkw = self.meta_args(targs, tkw)
+        res = func(*margs, **mkw)
+        if not isinstance(res, torch.Tensor) or res.dtype not in DTYPES:
+            raise Deferred("result dtype")
+        if func._opname.rstrip("_") in INTEGER_DIVISION and not res.dtype.is_floating_point:
+            raise Deferred("integer division")
+        if spec.mutates:
+            name = spec.mutates[0]
+            ref = tkw[name] if name in tkw else targs[0]
+            if ref[0] == "x" and torch._debug_has_internal_overlap(self.ext[ref[1]]) == 1:
+                raise Deferred("in-place write into overlapping elements")
+            outs, ret = (), ref
+        else:
+            span = 1 + sum((sz - 1) * st for sz, st in zip(res.shape, res.stride()) if sz > 0)
+            nbytes = span * res.element_size() if res.numel() else 0
+            outs, ret = ((tuple(res.shape), res.stride(), res.dtype, nbytes),), None
+        self._probe(func, targs, tkw)
+        return outs, ret
+
+    def _probe(self, func, targs, tkw) -> None:
+        """Run the call eagerly on one-element tensors of the same dtypes and ranks (and the
+        real scalars), so that checks only eager's CPU kernel makes (``abs`` of a bool
+        tensor, a float ``alpha`` with bool tensors) raise here, at the call, as in eager.
+
+        Raises:
+            Exception: whatever eager raises.
+        """
+        def arg(r):
+            if r[0] == "o":
+                shape, _, dtype = self.out_meta[r[1]][:3]
+            elif r[0] == "x":
+                shape, dtype = self.ext[r[1]].shape, self.ext[r[1]].dtype
+            elif r[0] == "s":
+                return self.scalars[r[1]]
+            else:
+                return list(r[1]) if isinstance(r[1], tuple) else r[1]
+            return torch.ones([1] * len(shape), dtype=dtype)
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            func(*[arg(r) for r in targs], **{k: arg(r) for k, r in tkw.items()})
 
     # -- flush -----------------------------------------------------------------------
     def liveness(self) -> Tuple[bool, ...]:

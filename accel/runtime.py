@@ -7,8 +7,10 @@ eagerly (replayed op by op, filling the outputs without bumping their version co
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -79,13 +81,32 @@ def _readable(calls, region: Region) -> str:
     return f"{ops}{more} [{shapes}]"
 
 
+@functools.lru_cache(maxsize=1)
+def source_hash() -> str:
+    """SHA-256 (16 hex digits) of accel's own sources and kernel headers: a kernel built by
+    other accel code (a new release, or a changed checkout) is never reused, as Inductor's
+    ``torch_key`` does for its own sources."""
+    from .build import INCLUDE_DIR
+
+    h = hashlib.sha256()
+    pkg = os.path.dirname(os.path.abspath(__file__))
+    for folder, exts in ((pkg, (".py", ".pyx")), (os.path.join(pkg, "codegen"), (".py",)),
+                         (os.path.join(INCLUDE_DIR, "accel"), (".h", ".cuh"))):
+        for name in sorted(os.listdir(folder)):
+            if name.endswith(exts):
+                with open(os.path.join(folder, name), "rb") as f:
+                    h.update(name.encode() + b"\0" + f.read())
+    return h.hexdigest()[:16]
+
+
 def store_key(node: TrieNode, live) -> str:
-    """The store key: a hash of named parts (accel and torch versions, compiler identity
+    """The store key: a hash of named parts (accel version and source hash, torch version, compiler identity
     and flags, CPU ISA, the region's trie path and liveness mask)."""
     from .build import compiler_key
     from .store import STORE_VERSION
 
-    parts = {"store": STORE_VERSION, "accel": __version__, "torch": torch.__version__,
+    parts = {"store": STORE_VERSION, "accel": f"{__version__}+{source_hash()}",
+             "torch": torch.__version__,
              "compiler": compiler_key(), "region": _key_text(node, live)}
     log.debug("key parts: %s", {k: v for k, v in parts.items() if k != "region"})
     return hashlib.sha256(repr(sorted(parts.items())).encode()).hexdigest()
@@ -105,7 +126,8 @@ def _compile(region: Region, live, key: str, store):
     t0 = time.perf_counter()
     live_idx = tuple(i for i, a in enumerate(live) if a)
     scalar_types = ["f" if type(s) is float else "i" for s in region.scalars]
-    tr = trace_region(region.calls, region.ext, len(region.outs), live_idx, scalar_types)
+    signed = [t + ("-" if s < 0 else "+") for t, s in zip(scalar_types, region.scalars)]
+    tr = trace_region(region.calls, region.ext, len(region.outs), live_idx, signed)
     pass_log = run_passes(tr.gm)
     ext = [BufferSpec(t.dtype, tuple(t.shape), t.stride(), False) for t in region.ext]
     outs = [BufferSpec(region.out_meta[i][2], tuple(region.out_meta[i][0]), tuple(region.out_meta[i][1]), True)

@@ -1,6 +1,6 @@
 """Benchmark: eager PyTorch vs accel vs torch.compile, side by side, on CPU.
 
-    python bench/bench_pointwise.py [--quick] [--runs N]
+    python bench/bench_pointwise.py [--quick] [--runs N] [--threads N]
 
 Prints markdown tables:
 
@@ -22,6 +22,7 @@ block flushes the pending region, so the result is complete when the block ends.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import platform
@@ -99,14 +100,26 @@ def triad_bandwidth(runs: int) -> float:
     return 3 * n * 4 / best
 
 
-def try_compile(fn, *args):
-    """``(compiled fn, None)`` warmed up, or ``(None, error text)``."""
-    try:
-        cf = torch.compile(fn)
-        cf(*args)
-        return cf, None
-    except Exception as e:  # noqa: BLE001 - reported in the table
-        return None, f"{type(e).__name__}: {str(e).splitlines()[0][:60]}"
+def _err(e: BaseException) -> str:
+    return f"error: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:60]}"
+
+
+def interleaved_ms(fns: dict, runs: int) -> dict:
+    """Median ms of each callable, timed round-robin (fair under a varying machine load).
+    Each is already warmed up; a callable that raises gets its error text instead."""
+    times = {k: [] for k in fns}
+    for _ in range(runs):
+        for k, fn in fns.items():
+            if isinstance(times[k], str):
+                continue
+            t0 = time.perf_counter()
+            try:
+                fn()
+            except Exception as e:  # noqa: BLE001 - reported in the table
+                times[k] = _err(e)
+                continue
+            times[k].append(time.perf_counter() - t0)
+    return {k: v if isinstance(v, str) else statistics.median(v) * 1e3 for k, v in times.items()}
 
 
 def _cell(ms) -> str:
@@ -117,78 +130,85 @@ def _ratio(a, b) -> str:
     return f"{a / b:.2f}x" if isinstance(a, float) and isinstance(b, float) else "-"
 
 
-def bench_workload(name, fn, args, runs, nbytes, bw, check) -> list:
-    """One table row: eager, accel, compile, floor, ratios, accel-vs-eager check."""
-    ref = fn(*args)
-    t_e = median_ms(lambda: fn(*args), runs)
-    af = accel_fn(fn)
-    try:
-        check(af(*args), ref)
-        ok = "yes"
-    except AssertionError as e:
-        ok = "MISMATCH"
-        print(f"accel differs from eager on {name}: {e}", file=sys.stderr)
-    t_a = median_ms(lambda: af(*args), runs)
-    cf, err = try_compile(fn, *args)
-    t_c = median_ms(lambda: cf(*args), runs) if cf else f"error: {err}"
-    floor = nbytes / bw * 1e3 if nbytes else "-"
-    return [name, _cell(t_e), _cell(t_a), _cell(t_c), _cell(floor), _ratio(t_e, t_a),
-            _ratio(t_c, t_a), _ratio(t_a, floor), ok]
+def compare(name, eager, accelerated, compiled, runs, floor_ms=None) -> list:
+    """One table row. ``eager``, ``accelerated``, ``compiled``: zero-argument callables
+    returning the result; the accel and compiled results are checked against eager's
+    (assert_close defaults). Each is warmed up first; if the accel or compiled one raises,
+    the error goes in its cell."""
+    ref = eager()
+    fns = {"eager": eager, "accel": accelerated}
+    checks = {}
+    for k, fn in (("accel", accelerated), ("compile", compiled)):
+        try:
+            out = fn()  # warm-up: accel compiles or loads, torch.compile compiles
+        except Exception as e:  # noqa: BLE001
+            checks[k] = _err(e)
+            continue
+        fns[k] = fn
+        try:
+            torch.testing.assert_close(out, ref)
+            checks[k] = "yes"
+        except AssertionError as e:
+            checks[k] = "MISMATCH"
+            print(f"{k} differs from eager on {name}: {e}", file=sys.stderr)
+        del out
+    del ref
+    t = interleaved_ms(fns, runs)
+    te, ta = t["eager"], t.get("accel", checks["accel"])
+    tc = t.get("compile", checks["compile"])
+    floor = floor_ms if floor_ms is not None else "-"
+    return [name, _cell(te), _cell(ta), _cell(tc), _cell(floor), _ratio(te, ta), _ratio(tc, ta),
+            _ratio(ta, floor), checks["accel"]]
 
 
-def _close(a, b):
-    torch.testing.assert_close(a, b)
+def pointwise_row(name, fn, x, runs, bw) -> list:
+    """(a), (b): ``fn(x)``; floor = read x + write the result at triad bandwidth."""
+    cf = torch.compile(fn)
+    return compare(name, lambda: fn(x), lambda: accel_fn(fn)(x), lambda: cf(x), runs,
+                   floor_ms=2 * x.nbytes / bw * 1e3)
 
 
-def gpt2_row(runs):
-    from accel.demo import build_model, make_batch, train_step
+def gpt2_row(runs) -> list:
+    """(c): the demo's GPT-2 forward + backward on three copies of one model; the loss is
+    checked (the demo itself checks every gradient)."""
     import copy
+
+    from accel.demo import build_model, make_batch, train_step
 
     model = build_model()
     ids, labels = make_batch()
-    me, ma, mc = model, copy.deepcopy(model), copy.deepcopy(model)
-
-    def check(loss_a, loss_e):
-        torch.testing.assert_close(loss_a, loss_e)
-
-    def step_e():
-        return train_step(me, ids, labels)
+    ma, mc = copy.deepcopy(model), torch.compile(copy.deepcopy(model))
 
     def step_a():
         with accel.eager():
             return train_step(ma, ids, labels)
 
-    def step_c(cm=[None]):
-        if cm[0] is None:
-            cm[0] = torch.compile(mc)
-        return train_step(cm[0], ids, labels)
-
-    row = ["(c) GPT-2 train iter (demo: 2L, 128d, 4x64)"]
-    ref = step_e()
-    t_e = median_ms(step_e, runs)
-    try:
-        check(step_a(), ref)
-        ok = "yes"
-    except AssertionError as e:
-        ok = "MISMATCH"
-        print(f"accel differs from eager on GPT-2 loss: {e}", file=sys.stderr)
-    t_a = median_ms(step_a, runs)
-    try:
-        step_c()
-        t_c = median_ms(step_c, runs)
-    except Exception as e:  # noqa: BLE001
-        t_c = f"error: {type(e).__name__}: {str(e).splitlines()[0][:60]}"
-    return row + [_cell(t_e), _cell(t_a), _cell(t_c), "-", _ratio(t_e, t_a), _ratio(t_c, t_a),
-                  "-", ok]
+    return compare("(c) GPT-2 train iter (demo: 2L, 128d, 4x64)",
+                   lambda: train_step(model, ids, labels), step_a,
+                   lambda: train_step(mc, ids, labels), runs)
 
 
 class NoOpMode(TorchDispatchMode):
+    """Calls through. Like every TorchDispatchMode subclass (accel's included), torch wraps
+    its ``__torch_dispatch__`` in ``torch._disable_dynamo``."""
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         return func(*args, **(kwargs or {}))
 
 
-def per_call(n: int, repeats: int) -> list:
-    """(d): µs per ``y = x + 1.0`` on a 4-element tensor: no mode, no-op mode, accel."""
+class NoOpModeNoDynamoWrap(TorchDispatchMode):
+    """The same, opting out of that wrapper (``_should_skip_dynamo`` False)."""
+
+    @classmethod
+    def _should_skip_dynamo(cls):
+        return False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+def per_call(n: int, runs: int) -> list:
+    """(d): µs per ``y = x + 1.0`` on a 4-element tensor: no mode, no-op modes, accel."""
     x = torch.ones(4)
 
     def loop():
@@ -203,43 +223,57 @@ def per_call(n: int, repeats: int) -> list:
                 loop()
         return run
 
-    res = {"no mode (eager)": median_ms(loop, repeats) * 1e3 / n,
-           "no-op TorchDispatchMode": median_ms(in_mode(NoOpMode), repeats) * 1e3 / n}
-    in_mode(accel.eager)()  # compile the capped regions
+    fns = {"no mode (plain eager)": loop, "no-op TorchDispatchMode": in_mode(NoOpMode),
+           "no-op mode, _should_skip_dynamo() False": in_mode(NoOpModeNoDynamoWrap),
+           "accel.eager()": in_mode(accel.eager)}
+    for fn in fns.values():
+        fn()  # warm-up: accel compiles its capped regions
     accel.reset_stats()
-    res["accel.eager()"] = median_ms(in_mode(accel.eager), repeats, warmup=0) * 1e3 / n
-    flushes = accel.stats()["flushes"] / repeats
-    noop = res["no-op TorchDispatchMode"]
+    us = {k: v * 1e3 / n for k, v in interleaved_ms(fns, runs).items()}
+    flushes = accel.stats()["flushes"] / runs
+    noop = us["no-op TorchDispatchMode"]
     rows = [[k, f"{v:.2f}", f"{v - noop:+.2f}" if k == "accel.eager()" else ""]
-            for k, v in res.items()]
+            for k, v in us.items()]
     rows[-1][0] += f" ({flushes:.0f} flushes per {n} calls)"
     return rows
 
 
-def first_call_child(runs: int) -> None:
-    """In a fresh process: time the first accelerated call of (a), then the steady state."""
+def first_call_child(runs: int, preimport: bool) -> None:
+    """In a fresh process: time the first accelerated call of (a), then the steady state.
+    ``preimport``: import torch._dynamo first (the first call of any TorchDispatchMode
+    subclass does, through torch's ``_disable_dynamo`` wrapper), to show accel's own part."""
+    t0 = time.perf_counter()
+    if preimport:
+        importlib.import_module("torch._dynamo")
+    imp = time.perf_counter() - t0
     x = torch.randn(CHAIN_N, generator=torch.Generator().manual_seed(0))
     af = accel_fn(chain)
     t0 = time.perf_counter()
     af(x)
     first = time.perf_counter() - t0
     steady = median_ms(lambda: af(x), runs, warmup=0)
-    print(json.dumps({"first_ms": first * 1e3, "steady_ms": steady, **accel.stats()}))
+    print(json.dumps({"first_ms": first * 1e3, "steady_ms": steady, "import_ms": imp * 1e3,
+                      **accel.stats()}))
 
 
-def first_call(runs: int) -> list:
+def first_call(runs: int, threads) -> list:
     """(e): cold (empty store) and warm (same store) first calls, each in a new process."""
     rows = []
     with tempfile.TemporaryDirectory(prefix="accel-bench-") as d:
         env = {k: v for k, v in os.environ.items() if k not in ("ACCEL_EAGER", "ACCEL_DISABLE")}
         env["ACCEL_CACHE_DIR"] = os.path.join(d, "store")
-        for label in ("cold (empty store)", "warm (same store)"):
-            p = subprocess.run([sys.executable, os.path.abspath(__file__), "--_first-call",
-                                "--runs", str(runs)], env=env, capture_output=True, text=True)
+        for label, extra in (("cold (empty store)", []), ("warm (same store)", []),
+                             ("warm, torch._dynamo imported before", ["--_preimport"])):
+            cmd = [sys.executable, os.path.abspath(__file__), "--_first-call", "--runs", str(runs),
+                   *extra, *(["--threads", str(threads)] if threads else [])]
+            p = subprocess.run(cmd, env=env, capture_output=True, text=True)
             if p.returncode:
-                rows.append([label, f"error: exit {p.returncode}: {p.stderr.strip()[-200:]}"] + [""] * 5)
+                err = " ".join(p.stderr.split())[-200:].replace("|", "/")
+                rows.append([label, f"error: exit {p.returncode}: {err}"] + [""] * 5)
                 continue
             r = json.loads(p.stdout.strip().splitlines()[-1])
+            if extra:
+                label += f" ({r['import_ms']:.0f} ms, not counted)"
             rows.append([label, f"{r['first_ms']:.1f}", f"{r['steady_ms']:.2f}", str(r["compiles"]),
                          str(r["store_hits"]), f"{r['compile_time_s']:.2f}",
                          f"{r['load_time_s'] * 1e3:.2f}"])
@@ -256,11 +290,15 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="fewer runs (about a minute)")
     p.add_argument("--runs", type=int, default=None, help="timed runs per cell")
+    p.add_argument("--threads", type=int, default=None, help="torch (and accel) CPU threads")
     p.add_argument("--_first-call", dest="child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--_preimport", dest="preimport", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     runs = args.runs or (3 if args.quick else 10)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args.child:
-        first_call_child(runs)
+        first_call_child(runs, args.preimport)
         return 0
     t_start = time.perf_counter()
     print(f"# accel benchmark{' (--quick)' if args.quick else ''}\n\n{machine()}\n")
@@ -269,18 +307,14 @@ def main(argv=None) -> int:
           f"{bw / 1e9:.2f} GB/s (best of {runs + 2})\n")
 
     torch.manual_seed(0)
-    x = torch.randn(CHAIN_N)
-    g = torch.randn(GELU_SHAPE)
-    rows = [
-        bench_workload("(a) sin*exp+tanh chain, 16M f32", chain, (x,), runs, 2 * x.nbytes, bw, _close),
-        bench_workload("(b) tanh-GELU, [8192, 3072] f32", gelu, (g,), runs, 2 * g.nbytes, bw, _close),
-    ]
-    del x, g
+    rows = [pointwise_row("(a) sin*exp+tanh chain, 16M f32", chain, torch.randn(CHAIN_N), runs, bw),
+            pointwise_row("(b) tanh-GELU, [8192, 3072] f32", gelu, torch.randn(GELU_SHAPE), runs,
+                          bw)]
     try:
         rows.append(gpt2_row(runs))
     except ImportError as e:
         rows.append(["(c) GPT-2 train iter", f"skipped: {e}"] + [""] * 7)
-    print(f"## Time per call (median ms of {runs} after warm-up)\n")
+    print(f"## Time per call (median ms of {runs}, after warm-up, backends interleaved)\n")
     print(table(["workload", "eager ms", "accel ms", "compile ms", "floor ms", "eager/accel",
                  "compile/accel", "accel/floor", "accel == eager"], rows))
     print("\nfloor = bytes moved (read input + write output) / triad bandwidth; "
@@ -295,7 +329,7 @@ def main(argv=None) -> int:
 
     print(f"## (e) First call of (a) in a new process (steady = median of {runs} after it)\n")
     print(table(["run", "first call ms", "steady ms", "compiles", "store hits", "compile s",
-                 "load ms"], first_call(runs)))
+                 "load ms"], first_call(runs, args.threads)))
     print(f"\ntotal benchmark time {time.perf_counter() - t_start:.0f} s")
     return 0
 

@@ -16,3 +16,19 @@ def fresh_store(tmp_path, monkeypatch):
     accel.runtime.set_store(None)
     yield tmp_path / "store"
     accel.runtime.set_store(None)
+
+
+# hypothesis profiles (tests/test_chains.py): "accel-ci" by default, derandomized so the
+# suite is reproducible; `pytest --hypothesis-profile=accel-explore` hunts for more bugs.
+try:
+    from hypothesis import HealthCheck, settings as _hyp_settings
+except ImportError:  # hypothesis-based tests skip themselves
+    pass
+else:
+    _hyp_settings.register_profile(
+        "accel-ci", max_examples=60, deadline=None, derandomize=True, database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    _hyp_settings.register_profile(
+        "accel-explore", max_examples=1000, deadline=None, database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    _hyp_settings.load_profile("accel-ci")

@@ -1,12 +1,18 @@
-"""accel against torch's own OpInfo database: every pointwise OpInfo, run eagerly and under
-``accel.eager()``, must give the same results (float: ``assert_close`` defaults with
-``equal_nan``; integer/bool: bit-exact), raise the same exception type, and leave the
-inputs alone. In-place variants run on clones; out= variants for a handful of ops.
+"""accel against torch's own OpInfo database.
 
-To keep the run short, all samples of one (op, dtype) run in one ``accel.eager()`` block,
-i.e. one region and (usually) one compile. If that region does not run as a kernel (a
-compile failure or a fallback), the samples are re-run one region each, so one sample's
-unsupported feature cannot hide another sample's wrong kernel.
+Every pointwise OpInfo (UnaryUfuncInfo, BinaryUfuncInfo, or a name in POINTWISE_NAMES), for
+each of float32/float64/int32/int64/bool it supports on CPU, runs its samples eagerly and
+under ``accel.eager()``; results must match (floats: ``assert_close`` defaults with
+``equal_nan``; integer/bool: exact), an eager exception must be an accel exception of the
+same type, and functional calls must leave their inputs alone. In-place variants run on
+clones (when eager accepts the sample); out= variants for the ops in OUT_OPS.
+
+Speed: a kernel build costs ~0.35 s whatever its size, so all jobs of one op (every dtype,
+functional + in-place + out=) run in ONE ``accel.eager()`` block, computed once and shared
+by that op's parametrized tests. If the block does not run entirely as kernels (a compile
+failure or an eager replay), it is bisected: halves re-run as their own regions, down to
+single samples, so one sample's unsupported feature cannot hide another's wrong kernel.
+Every run's results are checked (a replay must be right too).
 """
 import math
 
@@ -17,15 +23,6 @@ from torch.testing._internal.opinfo.core import BinaryUfuncInfo, UnaryUfuncInfo
 
 import accel
 
-# ---------------------------------------------------------------------------------------
-# KNOWN_BUGS: accel bugs found by this file, as strict xfails. Key: (kind, id) where kind is
-# "functional", "inplace" or "out" and id is the test id ("sin-float32"). Remove an entry
-# once the bug is fixed (strict=True makes a fixed bug fail the run as XPASS).
-# ---------------------------------------------------------------------------------------
-KNOWN_BUGS = {
-}
-
-# ---------------------------------------------------------------------------------------
 DTYPES = (torch.float32, torch.float64, torch.int32, torch.int64, torch.bool)
 MAX_SAMPLES = 8
 
@@ -39,7 +36,7 @@ POINTWISE_NAMES = {
     "nn.functional.celu", "nn.functional.selu", "nn.functional.threshold", "logit",
     "sigmoid", "xlogy", "float_power", "nan_to_num", "true_divide", "fill",
 }
-#: random ops, CUDA-only jiterator ops
+#: random ops; CUDA-only jiterator ops
 SKIP_NAMES = {"nn.functional.rrelu", "rrelu", "jiterator_unary", "jiterator_binary",
               "jiterator_binary_return_by_ref", "jiterator_2inputs_2outputs",
               "jiterator_4inputs_with_extra_args"}
@@ -47,10 +44,15 @@ SKIP_NAMES = {"nn.functional.rrelu", "rrelu", "jiterator_unary", "jiterator_bina
 OUT_OPS = {"sin", "exp", "abs", "neg", "sqrt", "sigmoid", "add", "sub", "mul",
            "div.no_rounding_mode", "maximum", "eq", "bitwise_and", "where", "clamp", "lerp",
            "addcmul"}
+OUT_SAMPLES = 4
 
 
 def _opid(op):
     return op.name + ("." + op.variant_test_name if op.variant_test_name else "")
+
+
+def _dtname(dt):
+    return str(dt).replace("torch.", "")
 
 
 def _selected_ops():
@@ -64,28 +66,27 @@ def _selected_ops():
 
 
 OPS = _selected_ops()
+_BY_ID = {_opid(o): o for o in OPS}
+
+
+def _dtypes(op):
+    dts = op.supported_dtypes("cpu")
+    return [dt for dt in DTYPES if dt in dts]
 
 
 def _cases(kind, ops=OPS):
     out = []
     for op in ops:
-        dts = op.supported_dtypes("cpu")
-        for dt in DTYPES:
-            if dt not in dts:
-                continue
-            cid = f"{_opid(op)}-{str(dt).replace('torch.', '')}"
-            marks = ()
-            reason = KNOWN_BUGS.get((kind, cid))
-            if reason is not None:
-                marks = (pytest.mark.xfail(reason=reason, strict=True),)
-            out.append(pytest.param(op, dt, id=cid, marks=marks))
+        for dt in _dtypes(op):
+            out.append(pytest.param(_opid(op), dt, id=f"{_opid(op)}-{_dtname(dt)}"))
     return out
 
 
 def _samples(op, dtype, cap=MAX_SAMPLES):
+    """Up to ``cap`` samples, spread over the list (late samples hold kwargs like alpha=)."""
     torch.manual_seed(0)
     s = list(op.sample_inputs("cpu", dtype))
-    if len(s) > cap:  # spread over the list: the late samples hold kwargs like alpha=
+    if len(s) > cap:
         n = len(s)
         s = [s[i] for i in sorted({round(k * (n - 1) / (cap - 1)) for k in range(cap)})]
     return s
@@ -105,6 +106,10 @@ def assert_same(actual, expected, what=""):
         assert type(actual) is type(expected) and len(actual) == len(expected), what
         for i, (a, e) in enumerate(zip(actual, expected)):
             assert_same(a, e, f"{what}[{i}]")
+    elif isinstance(expected, dict):
+        assert isinstance(actual, dict) and actual.keys() == expected.keys(), what
+        for k in expected:
+            assert_same(actual[k], expected[k], f"{what}[{k!r}]")
     elif isinstance(expected, float) and math.isnan(expected):
         assert isinstance(actual, float) and math.isnan(actual), what
     else:
@@ -114,42 +119,21 @@ def assert_same(actual, expected, what=""):
 def _outcome(fn):
     try:
         return ("ok", fn())
-    except Exception as e:  # noqa: BLE001 - compared by type with accel's
+    except Exception as e:  # noqa: BLE001 - compared by type with eager's
         return ("err", e)
 
 
 def _check(actual, expected, what):
     if expected[0] == "err":
         assert actual[0] == "err", (
-            f"{what}: eager raised {type(expected[1]).__name__}: {expected[1]}, accel did not")
+            f"{what}: eager raised {type(expected[1]).__name__}: {expected[1]}; accel did not")
         assert type(actual[1]) is type(expected[1]), (
-            f"{what}: eager raised {type(expected[1]).__name__}, accel {type(actual[1]).__name__}: {actual[1]}")
+            f"{what}: eager raised {type(expected[1]).__name__}, accel "
+            f"{type(actual[1]).__name__}: {actual[1]}")
     else:
         assert actual[0] == "ok", (
             f"{what}: accel raised {type(actual[1]).__name__}: {actual[1]}; eager did not")
         assert_same(actual[1], expected[1], what)
-
-
-def _run_and_compare(make_calls, n):
-    """``make_calls()`` returns n zero-argument callables (fresh state each time). Run them
-    eagerly, then all under one accel.eager() region; if that region does not run as a
-    kernel, also one region per call."""
-    expected = [_outcome(c) for c in make_calls()]
-    before = accel.stats()
-    calls = make_calls()
-    with accel.eager():
-        actual = [_outcome(c) for c in calls]
-    after = accel.stats()
-    for i in range(n):
-        _check(actual[i], expected[i], f"sample {i} (batched)")
-    fell_back = (after["compile_failures"] > before["compile_failures"]
-                 or after["eager_replays"] > before["eager_replays"])
-    if fell_back and n > 1:
-        calls = make_calls()
-        for i, c in enumerate(calls):
-            with accel.eager():
-                a = _outcome(c)
-            _check(a, expected[i], f"sample {i} (alone)")
 
 
 def _clone_tree(x):
@@ -162,104 +146,256 @@ def _clone_tree(x):
     return x
 
 
+def _tensors(x):
+    if isinstance(x, torch.Tensor):
+        yield x
+    elif isinstance(x, (list, tuple)):
+        for v in x:
+            yield from _tensors(v)
+    elif isinstance(x, dict):
+        for v in x.values():
+            yield from _tensors(v)
+
+
+# -- jobs -------------------------------------------------------------------------------
+class Job:
+    """One call to compare. ``prepare()`` returns a fresh zero-argument callable (fresh
+    clones for in-place / out=), so the call can run any number of times."""
+
+    def __init__(self, kind, dtype, idx, sample, prepare):
+        self.kind, self.dtype, self.idx, self.sample, self.prepare = kind, dtype, idx, sample, prepare
+        self.expected = None
+        self.runs = []  # (label, outcome)
+        self.snapshot = None
+        ts = list(_tensors((sample.input, sample.args, sample.kwargs)))
+        # samples mixing 0-dim and n-dim tensors sit together, so that bisection isolates
+        # a shared unsupported feature in few compiles
+        self.order = (kind, any(t.dim() == 0 for t in ts) and any(t.dim() > 0 for t in ts),
+                      _dtname(dtype), idx)
+
+    def label(self):
+        return f"{self.kind} {_dtname(self.dtype)} sample {self.idx}"
+
+
+def _functional_job(op, dtype, i, s):
+    def prepare():
+        return lambda: op.op(s.input, *s.args, **s.kwargs)
+    j = Job("functional", dtype, i, s, prepare)
+    j.snapshot = _clone_tree((s.input, s.args, s.kwargs))
+    return j
+
+
+def _inplace_job(op, dtype, i, s):
+    fn = op.inplace_variant
+
+    def prepare():
+        x = s.input.clone()  # made outside accel: an external input written in place
+
+        def call():
+            r = fn(x, *s.args, **s.kwargs)
+            return (r is x, x)
+        return call
+    return Job("inplace", dtype, i, s, prepare)
+
+
+def _out_job(op, dtype, i, s, shape, rdt):
+    def prepare():
+        o = torch.full(shape, 7, dtype=rdt)
+
+        def call():
+            r = op.op(s.input, *s.args, **s.kwargs, out=o)
+            return (r is o, o)
+        return call
+    return Job("out", dtype, i, s, prepare)
+
+
+def _make_jobs(op):
+    jobs = []
+    for dt in _dtypes(op):
+        samples = _samples(op, dt)
+        for i, s in enumerate(samples):
+            jobs.append(_functional_job(op, dt, i, s))
+            if op.inplace_variant is not None and isinstance(s.input, torch.Tensor):
+                try:  # only the samples eager accepts in place
+                    op.inplace_variant(s.input.clone(), *s.args, **s.kwargs)
+                except Exception:  # noqa: BLE001
+                    pass
+                else:
+                    jobs.append(_inplace_job(op, dt, i, s))
+        if _opid(op) in OUT_OPS:
+            for i, s in enumerate(samples[:OUT_SAMPLES]):
+                r = _outcome(lambda: op.op(s.input, *s.args, **s.kwargs))
+                if r[0] == "ok" and isinstance(r[1], torch.Tensor):
+                    jobs.append(_out_job(op, dt, i, s, r[1].shape, r[1].dtype))
+    return jobs
+
+
+def _run_group(jobs, label):
+    """Run ``jobs`` in one accel.eager() block; bisect if it did not run as kernels only."""
+    calls = [j.prepare() for j in jobs]
+    before = accel.stats()
+    crash = None
+    try:
+        with accel.eager():
+            outs = [_outcome(c) for c in calls]
+    except Exception as e:  # noqa: BLE001 - a flush that raises: accel's bug
+        crash = ("err", e)
+    after = accel.stats()
+    kinds = sorted({j.kind for j in jobs})
+    if crash is None:
+        for j, o in zip(jobs, outs):
+            j.runs.append((label, o))
+    elif len(kinds) == 1:  # blame a crash on one kind's jobs only
+        for j in jobs:
+            j.runs.append((label + ", crashed at flush", crash))
+    fell_back = (crash is not None
+                 or after["compile_failures"] > before["compile_failures"]
+                 or after["eager_replays"] > before["eager_replays"])
+    if fell_back and len(kinds) > 1:
+        for k in kinds:
+            _run_group([j for j in jobs if j.kind == k], label + f", {k} only")
+    elif fell_back and len(jobs) > 1:
+        h = len(jobs) // 2
+        _run_group(jobs[:h], "split")
+        _run_group(jobs[h:], "split")
+
+
+_RESULTS = {}
+
+
+def op_jobs(opid):
+    """All jobs of one op, run eagerly and under accel (once per session)."""
+    if opid not in _RESULTS:
+        op = _BY_ID[opid]
+        jobs = sorted(_make_jobs(op), key=lambda j: j.order)
+        for j in jobs:
+            j.expected = _outcome(j.prepare())
+        if jobs:
+            _run_group(jobs, "batched")
+        _RESULTS[opid] = jobs
+    return _RESULTS[opid]
+
+
+def _check_case(kind, opid, dtype):
+    jobs = [j for j in op_jobs(opid) if j.kind == kind and j.dtype == dtype]
+    if not jobs:
+        pytest.skip(f"no {kind} samples")
+    errors = []
+    for j in jobs:
+        for label, out in j.runs:
+            try:
+                _check(out, j.expected, f"{j.label()} ({label})")
+            except AssertionError as e:
+                errors.append(str(e))
+        if j.snapshot is not None:
+            try:
+                assert_same((j.sample.input, j.sample.args, j.sample.kwargs), j.snapshot,
+                            f"{j.label()}: inputs after the call")
+            except AssertionError as e:
+                errors.append(str(e))
+    assert not errors, f"{len(errors)} mismatches; first:\n" + "\n".join(errors[:3])
+
+
 # -- tests ------------------------------------------------------------------------------
+def _repro_lerp_after_pending_call():
+    torch.manual_seed(0)
+    x, y, w = torch.randn(5, 5), torch.randn(5, 5), torch.rand(5, 5)
+    expected = x.clone().lerp_(y, w)
+    with accel.eager():
+        z = x * 2  # noqa: F841 - anything pending
+        x.lerp_(y, w)
+    assert_same(x, expected)
+
+
+def _repro_eager_rejects_meta_accepts():
+    b = torch.tensor([True, False])
+    for fn in (torch.abs, lambda t: t.clone().sub_(t), lambda t: torch.addcmul(t, t, t),
+               lambda t: t.add(t, alpha=0.5), lambda t: torch.bitwise_and(t.double(), t.double())):
+        e = _outcome(lambda: fn(b))
+        assert e[0] == "err"
+        with accel.eager():  # must raise at the call, like eager (not at flush)
+            a = _outcome(lambda: fn(b))
+        _check(a, e, "bool")
+
+
+def _repro_inplace_on_expanded():
+    for dt in (torch.float32, torch.int64):
+        e = _outcome(lambda: torch.ones(1, 5, dtype=dt).expand(4, 5).add_(1))
+        assert e[0] == "err"
+        x = torch.ones(1, 5, dtype=dt)
+        with accel.eager():
+            a = _outcome(lambda: x.expand(4, 5).add_(1))
+        _check(a, e, str(dt))
+        assert_same(x, torch.ones(1, 5, dtype=dt), "x left alone")
+
+
+def _runs_as_one_kernel(fn):
+    torch.manual_seed(0)
+    x = torch.randn(4, 5)
+    expected = fn(x)
+    accel.reset_stats()
+    with accel.eager():
+        actual = fn(x)
+    st = accel.stats()
+    assert_same(actual, expected)
+    assert (st["flushes"], st["kernel_runs"], st["compile_failures"]) == (1, 1, 0), st
+
+
+REPROS = {
+    "lerp_-after-pending-call": _repro_lerp_after_pending_call,
+    "eager-rejects-meta-accepts": _repro_eager_rejects_meta_accepts,
+    "inplace-on-expanded": _repro_inplace_on_expanded,
+    "0-dim-operand-no-kernel": lambda: _runs_as_one_kernel(lambda x: x + torch.tensor(2.0)),
+    "scalar_tensor-splits-region": lambda: _runs_as_one_kernel(lambda x: torch.where(x > 0, x, 0.0)),
+    "softshrink-sentinel": lambda: _runs_as_one_kernel(lambda x: torch.nn.functional.softshrink(x, 0.25)),
+}
+
+
+@pytest.mark.parametrize("name", list(REPROS))
+def test_repro(name):
+    """Minimal repros of bugs this file found, kept as regression tests."""
+    REPROS[name]()
+
+
 def test_selection_is_broad():
     assert len(OPS) >= 150
-    names = {_opid(o) for o in OPS}
     for n in ("sin", "add", "mul", "where", "clamp", "lerp", "addcmul", "nn.functional.gelu",
               "nn.functional.silu", "logit", "nn.functional.softplus"):
-        assert n in names
+        assert n in _BY_ID
 
 
-@pytest.mark.parametrize("op,dtype", _cases("functional"))
-def test_functional(op, dtype):
-    samples = _samples(op, dtype)
-    if not samples:
-        pytest.skip("no samples")
-    snapshot = [(_clone_tree(s.input), _clone_tree(s.args), _clone_tree(s.kwargs)) for s in samples]
-
-    def make_calls():
-        return [lambda s=s: op.op(s.input, *s.args, **s.kwargs) for s in samples]
-
-    _run_and_compare(make_calls, len(samples))
-    for i, (s, snap) in enumerate(zip(samples, snapshot)):  # inputs left alone
-        assert_same((s.input, s.args, s.kwargs), snap, f"sample {i} inputs after the call")
+@pytest.mark.parametrize("opid,dtype", _cases("functional"))
+def test_functional(opid, dtype):
+    _check_case("functional", opid, dtype)
 
 
-@pytest.mark.parametrize("op,dtype", _cases("inplace", [o for o in OPS if o.inplace_variant]))
-def test_inplace(op, dtype):
-    samples = _samples(op, dtype)
-    fn = op.inplace_variant
-    ok = []
-    for s in samples:  # the samples eager accepts in place (no promotion past self, ...)
-        if not isinstance(s.input, torch.Tensor):
-            continue
-        try:
-            fn(s.input.clone(), *s.args, **s.kwargs)
-        except Exception:  # noqa: BLE001
-            continue
-        ok.append(s)
-    if not ok:
-        pytest.skip("eager accepts no sample in place")
-
-    def make_calls():
-        calls = []
-        for s in ok:
-            x = s.input.clone()  # outside accel: an external input written in place
-
-            def call(s=s, x=x):
-                r = fn(x, *s.args, **s.kwargs)
-                return (r is x, x)
-            calls.append(call)
-        return calls
-
-    _run_and_compare(make_calls, len(ok))
+@pytest.mark.parametrize("opid,dtype", _cases("inplace", [o for o in OPS if o.inplace_variant]))
+def test_inplace(opid, dtype):
+    _check_case("inplace", opid, dtype)
 
 
-@pytest.mark.parametrize("op,dtype", _cases("out", [o for o in OPS if _opid(o) in OUT_OPS]))
-def test_out(op, dtype):
-    assert op.supports_out
-    samples = _samples(op, dtype, cap=4)
-    ok = []
-    for s in samples:
-        try:
-            r = op.op(s.input, *s.args, **s.kwargs)
-        except Exception:  # noqa: BLE001
-            continue
-        if isinstance(r, torch.Tensor):
-            ok.append((s, r.shape, r.dtype))
-    if not ok:
-        pytest.skip("no sample with a tensor result")
-
-    def make_calls():
-        calls = []
-        for s, shape, dt in ok:
-            o = torch.full(shape, 7, dtype=dt)
-
-            def call(s=s, o=o):
-                r = op.op(s.input, *s.args, **s.kwargs, out=o)
-                return (r is o, o)
-            calls.append(call)
-        return calls
-
-    _run_and_compare(make_calls, len(ok))
+@pytest.mark.parametrize("opid,dtype", _cases("out", [o for o in OPS if _opid(o) in OUT_OPS]))
+def test_out(opid, dtype):
+    assert _BY_ID[opid].supports_out
+    _check_case("out", opid, dtype)
 
 
-def _op(name):
-    return next(o for o in OPS if _opid(o) == name)
+def _plain_sample(op):
+    return next(s for s in _samples(op, torch.float32, cap=100)
+                if isinstance(s.input, torch.Tensor) and s.input.numel() > 1
+                and all(t.dim() > 0 for t in _tensors((s.args, s.kwargs))))
 
 
 @pytest.mark.parametrize("name", ["sin", "add", "mul", "where", "nn.functional.gelu", "clamp",
                                   "lerp", "addcmul"])
 def test_kernel_really_runs(name):
-    """On an ordinary sample (float32, non-empty), a kernel runs and matches eager."""
-    op = _op(name)
-    sample = next(s for s in _samples(op, torch.float32, cap=100)
-                  if isinstance(s.input, torch.Tensor) and s.input.numel() > 1)
-    expected = op.op(sample.input, *sample.args, **sample.kwargs)
+    """On an ordinary float32 sample a kernel runs (no replay) and matches eager."""
+    op = _BY_ID[name]
+    s = _plain_sample(op)
+    expected = op.op(s.input, *s.args, **s.kwargs)
     accel.reset_stats()
     with accel.eager():
-        actual = op.op(sample.input, *sample.args, **sample.kwargs)
+        actual = op.op(s.input, *s.args, **s.kwargs)
     st = accel.stats()
     assert st["kernel_runs"] >= 1, st
     assert st["eager_replays"] == 0, st
@@ -269,9 +405,8 @@ def test_kernel_really_runs(name):
 @pytest.mark.parametrize("name", ["sin", "add", "mul"])
 def test_out_resized(name):
     """An empty out= tensor is resized by eager (no warning for numel 0); accel must too."""
-    op = _op(name)
-    s = next(s for s in _samples(op, torch.float32, cap=100)
-             if isinstance(s.input, torch.Tensor) and s.input.numel() > 1)
+    op = _BY_ID[name]
+    s = _plain_sample(op)
     expected = op.op(s.input, *s.args, **s.kwargs)
     o = torch.empty(0)
     with accel.eager():

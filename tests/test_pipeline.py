@@ -35,8 +35,8 @@ def test_trace_decomposes_to_prims_with_scalar_placeholders():
 def test_trace_rejects_value_dependent_scalars():
     x = torch.zeros(4)
 
-    def branchy(t, s):  # a decomposition that branches on the scalar's value
-        return aten.mul.Tensor(t, 1.0 if s > 0 else 2.0)
+    def branchy(t, s):  # a decomposition that branches on the scalar's magnitude
+        return aten.mul.Tensor(t, 1.0 if s > 1500 else 2.0)
 
     with pytest.raises(TraceError, match="scalar value"):
         trace_region([(branchy, (("x", 0), ("s", 0)), {}, 1)], [x], 1, (0,), ["f"])
