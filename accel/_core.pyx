@@ -4,6 +4,7 @@
 The kernel ABI is declared in include/accel/kernel.h.
 """
 from libc.stdint cimport int64_t, uintptr_t
+from cpython.ref cimport Py_REFCNT
 from libc.stdlib cimport malloc, free
 from posix.dlfcn cimport dlopen, dlsym, dlerror, RTLD_NOW, RTLD_LOCAL
 
@@ -73,6 +74,7 @@ from accel.ops import DTYPES, NOT_DEFERRABLE, SCALAR, TENSOR, Deferred
 
 cdef object _data_ptr = torch._C.TensorBase.data_ptr
 cdef object _untyped_storage = torch._C.TensorBase.untyped_storage
+cdef object _storage_use_count = torch._C._storage_Use_Count
 cdef object _Tensor = torch.Tensor
 cdef object _Parameter = torch.nn.Parameter
 cdef object _strided = torch.strided
@@ -92,8 +94,9 @@ cdef class RegionCore:
     cdef public object node
     cdef public list ext, outs, out_meta, scalars, calls
     cdef public dict ext_ids, out_ids
+    cdef public set out_bases
     cdef public object lo, hi
-    cdef public bint mutates_ext
+    cdef public bint mutates_ext, busy
     cdef bint _float_ok, _int_ok
     cdef Py_ssize_t _lo, _hi
 
@@ -103,6 +106,7 @@ cdef class RegionCore:
         self.ext_ids = {}
         self.outs = []
         self.out_ids = {}
+        self.out_bases = set()
         self.out_meta = []
         self.scalars = []
         self.calls = []
@@ -115,13 +119,18 @@ cdef class RegionCore:
     def __len__(self):
         return len(self.calls)
 
-    cdef _aliases_pending(self, Py_ssize_t p):
-        cdef Py_ssize_t b
-        for t in self.outs:
-            b = _data_ptr(t)
-            if b <= p < b + _untyped_storage(t).nbytes():
-                return True
-        return False
+    def liveness(self):
+        """Which pending outputs are still observable (a tuple of bools): held by Python,
+        by another TensorImpl (autograd's saved values, views) or sharing storage with one."""
+        cdef list live = []
+        for t in self.outs:  # references: self.outs and t
+            live.append(Py_REFCNT(t) > 2 or t._use_count() > 1
+                        or _storage_use_count(_untyped_storage(t)._cdata) > 2)
+        return tuple(live)
+
+    cdef bint _aliases_pending(self, t, Py_ssize_t p):
+        # the start of t's storage is a pending output's (every view shares its storage)
+        return (p - <Py_ssize_t>t.storage_offset() * <Py_ssize_t>t.element_size()) in self.out_bases
 
     cdef _tensor_sig(self, t, list key, list tmpl):
         cdef Py_ssize_t p
@@ -138,7 +147,7 @@ cdef class RegionCore:
             raise Deferred("dtype")
         if self.outs:
             p = _data_ptr(t)
-            if self._lo <= p < self._hi and self._aliases_pending(p):
+            if self._lo <= p < self._hi and self._aliases_pending(t, p):
                 raise Deferred("alias")
         j = self.ext_ids.get(id(t))
         if j is None or self.ext[j] is not t:
@@ -231,6 +240,7 @@ cdef class RegionCore:
         self.outs.append(r)
         self.out_meta.append(meta)
         p = _data_ptr(r)
+        self.out_bases.add(p)
         if p < self._lo:
             self._lo = p
             self.lo = p

@@ -13,6 +13,7 @@ from .ops import DTYPES, NOT_DEFERRABLE, SCALAR, TENSOR, Deferred, OpSpec
 
 _data_ptr = torch._C.TensorBase.data_ptr
 _untyped_storage = torch._C.TensorBase.untyped_storage
+_storage_use_count = torch._C._storage_Use_Count
 _TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 _CONST_TYPES = (bool, int, float, str, type(None), torch.dtype, torch.device,
                 torch.memory_format, torch.layout, tuple)
@@ -27,6 +28,7 @@ class RegionCore:
         self.ext_ids = {}
         self.outs = []
         self.out_ids = {}
+        self.out_bases = set()
         self.out_meta = []
         self.scalars = []
         self.calls = []
@@ -36,6 +38,15 @@ class RegionCore:
 
     def __len__(self):
         return len(self.calls)
+
+    def liveness(self):
+        """Which pending outputs are still observable (a tuple of bools): held by Python,
+        by another TensorImpl (autograd's saved values, views) or sharing storage with one."""
+        live = []
+        for t in self.outs:  # references: self.outs, t, getrefcount's argument
+            live.append(sys.getrefcount(t) > 3 or t._use_count() > 1
+                        or _storage_use_count(_untyped_storage(t)._cdata) > 2)
+        return tuple(live)
 
     def _tensor_sig(self, t):
         if type(t) not in _TENSOR_TYPES or not t.is_cpu or t.layout != torch.strided:
@@ -47,7 +58,7 @@ class RegionCore:
             raise Deferred("dtype")
         if self.outs:
             p = _data_ptr(t)
-            if self.lo <= p < self.hi and self._aliases_pending(p):
+            if self.lo <= p < self.hi and self._aliases_pending(t, p):
                 raise Deferred("alias")  # a view of a pending output: flush, then retry
         j = self.ext_ids.get(id(t))
         if j is None or self.ext[j] is not t:
@@ -56,12 +67,9 @@ class RegionCore:
             self.ext_ids[id(t)] = j
         return ("x", j, t.dtype, tuple(t.shape), t.stride(), t.storage_offset()), ("x", j)
 
-    def _aliases_pending(self, p):
-        for t in self.outs:
-            b = _data_ptr(t)
-            if b <= p < b + _untyped_storage(t).nbytes():
-                return True
-        return False
+    def _aliases_pending(self, t, p):
+        # the start of t's storage is a pending output's (every view shares its storage)
+        return p - t.storage_offset() * t.element_size() in self.out_bases
 
     def _arg(self, kind, v, key, tmpl):
         tv = type(v)
@@ -137,6 +145,7 @@ class RegionCore:
         self.outs.append(t)
         self.out_meta.append(meta)
         p = _data_ptr(t)
+        self.out_bases.add(p)
         if p < self.lo:
             self.lo = p
         if p + nbytes > self.hi:

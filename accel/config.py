@@ -113,17 +113,27 @@ def flag(env: str):
     return FLAGS[env].value
 
 
+_validated = None  # the environment fingerprint of the last successful validate_all()
+
+
 def validate_all() -> None:
-    """Validate every ``ACCEL_*`` variable in the environment.
+    """Validate every ``ACCEL_*`` variable in the environment (a full scan only when the
+    number of variables or an accel variable changed since the last call that passed).
 
     Raises:
         ConfigError: an ``ACCEL_*`` variable is unknown or holds an invalid value.
     """
+    global _validated
+    get = os.environ.get
+    fingerprint = (len(os.environ), *[get(name) for name in FLAGS])
+    if fingerprint == _validated:
+        return
     for name in os.environ:
         if name.startswith("ACCEL_"):
             if name not in FLAGS:
                 raise ConfigError(f"{name} is not an accel variable; known: {', '.join(sorted(FLAGS))}")
             FLAGS[name].value
+    _validated = fingerprint
 
 
 def cache_dir() -> str:

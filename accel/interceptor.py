@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import sys
 import threading
 
 import torch
@@ -17,7 +18,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import config
 from .ops import VIEW_OPS, fusible_ops
-from .region import Deferred, Region, _data_ptr
+from .region import Deferred, Region
 
 log = logging.getLogger("accel")
 
@@ -27,12 +28,12 @@ __all__ = ["eager", "enable", "disable", "is_enabled", "flush", "AccelMode"]
 class _State(threading.local):
     def __init__(self):
         self.region = Region()
-        self.busy = False  # inside flush or replay: calls pass through
         self.depth = 0  # nesting of eager()/enable() on this thread
         self.modes = []
 
 
 _state = _State()
+_get_ident = threading.get_ident
 _hooks_lock = threading.Lock()
 _hook_users = 0
 _warned = set()
@@ -47,34 +48,42 @@ def warn_once(key, msg, *args):
 
 def flush() -> None:
     """Execute the calling thread's pending region, filling every live output."""
-    st = _state
-    if st.busy or not st.region.calls:
+    region = _state.region
+    if region.busy or not region.calls:
         return
     from .runtime import execute
 
-    st.busy = True
+    region.busy = True
     try:
-        execute(st.region)
+        execute(region)
     finally:
-        st.region.reset()
-        st.busy = False
+        region.reset()
+        region.busy = False
 
 
 class AccelMode(TorchDispatchMode):
     """Dispatch mode that defers fusible aten calls into regions (see DESIGN.md)."""
+
+    @classmethod
+    def _should_skip_dynamo(cls):
+        # torch wraps a mode's __torch_dispatch__ in torch._disable_dynamo, whose first call
+        # imports torch._dynamo (about 1.3 s) and which costs about 1 µs a call; it matters
+        # only where dynamo is in use, and there enable() takes _DynamoSafeAccelMode
+        return False
 
     def __init__(self):
         super().__init__()
         self.table = fusible_ops()
         self.cap = config.flag("ACCEL_MAX_REGION")
         self.owner = threading.get_ident()
+        self.region = _state.region  # the owner thread's
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        st = _state
         spec = self.table.get(func)
-        if spec is not None and not st.busy and threading.get_ident() == self.owner:
-            region = st.region
+        region = self.region
+        # autograd's engine threads inherit the mode: only the owner thread records
+        if spec is not None and not region.busy and _get_ident() == self.owner:
             try:
                 out = region.record(func, spec, args, kwargs)
             except Deferred as e:
@@ -96,6 +105,13 @@ class AccelMode(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
+class _DynamoSafeAccelMode(AccelMode):
+    """:class:`AccelMode` with torch's wrapper that keeps dynamo from tracing into it."""
+
+    _should_skip_dynamo = classmethod(lambda cls: True)
+    __torch_dispatch__ = AccelMode.__torch_dispatch__
+
+
 # -- escape hooks: reads of data that do not go through the dispatcher ------------------
 def _flushing(fn):
     @functools.wraps(fn)
@@ -103,7 +119,6 @@ def _flushing(fn):
         flush()
         return fn(*args, **kwargs)
 
-    wrapper.__accel_original__ = fn
     return wrapper
 
 
@@ -114,28 +129,34 @@ _MODULE_HOOKS = ((torch.autograd, "backward"), (torch.autograd, "grad"),
                  (torch.utils.dlpack, "to_dlpack"), (torch, "save"))
 
 
+def _hook_table():
+    """(owner, name, original, flushing wrapper) for every hooked entry point (built once)."""
+    global _HOOKS
+    if _HOOKS is None:
+        targets = [(torch.Tensor, n) for n in _TENSOR_HOOKS] + list(_MODULE_HOOKS)
+        _HOOKS = [(o, n, getattr(o, n), _flushing(getattr(o, n))) for o, n in targets]
+    return _HOOKS
+
+
+_HOOKS = None
+
+
 def _install_hooks():
     global _hook_users
     with _hooks_lock:
         _hook_users += 1
-        if _hook_users > 1:
-            return
-        for name in _TENSOR_HOOKS:
-            setattr(torch.Tensor, name, _flushing(getattr(torch.Tensor, name)))
-        for mod, name in _MODULE_HOOKS:
-            setattr(mod, name, _flushing(getattr(mod, name)))
+        if _hook_users == 1:
+            for owner, name, _, wrapper in _hook_table():
+                setattr(owner, name, wrapper)
 
 
 def _remove_hooks():
     global _hook_users
     with _hooks_lock:
         _hook_users -= 1
-        if _hook_users > 0:
-            return
-        for name in _TENSOR_HOOKS:
-            setattr(torch.Tensor, name, getattr(torch.Tensor, name).__accel_original__)
-        for mod, name in _MODULE_HOOKS:
-            setattr(mod, name, getattr(mod, name).__accel_original__)
+        if _hook_users == 0:
+            for owner, name, original, _ in _hook_table():
+                setattr(owner, name, original)
 
 
 # -- enablement -------------------------------------------------------------------------
@@ -156,7 +177,7 @@ def enable() -> None:
     if config.flag("ACCEL_DISABLE"):
         st.modes.append(None)
         return
-    mode = AccelMode()
+    mode = (_DynamoSafeAccelMode if "torch._dynamo" in sys.modules else AccelMode)()
     flush()  # calls recorded by an outer mode belong before this one
     mode.__enter__()
     st.modes.append(mode)

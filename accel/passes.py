@@ -5,7 +5,7 @@ named ``graph_rewrite``). The registry is data: :data:`PASSES`.
 from __future__ import annotations
 
 import logging
-from typing import Callable, List, Tuple
+from typing import Callable, Dict, List, Tuple
 
 import torch
 import torch.fx as fx
@@ -84,9 +84,52 @@ def dce(gm: fx.GraphModule) -> int:
     return before - len(gm.graph.nodes)
 
 
+def _sq(g, x):
+    return g.call_function(prims.mul.default, (x, x))
+
+
+#: ``pow(x, c)`` for a floating ``x`` and these constant exponents, built as ATen's CPU
+#: kernel computes it (``aten/src/ATen/native/cpu/PowKernel.cpp``,
+#: ``pow_tensor_scalar_optimized_kernel``): same rounding as eager, and no call to powf.
+POW_SPECIALIZATIONS: Dict[float, Callable] = {
+    0.5: lambda g, x: g.call_function(prims.sqrt.default, (x,)),
+    2.0: _sq,
+    3.0: lambda g, x: g.call_function(prims.mul.default, (_sq(g, x), x)),
+    -0.5: lambda g, x: g.call_function(prims.rsqrt.default, (x,)),
+    -1.0: lambda g, x: g.call_function(prims.reciprocal.default, (x,)),
+    -2.0: lambda g, x: g.call_function(prims.reciprocal.default, (_sq(g, x),)),
+}
+
+
+def specialize_pow(gm: fx.GraphModule) -> int:
+    """Replace ``prims.pow(x, c)`` (floating ``x``, constant ``c`` in
+    :data:`POW_SPECIALIZATIONS`) by the products, roots and reciprocals eager uses."""
+    n_replaced = 0
+    for n in list(gm.graph.nodes):
+        if n.target is not prims.pow.default or not isinstance(n.args[1], (int, float)):
+            continue
+        x, c = n.args
+        val = n.meta.get("val")
+        build = POW_SPECIALIZATIONS.get(float(c))
+        if build is None or not isinstance(x, fx.Node) or val is None or not val.is_floating_point():
+            continue
+        if x.meta["val"].dtype != val.dtype:
+            continue
+        with gm.graph.inserting_before(n):
+            new = build(gm.graph, x)
+        for m in gm.graph.nodes:  # the nodes just built carry the result's metadata
+            if m.op == "call_function" and "val" not in m.meta:
+                m.meta["val"] = val
+        n.replace_all_uses_with(new)
+        gm.graph.erase_node(n)
+        n_replaced += 1
+    return n_replaced
+
+
 #: The pass pipeline, in order.
 PASSES: List[Tuple[str, Callable[[fx.GraphModule], int]]] = [
     ("remove_noops", remove_noops),
+    ("specialize_pow", specialize_pow),
     ("cse", cse),
     ("dce", dce),
 ]

@@ -10,7 +10,6 @@ of a region is a complete, static description of the program it runs.
 from __future__ import annotations
 
 import logging
-import sys
 import warnings
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -31,8 +30,6 @@ else:
 log = logging.getLogger("accel")
 
 _data_ptr = torch._C.TensorBase.data_ptr  # the real one: Tensor.data_ptr is an escape hook
-_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
-_storage_use_count = torch._C._storage_Use_Count
 _untyped_storage = torch._C.TensorBase.untyped_storage  # likewise
 
 
@@ -79,6 +76,7 @@ class Region(RegionCore):
     """
 
     def __init__(self):
+        self.busy = False  # inside flush, replay or a meta evaluation: calls pass through
         self.reset()
 
     def reset(self):
@@ -106,17 +104,15 @@ class Region(RegionCore):
     def _new_node(self, func, spec, key, targs, tkw):
         """The trie node of a call seen for the first time after the current one: its output
         metadata, or ``NOT_DEFERRABLE`` when eager must run the call (see :meth:`_outputs`)."""
-        from .interceptor import _state  # the miss path only
-
         node = TrieNode(self.node, key)
-        busy, _state.busy = _state.busy, True  # a hooked Tensor method called here must not flush
+        busy, self.busy = self.busy, True  # a hooked Tensor method called here must not flush
         try:
             node.outs, node.ret = self._outputs(func, spec, targs, tkw)
         except Exception as e:  # eager will raise the user-facing error, if any
             log.debug("not deferring %s: %s", func, e)
             node.outs, node.ret = NOT_DEFERRABLE, None
         finally:
-            _state.busy = busy
+            self.busy = busy
         self.node.children[key] = node
         return node
 
@@ -173,16 +169,6 @@ class Region(RegionCore):
             func(*[arg(r) for r in targs], **{k: arg(r) for k, r in tkw.items()})
 
     # -- flush -----------------------------------------------------------------------
-    def liveness(self) -> Tuple[bool, ...]:
-        """Which pending outputs are still observable: held by Python, by another
-        TensorImpl (autograd's saved values, views) or sharing storage with one."""
-        live = []
-        for t in self.outs:
-            # refs: self.outs, the loop variable, getrefcount's argument
-            live.append(sys.getrefcount(t) > 3 or t._use_count() > 1
-                        or _storage_use_count(_untyped_storage(t)._cdata) > 2)
-        return tuple(live)
-
     def ext_overlap(self) -> bool:
         """True if a mutated external input shares memory with another external input."""
         spans = []

@@ -5,6 +5,7 @@ import types
 
 import pytest
 
+import accel
 from accel.cli import main
 from accel.store import Store
 
@@ -170,3 +171,19 @@ def test_demo(monkeypatch):
     fake.main = lambda args: seen.append(args) or 7
     monkeypatch.setitem(sys.modules, "accel.demo", fake)
     assert main(["demo", "--size", "3"]) == 7 and seen == [["--size", "3"]]
+
+
+def test_demo_end_to_end(fresh_store, capsys):
+    """The real demo on a tiny GPT-2: PASS (loss and every gradient match eager); a second
+    run in this process compiles nothing."""
+    pytest.importorskip("transformers")
+    from accel import demo
+
+    args = ["--steps", "1", "--layers", "1", "--embd", "32", "--heads", "2", "--seq", "16",
+            "--batch", "2"]
+    assert demo.main(args) == 0
+    out = capsys.readouterr().out
+    assert "PASS: loss" in out and "gradients match eager" in out
+    accel.reset_stats()
+    assert demo.main(args) == 0
+    assert accel.stats()["compiles"] == 0 and accel.stats()["eager_replays"] == 0

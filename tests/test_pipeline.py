@@ -10,7 +10,7 @@ from accel.codegen import coalesce
 from accel.codegen.cpp import CppRenderer
 from accel.graph import TraceError, trace_region
 from accel.lowering import BufferSpec, LoweringError, lower
-from accel.passes import cse, dce, remove_noops, run_passes
+from accel.passes import cse, dce, remove_noops, run_passes, specialize_pow
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -69,9 +69,24 @@ def test_dce_and_noop_removal():
         extra = g.call_function(prims.sin.default, (ph,))  # unused
     extra.meta["val"] = torch.empty(4, 8, device="meta")
     log = run_passes(gm)
-    assert [line.split(":")[0] for line in log] == ["remove_noops", "cse", "dce"]
+    assert [line.split(":")[0] for line in log] == ["remove_noops", "specialize_pow", "cse", "dce"]
     assert _targets(gm) == ["prims.neg.default"], gm.graph
     assert dce(gm) == 0 and remove_noops(gm) == 0
+
+
+def test_specialize_pow_as_eager_computes_it():
+    x = torch.empty(4, 8)
+    calls = [(aten.pow.Tensor_Scalar, (("x", 0), ("c", 3.0)), {}, 1),
+             (aten.pow.Tensor_Scalar, (("o", 0), ("c", -0.5)), {}, 1),
+             (aten.pow.Tensor_Scalar, (("o", 1), ("c", 1.7)), {}, 1)]
+    gm = trace_region(calls, [x], 3, (2,), []).gm
+    assert _targets(gm).count("prims.pow.default") == 3
+    assert specialize_pow(gm) == 2
+    gm.graph.lint()
+    assert _targets(gm) == ["prims.mul.default", "prims.mul.default", "prims.rsqrt.default",
+                            "prims.pow.default"], gm.graph
+    v = torch.randn(4, 8).abs() + 0.1
+    torch.testing.assert_close(gm(v)[0], v.pow(3.0).pow(-0.5).pow(1.7), rtol=0, atol=0)
 
 
 def test_coalesce_merges_contiguous_dims():
