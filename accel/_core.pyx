@@ -185,7 +185,7 @@ cdef class RegionCore:
         Raises:
             Deferred: the call cannot be deferred; the region is left as it was.
         """
-        cdef Py_ssize_t n_ext = len(self.ext), n_sc = len(self.scalars), p, e
+        cdef Py_ssize_t n_ext = len(self.ext), n_sc = len(self.scalars)
         cdef list key, targs, t
         cdef dict tkw
         cdef tuple pos = spec.pos
@@ -227,14 +227,17 @@ cdef class RegionCore:
             raise
         self.node = node
         ret = node.ret
-        outs = node.outs
-        self.calls.append((func, tuple(targs), tkw, 0 if ret is not None else len(outs)))
+        self.calls.append((func, tuple(targs), tkw, node.n_new))
+        if node.writes_ext:
+            self.mutates_ext = True
         if ret is not None:
-            if ret[0] == "x":
-                self.mutates_ext = True
-                return self.ext[ret[1]]
-            return self.outs[ret[1]]
-        meta = outs[0]
+            return self.ext[ret[1]] if ret[0] == "x" else self.outs[ret[1]]
+        if not node.multi:
+            return self._alloc(node.outs[0])
+        return tuple([None if m is None else self._alloc(m) for m in node.outs])
+
+    cdef _alloc(self, tuple meta):
+        cdef Py_ssize_t p, e
         r = _empty_strided(meta[0], meta[1], dtype=meta[2])
         self.out_ids[id(r)] = len(self.outs)
         self.outs.append(r)

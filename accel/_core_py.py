@@ -134,12 +134,17 @@ class RegionCore:
             self._rollback(n_ext, n_sc)
             raise
         self.node = node
-        self.calls.append((func, tuple(targs), tkw, 0 if node.ret is not None else len(node.outs)))
+        self.calls.append((func, tuple(targs), tkw, node.n_new))
+        if node.writes_ext:
+            self.mutates_ext = True
         if node.ret is not None:
-            if spec.mutates and isinstance(node.ret, tuple) and node.ret[0] == "x":
-                self.mutates_ext = True
             return self._resolve(node.ret)
-        shape, stride, dtype, nbytes = meta = node.outs[0]
+        if not node.multi:
+            return self._alloc(node.outs[0])
+        return tuple(None if m is None else self._alloc(m) for m in node.outs)
+
+    def _alloc(self, meta):
+        shape, stride, dtype, nbytes = meta
         t = torch.empty_strided(shape, stride, dtype=dtype)
         self.out_ids[id(t)] = len(self.outs)
         self.outs.append(t)

@@ -46,7 +46,8 @@ def _identity(cxx: str) -> str:
 
 @functools.lru_cache(maxsize=1)
 def cpu_isa() -> str:
-    """A short, stable description of the CPU's instruction set (for the store key)."""
+    """A short, stable description of the CPU's instruction set and core count (generated
+    code depends on both), for the store key."""
     flags = ""
     try:
         with open("/proc/cpuinfo") as f:
@@ -58,7 +59,10 @@ def cpu_isa() -> str:
         pass
     import platform
 
-    return platform.machine() + ":" + hashlib.sha256(flags.encode()).hexdigest()[:16]
+    from .codegen import machine_threads
+
+    return (f"{platform.machine()}:{hashlib.sha256(flags.encode()).hexdigest()[:16]}"
+            f":{machine_threads()}cores")
 
 
 def compiler_key() -> str:

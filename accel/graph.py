@@ -18,6 +18,8 @@ from typing import Any, List, Sequence, Tuple
 import torch
 import torch.fx as fx
 
+from .ops import run_calls
+
 log = logging.getLogger("accel.graph")
 
 #: two sentinel sets (float, int) per scalar slot k, positive; a negative scalar's sentinels
@@ -56,24 +58,7 @@ def _sentinels(scalar_types: Sequence[str], which: int) -> List[Any]:
 def _region_fn(calls, n_ext, n_out_slots, live_idx, scalars):
     def fn(*ext):
         outs: List[Any] = [None] * n_out_slots
-
-        def res(r):
-            tag = r[0]
-            if tag == "x":
-                return ext[r[1]]
-            if tag == "o":
-                return outs[r[1]]
-            if tag == "s":
-                return scalars[r[1]]
-            v = r[1]
-            return list(v) if isinstance(v, tuple) else v
-
-        k = 0
-        for func, targs, tkw, n_new in calls:
-            out = func(*[res(r) for r in targs], **{n: res(r) for n, r in tkw.items()})
-            if n_new:
-                outs[k] = out
-                k += 1
+        run_calls(calls, ext, outs, scalars, outs.__setitem__)
         return tuple(outs[i] for i in live_idx)
 
     return fn

@@ -1,15 +1,25 @@
 """Lowering: a prims ``torch.fx`` graph -> loop IR, device independent.
 
-The IR is a list of loop nests. A nest iterates over a static shape and stores values into
-buffers; a value is an expression DAG (``Expr``) over loads, scalars, constants and prim
-ops, built by evaluating each graph node *at an index* (as Inductor's ``Pointwise.inner_fn``
-does), so views and broadcasts become index arithmetic and every nest is fused.
+The IR is a list of loop nests. A nest iterates over loop variables (static sizes) and
+stores values into buffers; a value is an expression DAG (``Expr``) over loads, scalars,
+constants, prim ops and *reductions*, built by evaluating each graph node *at an index*
+(as Inductor's ``Pointwise.inner_fn`` / ``Reduction.inner_fn`` do), so views and broadcasts
+become index arithmetic and every consumer is fused with its producers.
+
+An index is a tuple of *atoms*, one per tensor dim: an affine combination of loop
+variables, ``((var, multiplier), ...)``, the empty tuple meaning "always 0" (a broadcast
+or size-1 dim). A reduction gets reduction variables of its own; an ``Expr("reduce")``
+depends only on the variables its body uses outside them, so the backend computes it once
+per iteration of the loops it depends on (a row reduction once per row) and keeps it in a
+register. Reductions over the same domain share their variables, so one loop can compute
+several of them (a sum and a sum of squares in one pass).
 Expressions are hash-consed: equal subexpressions are one object (CSE across a nest).
 """
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, FrozenSet, List, Sequence, Tuple
 
 import torch
 import torch.fx as fx
@@ -23,20 +33,37 @@ class LoweringError(Exception):
 
 
 @dataclass(frozen=True)
+class Addr:
+    """Element offset ``sum(c * v for v, c in terms)`` into a buffer (elements), sorted by
+    variable, no zero coefficients."""
+
+    terms: Tuple[Tuple[int, int], ...]
+
+    def coeff(self, var: int) -> int:
+        return dict(self.terms).get(var, 0)
+
+
+@dataclass(frozen=True)
 class Expr:
-    """One value in a loop body. ``op`` is ``load`` (args: buffer, Addr), ``scalar``
-    (args: slot), ``const`` (args: value), ``cast`` (args: Expr) or a prim name."""
+    """One value in a loop body. ``op`` is ``load`` (args: buffer, Addr), ``scalar`` (args:
+    slot), ``const`` (args: value), ``index`` (args: Addr: an affine int64 of the loop
+    variables), ``cast`` (args: Expr), ``reduce`` (args: kind, bodies, rvars, which) or a
+    prim name (args: Exprs).
+
+    ``reduce``: ``kind`` names the accumulation (``REDUCTIONS``), ``bodies`` the Exprs it
+    accumulates (one per input of the kind), ``rvars`` its reduction variables, ``which``
+    the result it stands for (``welford``: 0 var, 1 mean; ``online_softmax``: 0 max,
+    1 sum of exp; ``argmax``/``argmin``: 0 value, 1 index). ``dtype`` is the accumulator's.
+    """
 
     op: str
     dtype: torch.dtype
     args: tuple
 
 
-@dataclass(frozen=True)
-class Addr:
-    """Element offset ``sum(coeffs[v] * i_v)`` into a buffer, in elements."""
-
-    coeffs: Tuple[int, ...]
+#: reduction kinds: name -> number of results.
+REDUCTIONS = {"sum": 1, "prod": 1, "amax": 1, "amin": 1, "argmax": 2, "argmin": 2,
+              "welford": 2, "online_softmax": 2}
 
 
 @dataclass
@@ -48,9 +75,9 @@ class Store:
 
 @dataclass
 class Nest:
-    """A loop nest over ``shape`` (row-major iteration) with its stores."""
+    """A loop nest over ``vars`` (outermost first) with its stores."""
 
-    shape: Tuple[int, ...]
+    vars: List[int]
     stores: List[Store] = field(default_factory=list)
 
 
@@ -66,13 +93,22 @@ class BufferSpec:
 
 @dataclass
 class LoopIR:
+    """The kernel of a region: its buffers (external inputs, then live outputs), runtime
+    scalar types (``"f"``/``"i"``), the size of each loop variable, and the nests, run in
+    order."""
+
     buffers: List[BufferSpec]
     scalar_types: List[str]
+    sizes: List[int]
     nests: List[Nest]
 
     def describe(self) -> str:
-        return "\n".join(f"nest{i} {n.shape}: {len(n.stores)} stores"
-                         for i, n in enumerate(self.nests))
+        out = []
+        for i, n in enumerate(self.nests):
+            dims = "x".join(str(self.sizes[v]) for v in n.vars) or "()"
+            out.append(f"nest{i} [{dims}]: {len(n.stores)} stores, "
+                       f"{len(reductions(n))} reductions")
+        return "\n".join(out)
 
 
 #: prims lowered one-to-one to a same-named IR op (the codegen tables say how to emit them).
@@ -85,19 +121,80 @@ bitwise_and bitwise_or bitwise_xor shift_left shift_right_arithmetic eq ne lt le
 where gcd
 """.split())
 
-_CMP = frozenset("eq ne lt le gt ge".split())
+#: accel's own elementwise operators (accel/library.py), rendered by name.
+ACCEL_ELEMENTWISE = frozenset({"silu", "gelu_tanh"})
+
+_PRIM_REDUCTIONS = {"sum": "sum", "prod": "prod", "amax": "amax", "amin": "amin"}
+
+
+# -- expression helpers ---------------------------------------------------------------------
+def walk(e: Expr, seen: set, into_reduce: bool = True):
+    """Yield every Expr reachable from ``e`` once, operands before users."""
+    if e in seen:
+        return
+    seen.add(e)
+    if e.op == "reduce":
+        if into_reduce:
+            for b in e.args[1]:
+                yield from walk(b, seen, into_reduce)
+    else:
+        for a in e.args:
+            if isinstance(a, Expr):
+                yield from walk(a, seen, into_reduce)
+    yield e
+
+
+_FREE: Dict[Expr, FrozenSet[int]] = {}
+
+
+def free_vars(e: Expr) -> FrozenSet[int]:
+    """The loop variables ``e`` depends on (a reduction's own variables excluded)."""
+    f = _FREE.get(e)
+    if f is None:
+        if e.op in ("load", "index"):
+            addr = e.args[1] if e.op == "load" else e.args[0]
+            f = frozenset(v for v, _ in addr.terms)
+        elif e.op == "reduce":
+            f = frozenset().union(*map(free_vars, e.args[1])) - frozenset(e.args[2])
+        else:
+            f = frozenset().union(*(free_vars(a) for a in e.args if isinstance(a, Expr)))
+        _FREE[e] = f
+    return f
+
+
+def reductions(nest: Nest) -> List[Expr]:
+    """Every reduce Expr of a nest, operands before users."""
+    seen: set = set()
+    out = []
+    for st in nest.stores:
+        out += [e for e in walk(st.value, seen) if e.op == "reduce"]
+    return out
+
+
+def _affine(*parts) -> tuple:
+    """Sum of (atom, multiplier) pairs as a canonical atom."""
+    acc: Dict[int, int] = {}
+    for atom, k in parts:
+        for v, m in atom:
+            acc[v] = acc.get(v, 0) + m * k
+    return tuple(sorted((v, m) for v, m in acc.items() if m))
 
 
 class _Lowerer:
     def __init__(self, gm: fx.GraphModule, ext: Sequence[BufferSpec], scalar_types):
         self.gm = gm
         self.ext = ext
-        self.scalar_types = list(scalar_types)
+        self.sizes: List[int] = []
         self.memo: Dict[tuple, Expr] = {}
         self.exprs: Dict[Expr, Expr] = {}
+        self.rvars: Dict[tuple, Tuple[int, ...]] = {}
         phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
         self.tensor_ph = {n: i for i, n in enumerate(phs[: len(ext)])}
         self.scalar_ph = {n: k for k, n in enumerate(phs[len(ext):])}
+
+    def new_var(self, size: int) -> int:
+        self.sizes.append(size)
+        return len(self.sizes) - 1
 
     def mk(self, op, dtype, *args) -> Expr:
         e = Expr(op, dtype, tuple(args))
@@ -105,6 +202,9 @@ class _Lowerer:
 
     def cast(self, e: Expr, dtype) -> Expr:
         return e if e.dtype == dtype else self.mk("cast", dtype, e)
+
+    def const(self, v, dtype) -> Expr:
+        return self.mk("const", dtype, v)
 
     def operand(self, a, idx, dtype) -> Expr:
         """Lower an argument: a node evaluated at idx, or a constant of ``dtype``."""
@@ -115,35 +215,70 @@ class _Lowerer:
                 idx = ()
             return self.value(a, idx)
         if isinstance(a, (bool, int, float)):
-            return self.mk("const", dtype, a)
+            return self.const(a, dtype)
         raise LoweringError(f"unsupported operand {a!r}")
 
-    def value(self, n: fx.Node, idx: Tuple) -> Expr:
-        key = (n, idx, self.nvars)
+    def value(self, n: fx.Node, idx: tuple, which: int = 0) -> Expr:
+        key = (n, idx, which)
         e = self.memo.get(key)
         if e is None:
-            e = self._value(n, idx)
+            e = self._value(n, idx, which)
             self.memo[key] = e
         return e
 
-    def _value(self, n: fx.Node, idx: Tuple) -> Expr:
+    # -- reductions ------------------------------------------------------------------------
+    def reduce_vars(self, x: fx.Node, dims, idx) -> Tuple[tuple, Tuple[int, ...]]:
+        """The index of ``x`` for a reduction over ``dims`` at output index ``idx`` (the
+        kept dims), and the reduction variables (shared by reductions of one domain)."""
+        xs = tuple(x.meta["val"].shape)
+        dims = sorted({d % len(xs) for d in dims}) if xs else []
+        key = (xs, tuple(dims), idx)
+        rv = self.rvars.get(key)
+        if rv is None:
+            rv = self.rvars[key] = tuple(self.new_var(xs[d]) for d in dims)
+        it, rit, xi = iter(idx), iter(rv), []
+        for d in range(len(xs)):
+            if d in dims:
+                v = next(rit)
+                xi.append(((v, 1),) if xs[d] != 1 else ())
+            else:
+                xi.append(next(it))
+        return tuple(xi), rv
+
+    def reduce(self, kind, x, dims, idx, acc_dtype, which=0, index=False) -> Expr:
+        xi, rv = self.reduce_vars(x, dims, idx)
+        body = self.cast(self.value(x, xi), acc_dtype)
+        bodies = (body,)
+        if index:  # the flat index over the reduced dims, row-major, as eager's argmax
+            xs, stride, terms = x.meta["val"].shape, 1, []
+            for v, d in zip(reversed(rv), reversed(sorted({d % len(xs) for d in dims}))):
+                terms.append((v, stride))
+                stride *= xs[d]
+            bodies += (self.mk("index", torch.int64, Addr(tuple(sorted(terms)))),)
+        out_dtype = torch.int64 if index and which == 1 else acc_dtype
+        return self.mk("reduce", out_dtype, kind, bodies, rv, which)
+
+    def _acc(self, dtype) -> torch.dtype:
+        return torch.float64 if dtype.is_floating_point else torch.int64
+
+    def _value(self, n: fx.Node, idx: tuple, which: int) -> Expr:
         if n in self.tensor_ph:
             b = self.ext[self.tensor_ph[n]]
-            coeffs = [0] * self.nvars
-            for d, atom in enumerate(idx):
-                if atom is not None and b.shape[d] != 1:
-                    coeffs[atom] += b.stride[d]
-            return self.mk("load", b.dtype, self.tensor_ph[n], Addr(tuple(coeffs)))
+            terms = _affine(*((atom, b.stride[d]) for d, atom in enumerate(idx) if b.shape[d] != 1))
+            return self.mk("load", b.dtype, self.tensor_ph[n], Addr(terms))
         if n.op != "call_function":
             raise LoweringError(f"unsupported node {n.format_node()}")
         t = n.target
+        if t is operator.getitem:
+            return self.value(n.args[0], idx, n.args[1])
         val = n.meta.get("val")
         dtype = val.dtype if isinstance(val, torch.Tensor) else None
         name = t._opname if hasattr(t, "_opname") else str(t)
+        ns = getattr(t, "namespace", "")
         if t is prims.broadcast_in_dim.default:
             x, shape, bdims = n.args
             xs = x.meta["val"].shape
-            return self.value(x, tuple(None if xs[i] == 1 else idx[d] for i, d in enumerate(bdims)))
+            return self.value(x, tuple(() if xs[i] == 1 else idx[d] for i, d in enumerate(bdims)))
         if t is prims.convert_element_type.default:
             return self.cast(self.value(n.args[0], idx), n.args[1])
         if t in (prims.view_of.default, aten.alias.default, aten.clone.default,
@@ -154,31 +289,54 @@ class _Lowerer:
             xs = x.meta["val"].shape
             dims = {d % len(xs) for d in dims} if xs else set()
             it = iter(idx)
-            return self.value(x, tuple(None if d in dims else next(it) for d in range(len(xs))))
+            return self.value(x, tuple(() if d in dims else next(it) for d in range(len(xs))))
         if t is prims.transpose.default:
             x, perm = n.args
-            inner = [None] * len(perm)
+            inner = [()] * len(perm)
             for i, p in enumerate(perm):
                 inner[p] = idx[i]
             return self.value(x, tuple(inner))
+        if t is prims.split_dim.default:
+            x, dim, outer = n.args
+            inner = n.meta["val"].shape[dim + 1]
+            merged = _affine((idx[dim], inner), (idx[dim + 1], 1))
+            return self.value(x, idx[:dim] + (merged,) + idx[dim + 2:])
         if t in (prims.scalar_tensor.default, aten.scalar_tensor.default):
             return self.operand(n.args[0], (), dtype)
-        if t in (prims.full.default,):
-            return self.operand(n.args[1], (), dtype)
-        if t is aten.full_like.default:
+        if t in (prims.full.default, aten.full_like.default):
             return self.operand(n.args[1], (), dtype)
         if t is prims.fill.default:
             return self.operand(n.args[1], idx, dtype)
-        if t in (aten.copy.default,):
+        if t is prims.iota.default:
+            length, start, step = n.args[0], n.kwargs["start"], n.kwargs["step"]
+            i = self.mk("index", torch.int64, Addr(tuple(idx[0])))
+            e = self.mk("add", torch.int64, self.mk("mul", torch.int64, i, self.const(step, torch.int64)),
+                        self.const(start, torch.int64))
+            return self.cast(e, dtype)
+        if t is aten.copy.default:
             return self.cast(self.value(n.args[1], self._bcast(n.args[1], idx, n)), dtype)
-        if name in ELEMENTWISE and t.namespace == "prims":
+        if ns == "prims" and name in _PRIM_REDUCTIONS:
+            x, dims = n.args[0], n.args[1]
+            acc = dtype if name in ("amax", "amin") else self._acc(dtype)
+            return self.cast(self.reduce(_PRIM_REDUCTIONS[name], x, dims, idx, acc), dtype)
+        if t is prims.var.default:
+            return self.cast(self.variance(n.args[0], n.args[1], n.args[2], idx)[0], dtype)
+        if t in (aten.argmax.default, aten.argmin.default, aten.max.dim, aten.min.dim):
+            return self.arg_reduction(n, idx, which)
+        if ns == "accel" and name == "var_mean":
+            x, dims, correction = n.args
+            xd = x.meta["val"].dtype
+            var, mean = self.variance(x, dims, correction, idx, welford=True)
+            return self.cast((var, mean)[which], xd)
+        if ns == "accel" and name == "online_softmax":
+            x, dims = n.args
+            xd = x.meta["val"].dtype
+            return self.cast(self.reduce("online_softmax", x, dims, idx, xd, which), xd)
+        if ns == "accel" and name in ACCEL_ELEMENTWISE:
+            return self.mk(name, dtype, self.value(n.args[0], idx))
+        if name in ELEMENTWISE and ns == "prims":
             tensors = [a for a in n.args if isinstance(a, fx.Node) and a not in self.scalar_ph]
-            if name == "where":
-                comp = dtype
-            elif tensors:
-                comp = tensors[0].meta["val"].dtype
-            else:
-                comp = dtype
+            comp = dtype if name == "where" or not tensors else tensors[0].meta["val"].dtype
             if name == "where":
                 args = [self.operand(n.args[0], idx, torch.bool)] + [
                     self.operand(a, idx, comp) for a in n.args[1:]]
@@ -187,19 +345,127 @@ class _Lowerer:
             return self.mk(name, dtype, *args)
         raise LoweringError(f"no lowering for {t}")
 
-    def _bcast(self, src: fx.Node, idx, dst: fx.Node):
-        ss, ds = src.meta["val"].shape, dst.meta["val"].shape
-        off = len(ds) - len(ss)
-        return tuple(None if ss[i] == 1 else idx[i + off] for i in range(len(ss)))
+    def variance(self, x, dims, correction, idx, welford=False) -> Tuple[Expr, Expr]:
+        """(var, mean) of ``x`` over ``dims`` in float64: one Welford pass, or two passes
+        (the mean, then the sum of squared deviations from it)."""
+        f64 = torch.float64
+        xs = x.meta["val"].shape
+        n = 1
+        for d in {d % len(xs) for d in dims}:
+            n *= xs[d]
+        if welford:
+            mean = self.reduce("welford", x, dims, idx, f64, which=1)
+            m2 = self.reduce("welford", x, dims, idx, f64, which=0)
+        else:
+            mean = self.mk("div", f64, self.reduce("sum", x, dims, idx, f64), self.const(n, f64))
+            xi, rv = self.reduce_vars(x, dims, idx)
+            dev = self.mk("sub", f64, self.cast(self.value(x, xi), f64), mean)
+            m2 = self.mk("reduce", f64, "sum", (self.mk("mul", f64, dev, dev),), rv, 0)
+        if not isinstance(correction, (int, float)):
+            raise LoweringError("correction must be a constant")
+        var = self.mk("div", f64, m2, self.const(max(0, n - correction), f64))
+        return var, mean
 
-    def at(self, n: fx.Node, shape) -> Expr:
-        self.nvars = len(shape)
-        idx = tuple(range(len(shape)))
+    def arg_reduction(self, n: fx.Node, idx, which) -> Expr:
+        """argmax/argmin (the index) and max.dim/min.dim (value 0, index 1), first
+        occurrence on ties and NaN counting as the extreme, as eager."""
+        x = n.args[0]
+        xs = x.meta["val"].shape
+        dim = n.args[1] if len(n.args) > 1 else n.kwargs.get("dim")
+        keepdim = (n.args[2] if len(n.args) > 2 else n.kwargs.get("keepdim", False))
+        dims = list(range(len(xs))) if dim is None else [dim % max(1, len(xs))]
+        if not xs:
+            dims = []
+        if keepdim and xs:  # drop the kept size-1 dims from the index
+            idx = tuple(a for d, a in enumerate(idx) if d not in dims)
+        is_value = n.target in (aten.max.dim, aten.min.dim) and which == 0
+        kind = "argmax" if n.target in (aten.argmax.default, aten.max.dim) else "argmin"
+        xd = x.meta["val"].dtype
+        return self.reduce(kind, x, dims, idx, xd, which=0 if is_value else 1, index=True)
+
+    def at(self, n: fx.Node, idx, shape) -> Expr:
+        """``n`` evaluated at the index ``idx`` of a store of ``shape`` (``n`` broadcasts to it)."""
         val = n.meta["val"]
         if tuple(val.shape) != tuple(shape):
             off = len(shape) - val.dim()
-            idx = tuple(None if val.shape[i] == 1 else i + off for i in range(val.dim()))
+            idx = tuple(() if val.shape[i] == 1 else idx[i + off] for i in range(val.dim()))
         return self.value(n, idx)
+
+    def _bcast(self, src: fx.Node, idx, dst: fx.Node):
+        ss, ds = src.meta["val"].shape, dst.meta["val"].shape
+        off = len(ds) - len(ss)
+        return tuple(() if ss[i] == 1 else idx[i + off] for i in range(len(ss)))
+
+
+# -- nests ------------------------------------------------------------------------------------
+def _chain_order(nest_vars: List[int], exprs: List[Expr]):
+    """A loop order for ``nest_vars`` in which every reduction's free variables come first
+    (so it is hoisted out of the loops it does not depend on), or None if the reductions
+    depend on incomparable sets of variables."""
+    sets = sorted({free_vars(e) & set(nest_vars) for e in exprs if e.op == "reduce"}, key=len)
+    for a, b in zip(sets, sets[1:]):
+        if not a <= b:
+            return None
+    order: List[int] = []
+    for s in sets + [frozenset(nest_vars)]:
+        order += [v for v in nest_vars if v in s and v not in order]
+    return order
+
+
+def _coalesce(ir: LoopIR, nest: Nest) -> None:
+    """Merge adjacent loops that every access walks contiguously and that every reduction
+    depends on alike (Inductor's and TVM's loop fusion), in place; size-1 loops vanish."""
+    exprs: List[Expr] = []
+    seen: set = set()
+    for st in nest.stores:
+        exprs += list(walk(st.value, seen))
+    addrs = [st.addr for st in nest.stores] + [e.args[1] if e.op == "load" else e.args[0]
+                                               for e in exprs if e.op in ("load", "index")]
+    reds = [e for e in exprs if e.op == "reduce"]
+    merge: Dict[int, int] = {}  # var -> the var it folds into
+
+    def chains():
+        yield nest.vars
+        for r in reds:
+            yield list(r.args[2])
+
+    for loop in chains():
+        for a, b in zip(loop, loop[1:]):
+            if a in merge or b in merge:
+                continue
+            sa, sb = ir.sizes[a], ir.sizes[b]
+            if sa == 1 or sb == 1:
+                continue
+            if all(ad.coeff(a) == ad.coeff(b) * sb for ad in addrs) and all(
+                    (a in free_vars(r)) == (b in free_vars(r)) for r in reds):
+                merge[a] = b
+    if not merge:
+        return
+    for a, b in merge.items():  # a is outer: b's range grows by a's
+        ir.sizes[b] *= ir.sizes[a]
+    memo: Dict[Expr, Expr] = {}
+
+    def fix_addr(ad: Addr) -> Addr:
+        return Addr(tuple(t for t in ad.terms if t[0] not in merge))
+
+    def fix(e: Expr) -> Expr:
+        r = memo.get(e)
+        if r is None:
+            if e.op == "load":
+                r = Expr("load", e.dtype, (e.args[0], fix_addr(e.args[1])))
+            elif e.op == "index":
+                r = Expr("index", e.dtype, (fix_addr(e.args[0]),))
+            elif e.op == "reduce":
+                kind, bodies, rv, which = e.args
+                r = Expr("reduce", e.dtype, (kind, tuple(map(fix, bodies)),
+                                             tuple(v for v in rv if v not in merge), which))
+            else:
+                r = Expr(e.op, e.dtype, tuple(fix(a) if isinstance(a, Expr) else a for a in e.args))
+            memo[e] = r
+        return r
+
+    nest.vars = [v for v in nest.vars if v not in merge]
+    nest.stores = [Store(st.buf, fix_addr(st.addr), fix(st.value)) for st in nest.stores]
 
 
 def lower(gm: fx.GraphModule, ext: Sequence[BufferSpec], outs: Sequence[BufferSpec],
@@ -212,9 +478,14 @@ def lower(gm: fx.GraphModule, ext: Sequence[BufferSpec], outs: Sequence[BufferSp
         outs: the live output buffers, in the graph's output order (kernel args after ext).
         scalar_types: ``"f"``/``"i"`` per runtime scalar.
 
+    Each store joins the first nest whose loops it fits (same rank, its sizes equal to the
+    nest's or 1) and whose reductions it does not conflict with; otherwise it opens a new
+    nest, recomputing what it needs from the inputs.
+
     Raises:
         LoweringError: an op or aliasing pattern the IR does not express.
     """
+    _FREE.clear()
     lw = _Lowerer(gm, ext, scalar_types)
     buffers = list(ext) + list(outs)
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
@@ -222,49 +493,57 @@ def lower(gm: fx.GraphModule, ext: Sequence[BufferSpec], outs: Sequence[BufferSp
     rets = list(rets) if isinstance(rets, (tuple, list)) else [rets]
     if len(rets) != len(outs):
         raise LoweringError("output count mismatch")
-    jobs = []  # (shape, buffer, node, is_mutation)
-    for i, (r, b) in enumerate(zip(rets, outs)):
-        jobs.append((b.shape, len(ext) + i, r, False))
+    jobs = [(len(ext) + i, r, False) for i, r in enumerate(rets)]
     for n in gm.graph.nodes:
         if n.op == "call_function" and n.target is aten.copy_.default:
             dst, src = n.args
             if dst not in lw.tensor_ph:
                 raise LoweringError("copy_ into a non-input")
-            j = lw.tensor_ph[dst]
-            jobs.append((ext[j].shape, j, src, True))
-        elif n.op == "call_function" and n.users == {} and n is not out_node:
-            continue
-    nests: Dict[Tuple[int, ...], Nest] = {}
-    order = sorted(range(len(jobs)), key=lambda k: jobs[k][3])  # mutations last
-    for k in order:
-        shape, buf, node, _ = jobs[k]
-        nest = nests.setdefault(tuple(shape), Nest(tuple(shape)))
-        value = lw.cast(lw.at(node, shape), buffers[buf].dtype)
+            jobs.append((lw.tensor_ph[dst], src, True))
+    numel = lambda b: -_prod(buffers[b].shape)  # noqa: E731 - biggest first
+    jobs.sort(key=lambda j: (j[2], numel(j[0])))  # mutations last
+    nests: List[Nest] = []
+    shapes: Dict[int, Tuple[int, ...]] = {}
+    for buf, node, mutation in jobs:
         b = buffers[buf]
-        coeffs = tuple(0 if sz == 1 else st for sz, st in zip(b.shape, b.stride))
-        nest.stores.append(Store(buf, Addr(coeffs), value))
-    ir = LoopIR(buffers, list(scalar_types), list(nests.values()))
+        for nest in nests + [None]:
+            if nest is None:
+                nest = Nest([lw.new_var(s) for s in b.shape])
+                shapes[id(nest)] = tuple(b.shape)
+                nests.append(nest)
+            shape = shapes[id(nest)]
+            if len(shape) != len(b.shape) or any(s not in (1, t) for s, t in zip(b.shape, shape)):
+                continue
+            idx = tuple(((v, 1),) if s != 1 else () for v, s in zip(nest.vars, b.shape))
+            value = lw.cast(lw.at(node, idx, b.shape), b.dtype)
+            terms = _affine(*((a, st) for a, st, sz in zip(idx, b.stride, b.shape) if sz != 1))
+            store = Store(buf, Addr(terms), value)
+            trial = nest.stores + [store]
+            order = _chain_order(nest.vars, [e for s in trial for e in walk(s.value, set())])
+            if order is None:
+                continue
+            nest.vars, nest.stores = order, trial
+            break
+    ir = LoopIR(buffers, list(scalar_types), lw.sizes, nests)
+    for nest in nests:
+        _coalesce(ir, nest)
     _check_hazards(ir, len(ext))
     return ir
 
 
-def _loads(e: Expr, acc: set, seen: set):
-    if e in seen:
-        return
-    seen.add(e)
-    if e.op == "load":
-        acc.add((e.args[0], e.args[1]))
-    for a in e.args:
-        if isinstance(a, Expr):
-            _loads(a, acc, seen)
+def _prod(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
 
 
 def _check_hazards(ir: LoopIR, n_ext: int) -> None:
     """Reject in-place writes that a later read (or a read of another element) could see.
 
-    Every read of a written input must happen in the same nest, at the same element, as
-    the write; nests that write inputs run after all others, and none reads what another
-    writes.
+    Every read of a written input must happen in the same nest, at the same element, as the
+    write, and not inside a reduction; nests that write inputs run after all others, and
+    none reads what another writes.
     """
     written: Dict[int, List[int]] = {}
     reads: List[set] = []
@@ -272,19 +551,22 @@ def _check_hazards(ir: LoopIR, n_ext: int) -> None:
         acc: set = set()
         seen: set = set()
         for s in nest.stores:
-            _loads(s.value, acc, seen)
+            for e in walk(s.value, seen):
+                if e.op == "load":
+                    acc.add((e.args[0], e.args[1]))
+                elif e.op == "reduce":  # reads inside a reduction see other elements
+                    for x in walk(e, set()):
+                        if x.op == "load":
+                            acc.add((x.args[0], None))
             if s.buf < n_ext:
                 written.setdefault(s.buf, []).append(k)
         reads.append(acc)
     for buf, ks in written.items():
-        if len(ks) > 1:
+        if len(set(ks)) > 1:
             raise LoweringError("an input is written by two nests")
         k = ks[0]
-        nest = ir.nests[k]
-        addr = next(s.addr for s in nest.stores if s.buf == buf)
+        addr = next(s.addr for s in ir.nests[k].stores if s.buf == buf)
         for j, acc in enumerate(reads):
             for b, a in acc:
                 if b == buf and (j != k or a != addr):
                     raise LoweringError("in-place write overlaps a read of another element")
-        if any(j > k for j in range(len(ir.nests)) if any(b == buf for b, _ in reads[j])):
-            raise LoweringError("input read after it is written")

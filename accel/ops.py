@@ -1,8 +1,9 @@
 """Op tables, as data: which aten op overloads accel defers into regions, and how it reads
 their arguments.
 
-The pointwise set comes from torch's own op tags (``torch.Tag.pointwise``), restricted to
-ops that ``torch._decomp`` can decompose to prims (the semantics accel compiles) and that
+The pointwise set comes from torch's own op tags (``torch.Tag.pointwise``), plus the
+reductions and composite ops named in :data:`REDUCTIONS` and :data:`COMPOSITES`, restricted
+to ops that ``torch._decomp`` can decompose to prims (the semantics accel compiles) and that
 are not random. Views run eagerly without reading data. Anything else flushes the region
 and runs eagerly.
 """
@@ -47,9 +48,32 @@ _EXTRA = (aten._to_copy.default, aten.copy_.default, aten.fill_.Scalar, aten.zer
           aten.fill.Scalar, aten.scalar_tensor.default)
 
 #: scalar arguments whose *value* eager specializes on (e.g. pow(x, 2) is x*x, pow(x, 0.5)
-#: is sqrt): they are part of the key, never runtime arguments.
+#: is sqrt, a vector norm's order picks its formula, a variance's correction its divisor):
+#: they are part of the key, never runtime arguments.
 _VALUE_SPECIALIZED = {"pow": {"exponent", "self"}, "float_power": {"exponent", "self"},
-                      "round": {"decimals"}}
+                      "round": {"decimals"}, "linalg_vector_norm": {"ord"},
+                      **{n: {"correction"} for n in ("var", "std", "var_mean", "std_mean")},
+                      **{n: {"momentum"} for n in ("native_batch_norm", "_native_batch_norm_legit",
+                                                   "_native_batch_norm_legit_functional")}}
+
+#: memory-bound ops between matmuls that are not tagged pointwise: reductions, and composite
+#: ops that reach the dispatcher whole (forward and backward); fused through their
+#: decompositions (or lowered directly: argmax/argmin, max/min.dim). Every overload counts.
+REDUCTIONS = ("sum", "mean", "prod", "amax", "amin", "max", "min", "argmax", "argmin", "var",
+              "std", "var_mean", "std_mean", "logsumexp", "linalg_vector_norm", "any", "all")
+COMPOSITES = ("_softmax", "_log_softmax", "_softmax_backward_data", "_log_softmax_backward_data",
+              "native_layer_norm", "native_layer_norm_backward", "native_group_norm",
+              "native_group_norm_backward", "native_batch_norm", "native_batch_norm_backward",
+              "_native_batch_norm_legit", "_native_batch_norm_legit_functional",
+              "_native_batch_norm_legit_no_training", "_fused_rms_norm", "_fused_rms_norm_backward",
+              "gelu_backward", "silu_backward", "sigmoid_backward", "tanh_backward",
+              "threshold_backward", "mse_loss", "mse_loss_backward", "smooth_l1_loss",
+              "smooth_l1_loss_backward", "binary_cross_entropy", "binary_cross_entropy_backward",
+              "binary_cross_entropy_with_logits")
+# nll_loss_forward/backward stay eager: they gather/scatter at data-dependent class indices,
+# and eager raises at the call on an index out of range, which a kernel cannot do.
+#: ops without a decomposition that the lowering handles itself.
+_LOWERED = {"argmax", "argmin", "max.dim", "min.dim"}
 
 #: ops that eager refuses to run on integer tensors with a zero divisor, raising at the call;
 #: a kernel cannot raise there, so on integer (and bool) results they run eagerly.
@@ -64,13 +88,17 @@ class OpSpec(NamedTuple):
     """How the hot path reads one op overload's arguments.
 
     ``pos`` gives the kind (TENSOR / SCALAR / CONST) of each positional argument and
-    ``kw`` of each keyword argument; ``mutates`` lists the argument names written in place
-    (``self`` for ``add_``, ``out`` for ``add.out``).
+    ``kw`` of each keyword argument; ``mutates`` lists the arguments written in place as
+    (name, position or -1 if keyword-only): ``self`` of ``add_``, ``out`` of ``add.out``,
+    ``running_mean`` of batch norm;
+    ``returns_input``: the call returns the (first) argument it writes, as in-place and
+    ``out=`` variants do; otherwise it returns new tensors (a tuple for several).
     """
 
     pos: Tuple[int, ...]
     kw: Dict[str, int]
-    mutates: Tuple[str, ...]
+    mutates: Tuple[Tuple[str, int], ...]
+    returns_input: bool
 
 
 def _kind(op_name: str, arg) -> int:
@@ -90,15 +118,18 @@ def _spec(op) -> Optional[OpSpec]:
         if k < 0:
             return None  # Tensor[] and friends: not pointwise-fusible here
         if a.alias_info is not None and a.alias_info.is_write:
-            mut.append(a.name)
+            mut.append((a.name, -1 if a.kwarg_only else len(pos)))
         if a.kwarg_only:
             kw[a.name] = k
         else:
             pos.append(k)
     rets = op._schema.returns
-    if len(rets) != 1 or str(rets[0].type) != "Tensor":
+    if not rets or any(str(r.type) != "Tensor" for r in rets):
         return None
-    return OpSpec(tuple(pos), kw, tuple(mut))
+    returns_input = any(r.alias_info is not None and r.alias_info.is_write for r in rets)
+    if returns_input and len(rets) != 1:
+        return None
+    return OpSpec(tuple(pos), kw, tuple(mut), returns_input)
 
 
 @functools.lru_cache(maxsize=None)
@@ -118,9 +149,12 @@ def fusible_ops() -> Dict[object, OpSpec]:
         except (AttributeError, RuntimeError):
             continue
         tags = op.tags
-        if torch.Tag.pointwise not in tags or torch.Tag.nondeterministic_seeded in tags:
+        if torch.Tag.nondeterministic_seeded in tags:
             continue
-        if op not in decomposition_table:
+        if torch.Tag.pointwise not in tags and name not in REDUCTIONS and name not in COMPOSITES:
+            continue
+        lowered = name in _LOWERED or f"{name}.{s.overload_name}" in _LOWERED
+        if op not in decomposition_table and not lowered:
             continue
         spec = _spec(op)
         if spec is not None:
@@ -130,3 +164,32 @@ def fusible_ops() -> Dict[object, OpSpec]:
         if spec is not None:
             table[op] = spec
     return table
+
+
+def run_calls(calls, ext, outs, scalars, on_new) -> None:
+    """Run a region's recorded calls in order (eagerly, or under a tracer).
+
+    ``calls``: (OpOverload, arg templates, kwarg templates, number of new tensors) with
+    templates ``("x", j)`` (``ext[j]``), ``("o", i)`` (``outs[i]``), ``("s", k)``
+    (``scalars[k]``), ``("c", value)``. ``on_new(i, tensor)`` receives the i-th new tensor
+    of the region (``outs[i]`` must resolve to it afterwards).
+    """
+    def res(r):
+        tag = r[0]
+        if tag == "x":
+            return ext[r[1]]
+        if tag == "o":
+            return outs[r[1]]
+        if tag == "s":
+            return scalars[r[1]]
+        v = r[1]
+        return list(v) if isinstance(v, tuple) else v
+
+    k = 0
+    for func, targs, tkw, n_new in calls:
+        out = func(*[res(r) for r in targs], **{n: res(r) for n, r in tkw.items()})
+        if n_new:
+            for t in (out if isinstance(out, (tuple, list)) else (out,)):
+                if t is not None:
+                    on_new(k, t)
+                    k += 1

@@ -37,18 +37,24 @@ _untyped_storage = torch._C.TensorBase.untyped_storage  # likewise
 class TrieNode:
     """One step of a region: the call that led here and what follows it.
 
-    ``outs`` holds the output metadata of that call: a tuple of (shape, stride, dtype) for
-    each new tensor, or ``NOT_DEFERRABLE``; ``ret`` says which argument an in-place or
-    ``out=`` call returns (``None`` for a new tensor). ``kernels`` maps a liveness mask to
-    the compiled region ending here.
+    ``outs`` holds the output metadata of that call: a tuple of (shape, stride, dtype,
+    bytes spanned) for each tensor it returns (``None`` for an undefined one), or
+    ``NOT_DEFERRABLE``; ``multi``: it returns a tuple; ``n_new``: how many new tensors;
+    ``ret`` says which argument an in-place or ``out=`` call returns (``None`` for new
+    tensors); ``writes_ext``: it writes an external input. ``kernels`` maps a liveness mask
+    to the compiled region ending here.
     """
 
-    __slots__ = ("children", "outs", "ret", "kernels", "call", "parent", "depth")
+    __slots__ = ("children", "outs", "ret", "multi", "n_new", "writes_ext", "kernels", "call",
+                 "parent", "depth")
 
     def __init__(self, parent=None, call=None):
         self.children: Dict[tuple, TrieNode] = {}
         self.outs = None
         self.ret = None
+        self.multi = False
+        self.n_new = 0
+        self.writes_ext = False
         self.kernels: Dict[tuple, Any] = {}
         self.call = call
         self.parent = parent
@@ -64,6 +70,12 @@ class TrieNode:
 
 
 ROOT = TrieNode()
+
+
+def _meta_of(t: torch.Tensor) -> tuple:
+    """(shape, stride, dtype, bytes spanned) of a result, for allocating it."""
+    span = 1 + sum((sz - 1) * st for sz, st in zip(t.shape, t.stride()) if sz > 0)
+    return (tuple(t.shape), t.stride(), t.dtype, span * t.element_size() if t.numel() else 0)
 
 
 class Region(RegionCore):
@@ -107,7 +119,8 @@ class Region(RegionCore):
         node = TrieNode(self.node, key)
         busy, self.busy = self.busy, True  # a hooked Tensor method called here must not flush
         try:
-            node.outs, node.ret = self._outputs(func, spec, targs, tkw)
+            node.outs, node.ret, node.multi, node.writes_ext = self._outputs(func, spec, targs, tkw)
+            node.n_new = 0 if node.ret is not None else sum(m is not None for m in node.outs)
         except Exception as e:  # eager will raise the user-facing error, if any
             log.debug("not deferring %s: %s", func, e)
             node.outs, node.ret = NOT_DEFERRABLE, None
@@ -117,56 +130,76 @@ class Region(RegionCore):
         return node
 
     def _outputs(self, func, spec, targs, tkw):
-        """``(outs, ret)`` of a :class:`TrieNode` from a meta evaluation of the call.
+        """``(outs, ret, multi, writes_ext)`` of a :class:`TrieNode`, from a meta evaluation
+        of the call.
 
         Raises (the call then runs eagerly, which raises the user-facing error if any):
-            Exception: the meta function rejects the call; its result is not a tensor of
-                a dtype in ``DTYPES``; it is an integer division (eager raises on a zero
+            Exception: the meta function rejects the call; a result is not a tensor of a
+                dtype in ``DTYPES``; it is an integer division (eager raises on a zero
                 divisor at the call, a kernel could not); it writes in place into a tensor
                 whose elements overlap (eager refuses); or eager's CPU kernel rejects it
                 where the meta function does not (:meth:`_probe`).
         """
         margs, mkw = self.meta_args(targs, tkw)
         res = func(*margs, **mkw)
-        if not isinstance(res, torch.Tensor) or res.dtype not in DTYPES:
-            raise Deferred("result dtype")
-        if func._opname.rstrip("_") in INTEGER_DIVISION and not res.dtype.is_floating_point:
+        multi = isinstance(res, (tuple, list))
+        results = tuple(res) if multi else (res,)
+        if not results or any(r is not None and (not isinstance(r, torch.Tensor) or r.dtype not in DTYPES)
+                              for r in results):
+            raise Deferred("result type")
+        if func._opname.rstrip("_") in INTEGER_DIVISION and not results[0].dtype.is_floating_point:
             raise Deferred("integer division")
-        if spec.mutates:
-            name = spec.mutates[0]
-            ref = tkw[name] if name in tkw else targs[0]
+        writes = [tkw[n] if n in tkw else targs[k] if 0 <= k < len(targs) else ("c", None)
+                  for n, k in spec.mutates]
+        writes = [ref for ref in writes if ref[0] in ("x", "o")]
+        for ref in writes:
             if ref[0] == "x" and torch._debug_has_internal_overlap(self.ext[ref[1]]) == 1:
                 raise Deferred("in-place write into overlapping elements")
-            outs, ret = (), ref
+        writes_ext = any(ref[0] == "x" for ref in writes)
+        if spec.returns_input:
+            outs, ret = (), writes[0]
         else:
-            span = 1 + sum((sz - 1) * st for sz, st in zip(res.shape, res.stride()) if sz > 0)
-            nbytes = span * res.element_size() if res.numel() else 0
-            outs, ret = ((tuple(res.shape), res.stride(), res.dtype, nbytes),), None
+            outs, ret = tuple(None if r is None else _meta_of(r) for r in results), None
         self._probe(func, targs, tkw)
-        return outs, ret
+        return outs, ret, multi, writes_ext
 
     def _probe(self, func, targs, tkw) -> None:
-        """Run the call eagerly on one-element tensors of the same dtypes and ranks (and the
+        """Run the call eagerly on stand-in tensors of the same dtypes and ranks (and the
         real scalars), so that checks only eager's CPU kernel makes (``abs`` of a bool
         tensor, a float ``alpha`` with bool tensors) raise here, at the call, as in eager.
+        The stand-ins have at most 2 elements per dim; where the op checks sizes (layer
+        norm's ``normalized_shape``) a second try uses the real sizes and strides.
 
         Raises:
             Exception: whatever eager raises.
         """
+        try:
+            self._run_probe(func, targs, tkw, small=True)
+        except Exception:  # noqa: BLE001 - maybe only the small sizes: try the real ones
+            self._run_probe(func, targs, tkw, small=False)
+
+    def _run_probe(self, func, targs, tkw, small: bool) -> None:
         def arg(r):
             if r[0] == "o":
-                shape, _, dtype = self.out_meta[r[1]][:3]
+                shape, stride, dtype = self.out_meta[r[1]][:3]
             elif r[0] == "x":
-                shape, dtype = self.ext[r[1]].shape, self.ext[r[1]].dtype
+                t = self.ext[r[1]]
+                shape, stride, dtype = t.shape, t.stride(), t.dtype
             elif r[0] == "s":
                 return self.scalars[r[1]]
             else:
                 return list(r[1]) if isinstance(r[1], tuple) else r[1]
-            return torch.ones([1] * len(shape), dtype=dtype)
+            if small:  # ones for floats, zeros for integers (a valid index, never a divisor)
+                fill = 1 if dtype.is_floating_point else 0
+                return torch.full([min(s, 2) for s in shape], fill, dtype=dtype)
+            t = torch.empty_strided(shape, stride, dtype=dtype)  # floats: contents unused
+            return t if dtype.is_floating_point else t.zero_()
 
+        args = [arg(r) for r in targs]
+        kwargs = {k: arg(r) for k, r in tkw.items()}
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            func(*[arg(r) for r in targs], **{k: arg(r) for k, r in tkw.items()})
+            func(*args, **kwargs)
 
     # -- flush -----------------------------------------------------------------------
     def ext_overlap(self) -> bool:

@@ -19,6 +19,7 @@ from typing import List, Optional, Tuple
 import torch
 
 from . import __version__, config
+from .ops import run_calls
 from .region import Region, TrieNode, _data_ptr
 
 log = logging.getLogger("accel")
@@ -218,26 +219,9 @@ def replay(region: Region) -> None:
     inputs' version counters change (autograd already counted the user's calls).
     """
     STATS["eager_replays"] += 1
-    outs, ext, sc = region.outs, region.ext, region.scalars
-
-    def res(r):
-        tag = r[0]
-        if tag == "x":
-            return ext[r[1]]
-        if tag == "o":
-            return outs[r[1]]
-        if tag == "s":
-            return sc[r[1]]
-        v = r[1]
-        return list(v) if isinstance(v, tuple) else v
-
-    k = 0
+    outs = region.outs
     with torch._C._AutoDispatchBelowADInplaceOrView():
-        for func, targs, tkw, n_new in region.calls:
-            out = func(*[res(r) for r in targs], **{n: res(r) for n, r in tkw.items()})
-            if n_new:
-                outs[k].copy_(out)
-                k += 1
+        run_calls(region.calls, region.ext, outs, region.scalars, lambda k, t: outs[k].copy_(t))
 
 
 def execute(region: Region) -> None:

@@ -6,10 +6,9 @@ import pytest
 import torch
 import torch.fx as fx
 
-from accel.codegen import coalesce
 from accel.codegen.cpp import CppRenderer
 from accel.graph import TraceError, trace_region
-from accel.lowering import BufferSpec, LoweringError, lower
+from accel.lowering import BufferSpec, LoweringError, free_vars, lower, reductions
 from accel.passes import cse, dce, remove_noops, run_passes, specialize_pow
 
 aten = torch.ops.aten
@@ -69,7 +68,8 @@ def test_dce_and_noop_removal():
         extra = g.call_function(prims.sin.default, (ph,))  # unused
     extra.meta["val"] = torch.empty(4, 8, device="meta")
     log = run_passes(gm)
-    assert [line.split(":")[0] for line in log] == ["remove_noops", "specialize_pow", "cse", "dce"]
+    assert [line.split(":")[0] for line in log] == ["remove_noops", "specialize_pow", "constant_folding",
+                                                      "cse", "dce"]
     assert _targets(gm) == ["prims.neg.default"], gm.graph
     assert dce(gm) == 0 and remove_noops(gm) == 0
 
@@ -89,20 +89,51 @@ def test_specialize_pow_as_eager_computes_it():
     torch.testing.assert_close(gm(v)[0], v.pow(3.0).pow(-0.5).pow(1.7), rtol=0, atol=0)
 
 
-def test_coalesce_merges_contiguous_dims():
-    assert coalesce((4, 8, 16), [(128, 16, 1), (128, 16, 1)]) == ((512,), [(1,), (1,)])
-    # a broadcast operand (stride 0 over dim 0) keeps dims apart
-    assert coalesce((4, 8), [(8, 1), (0, 1)]) == ((4, 8), [(8, 1), (0, 1)])
-    assert coalesce((1, 8), [(8, 1)]) == ((8,), [(1,)])
-
-
-def _kernel_source(calls, ext, out_meta, live, scalar_types=()):
+def _lowered(calls, ext, out_meta, live, scalar_types=()):
     tr = trace_region(calls, ext, len(out_meta), live, list(scalar_types))
     run_passes(tr.gm)
     exts = [BufferSpec(t.dtype, tuple(t.shape), t.stride(), False) for t in ext]
     outs = [BufferSpec(out_meta[i][2], out_meta[i][0], out_meta[i][1], True) for i in live]
-    ir = lower(tr.gm, exts, outs, list(scalar_types))
-    return CppRenderer().render(ir, "accel_region_golden")
+    return lower(tr.gm, exts, outs, list(scalar_types))
+
+
+def test_coalesce_merges_contiguous_loops():
+    # contiguous [4, 8, 16] + [4, 8, 16]: one loop of 512
+    x = torch.empty(4, 8, 16)
+    ir = _lowered([(aten.add.Tensor, (("x", 0), ("x", 0)), {}, 1)], [x],
+                  [((4, 8, 16), (128, 16, 1), torch.float32)], (0,))
+    assert [ir.sizes[v] for v in ir.nests[0].vars] == [512]
+    # a broadcast operand (stride 0 over dim 0) keeps the loops apart
+    b = torch.empty(8)
+    ir = _lowered([(aten.add.Tensor, (("x", 0), ("x", 1)), {}, 1)], [torch.empty(4, 8), b],
+                  [((4, 8), (8, 1), torch.float32)], (0,))
+    assert [ir.sizes[v] for v in ir.nests[0].vars] == [4, 8]
+
+
+def test_row_reduction_is_hoisted_into_one_nest():
+    """softmax over the last dim: one nest over rows, the max and the sum computed once per
+    row (their loops before the loop over the row's elements), nothing else stored."""
+    x = torch.empty(64, 100)
+    ir = _lowered([(aten._softmax.default, (("x", 0), ("c", 1), ("c", False)), {}, 1)], [x],
+                  [((64, 100), (100, 1), torch.float32)], (0,))
+    assert len(ir.nests) == 1
+    nest = ir.nests[0]
+    assert [ir.sizes[v] for v in nest.vars] == [64, 100]
+    reds = reductions(nest)
+    assert sorted(r.args[0] for r in reds) == ["amax", "sum"]
+    assert all(free_vars(r) == {nest.vars[0]} for r in reds)
+
+
+def test_column_and_row_reductions_get_their_own_nests():
+    x = torch.empty(32, 48)
+    calls = [(aten.sum.dim_IntList, (("x", 0), ("c", (1,))), {}, 1),
+             (aten.sum.dim_IntList, (("x", 0), ("c", (0,))), {}, 1)]
+    ir = _lowered(calls, [x], [((32,), (1,), torch.float32), ((48,), (1,), torch.float32)], (0, 1))
+    assert len(ir.nests) == 2
+
+
+def _kernel_source(calls, ext, out_meta, live, scalar_types=()):
+    return CppRenderer().render(_lowered(calls, ext, out_meta, live, scalar_types), "accel_region_golden")
 
 
 def test_codegen_golden_broadcast_chain():

@@ -4,12 +4,13 @@ a backend subclass overrides the tables and the loop skeleton.
 """
 from __future__ import annotations
 
+import functools
 import math
-from typing import Dict, List, Tuple
+from typing import Dict, List
 
 import torch
 
-from ..lowering import Addr, Expr, LoopIR, Nest
+from ..lowering import Expr
 
 
 class CodegenError(Exception):
@@ -49,6 +50,7 @@ class CStyle:
         "remainder": {"float": "$remainder({0}, {1})"},
         "round": {"float": "$round({0})"},
         "reciprocal": {"float": "$reciprocal({0})"}, "rsqrt": {"float": "$rsqrt({0})"},
+        "silu": {"float": "$silu({0})"}, "gelu_tanh": {"float": "$gelu_tanh({0})"},
     }
     # float-only math functions rendered as $name(args)
     unary_math = ("exp exp2 expm1 log log2 log10 log1p sin cos tan asin acos atan sinh cosh "
@@ -103,21 +105,10 @@ class CStyle:
         return entry.replace("$", self.fn).format(*args)
 
 
-def coalesce(shape: Tuple[int, ...], coeff_sets: List[Tuple[int, ...]]):
-    """Merge adjacent loop dims that every access walks contiguously, and drop size-1 dims.
+@functools.lru_cache(maxsize=1)
+def machine_threads() -> int:
+    """Physical cores of this machine (psutil), which decide whether a loop is worth running
+    across threads; the thread count itself is OpenMP's (torch's) at run time."""
+    import psutil
 
-    Returns the new shape and the coefficient vectors re-expressed over it.
-    """
-    keep = [d for d, s in enumerate(shape) if s != 1]
-    shape2 = [shape[d] for d in keep]
-    cs = [[c[d] for d in keep] for c in coeff_sets]
-    d = len(shape2) - 2
-    while d >= 0:
-        if all(c[d] == c[d + 1] * shape2[d + 1] for c in cs):
-            shape2[d] *= shape2[d + 1]
-            del shape2[d + 1]
-            for c in cs:
-                c[d] = c[d + 1]
-                del c[d + 1]
-        d -= 1
-    return tuple(shape2), [tuple(c) for c in cs]
+    return psutil.cpu_count(logical=False) or psutil.cpu_count() or 1

@@ -1,21 +1,70 @@
 """C++/OpenMP backend: one ``extern "C"`` entry point per region, a loop nest per IR nest.
 
-Outer iterations run across OpenMP threads; the innermost loop is ``#pragma omp simd`` so
-gcc vectorizes it, calling libmvec's vector math (see ``include/accel/cpu_math.h``).
+Scheduling: every value is computed in the outermost loop that binds all the variables it
+depends on (loop-invariant code motion), so a row reduction runs once per row, before the
+loop that uses it, and stays in a register. Reductions of one domain that do not depend on
+each other share one loop (a group); ``welford`` and ``online_softmax`` run blockwise through
+helpers in ``include/accel/cpu_math.h``. The outermost loop runs across OpenMP threads
+(a full reduction runs as an OpenMP reduction); innermost loops are ``#pragma omp simd`` so
+gcc vectorizes them, calling libmvec's vector math.
 """
 from __future__ import annotations
 
-from typing import Dict, List
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
 
 import torch
 
-from ..lowering import Addr, Expr, LoopIR, Nest
-from . import CodegenError, CStyle, coalesce
+from ..lowering import Addr, Expr, LoopIR, Nest, free_vars, walk
+from . import CodegenError, CStyle, machine_threads
 
-#: nests with fewer elements run on one thread (fork/join costs more than the work).
+#: nests with less work than this (elements visited) run on one thread.
 PARALLEL_MIN = 32768
-#: elements per OpenMP work item in a one-dimensional nest.
+#: elements per OpenMP work item in a one-loop nest.
 CHUNK = 4096
+#: elements per block of a blockwise reduction (welford, online_softmax).
+BLOCK = 64
+
+#: reduction kinds accumulated by a plain ``omp simd reduction`` clause: init, update, clause.
+SIMPLE = {"sum": ("0", "{a} += {x};", "+"), "prod": ("1", "{a} *= {x};", "*"),
+          "amax": ("$lowest", "{a} = accel::maximum({a}, {x});", "accel_max"),
+          "amin": ("$highest", "{a} = accel::minimum({a}, {x});", "accel_min")}
+BLOCKED = {"welford": "accel::Welford", "online_softmax": "accel::OnlineSoftmax"}
+ARG = {"argmax": ("$lowest", "accel::argmax_better"), "argmin": ("$highest", "accel::argmin_better")}
+
+
+@dataclass
+class _Group:
+    """Reductions computed by one loop over ``rvars``."""
+
+    rvars: tuple
+    category: str
+    members: List[Expr] = field(default_factory=list)
+
+
+@dataclass
+class _Scope:
+    """A loop body: the items computed in it (Exprs, groups, stores), in order."""
+
+    bound: frozenset
+    parent: Optional["_Scope"]
+    items: list = field(default_factory=list)
+    names: Dict[Expr, str] = field(default_factory=dict)
+
+    def lookup(self, e: Expr) -> Optional[str]:
+        s = self
+        while s is not None:
+            if e in s.names:
+                return s.names[e]
+            s = s.parent
+        return None
+
+
+def _category(e: Expr) -> str:
+    kind = e.args[0]
+    if kind in SIMPLE:
+        return "simple"
+    return kind + repr(e.args[1])  # blocked and arg kinds: one group per body
 
 
 class CppRenderer(CStyle):
@@ -32,103 +81,289 @@ class CppRenderer(CStyle):
             t = self.ctype(b.dtype)
             lines.append(f"  {q}{t}*{r} b{i} = ({q}{t}*)bufs[{i}];")
         self.scalar_decls: Dict[tuple, str] = {}
+        self.ntemp = 0
         body: List[str] = []
         for nest in ir.nests:
             body += self.render_nest(nest, ir)
         for (k, dtype), var in self.scalar_decls.items():
-            field = "f" if ir.scalar_types[k] == "f" else "i"
-            src = torch.float64 if field == "f" else torch.int64
-            lines.append(f"  const {self.ctype(dtype)} {var} = {self.cast(f's[{k}].{field}', src, dtype)};")
+            field_ = "f" if ir.scalar_types[k] == "f" else "i"
+            src = torch.float64 if field_ == "f" else torch.int64
+            lines.append(f"  const {self.ctype(dtype)} {var} = {self.cast(f's[{k}].{field_}', src, dtype)};")
         lines += body
         lines += ["  return ACCEL_OK;", "}", ""]
         return "\n".join(lines)
 
+    # -- planning ---------------------------------------------------------------------------
     def render_nest(self, nest: Nest, ir: LoopIR) -> List[str]:
-        # collect every access (load and store) to coalesce dims consistently
-        exprs: List[Expr] = []
-        seen = set()
-
-        def visit(e: Expr):
-            if e in seen:
-                return
-            seen.add(e)
-            for a in e.args:
-                if isinstance(a, Expr):
-                    visit(a)
-            exprs.append(e)
-
-        for st in nest.stores:
-            visit(st.value)
-        addrs = [e.args[1] for e in exprs if e.op == "load"] + [st.addr for st in nest.stores]
-        uniq = list(dict.fromkeys(a.coeffs for a in addrs))
-        shape, new = coalesce(nest.shape, uniq) if nest.shape else ((), uniq)
-        remap = dict(zip(uniq, new))
-        numel = 1
-        for s in nest.shape:
-            numel *= s
-        if numel == 0:
+        if any(ir.sizes[v] == 0 for v in nest.vars):
             return []
-        nd = len(shape)
-        out: List[str] = ["  {"]
-        ind = "    "
-        if nd == 0:
-            idx = []
-        elif nd == 1:
-            n = shape[0]
+        self.ir = ir
+        order = nest.vars
+        scopes = [_Scope(frozenset(), None)]
+        for v in order:
+            scopes.append(_Scope(scopes[-1].bound | {v}, scopes[-1]))
+        self.pos = {v: i for i, v in enumerate(order)}
+        self.nest_scopes = scopes
+        self.group_of: Dict[Expr, _Group] = {}
+        self.group_scope: Dict[int, _Scope] = {}
+        for st in nest.stores:
+            for e in walk(st.value, set()):
+                if e.op == "reduce":
+                    self._plan_reduce(e)
+        for st in nest.stores:
+            target = scopes[self._level(free_vars(st.value) | {v for v, _ in st.addr.terms})]
+            self._need(st.value, target)
+            target.items.append(("store", st))
+        out = ["  {"]
+        self._emit_nest(0, out, "    ", nest)
+        out.append("  }")
+        return out
+
+    def _level(self, fv) -> int:
+        try:
+            return 1 + max(self.pos[v] for v in fv) if fv else 0
+        except KeyError:
+            raise CodegenError("a reduction nested in another reduction's loop") from None
+
+    def _plan_reduce(self, e: Expr) -> None:
+        """Give reduction ``e`` a group: the latest group of its scope with the same domain
+        and category, if everything ``e`` hoists out of the loop is computed before that
+        group's loop; otherwise a new group, planned after its operands."""
+        if e in self.group_of:
+            return
+        scope = self.nest_scopes[self._level(free_vars(e))]
+        rvars, cat = e.args[2], _category(e)
+        hoisted = [x for b in e.args[1] for x in walk(b, set(), into_reduce=False)
+                   if not (free_vars(x) & set(rvars)) and x.op not in ("const", "scalar")]
+        for x in hoisted:
+            if x.op == "reduce":
+                self._plan_reduce(x)
+        group, at = None, 0
+        for k, (kind, item) in enumerate(scope.items):
+            if kind == "group" and item.rvars == rvars and item.category == cat:
+                group, at = item, k
+        if group is not None:
+            before = scope.items[:at]
+            for x in hoisted:  # must be computed outside this scope or before the group
+                item = ("group", self.group_of[x]) if x.op == "reduce" else ("expr", x)
+                in_scope = any(it[1] is item[1] for it in scope.items)
+                if self.group_of.get(x) is group or (in_scope and not any(
+                        it[1] is item[1] for it in before)):
+                    group = None
+                    break
+        if group is None:
+            group = _Group(rvars, cat)
+            self.group_scope[id(group)] = _Scope(scope.bound | set(rvars), scope)
+            for b in e.args[1]:
+                self._need(b, self.group_scope[id(group)])
+            scope.items.append(("group", group))
+        else:  # operands hoisted only now go before the group's loop
+            n0 = len(scope.items)
+            for b in e.args[1]:
+                self._need(b, self.group_scope[id(group)])
+            new = scope.items[n0:]
+            del scope.items[n0:]
+            scope.items[at:at] = new
+        group.members.append(e)
+        self.group_of[e] = group
+
+    def _need(self, e: Expr, scope: _Scope) -> None:
+        """Plan ``e`` (and its operands) in the outermost ancestor of ``scope`` that binds
+        every variable it depends on."""
+        if scope.lookup(e) is not None or e.op in ("const", "scalar"):
+            return
+        if e.op == "reduce":
+            self._plan_reduce(e)
+            return
+        fv = free_vars(e)
+        target = scope
+        while target.parent is not None and fv <= target.parent.bound:
+            target = target.parent
+        for a in e.args:
+            if isinstance(a, Expr):
+                self._need(a, target)
+        if target.lookup(e) is None:
+            self.ntemp += 1
+            target.names[e] = f"t{self.ntemp}"
+            target.items.append(("expr", e))
+
+    # -- emission ---------------------------------------------------------------------------
+    def _name(self, e: Expr, scope: _Scope) -> str:
+        if e.op == "const":
+            return self.const(e.args[0], e.dtype)
+        if e.op == "scalar":
+            return self.scalar_decls.setdefault((e.args[0], e.dtype), f"s{e.args[0]}_{len(self.scalar_decls)}")
+        n = scope.lookup(e)
+        if n is None:
+            raise CodegenError(f"internal: {e.op} used before it is computed")
+        return n
+
+    def _addr(self, a: Addr) -> str:
+        terms = [f"{c} * i{v}" if c != 1 else f"i{v}" for v, c in a.terms]
+        return " + ".join(terms) if terms else "0"
+
+    def _rhs(self, e: Expr, scope: _Scope) -> str:
+        if e.op == "load":
+            return f"b{e.args[0]}[{self._addr(e.args[1])}]"
+        if e.op == "index":
+            return f"(int64_t)({self._addr(e.args[0])})"
+        if e.op == "cast":
+            a = e.args[0]
+            return self.cast(self._name(a, scope), a.dtype, e.dtype)
+        return self.op(e, [self._name(a, scope) if isinstance(a, Expr) else repr(a) for a in e.args])
+
+    def _emit_items(self, scope: _Scope, out: List[str], ind: str) -> None:
+        for kind, x in scope.items:
+            if kind == "expr":
+                out.append(f"{ind}const {self.ctype(x.dtype)} {scope.names[x]} = {self._rhs(x, scope)};")
+            elif kind == "group":
+                self._emit_group(x, scope, out, ind)
+            else:
+                out.append(f"{ind}b{x.buf}[{self._addr(x.addr)}] = {self._name(x.value, scope)};")
+
+    def _work(self, nest: Nest) -> int:
+        n = 1
+        for v in nest.vars:
+            n *= self.ir.sizes[v]
+        groups = [x for s in self.nest_scopes for k, x in s.items if k == "group"]
+        r = max((self._size(g.rvars) for g in groups), default=1)
+        return n * max(r, 1)
+
+    def _size(self, vs) -> int:
+        n = 1
+        for v in vs:
+            n *= self.ir.sizes[v]
+        return n
+
+    def _emit_nest(self, j: int, out: List[str], ind: str, nest: Nest) -> None:
+        scope = self.nest_scopes[j]
+        self._emit_items(scope, out, ind)
+        if j == len(nest.vars):
+            return
+        v = nest.vars[j]
+        n = self.ir.sizes[v]
+        innermost = j == len(nest.vars) - 1
+        parallel = j == 0 and self._work(nest) >= PARALLEL_MIN and machine_threads() > 1
+        simd = innermost and not any(k == "group" for k, _ in self.nest_scopes[j + 1].items)
+        if parallel and simd and len(nest.vars) == 1 and n > CHUNK:
             chunks = -(-n // CHUNK)
-            if numel >= PARALLEL_MIN:
-                out.append(f"{ind}#pragma omp parallel for schedule(static)")
+            out.append(f"{ind}#pragma omp parallel for schedule(static)")
             out.append(f"{ind}for (int64_t c = 0; c < {chunks}; ++c) {{")
             out.append(f"{ind}  const int64_t lo = c * {CHUNK}, hi = lo + {CHUNK} < {n} ? lo + {CHUNK} : {n};")
             out.append(f"{ind}  #pragma omp simd")
-            out.append(f"{ind}  for (int64_t i0 = lo; i0 < hi; ++i0) {{")
-            ind += "    "
-            idx = ["i0"]
+            out.append(f"{ind}  for (int64_t i{v} = lo; i{v} < hi; ++i{v}) {{")
+            self._emit_nest(j + 1, out, ind + "    ", nest)
+            out += [f"{ind}  }}", f"{ind}}}"]
+            return
+        if parallel and not (innermost and n < 2):
+            out.append(f"{ind}#pragma omp parallel for schedule(static)")
+        elif simd:
+            out.append(f"{ind}#pragma omp simd")
+        out.append(f"{ind}for (int64_t i{v} = 0; i{v} < {n}; ++i{v}) {{")
+        self._emit_nest(j + 1, out, ind + "  ", nest)
+        out.append(f"{ind}}}")
+
+    def _lim(self, which: str, dtype) -> str:
+        if dtype == torch.bool:
+            return "false" if which == "$lowest" else "true"
+        if dtype.is_floating_point:
+            return ("-" if which == "$lowest" else "") + f"{self.ctype(dtype)}(INFINITY)"
+        lim = "lowest" if which == "$lowest" else "max"
+        return f"std::numeric_limits<{self.ctype(dtype)}>::{lim}()"
+
+    def _emit_group(self, g: _Group, scope: _Scope, out: List[str], ind: str) -> None:
+        inner = self.group_scope[id(g)]
+        rv = list(g.rvars)
+        first = g.members[0]
+        kind = first.args[0]
+        tag = f"r{id(g) % 100000}_{self.ntemp}"
+        self.ntemp += 1
+        body_lines: List[str] = []
+        if kind in SIMPLE:
+            accs, clauses = {}, {}
+            for e in g.members:  # one accumulator per distinct (kind, body)
+                key = (e.args[0], e.args[1])
+                if key not in accs:
+                    a = f"a{self.ntemp}_{len(accs)}"
+                    init, _, clause = SIMPLE[e.args[0]]
+                    init = self._lim(init, e.dtype) if init.startswith("$") else init
+                    out.append(f"{ind}{self.ctype(e.dtype)} {a} = {init};")
+                    accs[key] = a
+                    clauses.setdefault(clause, []).append(a)
+                scope.names[e] = accs[key]
+            red = " ".join(f"reduction({c}:{', '.join(v)})" for c, v in clauses.items())
+            self._emit_items(inner, body_lines, "")
+            for (k, bodies), a in accs.items():
+                body_lines.append(SIMPLE[k][1].format(a=a, x=self._name(bodies[0], inner)))
+            par = (not scope.bound and self._size(rv) >= PARALLEL_MIN and machine_threads() > 1)
+            self._loops(rv, body_lines, out, ind, f"simd {red}", f"parallel for {red}" if par else None)
+        elif kind in ARG:
+            init, better = ARG[kind]
+            vt = first.args[1][0].dtype
+            av, ai = f"a{self.ntemp}_v", f"a{self.ntemp}_i"
+            out.append(f"{ind}{self.ctype(vt)} {av} = {self._lim(init, vt)};")
+            out.append(f"{ind}int64_t {ai} = 0;")
+            self._emit_items(inner, body_lines, "")
+            x, i = (self._name(b, inner) for b in first.args[1])
+            body_lines.append(f"if ({better}({x}, {av})) {{ {av} = {x}; {ai} = {i}; }}")
+            for e in g.members:
+                scope.names[e] = av if e.args[3] == 0 else ai
+            self._loops(rv, body_lines, out, ind, None, None)
+        elif kind in BLOCKED:
+            t = self.ctype(first.dtype)
+            acc = f"a{self.ntemp}"
+            out.append(f"{ind}{BLOCKED[kind]}<{t}> {acc};")
+            self._emit_items(inner, body_lines, "")
+            body_lines.append(f"{tag}[{tag}_k] = {self._name(first.args[1][0], inner)};")
+            self._blocked(rv, body_lines, out, ind, t, tag, acc)
+            names = {"welford": ("{a}.m2", "{a}.mean"), "online_softmax": ("{a}.m", "{a}.s")}[kind]
+            for e in g.members:
+                scope.names[e] = names[e.args[3]].format(a=acc)
         else:
-            outer = 1
-            for s in shape[:-1]:
-                outer *= s
-            if numel >= PARALLEL_MIN and outer > 1:
-                out.append(f"{ind}#pragma omp parallel for schedule(static)")
-            out.append(f"{ind}for (int64_t o = 0; o < {outer}; ++o) {{")
-            out.append(f"{ind}  int64_t r = o;")
-            for d in range(nd - 2, -1, -1):
-                if d == 0:
-                    out.append(f"{ind}  const int64_t i0 = r;")
-                else:
-                    out.append(f"{ind}  const int64_t i{d} = r % {shape[d]}; r /= {shape[d]};")
-            out.append(f"{ind}  #pragma omp simd")
-            out.append(f"{ind}  for (int64_t i{nd-1} = 0; i{nd-1} < {shape[-1]}; ++i{nd-1}) {{")
-            ind += "    "
-            idx = [f"i{d}" for d in range(nd)]
+            raise CodegenError(f"no rendering for reduction {kind}")
 
-        def addr(a: Addr) -> str:
-            cs = remap[a.coeffs]
-            terms = [f"{c} * {v}" if c != 1 else v for c, v in zip(cs, idx) if c != 0]
-            return " + ".join(terms) if terms else "0"
+    def _loops(self, rv, body, out, ind, simd_clause, par_clause) -> None:
+        """Loops over ``rv`` (outermost first) around ``body``; the innermost one ``omp
+        simd``, the outermost ``omp parallel for`` if ``par_clause``."""
+        if not rv:
+            out.append(f"{ind}{{")
+            out += [f"{ind}  {b}" for b in body]
+            out.append(f"{ind}}}")
+            return
+        for k, v in enumerate(rv):
+            last = k == len(rv) - 1
+            if k == 0 and par_clause and last and simd_clause:
+                out.append(f"{ind}#pragma omp parallel for {simd_clause}")
+            elif k == 0 and par_clause:
+                out.append(f"{ind}#pragma omp {par_clause}")
+            elif last and simd_clause:
+                out.append(f"{ind}#pragma omp {simd_clause}")
+            out.append(f"{ind}for (int64_t i{v} = 0; i{v} < {self.ir.sizes[v]}; ++i{v}) {{")
+            ind += "  "
+        out += [f"{ind}{b}" for b in body]
+        for _ in rv:
+            ind = ind[:-2]
+            out.append(f"{ind}}}")
 
-        names: Dict[Expr, str] = {}
-        for k, e in enumerate(exprs):
-            if e.op == "const":
-                names[e] = self.const(e.args[0], e.dtype)
-                continue
-            if e.op == "scalar":
-                names[e] = self.scalar_decls.setdefault((e.args[0], e.dtype), f"s{e.args[0]}_{len(self.scalar_decls)}")
-                continue
-            if e.op == "load":
-                rhs = f"b{e.args[0]}[{addr(e.args[1])}]"
-            elif e.op == "cast":
-                a = e.args[0]
-                rhs = self.cast(names[a], a.dtype, e.dtype)
-            else:
-                rhs = self.op(e, [names[a] if isinstance(a, Expr) else repr(a) for a in e.args])
-            v = f"t{k}"
-            out.append(f"{ind}const {self.ctype(e.dtype)} {v} = {rhs};")
-            names[e] = v
-        for st in nest.stores:
-            out.append(f"{ind}b{st.buf}[{addr(st.addr)}] = {names[st.value]};")
-        if nd >= 1:
-            out.append(f"{ind[:-2]}}}")
-            out.append(f"{ind[:-4]}}}")
-        out.append("  }")
-        return out
+    def _blocked(self, rv, body, out, ind, t, tag, acc) -> None:
+        """Loops over ``rv``; the innermost in blocks of :data:`BLOCK` values handed to the
+        accumulator ``acc`` (``acc.add(values, n)``)."""
+        for v in rv[:-1]:
+            out.append(f"{ind}for (int64_t i{v} = 0; i{v} < {self.ir.sizes[v]}; ++i{v}) {{")
+            ind += "  "
+        last = rv[-1] if rv else None
+        n = self.ir.sizes[last] if rv else 1
+        out.append(f"{ind}for (int64_t {tag}_b = 0; {tag}_b < {n}; {tag}_b += {BLOCK}) {{")
+        out.append(f"{ind}  const int64_t {tag}_n = {n} - {tag}_b < {BLOCK} ? {n} - {tag}_b : {BLOCK};")
+        out.append(f"{ind}  {t} {tag}[{BLOCK}];")
+        out.append(f"{ind}  #pragma omp simd")
+        out.append(f"{ind}  for (int64_t {tag}_k = 0; {tag}_k < {tag}_n; ++{tag}_k) {{")
+        if last is not None:
+            out.append(f"{ind}    const int64_t i{last} = {tag}_b + {tag}_k;")
+        out += [f"{ind}    {b}" for b in body]
+        out.append(f"{ind}  }}")
+        out.append(f"{ind}  {acc}.add({tag}, {tag}_n);")
+        out.append(f"{ind}}}")
+        for _ in rv[:-1]:
+            ind = ind[:-2]
+            out.append(f"{ind}}}")

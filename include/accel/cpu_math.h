@@ -10,6 +10,7 @@
 #define ACCEL_CPU_MATH_H
 #include <math.h>
 #include <stdint.h>
+#include <limits>
 #include <type_traits>
 #include "accel/kernel.h"
 
@@ -107,6 +108,72 @@ template <typename T> static inline T shift_right_arithmetic(T a, T b) {
   constexpr T bits = sizeof(T) * 8;
   return (b < 0 || b >= bits) ? T(a >> (bits - 1)) : T(a >> b);
 }
+
+}  // namespace accel
+
+/* NaN-propagating max/min as OpenMP reductions (omp simd / parallel for). */
+#pragma omp declare reduction(accel_max : float, double, int32_t, int64_t, bool : \
+    omp_out = accel::maximum(omp_out, omp_in)) initializer(omp_priv = omp_orig)
+#pragma omp declare reduction(accel_min : float, double, int32_t, int64_t, bool : \
+    omp_out = accel::minimum(omp_out, omp_in)) initializer(omp_priv = omp_orig)
+
+namespace accel {
+
+/* Activations as eager's CPU kernels compute them (aten/src/ATen/native/cpu/Activation.cpp). */
+template <typename T> static inline T silu(T x) { return x / (T(1) + accel::exp(-x)); }
+template <typename T> static inline T gelu_tanh(T x) {
+  const T kBeta = T(M_SQRT2 * M_2_SQRTPI * 0.5), kKappa = T(0.044715);
+  const T inner = kBeta * (x + kKappa * x * x * x);
+  return T(0.5) * x * (T(1) + accel::tanh(inner));
+}
+
+/* argmax/argmin accumulation: strictly better, or the first NaN (eager's semantics). */
+template <typename T> static inline bool argmax_better(T v, T best) {
+  if constexpr (std::is_floating_point_v<T>) return v > best || (v != v && best == best);
+  else return v > best;
+}
+template <typename T> static inline bool argmin_better(T v, T best) {
+  if constexpr (std::is_floating_point_v<T>) return v < best || (v != v && best == best);
+  else return v < best;
+}
+
+/* One-pass mean and sum of squared deviations (Welford 1962), merged blockwise with the
+ * pairwise update of Chan, Golub & LeVeque (1979): each block of values is summed with a
+ * vectorized loop, then folded into the running (n, mean, m2). */
+template <typename T> struct Welford {
+  T n = 0, mean = 0, m2 = 0;
+  inline void add(const T* x, int64_t k) {
+    if (k <= 0) return;
+    T s = 0, q = 0;
+#pragma omp simd reduction(+ : s)
+    for (int64_t i = 0; i < k; ++i) s += x[i];
+    const T nb = T(k), bm = s / nb;
+#pragma omp simd reduction(+ : q)
+    for (int64_t i = 0; i < k; ++i) q += (x[i] - bm) * (x[i] - bm);
+    const T nt = n + nb, delta = bm - mean;
+    mean += delta * (nb / nt);
+    m2 += q + delta * delta * (n * nb / nt);
+    n = nt;
+  }
+};
+
+/* Running max m and sum s of exp(x - m) in one pass (Milakov & Gimelshein 2018, "Online
+ * normalizer calculation for softmax"), blockwise: s is rescaled once per block. NaN
+ * propagates; while every value seen is -inf, s stays 0 (eager's result is NaN there too). */
+template <typename T> struct OnlineSoftmax {
+  T m = -INFINITY, s = 0;
+  inline void add(const T* x, int64_t k) {
+    T bm = -INFINITY, bs = 0;
+#pragma omp simd reduction(accel_max : bm)
+    for (int64_t i = 0; i < k; ++i) bm = accel::maximum(bm, x[i]);
+    const T nm = accel::maximum(m, bm);
+    if (nm == -INFINITY) return;
+#pragma omp simd reduction(+ : bs)
+    for (int64_t i = 0; i < k; ++i) bs += accel::exp(x[i] - nm);
+    s = s * accel::exp(m - nm) + bs;
+    m = nm;
+  }
+};
 
 }  // namespace accel
 #endif /* ACCEL_CPU_MATH_H */
