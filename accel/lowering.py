@@ -83,12 +83,14 @@ class Nest:
 
 @dataclass
 class BufferSpec:
-    """A kernel argument buffer: ``bufs[index]`` in the kernel ABI."""
+    """A kernel argument buffer: ``bufs[index]`` in the kernel ABI. ``scratch``: a
+    temporary the runtime provides (contiguous, contents undefined), after the outputs."""
 
     dtype: torch.dtype
     shape: Tuple[int, ...]
     stride: Tuple[int, ...]
     output: bool
+    scratch: bool = False
 
 
 @dataclass
@@ -191,6 +193,8 @@ class _Lowerer:
         phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
         self.tensor_ph = {n: i for i, n in enumerate(phs[: len(ext)])}
         self.scalar_ph = {n: k for k, n in enumerate(phs[len(ext):])}
+        self.buffers = list(ext)
+        self.in_memory: Dict[fx.Node, int] = {}  # node -> buffer that holds its value
 
     def new_var(self, size: int) -> int:
         self.sizes.append(size)
@@ -262,10 +266,11 @@ class _Lowerer:
         return torch.float64 if dtype.is_floating_point else torch.int64
 
     def _value(self, n: fx.Node, idx: tuple, which: int) -> Expr:
-        if n in self.tensor_ph:
-            b = self.ext[self.tensor_ph[n]]
+        if n in self.tensor_ph or n in self.in_memory:
+            k = self.tensor_ph[n] if n in self.tensor_ph else self.in_memory[n]
+            b = self.buffers[k]
             terms = _affine(*((atom, b.stride[d]) for d, atom in enumerate(idx) if b.shape[d] != 1))
-            return self.mk("load", b.dtype, self.tensor_ph[n], Addr(terms))
+            return self.cast(self.mk("load", b.dtype, k, Addr(terms)), n.meta["val"].dtype)
         if n.op != "call_function":
             raise LoweringError(f"unsupported node {n.format_node()}")
         t = n.target
@@ -487,7 +492,8 @@ def lower(gm: fx.GraphModule, ext: Sequence[BufferSpec], outs: Sequence[BufferSp
     """
     _FREE.clear()
     lw = _Lowerer(gm, ext, scalar_types)
-    buffers = list(ext) + list(outs)
+    buffers = lw.buffers
+    buffers += list(outs)
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
     rets = out_node.args[0]
     rets = list(rets) if isinstance(rets, (tuple, list)) else [rets]
@@ -503,32 +509,113 @@ def lower(gm: fx.GraphModule, ext: Sequence[BufferSpec], outs: Sequence[BufferSp
     numel = lambda b: -_prod(buffers[b].shape)  # noqa: E731 - biggest first
     jobs.sort(key=lambda j: (j[2], numel(j[0])))  # mutations last
     nests: List[Nest] = []
-    shapes: Dict[int, Tuple[int, ...]] = {}
+    placed: List[List[tuple]] = []  # per nest: (buffer, node, is mutation)
+    shapes: Dict[int, tuple] = {}  # nest -> (shape, variables in dim order)
     for buf, node, mutation in jobs:
-        b = buffers[buf]
-        for nest in nests + [None]:
+        for k, nest in enumerate(nests + [None]):
             if nest is None:
-                nest = Nest([lw.new_var(s) for s in b.shape])
-                shapes[id(nest)] = tuple(b.shape)
+                nest = Nest([lw.new_var(s) for s in buffers[buf].shape])
+                shapes[id(nest)] = (tuple(buffers[buf].shape), tuple(nest.vars))
                 nests.append(nest)
-            shape = shapes[id(nest)]
-            if len(shape) != len(b.shape) or any(s not in (1, t) for s, t in zip(b.shape, shape)):
+                placed.append([])
+            store = _store(lw, shapes[id(nest)], buf, buffers[buf], node)
+            if store is None:
                 continue
-            idx = tuple(((v, 1),) if s != 1 else () for v, s in zip(nest.vars, b.shape))
-            value = lw.cast(lw.at(node, idx, b.shape), b.dtype)
-            terms = _affine(*((a, st) for a, st, sz in zip(idx, b.stride, b.shape) if sz != 1))
-            store = Store(buf, Addr(terms), value)
             trial = nest.stores + [store]
             order = _chain_order(nest.vars, [e for s in trial for e in walk(s.value, set())])
             if order is None:
                 continue
             nest.vars, nest.stores = order, trial
+            placed[k].append((buf, node, mutation))
             break
+    if len(nests) > 1:
+        _reuse_memory(lw, gm, buffers, nests, placed, shapes)
     ir = LoopIR(buffers, list(scalar_types), lw.sizes, nests)
     for nest in nests:
         _coalesce(ir, nest)
     _check_hazards(ir, len(ext))
+    _check_bounds(ir)
     return ir
+
+
+def _check_bounds(ir: LoopIR) -> None:
+    """Every load and store stays inside its buffer (a safety net: a wrong index is a
+    lowering bug, and the region then runs eagerly instead of corrupting memory)."""
+    def extent(b: BufferSpec) -> int:
+        return 1 + sum((sz - 1) * st for sz, st in zip(b.shape, b.stride) if sz > 0)
+
+    for nest in ir.nests:
+        accesses = [(st.buf, st.addr) for st in nest.stores]
+        seen: set = set()
+        for st in nest.stores:
+            accesses += [(e.args[0], e.args[1]) for e in walk(st.value, seen) if e.op == "load"]
+        for buf, addr in accesses:
+            hi = sum(c * (ir.sizes[v] - 1) for v, c in addr.terms if c > 0)
+            lo = sum(c * (ir.sizes[v] - 1) for v, c in addr.terms if c < 0)
+            b = ir.buffers[buf]
+            if 0 in b.shape:
+                continue
+            if lo < 0 or hi >= extent(b):
+                raise LoweringError(f"internal: access {addr} out of buffer {buf} {b.shape}/{b.stride}")
+
+
+def _store(lw: _Lowerer, domain, buf: int, b: BufferSpec, node: fx.Node):
+    """A store of ``node`` into buffer ``b`` in a nest over ``domain`` (its shape and its
+    variables, in dim order), or None if ``b`` does not fit the loops (same rank, each
+    size equal or 1)."""
+    shape, loop_vars = domain
+    if len(shape) != len(b.shape) or any(s not in (1, t) for s, t in zip(b.shape, shape)):
+        return None
+    idx = tuple(((v, 1),) if s != 1 else () for v, s in zip(loop_vars, b.shape))
+    value = lw.cast(lw.at(node, idx, b.shape), b.dtype)
+    terms = _affine(*((a, st) for a, st, sz in zip(idx, b.stride, b.shape) if sz != 1))
+    return Store(buf, Addr(terms), value)
+
+
+def _reuse_memory(lw: _Lowerer, gm, buffers, nests, placed, shapes) -> None:
+    """Let later nests read what earlier ones write (their outputs, and the intermediates
+    :func:`accel.partition.choose_materialized` picks, stored to scratch buffers) instead of
+    recomputing it, when that moves fewer bytes; re-evaluates every nest's stores."""
+    from .partition import choose_materialized
+
+    groups = [[node for _, node, _ in jobs] for jobs in placed]
+    chosen = [m for m in gm.graph.nodes if m in choose_materialized(gm, groups)]
+    lw.in_memory = {}
+    for k, nest in enumerate(nests):
+        lw.memo.clear()
+        lw.rvars.clear()
+        stores = [_store(lw, shapes[id(nest)], buf, buffers[buf], node)
+                  for buf, node, _ in placed[k]]
+        reach = _reach(groups[k])
+        for m in [m for m in chosen if m in reach and m not in lw.in_memory]:
+            val = m.meta["val"]
+            spec = BufferSpec(val.dtype, tuple(val.shape), _contiguous(val.shape), True, scratch=True)
+            st = _store(lw, shapes[id(nest)], len(buffers), spec, m)
+            if st is not None:  # else it is recomputed where needed
+                buffers.append(spec)
+                stores.insert(0, st)
+                lw.in_memory[m] = st.buf
+        order = _chain_order(nest.vars, [e for s in stores for e in walk(s.value, set())])
+        nest.vars, nest.stores = order or nest.vars, stores
+        lw.in_memory.update({node: buf for buf, node, mutation in placed[k] if not mutation})
+
+
+def _reach(outs) -> set:
+    seen, todo = set(), list(outs)
+    while todo:
+        n = todo.pop()
+        if n not in seen:
+            seen.add(n)
+            todo.extend(n.all_input_nodes)
+    return seen
+
+
+def _contiguous(shape) -> Tuple[int, ...]:
+    stride, acc = [], 1
+    for s in reversed(shape):
+        stride.append(acc)
+        acc *= max(s, 1)
+    return tuple(reversed(stride))
 
 
 def _prod(shape) -> int:

@@ -89,7 +89,17 @@ class Region(RegionCore):
 
     def __init__(self):
         self.busy = False  # inside flush, replay or a meta evaluation: calls pass through
+        self.scratch = {}  # kernel key -> this thread's scratch buffers for it
         self.reset()
+
+    def scratch_for(self, kern) -> list:
+        """This thread's scratch buffers for ``kern`` (allocated once, reused: no page
+        faults after the first call)."""
+        bufs = self.scratch.get(kern.key)
+        if bufs is None:
+            bufs = self.scratch[kern.key] = [torch.empty(max(n, 1), dtype=torch.uint8)
+                                             for n in kern.scratch]
+        return bufs
 
     def reset(self):
         """Start an empty region at the trie root."""

@@ -64,11 +64,24 @@ def set_store(store) -> None:
 
 @dataclass
 class CompiledRegion:
-    """A loaded kernel: entry point address and which pending outputs it writes."""
+    """A loaded kernel: entry point address, which pending outputs it writes, and the
+    scratch buffers it needs (bytes each), passed after the outputs."""
 
     fn: int
     live_idx: Tuple[int, ...]
     key: str
+    scratch: Tuple[int, ...] = ()
+
+
+def _prod(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def _itemsize(dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
 
 
 def _key_text(node: TrieNode, live) -> str:
@@ -141,7 +154,8 @@ def _compile(region: Region, live, key: str, store):
     meta = {"readable": _readable(region.calls, region), "symbol": name, "source": source,
             "live_idx": list(live_idx), "pass_log": pass_log, "compile_time_s": dt,
             "graph": str(tr.gm.graph), "ir": ir.describe(), "torch": torch.__version__,
-            "n_ext": len(ext), "n_out": len(outs), "scalar_types": scalar_types}
+            "n_ext": len(ext), "n_out": len(outs), "scalar_types": scalar_types,
+            "scratch": [_prod(b.shape) * _itemsize(b.dtype) for b in ir.buffers if b.scratch]}
     STATS["compiles"] += 1
     STATS["compile_time_s"] += dt
     store.record("compiles")
@@ -167,7 +181,8 @@ def _load(entry) -> CompiledRegion:
     t0 = time.perf_counter()
     fn = _core.load(entry.path, entry.meta["symbol"])
     STATS["load_time_s"] += time.perf_counter() - t0
-    return CompiledRegion(fn, tuple(entry.meta["live_idx"]), entry.key)
+    return CompiledRegion(fn, tuple(entry.meta["live_idx"]), entry.key,
+                          tuple(entry.meta.get("scratch", ())))
 
 
 def kernel_for(region: Region, live) -> Optional[CompiledRegion]:
@@ -241,6 +256,8 @@ def execute(region: Region) -> None:
         outs = region.outs
         ptrs = [_data_ptr(t) for t in region.ext]
         ptrs += [_data_ptr(outs[i]) for i in kern.live_idx]
+        if kern.scratch:
+            ptrs += [_data_ptr(t) for t in region.scratch_for(kern)]
         if _core.launch(kern.fn, ptrs, region.scalars) == 0:
             STATS["kernel_runs"] += 1
             return

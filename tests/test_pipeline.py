@@ -8,7 +8,7 @@ import torch.fx as fx
 
 from accel.codegen.cpp import CppRenderer
 from accel.graph import TraceError, trace_region
-from accel.lowering import BufferSpec, LoweringError, free_vars, lower, reductions
+from accel.lowering import BufferSpec, LoweringError, free_vars, lower, reductions, walk
 from accel.passes import cse, dce, remove_noops, run_passes, specialize_pow
 
 aten = torch.ops.aten
@@ -169,3 +169,18 @@ def test_lowering_allows_elementwise_inplace():
     tr = trace_region(calls, [x], 0, (), ["f"])
     ir = lower(tr.gm, [BufferSpec(torch.float32, (4, 8), (8, 1), False)], [], ["f"])
     assert len(ir.nests) == 1 and ir.nests[0].stores[0].buf == 0
+
+
+def test_later_nest_reads_an_earlier_nests_output():
+    """gi = dy * sigmoid(x) and its column sum (a bias gradient): two nests; the partitioner
+    has the column sum read gi back from its output buffer instead of recomputing sigmoid."""
+    x, dy = torch.empty(64, 48), torch.empty(64, 48)
+    calls = [(aten.sigmoid.default, (("x", 0),), {}, 1),
+             (aten.mul.Tensor, (("x", 1), ("o", 0)), {}, 1),
+             (aten.sum.dim_IntList, (("o", 1), ("c", (0,))), {}, 1)]
+    meta = [((64, 48), (48, 1), torch.float32)] * 2 + [((48,), (1,), torch.float32)]
+    ir = _lowered(calls, [x, dy], meta, (1, 2))
+    assert len(ir.nests) == 2
+    second = {e.args[0] for st in ir.nests[1].stores for e in walk(st.value, set()) if e.op == "load"}
+    assert second == {2}, "the column sum should load only the first nest's output (buffer 2)"
+    assert not any(e.op == "exp" for st in ir.nests[1].stores for e in walk(st.value, set()))

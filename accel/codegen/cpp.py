@@ -238,8 +238,8 @@ class CppRenderer(CStyle):
     def _emit_nest(self, j: int, out: List[str], ind: str, nest: Nest) -> None:
         scope = self.nest_scopes[j]
         self._emit_items(scope, out, ind)
-        if j == len(nest.vars):
-            return
+        if not any(s.items for s in self.nest_scopes[j + 1:]):
+            return  # nothing left inside the remaining loops
         v = nest.vars[j]
         n = self.ir.sizes[v]
         innermost = j == len(nest.vars) - 1
