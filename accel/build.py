@@ -65,6 +65,22 @@ def cpu_isa() -> str:
             f":{machine_threads()}cores")
 
 
+@functools.lru_cache(maxsize=1)
+def source_hash() -> str:
+    """SHA-256 (16 hex digits) of accel's own sources and kernel headers: a kernel or trie
+    node recorded by other accel code (a new release, or a changed checkout) is never
+    reused, as Inductor's ``torch_key`` does for its own sources."""
+    h = hashlib.sha256()
+    pkg = os.path.dirname(os.path.abspath(__file__))
+    for folder, exts in ((pkg, (".py", ".pyx")), (os.path.join(pkg, "codegen"), (".py",)),
+                         (os.path.join(INCLUDE_DIR, "accel"), (".h", ".cuh"))):
+        for name in sorted(os.listdir(folder)):
+            if name.endswith(exts):
+                with open(os.path.join(folder, name), "rb") as f:
+                    h.update(name.encode() + b"\0" + f.read())
+    return h.hexdigest()[:16]
+
+
 def compiler_key() -> str:
     """Compiler identity and flags, as stored in every key.
 

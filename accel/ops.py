@@ -73,7 +73,7 @@ COMPOSITES = ("_softmax", "_log_softmax", "_softmax_backward_data", "_log_softma
 # nll_loss_forward/backward stay eager: they gather/scatter at data-dependent class indices,
 # and eager raises at the call on an index out of range, which a kernel cannot do.
 #: ops without a decomposition that the lowering handles itself.
-_LOWERED = {"argmax", "argmin", "max.dim", "min.dim"}
+_LOWERED = ("argmax", "argmin", "max.dim", "min.dim")
 
 #: ops that eager refuses to run on integer tensors with a zero divisor, raising at the call;
 #: a kernel cannot raise there, so on integer (and bool) results they run eagerly.
@@ -134,27 +134,22 @@ def _spec(op) -> Optional[OpSpec]:
 
 @functools.lru_cache(maxsize=None)
 def fusible_ops() -> Dict[object, OpSpec]:
-    """Map each deferrable aten ``OpOverload`` to its :class:`OpSpec` (built once, ~0.3 s)."""
+    """Map each deferrable aten ``OpOverload`` to its :class:`OpSpec` (built once, ~10 ms)."""
     from torch._decomp import decomposition_table
 
     table = {}
-    for s in torch._C._jit_get_all_schemas():
-        if not s.name.startswith("aten::"):
+    lowered = [getattr(aten, n.split(".")[0]).__getattr__(n.split(".")[1] if "." in n else "default")
+               for n in _LOWERED]
+    for op in list(decomposition_table) + lowered:
+        if not isinstance(op, torch._ops.OpOverload) or op.namespace != "aten":
             continue
-        name = s.name[6:]
+        name = op._schema.name[6:]
         if name in _DENY or name.startswith("special_") or name.startswith("_foreach"):
-            continue
-        try:
-            op = getattr(getattr(aten, name), s.overload_name or "default")
-        except (AttributeError, RuntimeError):
             continue
         tags = op.tags
         if torch.Tag.nondeterministic_seeded in tags:
             continue
         if torch.Tag.pointwise not in tags and name not in REDUCTIONS and name not in COMPOSITES:
-            continue
-        lowered = name in _LOWERED or f"{name}.{s.overload_name}" in _LOWERED
-        if op not in decomposition_table and not lowered:
             continue
         spec = _spec(op)
         if spec is not None:
@@ -164,7 +159,6 @@ def fusible_ops() -> Dict[object, OpSpec]:
         if spec is not None:
             table[op] = spec
     return table
-
 
 def run_calls(calls, ext, outs, scalars, on_new) -> None:
     """Run a region's recorded calls in order (eagerly, or under a tracer).

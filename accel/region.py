@@ -9,6 +9,7 @@ of a region is a complete, static description of the program it runs.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import warnings
 from typing import Any, Dict, List, Optional, Tuple
@@ -46,7 +47,7 @@ class TrieNode:
     """
 
     __slots__ = ("children", "outs", "ret", "multi", "n_new", "writes_ext", "kernels", "call",
-                 "parent", "depth")
+                 "parent", "depth", "digest")
 
     def __init__(self, parent=None, call=None):
         self.children: Dict[tuple, TrieNode] = {}
@@ -59,6 +60,23 @@ class TrieNode:
         self.call = call
         self.parent = parent
         self.depth = 0 if parent is None else parent.depth + 1
+        # names this path in the store: the node's metadata survives the process
+        seed = parent.digest if parent is not None else _root_seed()
+        self.digest = hashlib.blake2b(seed + repr(call).encode(), digest_size=16).digest()
+
+    def record(self) -> Optional[tuple]:
+        """The node's metadata as stored: None if not deferrable."""
+        if self.outs is NOT_DEFERRABLE:
+            return None
+        return (self.outs, self.ret, self.multi, self.writes_ext)
+
+    def set(self, rec: Optional[tuple]) -> None:
+        """Fill the node from :meth:`record`'s value."""
+        if rec is None:
+            self.outs, self.ret = NOT_DEFERRABLE, None
+            return
+        self.outs, self.ret, self.multi, self.writes_ext = rec
+        self.n_new = 0 if self.ret is not None else sum(m is not None for m in self.outs)
 
     def path(self) -> List[tuple]:
         """The per-call keys from the root to this node."""
@@ -69,7 +87,34 @@ class TrieNode:
         return keys[::-1]
 
 
+def _root_seed() -> bytes:
+    from .build import source_hash
+
+    return f"{source_hash()}|{torch.__version__}".encode()
+
+
 ROOT = TrieNode()
+
+#: trie node metadata computed in this process, not yet written to the store
+PENDING_NODES: Dict[bytes, Optional[tuple]] = {}
+
+
+def _stored_node(digest: bytes):
+    """The node's metadata from the store: the record, or ``_MISS``."""
+    from .runtime import get_store
+
+    try:
+        store = get_store()
+        rec = store.get_node(digest)
+    except Exception:  # noqa: BLE001 - a store problem: compute it
+        return _MISS
+    if rec is None:
+        return _MISS
+    return None if rec == _NOT_DEFERRABLE_TAG else rec
+
+
+_MISS = object()
+_NOT_DEFERRABLE_TAG = "not deferrable"
 
 
 def _meta_of(t: torch.Tensor) -> tuple:
@@ -127,15 +172,18 @@ class Region(RegionCore):
         """The trie node of a call seen for the first time after the current one: its output
         metadata, or ``NOT_DEFERRABLE`` when eager must run the call (see :meth:`_outputs`)."""
         node = TrieNode(self.node, key)
-        busy, self.busy = self.busy, True  # a hooked Tensor method called here must not flush
-        try:
-            node.outs, node.ret, node.multi, node.writes_ext = self._outputs(func, spec, targs, tkw)
-            node.n_new = 0 if node.ret is not None else sum(m is not None for m in node.outs)
-        except Exception as e:  # eager will raise the user-facing error, if any
-            log.debug("not deferring %s: %s", func, e)
-            node.outs, node.ret = NOT_DEFERRABLE, None
-        finally:
-            self.busy = busy
+        rec = _stored_node(node.digest)
+        if rec is _MISS:
+            busy, self.busy = self.busy, True  # a hooked Tensor method called here must not flush
+            try:
+                rec = self._outputs(func, spec, targs, tkw)
+            except Exception as e:  # eager will raise the user-facing error, if any
+                log.debug("not deferring %s: %s", func, e)
+                rec = None
+            finally:
+                self.busy = busy
+            PENDING_NODES[node.digest] = _NOT_DEFERRABLE_TAG if rec is None else rec
+        node.set(rec)
         self.node.children[key] = node
         return node
 

@@ -7,10 +7,8 @@ eagerly (replayed op by op, filling the outputs without bumping their version co
 """
 from __future__ import annotations
 
-import functools
 import hashlib
 import logging
-import os
 import threading
 import time
 from dataclasses import dataclass
@@ -20,7 +18,7 @@ import torch
 
 from . import __version__, config
 from .ops import run_calls
-from .region import Region, TrieNode, _data_ptr
+from .region import PENDING_NODES, Region, TrieNode, _data_ptr
 
 log = logging.getLogger("accel")
 
@@ -95,28 +93,10 @@ def _readable(calls, region: Region) -> str:
     return f"{ops}{more} [{shapes}]"
 
 
-@functools.lru_cache(maxsize=1)
-def source_hash() -> str:
-    """SHA-256 (16 hex digits) of accel's own sources and kernel headers: a kernel built by
-    other accel code (a new release, or a changed checkout) is never reused, as Inductor's
-    ``torch_key`` does for its own sources."""
-    from .build import INCLUDE_DIR
-
-    h = hashlib.sha256()
-    pkg = os.path.dirname(os.path.abspath(__file__))
-    for folder, exts in ((pkg, (".py", ".pyx")), (os.path.join(pkg, "codegen"), (".py",)),
-                         (os.path.join(INCLUDE_DIR, "accel"), (".h", ".cuh"))):
-        for name in sorted(os.listdir(folder)):
-            if name.endswith(exts):
-                with open(os.path.join(folder, name), "rb") as f:
-                    h.update(name.encode() + b"\0" + f.read())
-    return h.hexdigest()[:16]
-
-
 def store_key(node: TrieNode, live) -> str:
     """The store key: a hash of named parts (accel version and source hash, torch version, compiler identity
     and flags, CPU ISA, the region's trie path and liveness mask)."""
-    from .build import compiler_key
+    from .build import compiler_key, source_hash
     from .store import STORE_VERSION
 
     parts = {"store": STORE_VERSION, "accel": f"{__version__}+{source_hash()}",
@@ -239,11 +219,27 @@ def replay(region: Region) -> None:
         run_calls(region.calls, region.ext, outs, region.scalars, lambda k, t: outs[k].copy_(t))
 
 
+def _save_nodes() -> None:
+    """Write the trie nodes met since the last flush to the store (a new process then
+    skips their meta evaluation)."""
+    batch = dict(PENDING_NODES)
+    PENDING_NODES.clear()
+    try:
+        get_store().put_nodes(batch)
+    except Exception as e:  # noqa: BLE001 - only start-up time is lost
+        from .interceptor import warn_once
+
+        warn_once(("nodes", type(e).__name__), "accel: trie metadata not saved (%s: %s)",
+                  type(e).__name__, e)
+
+
 def execute(region: Region) -> None:
     """Flush ``region``: run its kernel, or replay it eagerly."""
     from . import _core
 
     STATS["flushes"] += 1
+    if PENDING_NODES:
+        _save_nodes()
     node = region.node
     live = region.liveness()
     kern = node.kernels.get(live, _MISSING)

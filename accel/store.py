@@ -4,6 +4,8 @@
 
     index/    diskcache.Cache  "v<STORE_VERSION>:<key>" -> {"sha256", "artifact", "meta"} (LRU, size-limited)
     stats/    diskcache.Cache  counters, and "use:<key>" -> (last use, sha256); never evicted
+    nodes/    diskcache.Cache  trie node digest -> output metadata of a call (so a new process
+                               skips meta evaluation: accel.region.TrieNode)
     objects/  <sha256>.so      artifacts materialized for dlopen, written atomically
     locks/    <sha256(key)>.lock  per-key compile locks (flock: the OS drops them when a holder dies)
 
@@ -95,8 +97,8 @@ def _empty_folder(folder: str) -> None:
 
 class _BaseStore:
     """The store logic, over ``_index`` (LRU key -> value), ``_reader`` (the same, read without
-    refreshing LRU order), ``_side`` (counters and last-use records), the ``_objects`` folder, and
-    ``_folders`` (emptied by ``clear()``)."""
+    refreshing LRU order), ``_side`` (counters and last-use records), ``_nodes`` (trie node
+    metadata), the ``_objects`` folder, and ``_folders`` (emptied by ``clear()``)."""
 
     persistent = False
     _gc_age = 0.0  # object files younger than this (s) are never collected
@@ -143,6 +145,22 @@ class _BaseStore:
         path = self._materialize(sha, art)
         self._side.set(_USE + key, (time.time(), sha))
         return Entry(key, path, v["meta"])
+
+    def get_node(self, digest: bytes):
+        """The stored metadata of trie node ``digest`` (see :class:`accel.region.TrieNode`),
+        or None. An unreadable value counts as missing."""
+        try:
+            return self._nodes.get(digest)
+        except (diskcache.Timeout, sqlite3.Error):
+            raise
+        except Exception:  # noqa: BLE001 - a damaged value: recomputed by the caller
+            return None
+
+    def put_nodes(self, items: dict) -> None:
+        """Store trie node metadata, ``{digest: metadata}``, in one transaction."""
+        with self._transact(self._nodes):
+            for k, v in items.items():
+                self._nodes.set(k, v)
 
     def record(self, counter: str, n: int = 1) -> None:
         """Add ``n`` to a persistent counter: ``hits``, ``misses``, ``compiles``, ``compile_failures``."""
@@ -191,6 +209,7 @@ class _BaseStore:
         if keys is None:
             n = self._index.clear()
             self._side.clear()
+            self._nodes.clear()
             for folder in self._folders:
                 _empty_folder(folder)
             return n
@@ -208,6 +227,11 @@ class _BaseStore:
                 "size_limit_bytes": self.size_limit_bytes, **self.stats()}
 
     # -- helpers --------------------------------------------------------------------------------
+    @staticmethod
+    def _transact(cache):
+        transact = getattr(cache, "transact", None)
+        return transact() if transact is not None else contextlib.nullcontext()
+
     def _keys(self) -> list[str]:
         return [k[len(_PREFIX):] for k in self._index.iterkeys() if isinstance(k, str) and k.startswith(_PREFIX)]
 
@@ -298,6 +322,7 @@ class Store(_BaseStore):
             self._reader = diskcache.Cache(index)
             self._reader.reset("eviction_policy", "none", update=False)  # this handle only
             self._side = diskcache.Cache(os.path.join(d, "stats"))
+            self._nodes = diskcache.Cache(os.path.join(d, "nodes"))
         except (OSError, sqlite3.Error) as e:
             raise StoreError(f"kernel store {d}: cannot open it ({e})") from e
 
@@ -328,7 +353,7 @@ class Store(_BaseStore):
                 lock.release()
 
     def _size(self) -> int:
-        return self._index.volume() + self._side.volume() + super()._size()
+        return self._index.volume() + self._side.volume() + self._nodes.volume() + super()._size()
 
 
 def _secure_dir(d: str) -> None:
@@ -412,6 +437,7 @@ class MemoryStore(_BaseStore):
         self._objects = tempfile.mkdtemp(prefix="accel-store-")
         self._folders, self.location = (self._objects,), f"memory ({self._objects})"
         self._index, self._side = _DictCache(self.size_limit_bytes), _DictCache()
+        self._nodes = _DictCache()
         self._reader = copy.copy(self._index)  # the same dict and lock, read without touching
         self._reader.touch = False
         self._locks = collections.defaultdict(threading.Lock)

@@ -341,3 +341,26 @@ def test_accel_run_cli(tmp_path):
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "OK ['--flag', 'v']" in r.stdout
+
+
+WARM = """
+import json, sys, torch, accel
+x = torch.linspace(-2, 2, 4096).reshape(64, 64)
+with accel.eager():
+    y = torch.softmax(x * 0.5, -1) + torch.layer_norm(x, [64])
+torch.testing.assert_close(y, torch.softmax(x * 0.5, -1) + torch.layer_norm(x, [64]))
+print(json.dumps({**accel.stats(), "dynamo": "torch._dynamo" in sys.modules}))
+"""
+
+
+def test_new_process_with_warm_store_skips_meta_evaluation(fresh_store):
+    """The trie's node metadata persists with the kernels: a second process finds every
+    kernel and every call's output metadata in the store, so it compiles nothing and never
+    evaluates a call on meta tensors (which would import torch._dynamo, about 1 s)."""
+    import json
+
+    cold = json.loads(_run(WARM).stdout.strip().splitlines()[-1])
+    warm = json.loads(_run(WARM).stdout.strip().splitlines()[-1])
+    assert cold["compiles"] >= 1 and cold["dynamo"]
+    assert warm["compiles"] == 0 and warm["store_hits"] >= 1 and warm["kernel_runs"] >= 1
+    assert not warm["dynamo"], "a warm process evaluated a call on meta tensors"
