@@ -97,6 +97,10 @@ FLAGS = {
              "Seconds one kernel build may take before it is killed (and eager is used)."),
         Flag("ACCEL_PURE_PYTHON", False, _parse_bool,
              "Use the pure-Python twin of the Cython core (debugging; slower)."),
+        Flag("ACCEL_MALLOC_TUNING", True, _parse_bool,
+             "Keep freed memory in glibc's heap (no mmap for large blocks, no trimming), so "
+             "fresh outputs do not page-fault; set once, for the whole process, at the first "
+             "enable. The process's resident memory then stays at its peak."),
         Flag("ACCEL_NUM_THREADS", 0, _parse_int(0),
              "OpenMP threads for CPU kernels; 0 means torch.get_num_threads()."),
     ]

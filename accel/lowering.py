@@ -194,7 +194,8 @@ class _Lowerer:
         self.tensor_ph = {n: i for i, n in enumerate(phs[: len(ext)])}
         self.scalar_ph = {n: k for k, n in enumerate(phs[len(ext):])}
         self.buffers = list(ext)
-        self.in_memory: Dict[fx.Node, int] = {}  # node -> buffer that holds its value
+        self.in_memory: Dict[fx.Node, tuple] = {}  # node -> (buffer index, its spec as seen)
+        self.reduce_node: Dict[Expr, fx.Node] = {}  # reduction -> the graph node it computes
 
     def new_var(self, size: int) -> int:
         self.sizes.append(size)
@@ -267,8 +268,8 @@ class _Lowerer:
 
     def _value(self, n: fx.Node, idx: tuple, which: int) -> Expr:
         if n in self.tensor_ph or n in self.in_memory:
-            k = self.tensor_ph[n] if n in self.tensor_ph else self.in_memory[n]
-            b = self.buffers[k]
+            k, b = (self.tensor_ph[n], self.ext[self.tensor_ph[n]]) if n in self.tensor_ph \
+                else self.in_memory[n]
             terms = _affine(*((atom, b.stride[d]) for d, atom in enumerate(idx) if b.shape[d] != 1))
             return self.cast(self.mk("load", b.dtype, k, Addr(terms)), n.meta["val"].dtype)
         if n.op != "call_function":
@@ -323,9 +324,15 @@ class _Lowerer:
         if ns == "prims" and name in _PRIM_REDUCTIONS:
             x, dims = n.args[0], n.args[1]
             acc = dtype if name in ("amax", "amin") else self._acc(dtype)
-            return self.cast(self.reduce(_PRIM_REDUCTIONS[name], x, dims, idx, acc), dtype)
+            e = self.reduce(_PRIM_REDUCTIONS[name], x, dims, idx, acc)
+            self.reduce_node[e] = n
+            return self.cast(e, dtype)
         if t is prims.var.default:
-            return self.cast(self.variance(n.args[0], n.args[1], n.args[2], idx)[0], dtype)
+            var, mean = self.variance(n.args[0], n.args[1], n.args[2], idx)
+            for e in walk(var, set(), into_reduce=False):
+                if e.op == "reduce":
+                    self.reduce_node[e] = n
+            return self.cast(var, dtype)
         if t in (aten.argmax.default, aten.argmin.default, aten.max.dim, aten.min.dim):
             return self.arg_reduction(n, idx, which)
         if ns == "accel" and name == "var_mean":
@@ -499,26 +506,26 @@ def lower(gm: fx.GraphModule, ext: Sequence[BufferSpec], outs: Sequence[BufferSp
     rets = list(rets) if isinstance(rets, (tuple, list)) else [rets]
     if len(rets) != len(outs):
         raise LoweringError("output count mismatch")
-    jobs = [(len(ext) + i, r, False) for i, r in enumerate(rets)]
+    jobs = [(len(ext) + i, *_peel_views(r, outs[i]), False) for i, r in enumerate(rets)]
     for n in gm.graph.nodes:
         if n.op == "call_function" and n.target is aten.copy_.default:
             dst, src = n.args
             if dst not in lw.tensor_ph:
                 raise LoweringError("copy_ into a non-input")
-            jobs.append((lw.tensor_ph[dst], src, True))
-    numel = lambda b: -_prod(buffers[b].shape)  # noqa: E731 - biggest first
-    jobs.sort(key=lambda j: (j[2], numel(j[0])))  # mutations last
+            jobs.append((lw.tensor_ph[dst], src, ext[lw.tensor_ph[dst]], True))
+    jobs.sort(key=lambda j: (j[3], -_prod(j[2].shape)))  # biggest first, mutations last
     nests: List[Nest] = []
-    placed: List[List[tuple]] = []  # per nest: (buffer, node, is mutation)
+    placed: List[List[tuple]] = []  # per nest: its jobs (buffer, node, spec, is mutation)
     shapes: Dict[int, tuple] = {}  # nest -> (shape, variables in dim order)
-    for buf, node, mutation in jobs:
-        for k, nest in enumerate(nests + [None]):
+    forced = 0  # nests of reductions moved to memory: they run first, in creation order
+
+    def place(job, fresh_only=False) -> bool:
+        buf, node, spec, _ = job
+        for nest in ([] if fresh_only else nests) + [None]:
             if nest is None:
-                nest = Nest([lw.new_var(s) for s in buffers[buf].shape])
-                shapes[id(nest)] = (tuple(buffers[buf].shape), tuple(nest.vars))
-                nests.append(nest)
-                placed.append([])
-            store = _store(lw, shapes[id(nest)], buf, buffers[buf], node)
+                nest = Nest([lw.new_var(s) for s in spec.shape])
+                shapes[id(nest)] = (tuple(spec.shape), tuple(nest.vars))
+            store = _store(lw, shapes[id(nest)], buf, spec, node)
             if store is None:
                 continue
             trial = nest.stores + [store]
@@ -526,8 +533,30 @@ def lower(gm: fx.GraphModule, ext: Sequence[BufferSpec], outs: Sequence[BufferSp
             if order is None:
                 continue
             nest.vars, nest.stores = order, trial
-            placed[k].append((buf, node, mutation))
-            break
+            if not nest.stores[:-1]:
+                at = forced if fresh_only else len(nests)
+                nests.insert(at, nest)
+                placed.insert(at, [])
+            placed[nests.index(nest)].append(job)
+            return True
+        return False
+
+    for job in jobs:
+        while not place(job):
+            # reductions that cannot all be hoisted in one nest (one nested in another's
+            # loop, or depending on unrelated loops): the inner ones go to memory first
+            inner = _conflicting(lw, job, shapes)
+            if not inner:
+                raise LoweringError(f"cannot schedule the reductions of {job[1].format_node()}")
+            for r in inner:
+                val = r.meta["val"]
+                spec = BufferSpec(val.dtype, tuple(val.shape), _contiguous(val.shape), True, scratch=True)
+                buffers.append(spec)
+                if not place((len(buffers) - 1, r, spec, False), fresh_only=True):
+                    raise LoweringError(f"cannot schedule {r.format_node()}")
+                forced += 1
+                lw.in_memory[r] = (len(buffers) - 1, spec)
+            lw.memo.clear()
     if len(nests) > 1:
         _reuse_memory(lw, gm, buffers, nests, placed, shapes)
     ir = LoopIR(buffers, list(scalar_types), lw.sizes, nests)
@@ -559,6 +588,22 @@ def _check_bounds(ir: LoopIR) -> None:
                 raise LoweringError(f"internal: access {addr} out of buffer {buf} {b.shape}/{b.stride}")
 
 
+def _conflicting(lw: _Lowerer, job, shapes) -> List[fx.Node]:
+    """The graph nodes of the reductions that keep ``job`` from one nest: those evaluated
+    inside another reduction's loop at its reduction variables, else all but the ones
+    depending on the most loop variables."""
+    buf, node, spec, _ = job
+    nest = Nest([lw.new_var(s) for s in spec.shape])
+    store = _store(lw, (tuple(spec.shape), tuple(nest.vars)), buf, spec, node)
+    reds = [e for e in walk(store.value, set()) if e.op == "reduce"]
+    nested = {x for r in reds for b in r.args[1] for x in walk(b, set())
+              if x.op == "reduce" and free_vars(x) & set(r.args[2])}
+    if not nested:
+        most = max((free_vars(r) for r in reds), key=len, default=frozenset())
+        nested = {r for r in reds if not free_vars(r) <= most}
+    return [n for n in dict.fromkeys(lw.reduce_node.get(r) for r in nested) if n is not None]
+
+
 def _store(lw: _Lowerer, domain, buf: int, b: BufferSpec, node: fx.Node):
     """A store of ``node`` into buffer ``b`` in a nest over ``domain`` (its shape and its
     variables, in dim order), or None if ``b`` does not fit the loops (same rank, each
@@ -578,14 +623,13 @@ def _reuse_memory(lw: _Lowerer, gm, buffers, nests, placed, shapes) -> None:
     recomputing it, when that moves fewer bytes; re-evaluates every nest's stores."""
     from .partition import choose_materialized
 
-    groups = [[node for _, node, _ in jobs] for jobs in placed]
+    groups = [[node for _, node, _, _ in jobs] for jobs in placed]
     chosen = [m for m in gm.graph.nodes if m in choose_materialized(gm, groups)]
-    lw.in_memory = {}
+    lw.in_memory = {}  # refilled nest by nest: what earlier nests wrote
     for k, nest in enumerate(nests):
         lw.memo.clear()
         lw.rvars.clear()
-        stores = [_store(lw, shapes[id(nest)], buf, buffers[buf], node)
-                  for buf, node, _ in placed[k]]
+        stores = [_store(lw, shapes[id(nest)], buf, spec, node) for buf, node, spec, _ in placed[k]]
         reach = _reach(groups[k])
         for m in [m for m in chosen if m in reach and m not in lw.in_memory]:
             val = m.meta["val"]
@@ -594,10 +638,33 @@ def _reuse_memory(lw: _Lowerer, gm, buffers, nests, placed, shapes) -> None:
             if st is not None:  # else it is recomputed where needed
                 buffers.append(spec)
                 stores.insert(0, st)
-                lw.in_memory[m] = st.buf
+                lw.in_memory[m] = (st.buf, spec)
         order = _chain_order(nest.vars, [e for s in stores for e in walk(s.value, set())])
         nest.vars, nest.stores = order or nest.vars, stores
-        lw.in_memory.update({node: buf for buf, node, mutation in placed[k] if not mutation})
+        lw.in_memory.update({node: (buf, spec) for buf, node, spec, mutation in placed[k]
+                             if not mutation})
+
+
+def _peel_views(node: fx.Node, b: BufferSpec) -> Tuple[fx.Node, BufferSpec]:
+    """Store ``collapse_view(x)`` as ``x`` into the output seen with ``x``'s dims (the
+    merged dims split back), when the output's strides allow it: the lowering does not
+    express the div/mod that reading a collapsed index would need (group norm ends so)."""
+    while node.op == "call_function" and node.target is prims.collapse_view.default:
+        x, start, end = node.args  # merges dims start..end, inclusive
+        end += 1
+        xs = tuple(x.meta["val"].shape)
+        if not b.shape or any(s == 0 for s in xs):
+            break
+        inner = b.stride[start]
+        split = []
+        for size in reversed(xs[start:end]):
+            split.append(inner)
+            inner *= size
+        shape = tuple(b.shape[:start]) + xs[start:end] + tuple(b.shape[start + 1:])
+        stride = tuple(b.stride[:start]) + tuple(reversed(split)) + tuple(b.stride[start + 1:])
+        b = BufferSpec(b.dtype, shape, stride, b.output, b.scratch)
+        node = x
+    return node, b
 
 
 def _reach(outs) -> set:

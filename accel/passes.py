@@ -125,13 +125,102 @@ def specialize_pow(gm: fx.GraphModule) -> int:
         n_replaced += 1
     return n_replaced
 
+#: the largest constant (in elements) :func:`constant_folding` evaluates at compile time.
+FOLD_MAX_NUMEL = 1 << 20
+_CONST_SOURCES = {prims.full.default, prims.scalar_tensor.default, aten.scalar_tensor.default}
+
+
+def _foldable(n: fx.Node) -> bool:
+    t = n.target
+    if n.op != "call_function" or t in _IMPURE:
+        return False
+    if torch.Tag.nondeterministic_seeded in getattr(t, "tags", ()):
+        return False
+    val = n.meta.get("val")
+    vals = val if isinstance(val, (tuple, list)) else (val,)
+    return all(not isinstance(v, torch.Tensor) or v.numel() <= FOLD_MAX_NUMEL for v in vals)
+
+
+def _uniform(t: torch.Tensor):
+    """``(True, value)`` if every element of ``t`` equals the first (NaN equals NaN)."""
+    flat = t.reshape(-1)
+    if flat.numel() == 0:
+        return True, False if t.dtype == torch.bool else 0
+    first = flat[:1].expand_as(flat)
+    same = (flat == first) | (torch.isnan(flat) & torch.isnan(first))
+    return bool(same.all()), flat[0].item()
+
+
+def constant_folding(gm: fx.GraphModule) -> int:
+    """Fold pure ``call_function`` nodes whose inputs are all constants: evaluate them at
+    compile time and, when the result is uniform (every element equal), replace the node
+    by ``prims.full(shape, value, dtype=, device=, requires_grad=False)`` (Inductor's
+    ``constant_fold_uniform_value``). A constant is a node without node inputs
+    (``prims.full``, ``prims.iota``, ...) or a foldable node of constants; placeholders,
+    the runtime scalars ``s0, s1, ...`` included, are never constants. Non-uniform results
+    stay as they are (the graph has no tensor attributes to hold them); so do random ops,
+    ``copy_`` and results over :data:`FOLD_MAX_NUMEL` elements. Only the last constant
+    node of each chain is replaced; the chain is left to :func:`dce`.
+
+    Returns the number of nodes replaced.
+    """
+    g = gm.graph
+    const = set()
+    for n in g.nodes:
+        if _foldable(n) and all(i in const for i in n.all_input_nodes):
+            const.add(n)
+    env: Dict[fx.Node, object] = {}
+
+    def value(n: fx.Node):
+        if n not in env:
+            env[n] = n.target(*fx.map_arg(n.args, value), **fx.map_arg(n.kwargs, value))
+        return env[n]
+
+    todo = [n for n in g.nodes if n in const and n.all_input_nodes
+            and any(u not in const for u in n.users)]
+    seen, n_folded = set(), 0
+    while todo:
+        n = todo.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        try:
+            v = value(n)
+            ok, fill = (_uniform(v) if isinstance(v, torch.Tensor) and v.device.type != "meta"
+                        else (False, None))
+        except Exception as e:  # noqa: BLE001 - an op that cannot run here stays as it is
+            log.debug("constant_folding: cannot evaluate %s: %s", n.format_node(), e)
+            continue
+        if not ok or n.target in _CONST_SOURCES:
+            todo.extend(i for i in n.all_input_nodes if i.all_input_nodes)
+            continue
+        with g.inserting_before(n):
+            new = g.call_function(prims.full.default, (list(v.shape), fill),
+                                  {"dtype": v.dtype, "device": v.device, "requires_grad": False})
+        new.meta = dict(n.meta)
+        env[new] = v
+        n.replace_all_uses_with(new)
+        log.debug("constant_folding: %s -> full(%s, %r)", n.name, list(v.shape), fill)
+        n_folded += 1
+    return n_folded
+
 
 #: The pass pipeline, in order.
+def patterns(gm: fx.GraphModule) -> int:
+    """The registered replacements of :mod:`accel.patterns` (online softmax, Welford
+    mean/variance, silu, tanh-GELU, ...)."""
+    from .patterns import apply_patterns
+
+    return apply_patterns(gm)
+
+
 PASSES: List[Tuple[str, Callable[[fx.GraphModule], int]]] = [
     ("remove_noops", remove_noops),
     ("specialize_pow", specialize_pow),
+    ("constant_folding", constant_folding),
     ("cse", cse),
     ("dce", dce),
+    ("patterns", patterns),
 ]
 
 

@@ -24,6 +24,8 @@ PARALLEL_MIN = 32768
 CHUNK = 4096
 #: elements per block of a blockwise reduction (welford, online_softmax).
 BLOCK = 64
+#: results per block of a reduction over a strided dimension (a column sum).
+VBLOCK = 32
 
 #: reduction kinds accumulated by a plain ``omp simd reduction`` clause: init, update, clause.
 SIMPLE = {"sum": ("0", "{a} += {x};", "+"), "prod": ("1", "{a} *= {x};", "*"),
@@ -255,12 +257,115 @@ class CppRenderer(CStyle):
             self._emit_nest(j + 1, out, ind + "    ", nest)
             out += [f"{ind}  }}", f"{ind}}}"]
             return
+        if innermost and self._vertical(v, self.nest_scopes[j + 1]):
+            self._emit_vertical(v, self.nest_scopes[j + 1], out, ind, parallel)
+            return
         if parallel and not (innermost and n < 2):
             out.append(f"{ind}#pragma omp parallel for schedule(static)")
         elif simd:
             out.append(f"{ind}#pragma omp simd")
         out.append(f"{ind}for (int64_t i{v} = 0; i{v} < {n}; ++i{v}) {{")
         self._emit_nest(j + 1, out, ind + "  ", nest)
+        out.append(f"{ind}}}")
+
+    def _vertical(self, v: int, scope: _Scope) -> bool:
+        """A reduction over a strided dimension whose result varies along the contiguous
+        innermost loop ``v`` (a column sum): worth accumulating a vector of ``v`` values."""
+        groups = [x for k, x in scope.items if k == "group"]
+        if len(groups) != 1 or groups[0].category != "simple" or not groups[0].rvars:
+            return False
+        inner = self.group_scope[id(groups[0])]
+        last = groups[0].rvars[-1]
+        loads = [x.args[1] for k, x in inner.items if k == "expr" and x.op == "load"]
+        return bool(loads) and all(a.coeff(v) == 1 for a in loads) and any(
+            abs(a.coeff(last)) > 1 for a in loads)
+
+    def _emit_vertical(self, v: int, scope: _Scope, out: List[str], ind: str, parallel: bool) -> None:
+        """Loop ``v`` in blocks of :data:`VBLOCK`: each block accumulates a vector of results
+        over the reduction loops (unit-stride, vectorized loads), then finishes the block."""
+        n = self.ir.sizes[v]
+        g = next(x for k, x in scope.items if k == "group")
+        at = next(k for k, (_, x) in enumerate(scope.items) if x is g)
+        pre, post = _Scope(scope.bound, scope.parent), _Scope(scope.bound, scope.parent)
+        pre.items, post.items = scope.items[:at], scope.items[at + 1:]
+        pre.names = post.names = scope.names
+        inner = self.group_scope[id(g)]
+        b = f"v{self.ntemp}"
+        self.ntemp += 1
+        if parallel:
+            out.append(f"{ind}#pragma omp parallel for schedule(static)")
+        out.append(f"{ind}for (int64_t {b} = 0; {b} < {n}; {b} += {VBLOCK}) {{")
+        ind2 = ind + "  "
+        out.append(f"{ind2}const int64_t {b}_n = {n} - {b} < {VBLOCK} ? {n} - {b} : {VBLOCK};")
+        accs: Dict[tuple, str] = {}
+        for e in g.members:
+            key = (e.args[0], e.args[1])
+            if key not in accs:
+                a = accs[key] = f"a{self.ntemp}_{len(accs)}"
+                init = SIMPLE[e.args[0]][0]
+                init = self._lim(init, e.dtype) if init.startswith("$") else init
+                out.append(f"{ind2}{self.ctype(e.dtype)} {a}[{VBLOCK}];")
+                out.append(f"{ind2}for (int64_t k = 0; k < {VBLOCK}; ++k) {a}[k] = {init};")
+        body: List[str] = []
+        self._emit_items(pre, body, "")
+        self._emit_items(inner, body, "")
+        rv = list(g.rvars)
+        cascade = [bodies[0] for (k, bodies) in accs if k == "sum"]
+        if len(accs) == 1 and len(rv) == 1 and cascade and cascade[0].op == "cast" and \
+                cascade[0].args[0].dtype == torch.float32:
+            (a,) = accs.values()
+            self._cascade(a, self._name(cascade[0].args[0], inner), rv[0], b, v, body, out, ind2)
+            for e in g.members:
+                scope.names[e] = f"static_cast<double>({a}[0][{b}_k])"
+        else:
+            for (k, bodies), a in accs.items():
+                body.append(SIMPLE[k][1].format(a=f"{a}[{b}_k]", x=self._name(bodies[0], inner)))
+            for r in rv:
+                out.append(f"{ind2}for (int64_t i{r} = 0; i{r} < {self.ir.sizes[r]}; ++i{r}) {{")
+                ind2 += "  "
+            self._vector_loop(b, v, body, out, ind2)
+            for _ in rv:
+                ind2 = ind2[:-2]
+                out.append(f"{ind2}}}")
+            for e in g.members:
+                scope.names[e] = accs[(e.args[0], e.args[1])] + f"[{b}_k]"
+        tail: List[str] = []
+        self._emit_items(pre, tail, "")
+        self._emit_items(post, tail, "")
+        self._vector_loop(b, v, tail, out, ind2)
+        out.append(f"{ind}}}")
+
+    def _cascade(self, a: str, x: str, r: int, b: str, v: int, body, out, ind) -> None:
+        """A float32 column sum in eager's order: ATen's ``multi_row_sum`` (SumKernel.cpp),
+        a 4-level cascade of float accumulators over the rows, so results match eager's
+        bit for bit instead of differing by eager's rounding error. Replaces the double
+        accumulator ``a`` by a float one."""
+        n = self.ir.sizes[r]
+        lp = max(4, (max(n - 1, 1)).bit_length() // 4)  # utils::CeilLog2(size) / num_levels
+        step, mask = 1 << lp, (1 << lp) - 1
+        out[-2:] = [f"{ind}float {a}[4][{VBLOCK}] = {{}};"]
+        body = body + [f"{a}[0][{b}_k] += {x};"]
+        out.append(f"{ind}int64_t i{r} = 0;")
+        out.append(f"{ind}for (; i{r} + {step} <= {n};) {{")
+        out.append(f"{ind}  for (int64_t j = 0; j < {step}; ++j, ++i{r}) {{")
+        self._vector_loop(b, v, body, out, ind + "    ")
+        out.append(f"{ind}  }}")
+        out.append(f"{ind}  for (int64_t j = 1; j < 4; ++j) {{")
+        out.append(f"{ind}    for (int64_t k = 0; k < {VBLOCK}; ++k) {{ {a}[j][k] += {a}[j - 1][k]; {a}[j - 1][k] = 0; }}")
+        out.append(f"{ind}    if ((i{r} & (INT64_C({mask}) << (j * {lp}))) != 0) break;")
+        out.append(f"{ind}  }}")
+        out.append(f"{ind}}}")
+        out.append(f"{ind}for (; i{r} < {n}; ++i{r}) {{")
+        self._vector_loop(b, v, body, out, ind + "  ")
+        out.append(f"{ind}}}")
+        out.append(f"{ind}for (int64_t j = 1; j < 4; ++j)")
+        out.append(f"{ind}  for (int64_t k = 0; k < {VBLOCK}; ++k) {a}[0][k] += {a}[j][k];")
+
+    def _vector_loop(self, b: str, v: int, body: List[str], out: List[str], ind: str) -> None:
+        out.append(f"{ind}#pragma omp simd")
+        out.append(f"{ind}for (int64_t {b}_k = 0; {b}_k < {b}_n; ++{b}_k) {{")
+        out.append(f"{ind}  const int64_t i{v} = {b} + {b}_k;")
+        out += [f"{ind}  {x}" for x in body]
         out.append(f"{ind}}}")
 
     def _lim(self, which: str, dtype) -> str:

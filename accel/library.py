@@ -1,0 +1,252 @@
+"""accel's own operators (``torch.ops.accel.*``), the targets of pattern replacements
+(:mod:`accel.patterns`).
+
+Each op has a reference implementation written with torch ops (``CompositeExplicitAutograd``:
+any device; it defines the semantics the generated kernels must reproduce, and tests compare
+against it) and a fake implementation (``torch.library.register_fake``), so that ``make_fx``
+with ``tracing_mode="fake"`` records the op as one node instead of tracing into it. The
+decomposition table has no entry for these ops: they stay whole through
+:func:`accel.graph.trace_region`. Ops with two results appear in a graph as the op node
+(``meta["val"]`` a tuple of two tensors) followed by ``operator.getitem(node, 0)`` and
+``operator.getitem(node, 1)``.
+
+Output layout (fake and reference agree): reductions return new contiguous tensors of
+shape ``[x.shape[d] for d not in dims]`` and ``x``'s dtype; pointwise ops return
+``torch.empty_like(x)`` (``x``'s strides when ``x`` is dense, as eager's TensorIterator).
+All four take floating tensors only.
+
+The rewrites that produce these ops (search and replacement functions, examples) are
+declared at the end, as data: :data:`REWRITES`, registered by :mod:`accel.patterns`.
+"""
+from __future__ import annotations
+
+from typing import List, Sequence, Tuple
+
+import torch
+
+_LIB = torch.library.Library("accel", "FRAGMENT")  # kept alive: it owns the registrations
+
+
+def _norm_dims(x: torch.Tensor, dims: Sequence[int]) -> List[int]:
+    """``dims`` made non-negative and sorted.
+
+    Raises:
+        RuntimeError: ``dims`` is empty, repeats a dim or is out of range; ``x`` is not
+            a real floating tensor.
+    """
+    if not x.is_floating_point():
+        raise RuntimeError(f"accel reductions take floating tensors, got {x.dtype}")
+    nd = max(x.dim(), 1)
+    out = []
+    for d in dims:
+        if not -nd <= d < nd:
+            raise RuntimeError(f"dim {d} out of range for a {x.dim()}-d tensor")
+        out.append(d % nd)
+    if not out or len(set(out)) != len(out):
+        raise RuntimeError(f"dims must be non-empty and distinct, got {list(dims)}")
+    return sorted(out)
+
+
+def _reduced_shape(x: torch.Tensor, dims: Sequence[int]) -> List[int]:
+    ds = set(_norm_dims(x, dims))
+    return [s for d, s in enumerate(x.shape) if d not in ds]
+
+
+def _keep_shape(x: torch.Tensor, dims: Sequence[int]) -> List[int]:
+    ds = set(_norm_dims(x, dims))
+    return [1 if d in ds else s for d, s in enumerate(x.shape)]
+
+
+def _define(schema: str, fake):
+    """Define ``accel::<schema>`` with the decorated reference and ``fake``."""
+    name = schema.split("(")[0]
+
+    def deco(ref):
+        _LIB.define(schema)
+        _LIB.impl(name, ref, "CompositeExplicitAutograd")
+        torch.library.register_fake(f"accel::{name}", fake, lib=_LIB)
+        return ref
+
+    return deco
+
+
+def _fake_stats(x, dims, *rest):
+    shape = _reduced_shape(x, dims)
+    return x.new_empty(shape), x.new_empty(shape)
+
+
+def _fake_pointwise(x):
+    if not x.is_floating_point():
+        raise RuntimeError(f"accel pointwise ops take floating tensors, got {x.dtype}")
+    return torch.empty_like(x)
+
+
+@_define("online_softmax(Tensor x, int[] dims) -> (Tensor amax, Tensor sumexp)", _fake_stats)
+def online_softmax(x: torch.Tensor, dims: List[int]) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Softmax statistics over ``dims``: ``amax = x.amax(dims)`` and
+    ``sumexp = exp(x - amax).sum(dims)`` (``amax`` broadcast back over ``dims``).
+
+    Shapes/dtypes: ``x`` floating, any shape; both results have ``x``'s dtype and shape
+    ``[x.shape[d] for d not in dims]`` (keepdim False), contiguous.
+
+    Algorithm: this reference is the two-pass formula. Generated kernels compute both in
+    one pass (Milakov & Gimelshein 2018, "Online normalizer calculation for softmax",
+    arXiv:1805.02867): running ``m = -inf``, ``s = 0``; for each ``v``, ``m' = max(m, v)``,
+    ``s = s * exp(m - m') + exp(v - m')``; partial results ``(m, s)`` merge the same way.
+
+    Special values: kernels must give this reference's results wherever ``amax > -inf``.
+    ``-inf`` elements contribute 0: a kernel must take ``exp(m - m')`` and ``exp(v - m')``
+    as 0 when ``m``, resp. ``v``, is ``-inf`` (unguarded, ``exp(-inf - -inf)`` is NaN and
+    a row ``[-inf, 1]`` would not give ``amax = 1, sumexp = 1``). NaN propagates to both
+    results; ``+inf`` gives ``sumexp = NaN``. For a row of only ``-inf`` the reference
+    gives ``sumexp = NaN``, a guarded kernel 0: softmax and log_softmax of that row are
+    NaN either way, as in eager.
+
+    Raises:
+        RuntimeError: ``x`` not floating; ``dims`` empty, repeated or out of range.
+    """
+    keep = _keep_shape(x, dims)
+    amax = torch.amax(x, _norm_dims(x, dims))
+    sumexp = torch.exp(x - amax.reshape(keep)).sum(_norm_dims(x, dims))
+    return amax, sumexp
+
+
+@_define("var_mean(Tensor x, int[] dims, float correction) -> (Tensor var, Tensor mean)",
+         _fake_stats)
+def var_mean(x: torch.Tensor, dims: List[int],
+             correction: float) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Variance and mean over ``dims``, as ``torch.var_mean(x, dims,
+    correction=correction, keepdim=False)``: ``var = sum((x - mean)**2) / (N - correction)``
+    with ``N`` the number of reduced elements (``N - correction <= 0`` gives inf/NaN as
+    in eager).
+
+    Shapes/dtypes: ``x`` real floating; both results have ``x``'s dtype and shape
+    ``[x.shape[d] for d not in dims]``, contiguous.
+
+    Algorithm: generated kernels use one pass of Welford's update (B. P. Welford 1962,
+    "Note on a method for calculating corrected sums of squares and products",
+    Technometrics 4(3)): ``n += 1; d = v - mean; mean += d / n; m2 += d * (v - mean)``,
+    partial results merged as Chan, Golub & LeVeque 1979 ("Updating formulae and a
+    pairwise algorithm for computing sample variances"); ``var = m2 / (N - correction)``.
+
+    Raises:
+        RuntimeError: ``x`` not floating; ``dims`` empty, repeated or out of range.
+    """
+    return torch.var_mean(x, _norm_dims(x, dims), correction=correction, keepdim=False)
+
+
+@_define("silu(Tensor x) -> Tensor", _fake_pointwise)
+def silu(x: torch.Tensor) -> torch.Tensor:
+    """``x * sigmoid(x)`` computed as eager's silu: ``x / (1 + exp(-x))`` (ATen
+    ``aten/src/ATen/native/cpu/Activation.cpp``). Same shape and dtype as ``x``
+    (floating)."""
+    return torch.nn.functional.silu(x)
+
+
+@_define("gelu_tanh(Tensor x) -> Tensor", _fake_pointwise)
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """Eager's ``gelu(x, approximate="tanh")``:
+    ``0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x**3)))`` (Hendrycks & Gimpel 2016,
+    "Gaussian Error Linear Units", arXiv:1606.08415). Same shape and dtype as ``x``
+    (floating)."""
+    return torch.nn.functional.gelu(x, approximate="tanh")
+
+
+# -- the rewrites that produce these ops (registered by accel.patterns) ----------------------
+aten = torch.ops.aten
+_SQRT_2_OVER_PI = 0.7978845608028654  # math.sqrt(2 / math.pi), as HF's NewGELUActivation
+
+
+def _keepdim(t: torch.Tensor, x: torch.Tensor, dims: Sequence[int]) -> torch.Tensor:
+    """A reduction result of ``x`` over ``dims`` with the reduced dims back as size 1."""
+    for d in _norm_dims(x, dims):
+        t = t.unsqueeze(d)
+    return t
+
+
+def softmax_search(x, *, dims):
+    return aten._softmax.default(x, dims[0], False)
+
+
+def softmax_replace(x, *, dims):
+    amax, sumexp = torch.ops.accel.online_softmax(x, dims)
+    return torch.exp(x - _keepdim(amax, x, dims)) / _keepdim(sumexp, x, dims)
+
+
+def log_softmax_search(x, *, dims):
+    return aten._log_softmax.default(x, dims[0], False)
+
+
+def log_softmax_replace(x, *, dims):
+    amax, sumexp = torch.ops.accel.online_softmax(x, dims)
+    return (x - _keepdim(amax, x, dims)) - _keepdim(torch.log(sumexp), x, dims)
+
+
+def var_mean_keepdim_search(x, *, dims, correction):
+    return torch.var_mean(x, dims, correction=correction, keepdim=True)
+
+
+def var_mean_keepdim_replace(x, *, dims, correction):
+    var, mean = torch.ops.accel.var_mean(x, dims, correction)
+    return _keepdim(var, x, dims), _keepdim(mean, x, dims)
+
+
+def var_mean_search(x, *, dims, correction):
+    return torch.var_mean(x, dims, correction=correction, keepdim=False)
+
+
+def var_mean_replace(x, *, dims, correction):
+    return torch.ops.accel.var_mean(x, dims, correction)
+
+
+def rms_norm_search(x, eps, *, dims):
+    return x * torch.rsqrt(torch.mean(x * x, dims, keepdim=True) + eps)
+
+
+def rms_norm_replace(x, eps, *, dims):
+    """RMS norm's mean of squares is already one pass (one ``prims.sum`` of ``x * x``) and
+    stays. Not ``accel::var_mean``: Welford gives the variance about the mean, RMS needs
+    ``E[x^2]``; ``var + mean^2`` would cost a second accumulator and a division per element
+    and round differently, for nothing (a sum of squares does not cancel). The rewrite moves
+    the row epilogue (``/ N`` as eager's mean, ``+ eps``, ``rsqrt``) onto the reduced tensor
+    and broadcasts once; the values are bitwise those of the original graph."""
+    return x * _keepdim(torch.rsqrt(torch.mean(x * x, dims) + eps), x, dims)
+
+
+def silu_search(x):
+    return x * torch.sigmoid(x)
+
+
+def silu_commuted_search(x):
+    return torch.sigmoid(x) * x
+
+
+def silu_replace(x):
+    return torch.ops.accel.silu(x)
+
+
+def gelu_tanh_search(x):
+    return 0.5 * x * (1 + torch.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+def gelu_tanh_replace(x):
+    return torch.ops.accel.gelu_tanh(x)
+
+
+_R3, _R4 = ((2, 3, 5),), ((3, 4, 6, 7),)  # two example ranks/sizes: shape literals differ
+#: (name, search, replace, examples, n_scalars) of each rewrite, in the order tried; see
+#: :class:`accel.patterns.Replacement`.
+REWRITES = (
+    ("softmax", softmax_search, softmax_replace, ((_R3, {"dims": [1]}), (_R4, {"dims": [3]})), 0),
+    ("log_softmax", log_softmax_search, log_softmax_replace,
+     ((_R3, {"dims": [1]}), (_R4, {"dims": [3]})), 0),
+    ("var_mean_keepdim", var_mean_keepdim_search, var_mean_keepdim_replace,
+     ((_R3, {"dims": [1], "correction": 0.0}), (_R4, {"dims": [2, 3], "correction": 1.0})), 0),
+    ("var_mean", var_mean_search, var_mean_replace,
+     ((_R3, {"dims": [1], "correction": 0.0}), (_R4, {"dims": [2, 3], "correction": 1.0})), 0),
+    ("rms_norm", rms_norm_search, rms_norm_replace,
+     ((_R3, {"dims": [2]}), (_R4, {"dims": [1]})), 1),
+    ("silu", silu_search, silu_replace, ((_R3, {}), (_R4, {})), 0),
+    ("silu_commuted", silu_commuted_search, silu_replace, ((_R3, {}), (_R4, {})), 0),
+    ("gelu_tanh", gelu_tanh_search, gelu_tanh_replace, ((_R3, {}), (_R4, {})), 0),
+)

@@ -1,0 +1,334 @@
+"""Pattern replacement (accel.patterns), accel's own ops (accel.library) and constant folding:
+each rewrite shown on a traced graph (targets before/after), applied exactly once, and the
+rewritten graph run against eager; near misses that must not match; stale serialized patterns."""
+import json
+import logging
+import math
+import os
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+import accel.patterns as P
+from accel.graph import trace_region
+from accel.ops import SCALAR, TENSOR, _kind
+from accel.passes import PASSES, constant_folding, dce, run_passes
+
+accel_ops = torch.ops.accel
+DTYPES = (torch.float32, torch.float64)
+
+
+class _Recorder(TorchDispatchMode):
+    """Records aten calls as a region would: tensors wired as ("x", j) / ("o", i), nonzero
+    numbers in tensor or scalar positions as runtime scalars ("s", k), the rest constants."""
+
+    def __init__(self, inputs):
+        super().__init__()
+        self.keep = list(inputs)  # keeps ids unique
+        self.refs = {id(t): ("x", i) for i, t in enumerate(inputs)}
+        self.calls, self.scalars, self.n_out = [], [], 0
+
+    def _tmpl(self, func, arg, v):
+        if isinstance(v, torch.Tensor):
+            return self.refs[id(v)]
+        if (type(v) in (int, float) and v and v == v
+                and _kind(func._schema.name.split("::")[1], arg) in (TENSOR, SCALAR)):
+            self.scalars.append(v)
+            return ("s", len(self.scalars) - 1)
+        return ("c", tuple(v) if isinstance(v, list) else v)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        schema = {a.name: a for a in func._schema.arguments}
+        targs = tuple(self._tmpl(func, a, v) for a, v in zip(func._schema.arguments, args))
+        tkw = {k: self._tmpl(func, schema[k], v) for k, v in kwargs.items()}
+        new = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+        for t in new:
+            self.refs[id(t)] = ("o", self.n_out)
+            self.n_out += 1
+            self.keep.append(t)
+        self.calls.append((func, targs, tkw, len(new)))
+        return out
+
+
+def record(fn, *inputs):
+    """``fn`` traced as accel traces a region, after :func:`run_passes`; its scalars."""
+    rec = _Recorder(inputs)
+    with rec:
+        out = fn(*inputs)
+    live = tuple(rec.refs[id(t)][1] for t in tree_leaves(out))
+    types = [("f" if type(s) is float else "i") + ("-" if s < 0 else "+") for s in rec.scalars]
+    tr = trace_region(rec.calls, list(inputs), rec.n_out, live, types)
+    for name, p in PASSES:  # the pipeline up to (not including) the patterns pass
+        if name == "patterns":
+            break
+        p(tr.gm)
+    return tr.gm, rec.scalars
+
+
+def targets(gm):
+    return [str(n.target).replace("<built-in function getitem>", "getitem")
+            for n in gm.graph.nodes if n.op == "call_function"]
+
+
+BID = "prims.broadcast_in_dim.default"
+
+
+def check(fn, inputs, before, after, **close):
+    """Trace ``fn``; check its targets, that the patterns make one replacement (given the
+    runtime scalars' values), the targets after, and the rewritten graph against eager."""
+    gm, sc = record(fn, *inputs)
+    if before is not None:
+        assert targets(gm) == before, gm.graph
+    assert P.apply_patterns(gm, sc) == 1, gm.graph
+    assert targets(gm) == after, gm.graph
+    want = fn(*inputs)
+    got = gm(*inputs, *sc)
+    for g, w in zip(got, tree_leaves(want)):
+        torch.testing.assert_close(g, w, **close)
+    return gm, sc
+
+
+def _rows(shape, dtype):
+    """Random rows with -inf entries, a row of -inf only, and values whose exp overflows."""
+    x = torch.randn(shape, dtype=dtype) * 4
+    x.view(-1)[::7] = float("-inf")
+    x[..., 0] = 90.0  # exp(90) overflows float32
+    x.view(-1, shape[-1])[1] = float("-inf")
+    return x
+
+
+# -- accel.library -----------------------------------------------------------------------------
+def test_library_ops_fake_and_reference():
+    x = torch.randn(3, 4, 5, dtype=torch.float64)
+    for op, args in [(accel_ops.online_softmax.default, (x, [1])),
+                     (accel_ops.var_mean.default, (x, [0, 2], 1.0)),
+                     (accel_ops.silu.default, (x,)), (accel_ops.gelu_tanh.default, (x.mT,))]:
+        res = torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor"))
+        assert set(res.values()) == {"SUCCESS"}, res
+    amax, sumexp = accel_ops.online_softmax(x, [-1])
+    torch.testing.assert_close(amax, x.amax(-1))
+    torch.testing.assert_close(sumexp, (x - amax[..., None]).exp().sum(-1))
+    var, mean = accel_ops.var_mean(x, [0, 2], 1.0)
+    torch.testing.assert_close((var, mean), torch.var_mean(x, (0, 2), correction=1))
+    torch.testing.assert_close(accel_ops.silu(x), x * torch.sigmoid(x))
+    rows = torch.tensor([[float("-inf"), 1.0], [float("-inf")] * 2, [1.0, float("inf")]])
+    a, s = accel_ops.online_softmax(rows, [1])  # the special values kernels must reproduce
+    assert a.tolist()[0] == 1.0 and s.tolist()[0] == 1.0
+    assert a.tolist()[1:] == [float("-inf"), float("inf")] and s[1:].isnan().all()
+    with pytest.raises(RuntimeError):
+        accel_ops.online_softmax(x, [])
+
+
+# -- the replacements ---------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_softmax_to_online_softmax(dtype):
+    before = ["prims.amax.default", BID, BID, "prims.sub.default", "prims.exp.default",
+              "prims.sum.default", BID, BID, "prims.div.default"]
+    after = ["accel.online_softmax.default", "getitem", "getitem", BID, "prims.sub.default",
+             "prims.exp.default", BID, "prims.div.default"]
+    gm, _ = check(lambda x: torch.softmax(x, -1), [_rows((6, 33), dtype)], before, after,
+                  equal_nan=True)
+    op = next(n for n in gm.graph.nodes if n.target is accel_ops.online_softmax.default)
+    assert op.args[1] == [1] and [u.args[1] for u in op.users] == [0, 1]
+    check(lambda x: torch.softmax(x, 1), [_rows((2, 5, 3), dtype)], before, after, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_log_softmax_to_online_softmax(dtype):
+    before = ["prims.amax.default", BID, BID, "prims.sub.default", "prims.exp.default",
+              "prims.sum.default", BID, "prims.log.default", BID, "prims.sub.default"]
+    after = ["accel.online_softmax.default", "getitem", "getitem", BID, "prims.sub.default",
+             "prims.log.default", BID, "prims.sub.default"]
+    check(lambda x: torch.log_softmax(x, -1), [_rows((6, 33), dtype)], before, after,
+          equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_layer_norm_uses_welford_var_mean(dtype):
+    x, w, b = (torch.randn(s, dtype=dtype) for s in ((4, 3, 8), (3, 8), (3, 8)))
+    x += 10.0  # a mean far from 0 (where E[x^2] - E[x]^2 would cancel)
+    tail = ["prims.add.default", "prims.rsqrt.default", BID, "prims.sub.default", BID,
+            "prims.mul.default", BID, "prims.mul.default", BID, "prims.add.default"]
+    before = ["prims.var.default", BID, "prims.sum.default", BID, "prims.div.default"] + tail
+    after = ["accel.var_mean.default", "getitem", "getitem", BID, BID] + tail
+    gm, sc = check(lambda x, w, b: torch.nn.functional.layer_norm(x, (3, 8), w, b, eps=1e-5),
+                   [x, w, b], before, after)
+    op = next(n for n in gm.graph.nodes if n.target is accel_ops.var_mean.default)
+    assert op.args[1:] == ([1, 2], 0.0) and sc == [1e-5]
+
+
+@pytest.mark.parametrize("keepdim", [False, True])
+def test_var_mean_any_dims_and_correction(keepdim):
+    x = torch.randn(5, 6, 7, dtype=torch.float64)
+    keep = [BID] if keepdim else []
+    before = ["prims.var.default", *keep, "prims.sum.default", *keep, "prims.div.default"]
+    after = ["accel.var_mean.default", "getitem", "getitem", *keep, *keep]
+    gm, _ = check(lambda x: torch.var_mean(x, (0, 2), correction=1, keepdim=keepdim), [x],
+                  before, after)
+    op = next(n for n in gm.graph.nodes if n.target is accel_ops.var_mean.default)
+    assert op.args[1:] == ([0, 2], 1.0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rms_norm_keeps_one_reduction(dtype):
+    x = torch.randn(4, 3, 64, dtype=dtype)
+    fn = lambda x: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)  # noqa: E731
+    before = ["prims.mul.default", "prims.sum.default", BID, "prims.div.default",
+              "prims.add.default", "prims.rsqrt.default", BID, "prims.mul.default"]
+    after = ["prims.mul.default", "prims.sum.default", "prims.div.default", "prims.add.default",
+             "prims.rsqrt.default", BID, "prims.mul.default"]
+    gm, _ = check(fn, [x], before, after)
+    assert targets(gm).count("prims.sum.default") == 1  # one reduction; no var_mean
+
+
+@pytest.mark.parametrize("fn", [lambda x: x * torch.sigmoid(x), lambda x: torch.sigmoid(x) * x,
+                                torch.nn.functional.silu])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu(fn, dtype):
+    x = torch.randn(8, 16, dtype=dtype) * 10
+    x[0, :3] = torch.tensor([float("inf"), float("-inf"), 200.0])
+    sigmoid = ["prims.neg.default", "prims.exp.default", "prims.add.default", "prims.div.default"]
+    check(fn, [x], sigmoid + ["prims.mul.default"], ["accel.silu.default"], equal_nan=True)
+
+
+def _gelu_bench(x):  # bench/bench_pointwise.py
+    return 0.5 * x * (1 + torch.tanh(0.7978845608028654 * (x + 0.044715 * x**3)))
+
+
+def _gelu_hf(input):  # transformers' NewGELUActivation
+    return 0.5 * input * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi)
+                                           * (input + 0.044715 * torch.pow(input, 3.0))))
+
+
+MUL, ADD = "prims.mul.default", "prims.add.default"
+#: 0.5 * x; x * x * x (pow(x, 3.0) after specialize_pow); * 0.044715; x +; * sqrt(2/pi);
+#: tanh; + 1; *
+GELU = [MUL, MUL, MUL, MUL, ADD, MUL, "prims.tanh.default", ADD, MUL]
+
+
+@pytest.mark.parametrize("fn", [_gelu_bench, _gelu_hf])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gelu_tanh_polynomial_with_scalar_guards(fn, dtype):
+    x = torch.randn(8, 16, dtype=dtype) * 3
+    gm, sc = check(fn, [x], GELU, ["accel.gelu_tanh.default"])
+    # the constants are runtime scalars here: valid only for these values
+    guards = {0: 0.5, 1: 0.044715, 2: math.sqrt(2 / math.pi), 3: sc[3]}  # sc[3]: 1 or 1.0
+    assert gm.meta["accel_scalar_guards"] == guards
+    gm, sc = record(fn, x)
+    assert P.apply_patterns(gm) == 0  # values unknown: no match
+
+
+def test_gelu_tanh_aten_decomposition_needs_no_guard():
+    gm, _ = check(lambda x: torch.nn.functional.gelu(x, approximate="tanh"), [torch.randn(4, 8)],
+                  None, ["accel.gelu_tanh.default"])  # the same ops as GELU, in another order
+    assert "accel_scalar_guards" not in gm.meta
+
+
+def test_chained_matches_rewire():
+    x = torch.randn(4, 8)
+    gm, _ = record(lambda x: torch.sigmoid(x * torch.sigmoid(x)) * (x * torch.sigmoid(x)), x)
+    assert P.apply_patterns(gm) == 2 and targets(gm) == ["accel.silu.default"] * 2
+    torch.testing.assert_close(gm(x)[0], torch.nn.functional.silu(torch.nn.functional.silu(x)))
+
+
+def test_replacements_are_logged(caplog):
+    gm, _ = record(lambda x: torch.softmax(x, -1), torch.randn(4, 8))
+    with caplog.at_level(logging.DEBUG, logger="accel.passes"):
+        P.apply_patterns(gm)
+    assert any("pattern softmax" in r.getMessage() for r in caplog.records)
+
+
+# -- near misses --------------------------------------------------------------------------------
+def _no_match(fn, *inputs, scalars=None):
+    gm, sc = record(fn, *inputs)
+    before = targets(gm)
+    assert P.apply_patterns(gm, sc if scalars else None) == 0
+    assert targets(gm) == before
+
+
+def test_softmax_near_misses():
+    x = torch.randn(5, 5)
+    e = lambda x: torch.exp(x - x.amax(1, keepdim=True))  # noqa: E731
+    # softmax's structure, but the max over dim 1 and the sum over dim 0: the parameter
+    # read off the two reductions disagrees
+    _no_match(lambda x: e(x) / e(x).sum(0, keepdim=True), x)
+    # the max also used outside the softmax: not a closed subgraph
+    _no_match(lambda x: (torch.softmax(x, 1), x.amax(1)), x)
+
+
+def test_softmax_with_transposed_broadcast_is_rejected_by_the_retrace():
+    """Same ops, wiring and reduction dims as softmax over dim 1 of a square matrix, but the
+    row max broadcast along columns: only re-tracing for these shapes sees the difference."""
+    gm, _ = record(lambda x: torch.softmax(x, 1), torch.randn(5, 5))
+    bid = next(n for n in gm.graph.nodes if n.target is torch.ops.prims.broadcast_in_dim.default)
+    assert bid.args[1:] == ([5, 1], [0])
+    bid.args = (bid.args[0], [1, 5], [1])
+    bid.meta["val"] = bid.meta["val"].new_empty((1, 5))
+    before = targets(gm)
+    assert P.apply_patterns(gm) == 0 and targets(gm) == before
+
+
+def test_pointwise_near_misses():
+    x, y = torch.randn(4, 8), torch.randn(4, 8)
+    _no_match(lambda x, y: x * torch.sigmoid(y), x, y)  # two inputs where the pattern has one
+    # a truncated constant (FastGELU-style 0.79788456): the re-trace's literal differs
+    _no_match(lambda x: 0.5 * x * (1 + torch.tanh(0.79788456 * (x + 0.044715 * x**3))), x,
+              scalars=True)
+    _no_match(lambda x: x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + 1e-6), x)  # no mean
+    # the eps slot holds a tensor, not a scalar: the replacement would broadcast it wrongly
+    _no_match(lambda x, t: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + t), x,
+              torch.rand(4, 1))
+
+
+# -- serialized patterns ----------------------------------------------------------------------
+def test_serialized_patterns_are_current():
+    stale = [r.name for r in P.REPLACEMENTS if not P.is_current(r)]
+    assert not stale, f"stale patterns {stale}: run python -m accel.patterns --regenerate"
+    assert {p.rep.name for p in P.load_patterns()} == {r.name for r in P.REPLACEMENTS}
+
+
+def test_stale_pattern_is_detected(tmp_path, monkeypatch):
+    r = next(r for r in P.REPLACEMENTS if r.name == "silu")
+    d = json.loads(P.serialize(r))
+    assert d["nodes"][3][3][0] == 1.0  # add(1.0, exp)
+    d["nodes"][3][3][0] = 2.0
+    (tmp_path / "silu.json").write_text(json.dumps(d))
+    monkeypatch.setattr(P, "PATTERN_DIR", str(tmp_path))
+    assert not P.is_current(r)
+    os.remove(tmp_path / "silu.json")
+    assert not P.is_current(r)
+    assert P.main(["--check"]) == 1
+
+
+def test_pattern_pass_runs_last():
+    """Patterns are normalized by the passes before them; the pipeline ends with them."""
+    assert [name for name, _ in PASSES][-1] == "patterns"
+
+
+# -- constant folding -------------------------------------------------------------------------
+def test_constant_folding():
+    def fn(x, s):
+        c = torch.full((4, 8), 2.0) * 3.0 + 1.0  # uniform: folds to full(7.0)
+        k = torch.scalar_tensor(s) * 2.0  # s is a runtime scalar: not a constant
+        ramp = torch.arange(8.0) * 2.0  # not uniform: stays
+        return x * c + k + ramp
+
+    tr = trace_region([(fn, (("x", 0), ("s", 0)), {}, 1)], [torch.empty(4, 8)], 1, (0,), ["f+"])
+    gm = tr.gm
+    before = targets(gm)
+    assert before[:4] == ["prims.empty_strided.default", "aten.full_like.default",
+                          "prims.mul.default", "prims.add.default"]
+    assert constant_folding(gm) == 1 and dce(gm) > 0
+    after = targets(gm)
+    assert after[0] == "prims.full.default" and "aten.full_like.default" not in after
+    full = next(n for n in gm.graph.nodes if n.target is torch.ops.prims.full.default)
+    assert full.args == ([4, 8], 7.0) and full.kwargs["dtype"] == torch.float32
+    assert "aten.scalar_tensor.default" in after and "prims.iota.default" in after
+    assert constant_folding(gm) == 0
+    gm.recompile()
+    x = torch.randn(4, 8)
+    torch.testing.assert_close(gm(x, 1.5)[0], fn(x, 1.5))
