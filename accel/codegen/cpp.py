@@ -15,7 +15,7 @@ from typing import Dict, List, Optional
 
 import torch
 
-from ..lowering import Addr, Expr, LoopIR, Nest, free_vars, walk
+from ..lowering import Addr, Expr, LoopIR, Nest, Store, free_vars, walk
 from . import CodegenError, CStyle, machine_threads
 
 #: nests with less work than this (elements visited) run on one thread.
@@ -33,6 +33,59 @@ SIMPLE = {"sum": ("0", "{a} += {x};", "+"), "prod": ("1", "{a} *= {x};", "*"),
           "amin": ("$highest", "{a} = accel::minimum({a}, {x});", "accel_min")}
 BLOCKED = {"welford": "accel::Welford", "online_softmax": "accel::OnlineSoftmax"}
 ARG = {"argmax": ("$lowest", "accel::argmax_better"), "argmin": ("$highest", "accel::argmin_better")}
+
+
+#: longest row kept in a stack array between a reduction loop and the row's loop.
+ROW_CACHE_MAX = 16384
+
+
+def _subst(e: Expr, r: int, v: int, memo=None) -> Expr:
+    """``e`` with loop variable ``r`` replaced by ``v``."""
+    memo = {} if memo is None else memo
+    out = memo.get(e)
+    if out is None:
+        if e.op in ("load", "index"):
+            k = 1 if e.op == "load" else 0
+            terms = tuple(sorted((v if x == r else x, c) for x, c in e.args[k].terms))
+            args = list(e.args)
+            args[k] = Addr(terms)
+            out = Expr(e.op, e.dtype, tuple(args))
+        elif e.op == "reduce":
+            out = e
+        else:
+            out = Expr(e.op, e.dtype, tuple(_subst(a, r, v, memo) if isinstance(a, Expr) else a
+                                            for a in e.args))
+        memo[e] = out
+    return out
+
+
+def _two_pass_softmax(e: Expr, memo=None) -> Expr:
+    """CPU forms: an online softmax reduction as the max, then the sum of exp(x - max) (a
+    row is in cache, so a second pass is cheap, and the row's exp values can be kept for
+    the output: one exp per element instead of two); a division by a loop-invariant value
+    as a product with its reciprocal."""
+    memo = {} if memo is None else memo
+    out = memo.get(e)
+    if out is None:
+        if e.op == "reduce" and e.args[0] == "online_softmax":
+            _, (b,), rv, which = e.args
+            m = Expr("reduce", e.dtype, ("amax", (b,), rv, 0))
+            ex = Expr("exp", e.dtype, (Expr("sub", e.dtype, (b, m)),))
+            out = m if which == 0 else Expr("reduce", e.dtype, ("sum", (ex,), rv, 0))
+        elif e.op == "reduce":
+            kind, bodies, rv, which = e.args
+            out = Expr("reduce", e.dtype, (kind, tuple(_two_pass_softmax(b, memo) for b in bodies),
+                                           rv, which))
+        elif e.op == "div" and e.dtype.is_floating_point and free_vars(e.args[1]) < free_vars(e.args[0]):
+            # a loop-invariant divisor: one reciprocal, a product per element (as eager's
+            # softmax and norms do)
+            a, b = (_two_pass_softmax(x, memo) for x in e.args)
+            out = Expr("mul", e.dtype, (a, Expr("reciprocal", e.dtype, (b,))))
+        else:
+            out = Expr(e.op, e.dtype, tuple(_two_pass_softmax(a, memo) if isinstance(a, Expr) else a
+                                            for a in e.args))
+        memo[e] = out
+    return out
 
 
 @dataclass
@@ -108,18 +161,52 @@ class CppRenderer(CStyle):
         self.nest_scopes = scopes
         self.group_of: Dict[Expr, _Group] = {}
         self.group_scope: Dict[int, _Scope] = {}
-        for st in nest.stores:
+        stores = [Store(st.buf, st.addr, _two_pass_softmax(st.value)) for st in nest.stores]
+        for st in stores:
             for e in walk(st.value, set()):
                 if e.op == "reduce":
                     self._plan_reduce(e)
-        for st in nest.stores:
+        for st in stores:
             target = scopes[self._level(free_vars(st.value) | {v for v, _ in st.addr.terms})]
             self._need(st.value, target)
             target.items.append(("store", st))
+        self.row_cache: Dict[int, list] = {}  # group id -> [(Expr, array name)]
+        self.cached: Dict[Expr, str] = {}  # Expr -> where to read it instead
+        if order:
+            self._plan_row_cache(order[-1], scopes[-2], scopes[-1])
         out = ["  {"]
         self._emit_nest(0, out, "    ", nest)
         out.append("  }")
         return out
+
+    def _plan_row_cache(self, v: int, outer: _Scope, inner: _Scope) -> None:
+        """Row kernels: a value a reduction loop computes for each element of the row and
+        the loop over the row computes again (softmax's exp(x - max), layer norm's x + r)
+        is kept in a stack array by the first and read by the second."""
+        n = self.ir.sizes[v]
+        if n > ROW_CACHE_MAX:
+            return
+        offer: Dict[Expr, tuple] = {}  # innermost Expr -> (group, the same value there)
+        for kind, g in outer.items:
+            if kind == "group" and len(g.rvars) == 1 and self.ir.sizes[g.rvars[0]] == n:
+                r = g.rvars[0]
+                for k, x in self.group_scope[id(g)].items:
+                    if k == "expr" and x.op not in ("load", "cast", "const", "scalar"):
+                        offer.setdefault(_subst(x, r, v), (g, x))
+        seen, todo = set(), [st.value for k, st in inner.items if k == "store"]
+        while todo:  # what the row's loop still computes, reading offered values
+            y = todo.pop()
+            if y in seen or y.op == "reduce":
+                continue
+            seen.add(y)
+            if y in offer:
+                g, x = offer[y]
+                name = f"c{self.ntemp}"
+                self.ntemp += 1
+                self.row_cache.setdefault(id(g), []).append((x, name))
+                self.cached[y] = f"{name}[i{v}]"
+                continue
+            todo += [a for a in y.args if isinstance(a, Expr)]
 
     def _level(self, fv) -> int:
         try:
@@ -217,7 +304,8 @@ class CppRenderer(CStyle):
     def _emit_items(self, scope: _Scope, out: List[str], ind: str) -> None:
         for kind, x in scope.items:
             if kind == "expr":
-                out.append(f"{ind}const {self.ctype(x.dtype)} {scope.names[x]} = {self._rhs(x, scope)};")
+                rhs = self.cached[x] if x in self.cached else self._rhs(x, scope)
+                out.append(f"{ind}const {self.ctype(x.dtype)} {scope.names[x]} = {rhs};")
             elif kind == "group":
                 self._emit_group(x, scope, out, ind)
             else:
@@ -384,24 +472,46 @@ class CppRenderer(CStyle):
         tag = f"r{id(g) % 100000}_{self.ntemp}"
         self.ntemp += 1
         body_lines: List[str] = []
+        for x, name in self.row_cache.get(id(g), ()):
+            out.append(f"{ind}{self.ctype(x.dtype)} {name}[{self.ir.sizes[rv[0]]}];")
+        _emit_items = self._emit_items
+
+        def emit_inner(sc, lines, ind_):
+            _emit_items(sc, lines, ind_)
+            if sc is inner:
+                lines += [f"{name}[i{rv[0]}] = {inner.names[x]};" for x, name in self.row_cache.get(id(g), ())]
+        self._emit_items = emit_inner
         if kind in SIMPLE:
-            accs, clauses = {}, {}
+            accs, clauses, updates, fixes = {}, {}, [], []
+            self._emit_items(inner, body_lines, "")
             for e in g.members:  # one accumulator per distinct (kind, body)
                 key = (e.args[0], e.args[1])
                 if key not in accs:
-                    a = f"a{self.ntemp}_{len(accs)}"
-                    init, _, clause = SIMPLE[e.args[0]]
+                    a = accs[key] = f"a{self.ntemp}_{len(accs)}"
+                    x = self._name(e.args[1][0], inner)
+                    init, update, clause = SIMPLE[e.args[0]]
+                    if e.args[0] in ("amax", "amin"):  # built-in clauses vectorize; NaN aside
+                        gt = ">" if e.args[0] == "amax" else "<"
+                        if e.dtype == torch.bool:
+                            update, clause = ("{a} = {a} || {x};", "||") if gt == ">" else \
+                                ("{a} = {a} && {x};", "&&")
+                        else:
+                            update, clause = f"{{a}} = {{x}} {gt} {{a}} ? {{x}} : {{a}};", e.args[0][1:]
+                        if e.dtype.is_floating_point:
+                            out.append(f"{ind}int {a}_nan = 0;")
+                            clauses.setdefault("|", []).append(f"{a}_nan")
+                            updates.append(f"{a}_nan |= ({x} != {x});")
+                            fixes.append(f"if ({a}_nan) {a} = {self.ctype(e.dtype)}(NAN);")
                     init = self._lim(init, e.dtype) if init.startswith("$") else init
                     out.append(f"{ind}{self.ctype(e.dtype)} {a} = {init};")
-                    accs[key] = a
                     clauses.setdefault(clause, []).append(a)
+                    updates.append(update.format(a=a, x=x))
                 scope.names[e] = accs[key]
             red = " ".join(f"reduction({c}:{', '.join(v)})" for c, v in clauses.items())
-            self._emit_items(inner, body_lines, "")
-            for (k, bodies), a in accs.items():
-                body_lines.append(SIMPLE[k][1].format(a=a, x=self._name(bodies[0], inner)))
             par = (not scope.bound and self._size(rv) >= PARALLEL_MIN and machine_threads() > 1)
-            self._loops(rv, body_lines, out, ind, f"simd {red}", f"parallel for {red}" if par else None)
+            self._loops(rv, body_lines + updates, out, ind, f"simd {red}",
+                        f"parallel for {red}" if par else None)
+            out += [ind + f for f in fixes]
         elif kind in ARG:
             init, better = ARG[kind]
             vt = first.args[1][0].dtype
@@ -426,6 +536,7 @@ class CppRenderer(CStyle):
                 scope.names[e] = names[e.args[3]].format(a=acc)
         else:
             raise CodegenError(f"no rendering for reduction {kind}")
+        self._emit_items = _emit_items
 
     def _loops(self, rv, body, out, ind, simd_clause, par_clause) -> None:
         """Loops over ``rv`` (outermost first) around ``body``; the innermost one ``omp
