@@ -520,11 +520,13 @@ def lower(gm: fx.GraphModule, ext: Sequence[BufferSpec], outs: Sequence[BufferSp
     forced = 0  # nests of reductions moved to memory: they run first, in creation order
 
     def place(job, fresh_only=False) -> bool:
-        buf, node, spec, _ = job
+        buf, node, spec, mutation = job
         for nest in ([] if fresh_only else nests) + [None]:
             if nest is None:
                 nest = Nest([lw.new_var(s) for s in spec.shape])
                 shapes[id(nest)] = (tuple(spec.shape), tuple(nest.vars))
+            elif mutation and shapes[id(nest)][0] != tuple(spec.shape):
+                continue  # an in-place write runs once per element: no extra loops
             store = _store(lw, shapes[id(nest)], buf, spec, node)
             if store is None:
                 continue

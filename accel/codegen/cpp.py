@@ -302,13 +302,16 @@ class CppRenderer(CStyle):
         return self.op(e, [self._name(a, scope) if isinstance(a, Expr) else repr(a) for a in e.args])
 
     def _emit_items(self, scope: _Scope, out: List[str], ind: str) -> None:
+        """A scope's values, then its stores: every read at an element happens before an
+        in-place write of that element, whatever order the stores came in."""
         for kind, x in scope.items:
             if kind == "expr":
                 rhs = self.cached[x] if x in self.cached else self._rhs(x, scope)
                 out.append(f"{ind}const {self.ctype(x.dtype)} {scope.names[x]} = {rhs};")
             elif kind == "group":
                 self._emit_group(x, scope, out, ind)
-            else:
+        for kind, x in scope.items:
+            if kind == "store":
                 out.append(f"{ind}b{x.buf}[{self._addr(x.addr)}] = {self._name(x.value, scope)};")
 
     def _work(self, nest: Nest) -> int:
