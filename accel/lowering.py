@@ -335,6 +335,10 @@ class _Lowerer:
             return self.cast(var, dtype)
         if t in (aten.argmax.default, aten.argmin.default, aten.max.dim, aten.min.dim):
             return self.arg_reduction(n, idx, which)
+        if t in (aten.max.default, aten.min.default):  # all elements
+            x = n.args[0]
+            kind = "amax" if t is aten.max.default else "amin"
+            return self.reduce(kind, x, range(x.meta["val"].dim()), idx, dtype)
         if ns == "accel" and name == "var_mean":
             x, dims, correction = n.args
             xd = x.meta["val"].dtype
@@ -531,9 +535,10 @@ def lower(gm: fx.GraphModule, ext: Sequence[BufferSpec], outs: Sequence[BufferSp
             if store is None:
                 continue
             trial = nest.stores + [store]
-            order = _chain_order(nest.vars, [e for s in trial for e in walk(s.value, set())])
-            if order is None:
-                continue
+            exprs = [e for s in trial for e in walk(s.value, set())]
+            order = _chain_order(nest.vars, exprs)
+            if order is None or any(free_vars(e) - set(nest.vars) for e in exprs if e.op == "reduce"):
+                continue  # reductions that cannot all be hoisted, or one inside another's loop
             nest.vars, nest.stores = order, trial
             if not nest.stores[:-1]:
                 at = forced if fresh_only else len(nests)

@@ -53,6 +53,7 @@ _EXTRA = (aten._to_copy.default, aten.copy_.default, aten.fill_.Scalar, aten.zer
 _VALUE_SPECIALIZED = {"pow": {"exponent", "self"}, "float_power": {"exponent", "self"},
                       "round": {"decimals"}, "linalg_vector_norm": {"ord"},
                       **{n: {"correction"} for n in ("var", "std", "var_mean", "std_mean")},
+                      "smooth_l1_loss": {"beta"}, "smooth_l1_loss_backward": {"beta"},
                       **{n: {"momentum"} for n in ("native_batch_norm", "_native_batch_norm_legit",
                                                    "_native_batch_norm_legit_functional")}}
 
@@ -73,7 +74,7 @@ COMPOSITES = ("_softmax", "_log_softmax", "_softmax_backward_data", "_log_softma
 # nll_loss_forward/backward stay eager: they gather/scatter at data-dependent class indices,
 # and eager raises at the call on an index out of range, which a kernel cannot do.
 #: ops without a decomposition that the lowering handles itself.
-_LOWERED = ("argmax", "argmin", "max.dim", "min.dim")
+_LOWERED = ("argmax", "argmin", "max.dim", "min.dim", "max", "min")
 
 #: ops that eager refuses to run on integer tensors with a zero divisor, raising at the call;
 #: a kernel cannot raise there, so on integer (and bool) results they run eagerly.

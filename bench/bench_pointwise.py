@@ -25,8 +25,6 @@ import argparse
 import importlib
 import json
 import os
-import platform
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -35,14 +33,12 @@ import time
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-# measure the accel of this checkout, not whichever one is installed
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if os.path.isdir(os.path.join(_ROOT, "accel")) and _ROOT not in sys.path:
-    sys.path.insert(0, _ROOT)
+# _common puts this checkout's accel first on sys.path: import it before accel
+from _common import (MiB, accel_fn, compare, interleaved_ms, machine, median_ms,  # noqa: F401
+                     table, triad_bandwidth)
 
 import accel  # noqa: E402
 
-MiB = 1 << 20
 CHAIN_N = 16 * MiB  # 16M float32 elements = 64 MiB
 GELU_SHAPE = (8192, 3072)
 
@@ -53,112 +49,6 @@ def chain(x):
 
 def gelu(x):
     return 0.5 * x * (1 + torch.tanh(0.7978845608028654 * (x + 0.044715 * x**3)))
-
-
-def accel_fn(fn):
-    """``fn`` run under accel, complete on return."""
-    def run(*args):
-        with accel.eager():
-            out = fn(*args)
-        return out
-    return run
-
-
-def median_ms(fn, runs: int, warmup: int = 1) -> float:
-    for _ in range(warmup):
-        fn()
-    ts = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts) * 1e3
-
-
-def machine() -> str:
-    cpu = platform.processor() or "?"
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return (f"CPU: {cpu}; {os.cpu_count()} cores; torch {torch.__version__} "
-            f"({torch.get_num_threads()} threads); accel {accel.__version__} "
-            f"({os.path.dirname(accel.__file__)}); "
-            f"Python {platform.python_version()}")
-
-
-def triad_bandwidth(runs: int) -> float:
-    """STREAM triad a = b + s*c on 64 MiB float32 tensors: best bytes/s (3 x 64 MiB moved)."""
-    n = 64 * MiB // 4
-    a, b, c = torch.empty(n), torch.rand(n), torch.rand(n)
-    best = float("inf")
-    for _ in range(runs + 2):
-        t0 = time.perf_counter()
-        torch.add(b, c, alpha=3.0, out=a)
-        best = min(best, time.perf_counter() - t0)
-    return 3 * n * 4 / best
-
-
-def _err(e: BaseException) -> str:
-    return f"error: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:60]}"
-
-
-def interleaved_ms(fns: dict, runs: int, stat=statistics.median) -> dict:
-    """``stat`` (median) of each callable's ms, timed round-robin (fair under a varying
-    machine load). Each is already warmed up; one that raises gets its error text instead."""
-    times = {k: [] for k in fns}
-    for _ in range(runs):
-        for k, fn in fns.items():
-            if isinstance(times[k], str):
-                continue
-            t0 = time.perf_counter()
-            try:
-                fn()
-            except Exception as e:  # noqa: BLE001 - reported in the table
-                times[k] = _err(e)
-                continue
-            times[k].append(time.perf_counter() - t0)
-    return {k: v if isinstance(v, str) else stat(v) * 1e3 for k, v in times.items()}
-
-
-def _cell(ms) -> str:
-    return f"{ms:.2f}" if isinstance(ms, float) else str(ms)
-
-
-def _ratio(a, b) -> str:
-    return f"{a / b:.2f}x" if isinstance(a, float) and isinstance(b, float) else "-"
-
-
-def compare(name, eager, accelerated, compiled, runs, floor_ms=None) -> list:
-    """One table row. ``eager``, ``accelerated``, ``compiled``: zero-argument callables
-    returning the result; the accel and compiled results are checked against eager's
-    (assert_close defaults). Each is warmed up first; if the accel or compiled one raises,
-    the error goes in its cell."""
-    ref = eager()
-    fns = {"eager": eager, "accel": accelerated}
-    checks = {}
-    for k, fn in (("accel", accelerated), ("compile", compiled)):
-        try:
-            out = fn()  # warm-up: accel compiles or loads, torch.compile compiles
-        except Exception as e:  # noqa: BLE001
-            checks[k] = _err(e)
-            continue
-        fns[k] = fn
-        try:
-            torch.testing.assert_close(out, ref)
-            checks[k] = "yes"
-        except AssertionError as e:
-            checks[k] = "MISMATCH"
-            print(f"{k} differs from eager on {name}: {e}", file=sys.stderr)
-        del out
-    del ref
-    t = interleaved_ms(fns, runs)
-    te, ta = t["eager"], t.get("accel", checks["accel"])
-    tc = t.get("compile", checks["compile"])
-    floor = floor_ms if floor_ms is not None else "-"
-    return [name, _cell(te), _cell(ta), _cell(tc), _cell(floor), _ratio(te, ta), _ratio(tc, ta),
-            _ratio(ta, floor), checks["accel"]]
 
 
 def pointwise_row(name, fn, x, runs, bw) -> list:
@@ -281,12 +171,6 @@ def first_call(runs: int, threads) -> list:
                          str(r["store_hits"]), f"{r['compile_time_s']:.2f}",
                          f"{r['load_time_s'] * 1e3:.2f}"])
     return rows
-
-
-def table(head, rows) -> str:
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(lines)
 
 
 def main(argv=None) -> int:

@@ -1,21 +1,39 @@
-"""pytest-benchmark versions of bench_pointwise.py's (a) and (b): eager vs accel vs
-torch.compile, grouped by workload.
+"""pytest-benchmark versions of the benchmarks: eager vs accel vs torch.compile, grouped by
+workload. ``test_pointwise``: bench_pointwise.py's (a) and (b); ``test_cpu``: the
+workloads of bench_cpu.py.
 
     python -m pytest bench/ --benchmark-only
 
-Not part of the test suite (``testpaths`` is ``tests``); each backend's result is checked
-against eager's before it is timed.
+All backends run under the allocator settings accel applies to the process at its first
+enable (see below). Not part of the test suite (``testpaths`` is ``tests``); each backend's result (and, for the
+training workloads, every gradient) is checked against eager's before it is timed. accel
+must match; a torch.compile mismatch is recorded in the benchmark's ``extra_info`` and
+warned about, not failed (its numerics are torch's business). Few rounds: these are for
+tracking, bench_cpu.py is the careful measurement.
 """
 from __future__ import annotations
+
+import warnings
 
 import pytest
 import torch
 
 pytest.importorskip("pytest_benchmark")
 
-from bench_pointwise import CHAIN_N, GELU_SHAPE, accel_fn, chain, gelu  # noqa: E402
+from _common import accel_fn  # noqa: E402
+from bench_cpu import WORKLOADS as CPU_WORKLOADS  # noqa: E402
+from bench_pointwise import CHAIN_N, GELU_SHAPE, chain, gelu  # noqa: E402
+
+import accel  # noqa: E402
+
+# accel tunes glibc malloc for the whole process at its first enable (ACCEL_MALLOC_TUNING,
+# on by default): enable it once here, so every test, eager ones included, runs under the
+# same allocator settings whatever the order
+with accel.eager():
+    pass
 
 WORKLOADS = {"chain_16M_f32": (chain, (CHAIN_N,)), "gelu_8192x3072_f32": (gelu, GELU_SHAPE)}
+BACKENDS = ["eager", "accel", "compile"]
 _compiled = {}
 
 
@@ -36,7 +54,7 @@ def _backend(name, fn):
     return _compiled[fn]
 
 
-@pytest.mark.parametrize("backend", ["eager", "accel", "compile"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_pointwise(benchmark, workload, backend):
     wname, fn, x, ref = workload
     benchmark.group = wname
@@ -50,3 +68,33 @@ def test_pointwise(benchmark, workload, backend):
     torch.testing.assert_close(out, ref)
     del out
     benchmark.pedantic(run, args=(x,), rounds=5, iterations=1, warmup_rounds=1)
+
+
+@pytest.fixture(scope="module", params=list(CPU_WORKLOADS))
+def cpu_workload(request):
+    spec = CPU_WORKLOADS[request.param][1]()
+    return request.param, spec, spec.eager()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_cpu(benchmark, cpu_workload, backend):
+    wname, spec, ref = cpu_workload
+    benchmark.group = f"cpu_{wname}"
+    run = {"eager": spec.eager, "accel": spec.accel, "compile": spec.compile}[backend]
+    try:
+        out = run()  # warm-up: accel compiles or loads, torch.compile compiles
+    except Exception as e:  # noqa: BLE001 - torch.compile may fail on some setups
+        if backend == "compile":
+            pytest.skip(f"torch.compile failed: {type(e).__name__}: {e}")
+        raise
+    if backend == "compile":
+        try:
+            torch.testing.assert_close(out, ref)
+            benchmark.extra_info["matches_eager"] = True
+        except AssertionError as e:
+            benchmark.extra_info["matches_eager"] = False
+            warnings.warn(f"torch.compile differs from eager on {wname}: {e}", stacklevel=1)
+    else:
+        torch.testing.assert_close(out, ref)
+    del out
+    benchmark.pedantic(run, rounds=3, iterations=1, warmup_rounds=0)

@@ -2,9 +2,12 @@
 
 A program is plain data: input specs (dtype, shape or view of a base tensor, special
 values) and steps (unary math, binary ops with broadcasting, Python scalars, ``alpha=``,
-in-place ops, views of intermediates, where). It runs twice on fresh copies of the
-inputs; the kept values, the inputs (in-place ops may write them through views) and the
-first exception type must match. Dropped intermediates exercise liveness (outputs kept in
+in-place ops, views of intermediates, where, and reductions: sum/mean/amax/amin/var/
+logsumexp/argmax/max/softmax/log_softmax over a random dim, keepdim or not, whose
+results broadcast back into later steps, or centre their input as
+``x - red(x, keepdim=True)``). It runs twice on fresh copies of the inputs; the kept
+values, the inputs (in-place ops may write them through views) and the first exception
+type must match. Dropped intermediates exercise liveness (outputs kept in
 registers). Floats: ``assert_close`` defaults with ``equal_nan``; ints/bools: exact.
 
 ``--hypothesis-profile=accel-explore`` runs many more, non-derandomized examples.
@@ -42,6 +45,7 @@ VIEWS = {
     "[:, 1:2]": lambda x: x[:, 1:2] if x.dim() == 2 else x,
     "unsqueeze(0)": lambda x: x.unsqueeze(0) if x.dim() < 2 else x,
     "t().t()": lambda x: x.t().t() if x.dim() == 2 else x,
+    "expand(4x5)": lambda x: x.expand(4, 5),          # stride-0 view of an intermediate
 }
 
 UNARY = {
@@ -82,6 +86,40 @@ INPLACE = {
 SCALARS = [0.5, 2, -1.5, 3, 0, 0.0, -2, 1e-3, 2.5, True, float("inf")]
 
 
+def _float(x, dt=torch.float32):
+    return x if x.is_floating_point() else x.to(dt)
+
+
+#: reductions ``(x, dim, keepdim)``; float-only ones take integer/bool inputs through
+#: ``dtype=`` or a cast (eager's errors for those are not what these programs are after)
+REDUCTIONS = {
+    "sum": lambda x, d, k: x.sum(d, keepdim=k),
+    "mean": lambda x, d, k: x.mean(d, keepdim=k) if x.is_floating_point() else x.mean(d, k, dtype=torch.float32),
+    "amax": lambda x, d, k: x.amax(d, keepdim=k),
+    "amin": lambda x, d, k: x.amin(d, keepdim=k),
+    "var": lambda x, d, k: torch.var(_float(x, torch.float64), d, keepdim=k),
+    "var_c0": lambda x, d, k: torch.var(_float(x), d, keepdim=k, correction=0),
+    "logsumexp": lambda x, d, k: torch.logsumexp(x, d, keepdim=k),
+    "argmax": lambda x, d, k: torch.argmax(x if x.dtype != torch.bool else x.to(torch.int64), d, keepdim=k),
+    "max.values": lambda x, d, k: torch.max(x, d, keepdim=k).values,
+    # shape-preserving: keepdim is meaningless
+    "softmax": lambda x, d, k: torch.softmax(x, d) if x.is_floating_point() else torch.softmax(x, d, dtype=torch.float32),
+    "log_softmax": lambda x, d, k: torch.log_softmax(x, d) if x.is_floating_point() else torch.log_softmax(x, d, dtype=torch.float64),
+}
+
+
+def _reduce(name, x, dim, keepdim):
+    """``REDUCTIONS[name]`` over ``dim`` (taken modulo ``x.dim()``, negative if ``dim`` is);
+    a result that lost a trailing dim gets it back (``[4]`` -> ``[4, 1]``), so that every
+    value still broadcasts against ``[4, 5]``."""
+    n = x.dim()
+    d = (dim % n) - (n if dim < 0 else 0) if n else (-1 if dim < 0 else 0)
+    r = REDUCTIONS[name](x, d, keepdim)
+    if r.dim() < n and n == 2 and d % n == 1:
+        r = r.unsqueeze(-1)
+    return r
+
+
 # -- program generation -----------------------------------------------------------------
 @st.composite
 def programs(draw):
@@ -94,7 +132,7 @@ def programs(draw):
     ref = st.integers(0, 63)
     for _ in range(draw(st.integers(1, 7))):
         kind = draw(st.sampled_from(["unary", "binary", "binary", "scalar", "alpha",
-                                     "inplace", "view", "where"]))
+                                     "inplace", "view", "where", "reduce", "reduce", "center"]))
         if kind == "unary":
             steps.append(("unary", draw(st.sampled_from(sorted(UNARY))), draw(ref) % n))
         elif kind == "binary":
@@ -108,6 +146,12 @@ def programs(draw):
             steps.append(("inplace", draw(st.sampled_from(sorted(INPLACE))), draw(ref) % n, draw(ref) % n))
         elif kind == "view":
             steps.append(("view", draw(st.sampled_from(sorted(VIEWS))), draw(ref) % n))
+        elif kind == "reduce":
+            steps.append(("reduce", draw(st.sampled_from(sorted(REDUCTIONS))), draw(ref) % n,
+                          draw(st.integers(-2, 1)), draw(st.booleans())))
+        elif kind == "center":
+            steps.append(("center", draw(st.sampled_from(["sum", "mean", "amax", "amin", "logsumexp"])),
+                          draw(ref) % n, draw(st.integers(-2, 1))))
         else:
             steps.append(("where", draw(ref) % n, draw(ref) % n, draw(ref) % n))
         n += 1
@@ -152,6 +196,11 @@ def apply(step, env):
         return INPLACE[step[1]](env[step[2]], env[step[3]])
     if k == "view":
         return VIEWS[step[1]](env[step[2]])
+    if k == "reduce":
+        return _reduce(step[1], env[step[2]], step[3], step[4])
+    if k == "center":
+        x = env[step[2]]
+        return x - _reduce(step[1], x, step[3], True)
     return torch.where(env[step[1]].to(torch.bool), env[step[2]], env[step[3]])
 
 
@@ -223,7 +272,29 @@ def test_random_chains(prog):
     {"inputs": [("t(5x4)", "f64", 3, True), ("5", "i64", 4, False)],
      "steps": [("binary", "add", 0, 1), ("inplace", "mul_", 2, 1), ("unary", "exp", 3)],
      "keep": [2, 4]},
-], ids=["f32-chain", "f64-int-inplace"])
+    # reductions feeding later pointwise steps (hand-written, so they certainly run kernels)
+    {"inputs": [("4x5", "f32", 5, False), ("1x5", "f64", 6, False)],
+     "steps": [("reduce", "softmax", 0, -1, False), ("center", "mean", 0, 0),
+               ("binary", "mul", 2, 3), ("reduce", "var", 4, 1, False),
+               ("binary", "add", 4, 5), ("reduce", "logsumexp", 6, 0, True)],
+     "keep": [2, 5, 7]},
+    {"inputs": [("(4x10)[:, ::2]", "f32", 7, False), ("5", "i64", 8, False)],
+     "steps": [("reduce", "amax", 0, 1, False), ("binary", "sub", 0, 2),
+               ("unary", "exp", 3), ("reduce", "sum", 4, -1, True), ("binary", "div", 4, 5),
+               ("reduce", "argmax", 6, 0, False), ("binary", "add", 7, 1)],
+     "keep": [6, 8]},
+    # minimal repros of bugs the random programs found
+    # an in-place op on a [1, 5] input next to a live [4, 5] result: applied once per row
+    {"inputs": [("4x5", "f32", 9, False), ("1x5", "f32", 10, False)],
+     "steps": [("scalar", "mul", 0, 2), ("inplace", "sin_", 1, 0)], "keep": [2]},
+    # a.add_(b) then b.fill_(): a must see b's old values (a dead read of b comes first)
+    {"inputs": [("4x5", "f32", 11, False), ("4x5", "f32", 12, False)],
+     "steps": [("unary", "sin", 1), ("inplace", "add_", 0, 1), ("inplace", "fill_", 1, 1)],
+     "keep": [3]},
+    # sign(nan) is 0 in eager
+    {"inputs": [("4x5", "f64", 13, True)], "steps": [("unary", "sign", 0)], "keep": [1]},
+], ids=["f32-chain", "f64-int-inplace", "softmax-center-var", "manual-softmax-argmax",
+        "inplace-broadcast-row-repeated", "add_-then-fill_-of-operand", "sign-of-nan"])
 def test_fixed_chains(prog):
     accel.reset_stats()
     check_program(prog)

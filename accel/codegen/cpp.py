@@ -534,7 +534,7 @@ class CppRenderer(CStyle):
             self._emit_items(inner, body_lines, "")
             body_lines.append(f"{tag}[{tag}_k] = {self._name(first.args[1][0], inner)};")
             self._blocked(rv, body_lines, out, ind, t, tag, acc)
-            names = {"welford": ("{a}.m2", "{a}.mean"), "online_softmax": ("{a}.m", "{a}.s")}[kind]
+            names = {"welford": ("{a}.m2", "{a}.mean_or_nan()"), "online_softmax": ("{a}.m", "{a}.s")}[kind]
             for e in g.members:
                 scope.names[e] = names[e.args[3]].format(a=acc)
         else:

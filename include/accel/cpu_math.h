@@ -85,9 +85,9 @@ template <typename T> static inline T remainder(T a, T b) {
   T m = accel::fmod(a, b);
   return (m != T(0) && ((b < T(0)) != (m < T(0)))) ? m + b : m;
 }
+/* sign as eager's CPU kernel: (0 < x) - (x < 0), so sign(NaN) is 0. */
 template <typename T> static inline T sign(T x) {
-  if constexpr (std::is_floating_point_v<T>) return (x != x) ? x : T((T(0) < x) - (x < T(0)));
-  else if constexpr (std::is_same_v<T, bool>) return x;
+  if constexpr (std::is_same_v<T, bool>) return x;
   else return T((T(0) < x) - (x < T(0)));
 }
 template <typename T> static inline bool signbit(T x) {
@@ -142,6 +142,8 @@ template <typename T> static inline bool argmin_better(T v, T best) {
  * vectorized loop, then folded into the running (n, mean, m2). */
 template <typename T> struct Welford {
   T n = 0, mean = 0, m2 = 0;
+  /* the mean, NaN over no values (0 / 0, as eager) */
+  inline T mean_or_nan() const { return n > 0 ? mean : T(NAN); }
   inline void add(const T* x, int64_t k) {
     if (k <= 0) return;
     T s = 0, q = 0;

@@ -1,0 +1,216 @@
+"""Helpers shared by the benchmark scripts in bench/: machine description, STREAM-triad
+bandwidth, interleaved (round-robin) timing, checking results against eager, table rows and
+markdown tables.
+
+Importing this module puts the checkout's ``accel`` first on ``sys.path``, so the scripts
+measure the accel of this tree, not whichever one is installed.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import sys
+import time
+
+import torch
+
+# measure the accel of this checkout, not whichever one is installed
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if os.path.isdir(os.path.join(_ROOT, "accel")) and _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
+
+import accel  # noqa: E402
+
+MiB = 1 << 20
+
+
+def accel_fn(fn):
+    """``fn`` run under accel, complete on return."""
+    def run(*args):
+        with accel.eager():
+            out = fn(*args)
+        return out
+    return run
+
+
+def median_ms(fn, runs: int, warmup: int = 1) -> float:
+    for _ in range(warmup):
+        fn()
+    ts = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts) * 1e3
+
+
+def machine() -> str:
+    cpu = platform.processor() or "?"
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return (f"CPU: {cpu}; {os.cpu_count()} cores; torch {torch.__version__} "
+            f"({torch.get_num_threads()} threads); accel {accel.__version__} "
+            f"({os.path.dirname(accel.__file__)}); "
+            f"Python {platform.python_version()}")
+
+
+def triad_bandwidth(runs: int) -> float:
+    """STREAM triad a = b + s*c on 64 MiB float32 tensors: best bytes/s (3 x 64 MiB moved)."""
+    n = 64 * MiB // 4
+    a, b, c = torch.empty(n), torch.rand(n), torch.rand(n)
+    best = float("inf")
+    for _ in range(runs + 2):
+        t0 = time.perf_counter()
+        torch.add(b, c, alpha=3.0, out=a)
+        best = min(best, time.perf_counter() - t0)
+    return 3 * n * 4 / best
+
+
+def _err(e: BaseException) -> str:
+    return f"error: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:60]}"
+
+
+def interleaved_ms(fns: dict, runs: int, stat=statistics.median) -> dict:
+    """``stat`` (median) of each callable's ms, timed round-robin (fair under a varying
+    machine load). Each is already warmed up; one that raises gets its error text instead."""
+    times = {k: [] for k in fns}
+    for _ in range(runs):
+        for k, fn in fns.items():
+            if isinstance(times[k], str):
+                continue
+            t0 = time.perf_counter()
+            try:
+                fn()
+            except Exception as e:  # noqa: BLE001 - reported in the table
+                times[k] = _err(e)
+                continue
+            times[k].append(time.perf_counter() - t0)
+    return {k: v if isinstance(v, str) else stat(v) * 1e3 for k, v in times.items()}
+
+
+def _cell(ms) -> str:
+    return f"{ms:.2f}" if isinstance(ms, float) else str(ms)
+
+
+def _ratio(a, b) -> str:
+    return f"{a / b:.2f}x" if isinstance(a, float) and isinstance(b, float) else "-"
+
+
+def _pct(part, whole) -> str:
+    """``part / whole`` as a percentage, or "-"."""
+    return f"{100 * part / whole:.0f} %" if isinstance(part, float) and isinstance(whole, float) \
+        else "-"
+
+
+def check(name: str, label: str, out, ref, detail: bool = False) -> str:
+    """"yes" if ``out`` matches ``ref`` (``torch.testing.assert_close`` defaults; nested
+    tuples / dicts, e.g. a loss and its gradients, are compared item by item), else
+    "MISMATCH" with the details on stderr (``detail``: and, in the returned text, which item
+    and the greatest differences)."""
+    try:
+        torch.testing.assert_close(out, ref)
+        return "yes"
+    except (AssertionError, TypeError, ValueError) as e:
+        print(f"{label} differs from eager on {name}: {e}", file=sys.stderr)
+        return "MISMATCH" + (f" ({_mismatch_detail(str(e))})" if detail else "")
+
+
+def _mismatch_detail(msg: str) -> str:
+    """"item, abs A, rel R" from an assert_close message (what it finds of it)."""
+    parts = []
+    for line in msg.splitlines():
+        line = line.strip()
+        if line.startswith("The failure occurred for item"):
+            parts.insert(0, line.rsplit(" ", 1)[-1])
+        for key, short in (("Greatest absolute difference: ", "abs "),
+                           ("Greatest relative difference: ", "rel ")):
+            if line.startswith(key):
+                try:
+                    parts.append(short + f"{float(line[len(key):].split()[0]):.1e}")
+                except ValueError:
+                    pass
+    return ", ".join(parts).replace("|", "/") or msg.splitlines()[0][:60]
+
+
+def _stats_delta(before: dict, after: dict) -> dict:
+    return {k: after[k] - before[k] for k in after}
+
+
+def measure(name, eager, accelerated, compiled, runs, warmup: int = 0,
+            detail: bool = False) -> dict:
+    """Run and time one workload. ``eager``, ``accelerated``, ``compiled``: zero-argument
+    callables returning the result; the accel and compiled results are checked against
+    eager's. Each is called once first (accel compiles or loads, torch.compile compiles: that
+    call's time is ``first_ms``), then ``warmup`` more rounds, then ``runs`` interleaved timed
+    rounds. If the accel or compiled one raises, its error text replaces its time.
+    ``detail``: mismatch checks say where and by how much (see :func:`check`).
+
+    Returns a dict: ``ms`` (median per backend, or error text), ``checks`` ("yes",
+    "MISMATCH" or error text), ``first_ms``, ``accel_first`` (accel counters of its first
+    call) and ``accel_per_call`` (accel counters per timed call), ``out_bytes`` (bytes of the
+    tensors in eager's result)."""
+    t0 = time.perf_counter()
+    ref = eager()
+    first = {"eager": (time.perf_counter() - t0) * 1e3}
+    out_bytes = sum(t.nbytes for t in _tensors(ref))
+    fns = {"eager": eager, "accel": accelerated}
+    checks, accel_first = {}, {}
+    for k, fn in (("accel", accelerated), ("compile", compiled)):
+        before = accel.stats()
+        t0 = time.perf_counter()
+        try:
+            out = fn()  # warm-up: accel compiles or loads, torch.compile compiles
+        except Exception as e:  # noqa: BLE001
+            checks[k] = _err(e)
+            fns.pop(k, None)
+            continue
+        first[k] = (time.perf_counter() - t0) * 1e3
+        if k == "accel":
+            accel_first = _stats_delta(before, accel.stats())
+        fns[k] = fn
+        checks[k] = check(name, k, out, ref, detail)
+        del out
+    del ref
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    before = accel.stats()
+    t = interleaved_ms(fns, runs)
+    per_call = {k: v / max(runs, 1) for k, v in _stats_delta(before, accel.stats()).items()}
+    ms = {"eager": t["eager"], "accel": t.get("accel", checks["accel"]),
+          "compile": t.get("compile", checks["compile"])}
+    return {"name": name, "ms": ms, "checks": checks, "first_ms": first,
+            "accel_first": accel_first, "accel_per_call": per_call, "out_bytes": out_bytes}
+
+
+def _tensors(obj):
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from _tensors(v)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from _tensors(v)
+
+
+def compare(name, eager, accelerated, compiled, runs, floor_ms=None) -> list:
+    """One table row. ``eager``, ``accelerated``, ``compiled``: zero-argument callables
+    returning the result; the accel and compiled results are checked against eager's
+    (assert_close defaults). Each is warmed up first; if the accel or compiled one raises,
+    the error goes in its cell."""
+    r = measure(name, eager, accelerated, compiled, runs)
+    te, ta, tc = r["ms"]["eager"], r["ms"]["accel"], r["ms"]["compile"]
+    floor = floor_ms if floor_ms is not None else "-"
+    return [name, _cell(te), _cell(ta), _cell(tc), _cell(floor), _ratio(te, ta), _ratio(tc, ta),
+            _ratio(ta, floor), r["checks"]["accel"]]
+
+
+def table(head, rows) -> str:
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
