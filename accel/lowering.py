@@ -430,7 +430,7 @@ def _chain_order(nest_vars: List[int], exprs: List[Expr]):
 
 def _coalesce(ir: LoopIR, nest: Nest) -> None:
     """Merge adjacent loops that every access walks contiguously and that every reduction
-    depends on alike (Inductor's and TVM's loop fusion), in place; size-1 loops vanish."""
+    depends on alike (Inductor's and TVM's loop fusion), in place; size-1 loops vanish.""" 
     exprs: List[Expr] = []
     seen: set = set()
     for st in nest.stores:
@@ -455,10 +455,13 @@ def _coalesce(ir: LoopIR, nest: Nest) -> None:
             if all(ad.coeff(a) == ad.coeff(b) * sb for ad in addrs) and all(
                     (a in free_vars(r)) == (b in free_vars(r)) for r in reds):
                 merge[a] = b
-    if not merge:
-        return
     for a, b in merge.items():  # a is outer: b's range grows by a's
         ir.sizes[b] *= ir.sizes[a]
+    # loops of one iteration vanish (their variable is 0)
+    merge.update({v: None for v in list(nest.vars) + [v for r in reds for v in r.args[2]]
+                  if ir.sizes[v] == 1 and v not in merge})
+    if not merge:
+        return
     memo: Dict[Expr, Expr] = {}
 
     def fix_addr(ad: Addr) -> Addr:
