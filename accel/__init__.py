@@ -18,6 +18,21 @@ __all__ = ["eager", "enable", "disable", "flush", "is_enabled", "stats", "reset_
            "ConfigError", "__version__"]
 
 
+def _preload() -> None:
+    """With torch already imported (a real program), import the hot path's modules now
+    rather than inside the first accelerated call; the CLI, without torch, stays light."""
+    import sys
+
+    if "torch" in sys.modules:
+        from . import build, interceptor, ops, runtime, store  # noqa: F401
+
+        ops.fusible_ops()
+        try:
+            build.compiler_key()
+        except build.BuildError:
+            pass  # reported when a kernel is needed
+
+
 def __getattr__(name):
     mod = _LAZY.get(name)
     if mod is None:
@@ -31,3 +46,6 @@ def __getattr__(name):
 
 def __dir__():
     return sorted(list(globals()) + list(_LAZY))
+
+
+_preload()

@@ -32,16 +32,17 @@ class BuildError(RuntimeError):
 
 @functools.lru_cache(maxsize=None)
 def _identity(cxx: str) -> str:
+    """The compiler's identity for store keys: its resolved path, size and modification
+    time (ccache's default ``compiler_check``), so that no process has to run it first."""
     path = shutil.which(cxx)
     if path is None:
         raise BuildError(f"C++ compiler {cxx!r} not found (set ACCEL_CXX)")
+    real = os.path.realpath(path)
     try:
-        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise BuildError(f"cannot run {path}: {e}") from e
-    if out.returncode != 0:
-        raise BuildError(f"{path} --version failed: {out.stderr.strip()}")
-    return out.stdout.splitlines()[0] if out.stdout else path
+        st = os.stat(real)
+    except OSError as e:
+        raise BuildError(f"cannot stat {real}: {e}") from e
+    return f"{real}|{st.st_size}|{st.st_mtime_ns}"
 
 
 @functools.lru_cache(maxsize=1)

@@ -101,8 +101,6 @@ FLAGS = {
              "Keep freed memory in glibc's heap (no mmap for large blocks, no trimming), so "
              "fresh outputs do not page-fault; set once, for the whole process, at the first "
              "enable. The process's resident memory then stays at its peak."),
-        Flag("ACCEL_NUM_THREADS", 0, _parse_int(0),
-             "OpenMP threads for CPU kernels; 0 means torch.get_num_threads()."),
     ]
 }
 

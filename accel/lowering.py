@@ -229,6 +229,10 @@ class _Lowerer:
         if e is None:
             e = self._value(n, idx, which)
             self.memo[key] = e
+            if isinstance(n.meta.get("val"), torch.Tensor):  # the node a reduction computes
+                for r in walk(e, set(), into_reduce=False):
+                    if r.op == "reduce":
+                        self.reduce_node.setdefault(r, n)
         return e
 
     # -- reductions ------------------------------------------------------------------------
@@ -324,15 +328,9 @@ class _Lowerer:
         if ns == "prims" and name in _PRIM_REDUCTIONS:
             x, dims = n.args[0], n.args[1]
             acc = dtype if name in ("amax", "amin") else self._acc(dtype)
-            e = self.reduce(_PRIM_REDUCTIONS[name], x, dims, idx, acc)
-            self.reduce_node[e] = n
-            return self.cast(e, dtype)
+            return self.cast(self.reduce(_PRIM_REDUCTIONS[name], x, dims, idx, acc), dtype)
         if t is prims.var.default:
-            var, mean = self.variance(n.args[0], n.args[1], n.args[2], idx)
-            for e in walk(var, set(), into_reduce=False):
-                if e.op == "reduce":
-                    self.reduce_node[e] = n
-            return self.cast(var, dtype)
+            return self.cast(self.variance(n.args[0], n.args[1], n.args[2], idx)[0], dtype)
         if t in (aten.argmax.default, aten.argmin.default, aten.max.dim, aten.min.dim):
             return self.arg_reduction(n, idx, which)
         if t in (aten.max.default, aten.min.default):  # all elements

@@ -24,6 +24,7 @@ Example::
 """
 from __future__ import annotations
 
+import atexit
 import collections
 import contextlib
 import copy
@@ -102,6 +103,7 @@ class _BaseStore:
 
     persistent = False
     _gc_age = 0.0  # object files younger than this (s) are never collected
+    _exit_hook = False  # touch() registered to run at exit
 
     def put(self, key: str, artifact: bytes, meta: dict) -> Entry:
         """Store ``artifact`` (shared library bytes) and ``meta`` (JSON-able) under ``key``: one
@@ -128,7 +130,7 @@ class _BaseStore:
         corrupted entry is logged, deleted and reported as a miss, so the caller rebuilds it.
         Hits and misses are not counted here: callers :meth:`record` them."""
         try:
-            v = self._index.get(_PREFIX + key)
+            v = self._reader.get(_PREFIX + key)  # LRU order and last use: touch() later
         except (diskcache.Timeout, sqlite3.Error):
             raise
         except Exception as e:  # a damaged value fails to unpickle
@@ -143,8 +145,24 @@ class _BaseStore:
         if not isinstance(art, bytes) or _sha(art) != sha:
             return self._discard(key, sha, "checksum mismatch")
         path = self._materialize(sha, art)
-        self._side.set(_USE + key, (time.time(), sha))
+        if not self._touched and not self._exit_hook:
+            self._exit_hook = True
+            atexit.register(self.touch)
+        self._touched[key] = (time.time(), sha)
         return Entry(key, path, v["meta"])
+
+    def touch(self) -> None:
+        """Record the last use of the entries :meth:`get` returned since the last call (LRU
+        order and ``last_use``), in one transaction: a hit costs no write on the hot path.
+        Runs at exit; :meth:`entries`, :meth:`info` and eviction see it after that."""
+        touched, self._touched = self._touched, {}
+        try:
+            with self._transact(self._index), self._transact(self._side):
+                for key, rec in touched.items():
+                    if self._index.get(_PREFIX + key) is not None:  # refreshes LRU order
+                        self._side.set(_USE + key, rec)
+        except Exception as e:  # noqa: BLE001 - only the LRU order is lost
+            log.debug("kernel store %s: last-use records not written (%s)", self.location, e)
 
     def get_node(self, digest: bytes):
         """The stored metadata of trie node ``digest`` (see :class:`accel.region.TrieNode`),
@@ -311,6 +329,7 @@ class Store(_BaseStore):
         d = os.path.abspath(os.path.expanduser(directory or config.cache_dir()))
         mb = config.flag("ACCEL_CACHE_SIZE_MB") if size_limit_mb is None else size_limit_mb
         self.location, self.size_limit_bytes = d, int(mb * 2**20)
+        self._touched: dict = {}  # key -> (last use, sha256), written by touch()
         _secure_dir(d)
         self._folders = self._objects, self._locks = os.path.join(d, "objects"), os.path.join(d, "locks")
         try:
@@ -434,6 +453,7 @@ class MemoryStore(_BaseStore):
     def __init__(self, size_limit_mb: int | None = None):
         mb = config.flag("ACCEL_CACHE_SIZE_MB") if size_limit_mb is None else size_limit_mb
         self.size_limit_bytes = int(mb * 2**20)
+        self._touched: dict = {}  # key -> (last use, sha256), written by touch()
         self._objects = tempfile.mkdtemp(prefix="accel-store-")
         self._folders, self.location = (self._objects,), f"memory ({self._objects})"
         self._index, self._side = _DictCache(self.size_limit_bytes), _DictCache()
