@@ -113,8 +113,9 @@ class Spec:
     """One workload's three backends (zero-argument callables returning the result) and the
     bytes of its inputs (``None``: no bandwidth floor)."""
 
-    def __init__(self, eager, accelerated, compiled, in_bytes=None):
+    def __init__(self, eager, accelerated, compiled, in_bytes=None, exact=None):
         self.eager, self.accel, self.compile, self.in_bytes = eager, accelerated, compiled, in_bytes
+        self.exact = exact  # the result in float64 (the oracle where eager's is off it)
 
 
 def _randn(*shape, seed=0):
@@ -177,7 +178,15 @@ def mlp_train_spec() -> Spec:
         with accel.eager():
             return step(ma, ma)
 
-    return Spec(lambda: step(me, me), step_a, lambda: step(cm, mc))
+    m64 = copy.deepcopy(model).double()
+
+    def exact():
+        m64.zero_grad(set_to_none=True)
+        loss = m64(x.double()).sum()
+        loss.backward()
+        return loss.detach(), _grads(m64)
+
+    return Spec(lambda: step(me, me), step_a, lambda: step(cm, mc), exact=exact)
 
 
 def gpt2_train_spec() -> Spec:
@@ -272,6 +281,7 @@ def run_table(names, runs: int) -> list:
             try:
                 spec = WORKLOADS[name][1]()
                 r = measure(title(name), spec.eager, spec.accel, spec.compile, runs, warmup=1,
+                            exact=spec.exact,
                             detail=True)
             except Exception as e:  # noqa: BLE001 - reported, the other workloads go on
                 results.append({"key": name, "name": title(name), "error": _err(e)})

@@ -20,7 +20,7 @@ import torch
 
 pytest.importorskip("pytest_benchmark")
 
-from _common import accel_fn  # noqa: E402
+from _common import accel_fn, check  # noqa: E402
 from bench_cpu import WORKLOADS as CPU_WORKLOADS  # noqa: E402
 from bench_pointwise import CHAIN_N, GELU_SHAPE, chain, gelu  # noqa: E402
 
@@ -87,14 +87,12 @@ def test_cpu(benchmark, cpu_workload, backend):
         if backend == "compile":
             pytest.skip(f"torch.compile failed: {type(e).__name__}: {e}")
         raise
-    if backend == "compile":
-        try:
-            torch.testing.assert_close(out, ref)
-            benchmark.extra_info["matches_eager"] = True
-        except AssertionError as e:
-            benchmark.extra_info["matches_eager"] = False
-            warnings.warn(f"torch.compile differs from eager on {wname}: {e}", stacklevel=1)
-    else:
-        torch.testing.assert_close(out, ref)
+    verdict = check(wname, backend, out, ref, exact=spec.exact() if spec.exact else None)
+    benchmark.extra_info["matches_eager"] = verdict
+    if not verdict.startswith("yes"):
+        if backend == "compile":
+            warnings.warn(f"torch.compile differs from eager on {wname}: {verdict}", stacklevel=1)
+        else:
+            pytest.fail(f"{backend} differs from eager on {wname}: {verdict}")
     del out
     benchmark.pedantic(run, rounds=3, iterations=1, warmup_rounds=0)

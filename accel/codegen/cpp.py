@@ -401,56 +401,22 @@ class CppRenderer(CStyle):
         self._emit_items(pre, body, "")
         self._emit_items(inner, body, "")
         rv = list(g.rvars)
-        cascade = [bodies[0] for (k, bodies) in accs if k == "sum"]
-        if len(accs) == 1 and len(rv) == 1 and cascade and cascade[0].op == "cast" and \
-                cascade[0].args[0].dtype == torch.float32:
-            (a,) = accs.values()
-            self._cascade(a, self._name(cascade[0].args[0], inner), rv[0], b, v, body, out, ind2)
-            for e in g.members:
-                scope.names[e] = f"static_cast<double>({a}[0][{b}_k])"
-        else:
-            for (k, bodies), a in accs.items():
-                body.append(SIMPLE[k][1].format(a=f"{a}[{b}_k]", x=self._name(bodies[0], inner)))
-            for r in rv:
-                out.append(f"{ind2}for (int64_t i{r} = 0; i{r} < {self.ir.sizes[r]}; ++i{r}) {{")
-                ind2 += "  "
-            self._vector_loop(b, v, body, out, ind2)
-            for _ in rv:
-                ind2 = ind2[:-2]
-                out.append(f"{ind2}}}")
-            for e in g.members:
-                scope.names[e] = accs[(e.args[0], e.args[1])] + f"[{b}_k]"
+        for (k, bodies), a in accs.items():
+            body.append(SIMPLE[k][1].format(a=f"{a}[{b}_k]", x=self._name(bodies[0], inner)))
+        for r in rv:
+            out.append(f"{ind2}for (int64_t i{r} = 0; i{r} < {self.ir.sizes[r]}; ++i{r}) {{")
+            ind2 += "  "
+        self._vector_loop(b, v, body, out, ind2)
+        for _ in rv:
+            ind2 = ind2[:-2]
+            out.append(f"{ind2}}}")
+        for e in g.members:
+            scope.names[e] = accs[(e.args[0], e.args[1])] + f"[{b}_k]"
         tail: List[str] = []
         self._emit_items(pre, tail, "")
         self._emit_items(post, tail, "")
         self._vector_loop(b, v, tail, out, ind2)
         out.append(f"{ind}}}")
-
-    def _cascade(self, a: str, x: str, r: int, b: str, v: int, body, out, ind) -> None:
-        """A float32 column sum in eager's order: ATen's ``multi_row_sum`` (SumKernel.cpp),
-        a 4-level cascade of float accumulators over the rows, so results match eager's
-        bit for bit instead of differing by eager's rounding error. Replaces the double
-        accumulator ``a`` by a float one."""
-        n = self.ir.sizes[r]
-        lp = max(4, (max(n - 1, 1)).bit_length() // 4)  # utils::CeilLog2(size) / num_levels
-        step, mask = 1 << lp, (1 << lp) - 1
-        out[-2:] = [f"{ind}float {a}[4][{VBLOCK}] = {{}};"]
-        body = body + [f"{a}[0][{b}_k] += {x};"]
-        out.append(f"{ind}int64_t i{r} = 0;")
-        out.append(f"{ind}for (; i{r} + {step} <= {n};) {{")
-        out.append(f"{ind}  for (int64_t j = 0; j < {step}; ++j, ++i{r}) {{")
-        self._vector_loop(b, v, body, out, ind + "    ")
-        out.append(f"{ind}  }}")
-        out.append(f"{ind}  for (int64_t j = 1; j < 4; ++j) {{")
-        out.append(f"{ind}    for (int64_t k = 0; k < {VBLOCK}; ++k) {{ {a}[j][k] += {a}[j - 1][k]; {a}[j - 1][k] = 0; }}")
-        out.append(f"{ind}    if ((i{r} & (INT64_C({mask}) << (j * {lp}))) != 0) break;")
-        out.append(f"{ind}  }}")
-        out.append(f"{ind}}}")
-        out.append(f"{ind}for (; i{r} < {n}; ++i{r}) {{")
-        self._vector_loop(b, v, body, out, ind + "  ")
-        out.append(f"{ind}}}")
-        out.append(f"{ind}for (int64_t j = 1; j < 4; ++j)")
-        out.append(f"{ind}  for (int64_t k = 0; k < {VBLOCK}; ++k) {a}[0][k] += {a}[j][k];")
 
     def _vector_loop(self, b: str, v: int, body: List[str], out: List[str], ind: str) -> None:
         out.append(f"{ind}#pragma omp simd")
