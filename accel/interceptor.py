@@ -73,14 +73,14 @@ class AccelMode(TorchDispatchMode):
 
     def __init__(self):
         super().__init__()
-        self.table = fusible_ops()
+        self.table, self.views = _op_ids()
         self.cap = config.flag("ACCEL_MAX_REGION")
         self.owner = threading.get_ident()
         self.region = _state.region  # the owner thread's
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        spec = self.table.get(func)
+        spec = self.table.get(id(func))  # by id: OpOverload's __hash__ is Python code
         region = self.region
         # autograd's engine threads inherit the mode: only the owner thread records
         if spec is not None and not region.busy and _get_ident() == self.owner:
@@ -99,10 +99,16 @@ class AccelMode(TorchDispatchMode):
             if len(region.calls) >= self.cap:
                 flush()
             return out
-        if func in VIEW_OPS:
-            return func(*args, **kwargs)
-        flush()
-        return func(*args, **kwargs)
+        if id(func) not in self.views and region.calls:
+            flush()
+        return func._op(*args, **kwargs)  # the C++ op itself, past OpOverload.__call__
+
+
+@functools.lru_cache(maxsize=1)
+def _op_ids():
+    """The fusible-op table and the view ops, keyed by ``id`` of the OpOverload (they live as
+    long as the process)."""
+    return {id(op): spec for op, spec in fusible_ops().items()}, frozenset(map(id, VIEW_OPS))
 
 
 class _DynamoSafeAccelMode(AccelMode):
