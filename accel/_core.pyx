@@ -13,6 +13,8 @@ cdef extern from "accel/kernel.h" nogil:
         double f
         int64_t i
     ctypedef int (*accel_kernel_fn)(void** bufs, const accel_scalar_t* scalars)
+    ctypedef int (*accel_cuda_kernel_fn)(void** bufs, const accel_scalar_t* scalars,
+                                         void* stream, int device)
 
 cdef enum:
     STACK = 64
@@ -39,9 +41,11 @@ def load(str path, str symbol):
     return <uintptr_t>f
 
 
-def launch(uintptr_t fn, list ptrs, list scalars):
+def launch(uintptr_t fn, list ptrs, list scalars, uintptr_t stream=0, int device=-1):
     """Call kernel ``fn`` with buffer addresses ``ptrs`` (ints) and runtime ``scalars``
-    (Python floats and ints), releasing the GIL for the call. Returns the kernel status."""
+    (Python floats and ints), releasing the GIL for the call. With ``device`` >= 0, ``fn``
+    is a CUDA region's launcher and ``stream`` the cudaStream_t it launches on (it returns
+    without waiting for the GPU). Returns the kernel status (0: success)."""
     cdef void* bstack[STACK]
     cdef accel_scalar_t sstack[STACK]
     cdef Py_ssize_t nb = len(ptrs), ns = len(scalars), i
@@ -58,7 +62,10 @@ def launch(uintptr_t fn, list ptrs, list scalars):
             else:
                 sc[i].i = <int64_t>v
         with nogil:
-            status = (<accel_kernel_fn>fn)(bufs, sc)
+            if device < 0:
+                status = (<accel_kernel_fn>fn)(bufs, sc)
+            else:
+                status = (<accel_cuda_kernel_fn>fn)(bufs, sc, <void*>stream, device)
     finally:
         if bufs != &bstack[0]:
             free(bufs)
@@ -81,6 +88,7 @@ cdef object _strided = torch.strided
 cdef object _bool = torch.bool
 cdef object _empty_strided = torch.empty_strided
 cdef object _device = torch.device
+cdef object _CPU = torch.device("cpu")
 cdef tuple _CONST_TYPES = (bool, int, float, str, type(None), torch.dtype, torch.device,
                            torch.memory_format, torch.layout, tuple)
 cdef int _TENSOR = TENSOR, _SCALAR = SCALAR
@@ -97,6 +105,7 @@ cdef class RegionCore:
     cdef public set out_bases
     cdef public object lo, hi
     cdef public bint mutates_ext, busy
+    cdef public object device  # the region's torch.device (None: not decided yet)
     cdef bint _float_ok, _int_ok
     cdef Py_ssize_t _lo, _hi
 
@@ -115,6 +124,7 @@ cdef class RegionCore:
         self.lo = self._lo
         self.hi = 0
         self.mutates_ext = False
+        self.device = None
 
     def __len__(self):
         return len(self.calls)
@@ -134,8 +144,18 @@ cdef class RegionCore:
 
     cdef _tensor_sig(self, t, list key, list tmpl):
         cdef Py_ssize_t p
-        if not t.is_cpu or t.layout is not _strided:
+        if t.layout is not _strided:
             raise Deferred("tensor kind")
+        if t.is_cpu:
+            d = _CPU
+        elif t.is_cuda:
+            d = t.device
+        else:
+            raise Deferred("tensor kind")
+        if self.device is None:
+            self.device = d
+        elif d != self.device:
+            raise Deferred("device")  # a region runs on one device
         i = self.out_ids.get(id(t))
         if i is not None and self.outs[i] is t:
             w = ("o", i)
@@ -154,7 +174,7 @@ cdef class RegionCore:
             j = len(self.ext)
             self.ext.append(t)
             self.ext_ids[id(t)] = j
-        key.append(("x", j, dtype, tuple(t.shape), t.stride(), t.storage_offset()))
+        key.append(("x", j, dtype, tuple(t.shape), t.stride(), t.storage_offset(), d))
         tmpl.append(("x", j))
 
     cdef _arg(self, int kind, v, list key, list tmpl):
@@ -172,8 +192,11 @@ cdef class RegionCore:
                 v = tuple(v)
             elif tv not in _CONST_TYPES:
                 raise Deferred("argument type")
-            if tv is _device and v.type != "cpu":
-                raise Deferred("device")
+            if tv is _device:  # a factory's device: the region's
+                if self.device is None:
+                    self.device = v
+                elif v != self.device:
+                    raise Deferred("device")
             if tv is float and v != v:
                 v = "nan"
             key.append(v)
@@ -224,6 +247,8 @@ cdef class RegionCore:
                 self.ext_ids.pop(id(x), None)
             del self.ext[n_ext:]
             del self.scalars[n_sc:]
+            if not self.calls:
+                self.device = None
             raise
         self.node = node
         ret = node.ret
@@ -238,7 +263,10 @@ cdef class RegionCore:
 
     cdef _alloc(self, tuple meta):
         cdef Py_ssize_t p, e
-        r = _empty_strided(meta[0], meta[1], dtype=meta[2])
+        if self.device is None or self.device is _CPU:
+            r = _empty_strided(meta[0], meta[1], dtype=meta[2])
+        else:
+            r = _empty_strided(meta[0], meta[1], dtype=meta[2], device=self.device)
         self.out_ids[id(r)] = len(self.outs)
         self.outs.append(r)
         self.out_meta.append(meta)

@@ -12,6 +12,7 @@ import torch
 from .ops import DTYPES, NOT_DEFERRABLE, SCALAR, TENSOR, Deferred, OpSpec
 
 _data_ptr = torch._C.TensorBase.data_ptr
+_CPU = torch.device("cpu")
 _untyped_storage = torch._C.TensorBase.untyped_storage
 _storage_use_count = torch._C._storage_Use_Count
 _TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
@@ -35,6 +36,7 @@ class RegionCore:
         self.lo = sys.maxsize
         self.hi = 0
         self.mutates_ext = False
+        self.device = None
 
     def __len__(self):
         return len(self.calls)
@@ -49,8 +51,13 @@ class RegionCore:
         return tuple(live)
 
     def _tensor_sig(self, t):
-        if type(t) not in _TENSOR_TYPES or not t.is_cpu or t.layout != torch.strided:
+        if type(t) not in _TENSOR_TYPES or t.layout != torch.strided or not (t.is_cpu or t.is_cuda):
             raise Deferred("tensor kind")
+        d = _CPU if t.is_cpu else t.device
+        if self.device is None:
+            self.device = d
+        elif d != self.device:
+            raise Deferred("device")  # a region runs on one device
         i = self.out_ids.get(id(t))
         if i is not None and self.outs[i] is t:
             return ("o", i), ("o", i)
@@ -65,7 +72,7 @@ class RegionCore:
             j = len(self.ext)
             self.ext.append(t)
             self.ext_ids[id(t)] = j
-        return ("x", j, t.dtype, tuple(t.shape), t.stride(), t.storage_offset()), ("x", j)
+        return ("x", j, t.dtype, tuple(t.shape), t.stride(), t.storage_offset(), d), ("x", j)
 
     def _aliases_pending(self, t, p):
         # the start of t's storage is a pending output's (every view shares its storage)
@@ -89,8 +96,11 @@ class RegionCore:
             elif tv not in (bool, int, float, str, type(None), torch.dtype, torch.device,
                             torch.memory_format, torch.layout, tuple):
                 raise Deferred("argument type")
-            if tv is torch.device and v.type != "cpu":
-                raise Deferred("device")  # a device copy: flush, then eager
+            if tv is torch.device:  # a factory's device: the region's
+                if self.device is None:
+                    self.device = v
+                elif v != self.device:
+                    raise Deferred("device")
             if tv is float and v != v:
                 v = "nan"  # NaN != NaN would break dict lookups
             key.append(v)
@@ -132,6 +142,8 @@ class RegionCore:
                 raise Deferred("meta")
         except Deferred:
             self._rollback(n_ext, n_sc)
+            if not self.calls:
+                self.device = None
             raise
         self.node = node
         self.calls.append((func, tuple(targs), tkw, node.n_new))
@@ -145,7 +157,7 @@ class RegionCore:
 
     def _alloc(self, meta):
         shape, stride, dtype, nbytes = meta
-        t = torch.empty_strided(shape, stride, dtype=dtype)
+        t = torch.empty_strided(shape, stride, dtype=dtype, device=self.device or _CPU)
         self.out_ids[id(t)] = len(self.outs)
         self.outs.append(t)
         self.out_meta.append(meta)
@@ -190,8 +202,13 @@ class _Scalar(ctypes.Union):
 _KERNEL = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(_Scalar))
 
 
-def launch(fn: int, ptrs: list, scalars: list) -> int:
-    """Call kernel ``fn`` with buffer addresses and runtime scalars; return its status."""
+_CUDA_KERNEL = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_void_p),
+                                ctypes.POINTER(_Scalar), ctypes.c_void_p, ctypes.c_int)
+
+
+def launch(fn: int, ptrs: list, scalars: list, stream: int = 0, device: int = -1) -> int:
+    """Call kernel ``fn`` with buffer addresses and runtime scalars; return its status.
+    With ``device`` >= 0, ``fn`` is a CUDA launcher taking ``stream`` and ``device`` too."""
     bufs = (ctypes.c_void_p * max(1, len(ptrs)))(*ptrs)
     sc = (_Scalar * max(1, len(scalars)))()
     for i, v in enumerate(scalars):
@@ -199,4 +216,6 @@ def launch(fn: int, ptrs: list, scalars: list) -> int:
             sc[i].f = v
         else:
             sc[i].i = v
+    if device >= 0:
+        return _CUDA_KERNEL(fn)(bufs, sc, stream, device)
     return _KERNEL(fn)(bufs, sc)

@@ -84,34 +84,69 @@ def source_hash() -> str:
     return h.hexdigest()[:16]
 
 
-def compiler_key() -> str:
-    """Compiler identity and flags, as stored in every key.
+#: nvcc flags: no --use_fast_math (results must match eager); relocatable position-
+#: independent code in a host shared library with the CUDA runtime linked statically.
+NVCCFLAGS = ["-O3", "-std=c++17", "--expt-relaxed-constexpr", "-Xcompiler", "-fPIC", "-shared",
+             "-w"]
+
+
+def cuda_arch(index: int = 0) -> str:
+    """nvcc's ``-arch`` for CUDA device ``index``: ``sm_90a`` on Hopper (its architecture-
+    specific features), ``sm_XY`` before it.
 
     Raises:
-        BuildError: the compiler cannot be found or run.
+        BuildError: no CUDA device.
     """
+    import torch
+
+    if not torch.cuda.is_available():
+        raise BuildError("no CUDA device")
+    major, minor = torch.cuda.get_device_capability(index)
+    return f"sm_{major}{minor}" + ("a" if major >= 9 else "")
+
+
+def _toolchain(device: str):
+    """(compiler path, flags, libraries, source suffix, the rest of its identity)."""
+    if device == "cuda":
+        nvcc = config.flag("ACCEL_NVCC")
+        path = shutil.which(nvcc) or (nvcc if os.path.isabs(nvcc) and os.path.exists(nvcc) else None)
+        if path is None:
+            raise BuildError(f"CUDA compiler {nvcc!r} not found (set ACCEL_NVCC)")
+        return path, NVCCFLAGS + ["-arch", cuda_arch()], [], ".cu", cuda_arch()
     cxx = config.flag("ACCEL_CXX")
-    return f"{_identity(cxx)}|{' '.join(CXXFLAGS + LIBS)}|{cpu_isa()}"
+    path = shutil.which(cxx)
+    if path is None:
+        raise BuildError(f"C++ compiler {cxx!r} not found (set ACCEL_CXX)")
+    return path, CXXFLAGS, LIBS, ".cpp", cpu_isa()
 
 
-def build(source: str, name: str) -> bytes:
-    """Compile ``source`` to a shared library and return its bytes.
+def compiler_key(device: str = "cpu") -> str:
+    """Compiler identity and flags, and the CPU ISA or GPU architecture, as stored in every
+    key of kernels for ``device`` ("cpu" or "cuda").
+
+    Raises:
+        BuildError: the compiler cannot be found (or, for "cuda", there is no GPU).
+    """
+    path, flags, libs, _, target = _toolchain(device)
+    return f"{_identity(path)}|{' '.join(flags + libs)}|{target}"
+
+
+def build(source: str, name: str, device: str = "cpu") -> bytes:
+    """Compile ``source`` (C++ for "cpu", CUDA C++ for "cuda") to a shared library and
+    return its bytes.
 
     Raises:
         BuildError: missing compiler, compile error (with the compiler's output), or a
             compile that ran past ``ACCEL_COMPILE_TIMEOUT`` seconds (it is killed).
     """
-    cxx = config.flag("ACCEL_CXX")
-    path = shutil.which(cxx)
-    if path is None:
-        raise BuildError(f"C++ compiler {cxx!r} not found (set ACCEL_CXX)")
+    path, flags, libs, suffix, _ = _toolchain(device)
     timeout = config.flag("ACCEL_COMPILE_TIMEOUT")
     with tempfile.TemporaryDirectory(prefix="accel-build-") as d:
-        src = os.path.join(d, name + ".cpp")
+        src = os.path.join(d, name + suffix)
         lib = os.path.join(d, name + ".so")
         with open(src, "w") as f:
             f.write(source)
-        cmd = [path, *CXXFLAGS, "-I", INCLUDE_DIR, src, "-o", lib, *LIBS]
+        cmd = [path, *flags, "-I", INCLUDE_DIR, src, "-o", lib, *libs]
         try:
             out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired as e:
@@ -119,6 +154,7 @@ def build(source: str, name: str) -> bytes:
         except OSError as e:
             raise BuildError(f"cannot run {path}: {e}") from e
         if out.returncode != 0 or not os.path.exists(lib):
-            raise BuildError(f"{cxx} failed ({out.returncode}):\n{out.stderr[-4000:]}")
+            raise BuildError(f"{os.path.basename(path)} failed ({out.returncode}):\n"
+                             f"{(out.stderr or out.stdout)[-4000:]}")
         with open(lib, "rb") as f:
             return f.read()

@@ -93,6 +93,8 @@ FLAGS = {
              "Level of the 'accel' logger."),
         Flag("ACCEL_CXX", "g++", lambda n, r: r.strip() or "g++",
              "C++ compiler used for CPU kernels."),
+        Flag("ACCEL_NVCC", "nvcc", lambda n, r: r.strip() or "nvcc",
+             "CUDA compiler used for GPU kernels."),
         Flag("ACCEL_COMPILE_TIMEOUT", 120, _parse_int(1),
              "Seconds one kernel build may take before it is killed (and eager is used)."),
         Flag("ACCEL_PURE_PYTHON", False, _parse_bool,

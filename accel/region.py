@@ -142,7 +142,8 @@ class Region(RegionCore):
         faults after the first call)."""
         bufs = self.scratch.get(kern.key)
         if bufs is None:
-            bufs = self.scratch[kern.key] = [torch.empty(max(n, 1), dtype=torch.uint8)
+            bufs = self.scratch[kern.key] = [torch.empty(max(n, 1), dtype=torch.uint8,
+                                                         device=self.device or "cpu")
                                              for n in kern.scratch]
         return bufs
 
@@ -237,6 +238,8 @@ class Region(RegionCore):
             self._run_probe(func, targs, tkw, small=False)
 
     def _run_probe(self, func, targs, tkw, small: bool) -> None:
+        device = self.device or "cpu"
+
         def arg(r):
             if r[0] == "o":
                 shape, stride, dtype = self.out_meta[r[1]][:3]
@@ -249,8 +252,8 @@ class Region(RegionCore):
                 return list(r[1]) if isinstance(r[1], tuple) else r[1]
             if small:  # ones for floats, zeros for integers (a valid index, never a divisor)
                 fill = 1 if dtype.is_floating_point else 0
-                return torch.full([min(s, 2) for s in shape], fill, dtype=dtype)
-            t = torch.empty_strided(shape, stride, dtype=dtype)  # floats: contents unused
+                return torch.full([min(s, 2) for s in shape], fill, dtype=dtype, device=device)
+            t = torch.empty_strided(shape, stride, dtype=dtype, device=device)  # floats: unused
             return t if dtype.is_floating_point else t.zero_()
 
         args = [arg(r) for r in targs]

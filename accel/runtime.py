@@ -69,6 +69,7 @@ class CompiledRegion:
     live_idx: Tuple[int, ...]
     key: str
     scratch: Tuple[int, ...] = ()
+    cuda: bool = False
 
 
 def _prod(shape) -> int:
@@ -93,15 +94,16 @@ def _readable(calls, region: Region) -> str:
     return f"{ops}{more} [{shapes}]"
 
 
-def store_key(node: TrieNode, live) -> str:
-    """The store key: a hash of named parts (accel version and source hash, torch version, compiler identity
-    and flags, CPU ISA, the region's trie path and liveness mask)."""
+def store_key(node: TrieNode, live, device: str = "cpu") -> str:
+    """The store key: a hash of named parts (accel version and source hash, torch version,
+    compiler identity and flags, CPU ISA or GPU architecture, the region's trie path and
+    liveness mask). ``device``: "cpu" or "cuda"."""
     from .build import compiler_key, source_hash
     from .store import STORE_VERSION
 
     parts = {"store": STORE_VERSION, "accel": f"{__version__}+{source_hash()}",
              "torch": torch.__version__,
-             "compiler": compiler_key(), "region": _key_text(node, live)}
+             "compiler": compiler_key(device), "region": _key_text(node, live)}
     log.debug("key parts: %s", {k: v for k, v in parts.items() if k != "region"})
     return hashlib.sha256(repr(sorted(parts.items())).encode()).hexdigest()
 
@@ -109,6 +111,7 @@ def store_key(node: TrieNode, live) -> str:
 def _compile(region: Region, live, key: str, store):
     from .build import build
     from .codegen.cpp import CppRenderer
+    from .codegen.cuda import CudaRenderer
     from .graph import trace_region
     from .lowering import BufferSpec, lower
     from .passes import run_passes
@@ -128,13 +131,15 @@ def _compile(region: Region, live, key: str, store):
             for i in live_idx]
     ir = lower(tr.gm, ext, outs, scalar_types)
     name = "accel_region_" + key[:16]
-    source = CppRenderer().render(ir, name)
-    artifact = build(source, name)
+    device = _device_type(region)
+    renderer = CppRenderer() if device == "cpu" else CudaRenderer()
+    source = renderer.render(ir, name)
+    artifact = build(source, name, device)
     dt = time.perf_counter() - t0
     meta = {"readable": _readable(region.calls, region), "symbol": name, "source": source,
             "live_idx": list(live_idx), "pass_log": pass_log, "compile_time_s": dt,
             "graph": str(tr.gm.graph), "ir": ir.describe(), "torch": torch.__version__,
-            "n_ext": len(ext), "n_out": len(outs), "scalar_types": scalar_types,
+            "n_ext": len(ext), "n_out": len(outs), "scalar_types": scalar_types, "device": device,
             "scratch": [_prod(b.shape) * _itemsize(b.dtype) for b in ir.buffers if b.scratch]}
     STATS["compiles"] += 1
     STATS["compile_time_s"] += dt
@@ -162,7 +167,7 @@ def _load(entry) -> CompiledRegion:
     fn = _core.load(entry.path, entry.meta["symbol"])
     STATS["load_time_s"] += time.perf_counter() - t0
     return CompiledRegion(fn, tuple(entry.meta["live_idx"]), entry.key,
-                          tuple(entry.meta.get("scratch", ())))
+                          tuple(entry.meta.get("scratch", ())), entry.meta.get("device") == "cuda")
 
 
 def kernel_for(region: Region, live) -> Optional[CompiledRegion]:
@@ -172,7 +177,7 @@ def kernel_for(region: Region, live) -> Optional[CompiledRegion]:
 
     store = get_store()
     try:
-        key = store_key(region.node, live)
+        key = store_key(region.node, live, _device_type(region))
     except Exception as e:  # noqa: BLE001 - no compiler: eager, once warned
         warn_once(("key", type(e).__name__), "accel: kernels disabled (%s); running eagerly", e)
         return None
@@ -254,7 +259,24 @@ def execute(region: Region) -> None:
         ptrs += [_data_ptr(outs[i]) for i in kern.live_idx]
         if kern.scratch:
             ptrs += [_data_ptr(t) for t in region.scratch_for(kern)]
-        if _core.launch(kern.fn, ptrs, region.scalars) == 0:
+        if not kern.cuda:
+            status = _core.launch(kern.fn, ptrs, region.scalars)
+        else:  # on the current stream of the region's GPU; the host does not wait
+            dev = region.device.index if region.device.index is not None else torch.cuda.current_device()
+            stream = torch.cuda.current_stream(dev).cuda_stream
+            status = _core.launch(kern.fn, ptrs, region.scalars, stream, dev)
+        if status == 0:
             STATS["kernel_runs"] += 1
             return
+        from .interceptor import warn_once
+
+        node.kernels[live] = None  # this process runs the region eagerly from now on
+        warn_once(("launch", kern.key), "accel: region %s (%s) failed to launch (%s %d); "
+                  "it runs eagerly", kern.key[:16], _readable(region.calls, region),
+                  "CUDA error" if kern.cuda else "status", status)
     replay(region)
+
+
+def _device_type(region: Region) -> str:
+    d = region.device
+    return "cuda" if d is not None and d.type == "cuda" else "cpu"

@@ -159,7 +159,7 @@ def programs(draw):
     return {"inputs": inputs, "steps": steps, "keep": keep}
 
 
-def make_inputs(specs):
+def make_inputs(specs, device="cpu"):
     out = []
     for kind, dt, seed, special in specs:
         dtype = DTYPES[dt]
@@ -178,7 +178,7 @@ def make_inputs(specs):
                 t = torch.randint(-5, 6, shape, generator=g).to(dtype)
             return t
 
-        out.append(INPUT_KINDS[kind](base))
+        out.append(INPUT_KINDS[kind](lambda shape, base=base: base(shape).to(device)))
     return out
 
 
@@ -204,9 +204,9 @@ def apply(step, env):
     return torch.where(env[step[1]].to(torch.bool), env[step[2]], env[step[3]])
 
 
-def execute(prog, use_accel):
+def execute(prog, use_accel, device="cpu"):
     """Run ``prog`` on fresh inputs; return (kept values, inputs' bases, exception)."""
-    inputs = make_inputs(prog["inputs"])
+    inputs = make_inputs(prog["inputs"], device)
     bases = [t._base if t._base is not None else t for t in inputs]
     env = list(inputs)
     err = None
@@ -243,9 +243,9 @@ def assert_same(actual, expected, what):
         torch.testing.assert_close(actual, expected, rtol=0, atol=0, msg=lambda m: f"{what}: {m}")
 
 
-def check_program(prog):
-    e_kept, e_in, e_err = execute(prog, False)
-    a_kept, a_in, a_err = execute(prog, True)
+def check_program(prog, device="cpu"):
+    e_kept, e_in, e_err = execute(prog, False, device)
+    a_kept, a_in, a_err = execute(prog, True, device)
     if e_err is not None:
         assert a_err is not None, f"eager raised {type(e_err).__name__}: {e_err}; accel did not"
         assert type(a_err) is type(e_err), (
@@ -259,9 +259,15 @@ def check_program(prog):
 
 
 # -- tests ------------------------------------------------------------------------------
-@given(programs())
-def test_random_chains(prog):
-    check_program(prog)
+#: every program runs on each device; CUDA skips cleanly without a GPU
+DEVICES = [pytest.param("cpu"), pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device"))]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@given(prog=programs())
+def test_random_chains(prog, device):
+    check_program(prog, device)
 
 
 @pytest.mark.parametrize("prog", [
@@ -295,9 +301,10 @@ def test_random_chains(prog):
     {"inputs": [("4x5", "f64", 13, True)], "steps": [("unary", "sign", 0)], "keep": [1]},
 ], ids=["f32-chain", "f64-int-inplace", "softmax-center-var", "manual-softmax-argmax",
         "inplace-broadcast-row-repeated", "add_-then-fill_-of-operand", "sign-of-nan"])
-def test_fixed_chains(prog):
+@pytest.mark.parametrize("device", DEVICES)
+def test_fixed_chains(prog, device):
     accel.reset_stats()
-    check_program(prog)
+    check_program(prog, device)
     assert accel.stats()["kernel_runs"] >= 1, accel.stats()
 
 

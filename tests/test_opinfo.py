@@ -26,6 +26,10 @@ import accel
 DTYPES = (torch.float32, torch.float64, torch.int32, torch.int64, torch.bool)
 MAX_SAMPLES = 8
 
+#: (device, pytest marks): every suite runs on each; CUDA skips cleanly without a GPU
+DEVICES = [("cpu", ()), ("cuda", (pytest.mark.skipif(not torch.cuda.is_available(),
+                                                     reason="no CUDA device"),))]
+
 #: pointwise OpInfos that are not UnaryUfuncInfo / BinaryUfuncInfo
 POINTWISE_NAMES = {
     "where", "clamp", "lerp", "addcmul", "addcdiv", "masked_fill", "clone", "contiguous",
@@ -69,23 +73,26 @@ OPS = _selected_ops()
 _BY_ID = {_opid(o): o for o in OPS}
 
 
-def _dtypes(op):
-    dts = op.supported_dtypes("cpu")
+def _dtypes(op, device="cpu"):
+    dts = op.supported_dtypes(device)
     return [dt for dt in DTYPES if dt in dts]
 
 
 def _cases(kind, ops=OPS):
+    """(opid, dtype, device) for each op, dtype and device; CUDA cases skip without a GPU."""
     out = []
-    for op in ops:
-        for dt in _dtypes(op):
-            out.append(pytest.param(_opid(op), dt, id=f"{_opid(op)}-{_dtname(dt)}"))
+    for device, marks in DEVICES:
+        for op in ops:
+            for dt in _dtypes(op, device if marks == () else "cpu"):
+                out.append(pytest.param(_opid(op), dt, device, marks=marks,
+                                        id=f"{_opid(op)}-{_dtname(dt)}-{device}"))
     return out
 
 
-def _samples(op, dtype, cap=MAX_SAMPLES, requires_grad=False):
+def _samples(op, dtype, cap=MAX_SAMPLES, requires_grad=False, device="cpu"):
     """Up to ``cap`` samples, spread over the list (late samples hold kwargs like alpha=)."""
     torch.manual_seed(0)
-    s = list(op.sample_inputs("cpu", dtype, requires_grad=requires_grad))
+    s = list(op.sample_inputs(device, dtype, requires_grad=requires_grad))
     if len(s) > cap:
         n = len(s)
         s = [s[i] for i in sorted({round(k * (n - 1) / (cap - 1)) for k in range(cap)})]
@@ -210,10 +217,10 @@ def _out_job(op, dtype, i, s, shape, rdt):
     return Job("out", dtype, i, s, prepare)
 
 
-def _make_jobs(op):
+def _make_jobs(op, device="cpu"):
     jobs = []
-    for dt in _dtypes(op):
-        samples = _samples(op, dt)
+    for dt in _dtypes(op, device):
+        samples = _samples(op, dt, device=device)
         for i, s in enumerate(samples):
             jobs.append(_functional_job(op, dt, i, s))
             if op.inplace_variant is not None and isinstance(s.input, torch.Tensor):
@@ -275,11 +282,11 @@ def run_jobs(jobs):
     return jobs
 
 
-def op_jobs(opid):
-    """All jobs of one op, run eagerly and under accel (once per session)."""
-    if opid not in _RESULTS:
-        _RESULTS[opid] = run_jobs(_make_jobs(_BY_ID[opid]))
-    return _RESULTS[opid]
+def op_jobs(opid, device="cpu"):
+    """All jobs of one op on one device, run eagerly and under accel (once per session)."""
+    if (opid, device) not in _RESULTS:
+        _RESULTS[opid, device] = run_jobs(_make_jobs(_BY_ID[opid], device))
+    return _RESULTS[opid, device]
 
 
 def _cast_tree(x, dtype):
@@ -306,8 +313,8 @@ def _oracle(j):
         return ref
 
 
-def _check_case(kind, opid, dtype, get_jobs=op_jobs):
-    jobs = [j for j in get_jobs(opid) if j.kind == kind and j.dtype == dtype]
+def _check_case(kind, opid, dtype, device="cpu", get_jobs=op_jobs):
+    jobs = [j for j in get_jobs(opid, device) if j.kind == kind and j.dtype == dtype]
     if not jobs:
         pytest.skip(f"no {kind} samples")
     errors = []
@@ -400,34 +407,35 @@ def test_selection_is_broad():
         assert n in _BY_ID
 
 
-@pytest.mark.parametrize("opid,dtype", _cases("functional"))
-def test_functional(opid, dtype):
-    _check_case("functional", opid, dtype)
+@pytest.mark.parametrize("opid,dtype,device", _cases("functional"))
+def test_functional(opid, dtype, device):
+    _check_case("functional", opid, dtype, device)
 
 
-@pytest.mark.parametrize("opid,dtype", _cases("inplace", [o for o in OPS if o.inplace_variant]))
-def test_inplace(opid, dtype):
-    _check_case("inplace", opid, dtype)
+@pytest.mark.parametrize("opid,dtype,device", _cases("inplace", [o for o in OPS if o.inplace_variant]))
+def test_inplace(opid, dtype, device):
+    _check_case("inplace", opid, dtype, device)
 
 
-@pytest.mark.parametrize("opid,dtype", _cases("out", [o for o in OPS if _opid(o) in OUT_OPS]))
-def test_out(opid, dtype):
+@pytest.mark.parametrize("opid,dtype,device", _cases("out", [o for o in OPS if _opid(o) in OUT_OPS]))
+def test_out(opid, dtype, device):
     assert _BY_ID[opid].supports_out
-    _check_case("out", opid, dtype)
+    _check_case("out", opid, dtype, device)
 
 
-def _plain_sample(op):
-    return next(s for s in _samples(op, torch.float32, cap=100)
+def _plain_sample(op, device="cpu"):
+    return next(s for s in _samples(op, torch.float32, cap=100, device=device)
                 if isinstance(s.input, torch.Tensor) and s.input.numel() > 1
                 and all(t.dim() > 0 for t in _tensors((s.args, s.kwargs))))
 
 
+@pytest.mark.parametrize("device", [pytest.param(d, marks=m) for d, m in DEVICES])
 @pytest.mark.parametrize("name", ["sin", "add", "mul", "where", "nn.functional.gelu", "clamp",
                                   "lerp", "addcmul"])
-def test_kernel_really_runs(name):
+def test_kernel_really_runs(name, device):
     """On an ordinary float32 sample a kernel runs (no replay) and matches eager."""
     op = _BY_ID[name]
-    s = _plain_sample(op)
+    s = _plain_sample(op, device)
     expected = op.op(s.input, *s.args, **s.kwargs)
     accel.reset_stats()
     with accel.eager():

@@ -24,7 +24,8 @@ import torch
 from torch.testing._internal.common_methods_invocations import op_db
 
 import accel
-from test_opinfo import DTYPES, Job, _check_case, _dtname, _opid, _outcome, _samples, _tensors, assert_same, run_jobs
+from test_opinfo import (DEVICES, DTYPES, Job, _check_case, _dtname, _opid, _outcome, _samples,
+                         _tensors, assert_same, run_jobs)
 
 # eager's own warning for var/std with correction >= the number of elements
 pytestmark = pytest.mark.filterwarnings("ignore:.*degrees of freedom is <= 0")
@@ -55,13 +56,13 @@ def _selected():
 OPS = _selected()
 
 
-def _dtypes(op):
-    dts = op.supported_dtypes("cpu")
+def _dtypes(op, device="cpu"):
+    dts = op.supported_dtypes(device)
     return [dt for dt in DTYPES if dt in dts]
 
 
-def _grad_dtypes(op):
-    return [dt for dt in _dtypes(op) if dt.is_floating_point] if op.supports_autograd else []
+def _grad_dtypes(op, device="cpu"):
+    return [dt for dt in _dtypes(op, device) if dt.is_floating_point] if op.supports_autograd else []
 
 
 # -- jobs -------------------------------------------------------------------------------
@@ -140,12 +141,13 @@ def _to_double(x):
     return x
 
 
-def _make_jobs(op):
+def _make_jobs(op, device="cpu"):
     jobs = []
-    for dt in _dtypes(op):
-        jobs += [_forward_job(op, dt, i, s) for i, s in enumerate(_samples(op, dt, FWD_SAMPLES))]
-    for dt in _grad_dtypes(op):
-        for i, s in enumerate(_samples(op, dt, BWD_SAMPLES[dt], requires_grad=True)):
+    for dt in _dtypes(op, device):
+        jobs += [_forward_job(op, dt, i, s)
+                 for i, s in enumerate(_samples(op, dt, FWD_SAMPLES, device=device))]
+    for dt in _grad_dtypes(op, device):
+        for i, s in enumerate(_samples(op, dt, BWD_SAMPLES[dt], requires_grad=True, device=device)):
             j = _backward_job(op, dt, i, s)
             if j is not None:
                 jobs.append(j)
@@ -155,15 +157,17 @@ def _make_jobs(op):
 _RESULTS = {}
 
 
-def op_jobs(opid):
-    """All jobs of one op, run eagerly and under accel (once per session)."""
-    if opid not in _RESULTS:
-        _RESULTS[opid] = run_jobs(_make_jobs(OPS[opid]))
-    return _RESULTS[opid]
+def op_jobs(opid, device="cpu"):
+    """All jobs of one op on one device, run eagerly and under accel (once per session)."""
+    if (opid, device) not in _RESULTS:
+        _RESULTS[opid, device] = run_jobs(_make_jobs(OPS[opid], device))
+    return _RESULTS[opid, device]
 
 
 def _cases(dtypes_of):
-    return [pytest.param(n, dt, id=f"{n}-{_dtname(dt)}") for n, op in OPS.items() for dt in dtypes_of(op)]
+    return [pytest.param(n, dt, device, marks=marks, id=f"{n}-{_dtname(dt)}-{device}")
+            for device, marks in DEVICES for n, op in OPS.items()
+            for dt in dtypes_of(op, device if marks == () else "cpu")]
 
 
 # -- tests ------------------------------------------------------------------------------
@@ -172,14 +176,14 @@ def test_selection():
     assert not missing, missing
 
 
-@pytest.mark.parametrize("opid,dtype", _cases(_dtypes))
-def test_forward(opid, dtype):
-    _check_case("forward", opid, dtype, op_jobs)
+@pytest.mark.parametrize("opid,dtype,device", _cases(_dtypes))
+def test_forward(opid, dtype, device):
+    _check_case("forward", opid, dtype, device, op_jobs)
 
 
-@pytest.mark.parametrize("opid,dtype", _cases(_grad_dtypes))
-def test_backward(opid, dtype):
-    _check_case("backward", opid, dtype, op_jobs)
+@pytest.mark.parametrize("opid,dtype,device", _cases(_grad_dtypes))
+def test_backward(opid, dtype, device):
+    _check_case("backward", opid, dtype, device, op_jobs)
 
 
 # -- the kernels really run -------------------------------------------------------------

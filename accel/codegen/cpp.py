@@ -126,6 +126,7 @@ class CppRenderer(CStyle):
     """Renders a :class:`LoopIR` as a C++ translation unit for gcc/clang with OpenMP."""
 
     prefix = '#include "accel/cpu_math.h"\n'
+    row_caching = True  # keep a row's values in a stack array between its loops
 
     def render(self, ir: LoopIR, name: str) -> str:
         lines = [self.prefix, f'extern "C" int {name}(void* const* bufs, const accel_scalar_t* s) {{']
@@ -152,6 +153,15 @@ class CppRenderer(CStyle):
     def render_nest(self, nest: Nest, ir: LoopIR) -> List[str]:
         if any(ir.sizes[v] == 0 for v in nest.vars):
             return []
+        self._plan(nest, ir)
+        out = ["  {"]
+        self._emit_nest(0, out, "    ", nest)
+        out.append("  }")
+        return out
+
+    def _plan(self, nest: Nest, ir: LoopIR) -> None:
+        """Place every value, reduction group and store of ``nest`` in the scope of the
+        outermost loop that binds what it depends on (``self.nest_scopes``)."""
         self.ir = ir
         order = nest.vars
         scopes = [_Scope(frozenset(), None)]
@@ -172,12 +182,8 @@ class CppRenderer(CStyle):
             target.items.append(("store", st))
         self.row_cache: Dict[int, list] = {}  # group id -> [(Expr, array name)]
         self.cached: Dict[Expr, str] = {}  # Expr -> where to read it instead
-        if order:
+        if order and self.row_caching:
             self._plan_row_cache(order[-1], scopes[-2], scopes[-1])
-        out = ["  {"]
-        self._emit_nest(0, out, "    ", nest)
-        out.append("  }")
-        return out
 
     def _plan_row_cache(self, v: int, outer: _Scope, inner: _Scope) -> None:
         """Row kernels: a value a reduction loop computes for each element of the row and

@@ -2,9 +2,9 @@
  *
  *   int <name>(void* const* bufs, const accel_scalar_t* scalars);
  *
- * bufs: the region's external inputs, then its live outputs (data pointers, storage
- * offset applied); scalars: the runtime scalar arguments in call order. Returns 0, or a
- * nonzero status after which the caller runs the region eagerly.
+ * bufs: the region's external inputs, then its live outputs, then its scratch buffers
+ * (data pointers, storage offset applied); scalars: the runtime scalar arguments in call
+ * order. Returns 0, or a nonzero status after which the caller runs the region eagerly.
  */
 #ifndef ACCEL_KERNEL_H
 #define ACCEL_KERNEL_H
@@ -20,6 +20,11 @@ typedef union accel_scalar {
 } accel_scalar_t;
 
 typedef int (*accel_kernel_fn)(void* const* bufs, const accel_scalar_t* scalars);
+
+/* CUDA regions: the same, launched on ``stream`` (a cudaStream_t) of GPU ``device``;
+ * returns a cudaError_t (0: launched). */
+typedef int (*accel_cuda_kernel_fn)(void* const* bufs, const accel_scalar_t* scalars,
+                                    void* stream, int device);
 
 #define ACCEL_OK 0
 #define ACCEL_ERROR 1

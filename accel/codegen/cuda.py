@@ -1,0 +1,243 @@
+"""CUDA backend: one ``extern "C"`` host launcher per region, one ``__global__`` kernel per
+IR nest, launched in order on the caller's stream.
+
+The loop IR and the placement of every value (:meth:`CppRenderer._plan`: a value lives in
+the outermost loop that binds what it depends on) are the C++ backend's; what differs is
+how loops map to threads, by nest:
+
+* no reduction: a grid-stride loop, one thread per element of the flattened loops;
+* row reductions (their loads contiguous along the reduction): one block per iteration of
+  the loops the reductions depend on; the block's threads share each reduction (strided over
+  it, then warp shuffles and shared memory, every thread getting the result) and the loops
+  inside (a softmax or layer norm row per block);
+* reductions along a strided dimension whose result varies along a contiguous one (a column
+  sum): one thread per result, each running its reduction on its own, neighbouring threads
+  reading neighbouring addresses.
+
+Math comes from ``include/accel/cuda_math.cuh`` under the C++ backend's names, so the
+expression tables are shared (:class:`accel.codegen.CStyle`).
+"""
+from __future__ import annotations
+
+from typing import Dict, List
+
+import torch
+
+from ..lowering import Expr, LoopIR, Nest
+from . import CodegenError
+from .cpp import ARG, SIMPLE, CppRenderer, _Group, _Scope
+
+#: threads per block of an elementwise or one-thread-per-result kernel.
+BLOCK = 256
+#: most blocks in a grid (grid-stride loops cover the rest).
+MAX_GRID = 65535
+
+_COMBINE = {"sum": "accel::Sum()", "prod": "accel::Prod()", "amax": "accel::Max()",
+            "amin": "accel::Min()"}
+
+
+class CudaRenderer(CppRenderer):
+    """Renders a :class:`LoopIR` as CUDA C++ for nvcc: kernels and their host launcher
+    ``int name(void* const* bufs, const accel_scalar_t* s, void* stream, int device)``."""
+
+    prefix = '#include "accel/cuda_math.cuh"\n'
+    row_caching = False  # a row's values come back from L1/L2
+
+    def render(self, ir: LoopIR, name: str) -> str:
+        nb, ns = max(1, len(ir.buffers)), max(1, len(ir.scalar_types))
+        self.ntemp = 0
+        kernels: List[str] = []
+        launches: List[str] = []
+        written = {st.buf for nest in ir.nests for st in nest.stores}
+        for k, nest in enumerate(ir.nests):
+            if any(ir.sizes[v] == 0 for v in nest.vars):
+                continue
+            self.scalar_decls: Dict[tuple, str] = {}
+            kname = f"{name}_k{k}"
+            body, grid, block = self.render_kernel(nest, ir)
+            head = [f"__global__ void __launch_bounds__(1024) {kname}(const accel_bufs<{nb}> bf, "
+                    f"const accel_scalars<{ns}> sc) {{",
+                    "  __shared__ __align__(16) char smem[96 * 8];", "  (void)smem;"]
+            for i, b in enumerate(ir.buffers):
+                q = "" if i in written else "const "
+                t = self.ctype(b.dtype)
+                head.append(f"  {q}{t}* __restrict__ b{i} = ({q}{t}*)bf.p[{i}];")
+            for (j, dtype), var in self.scalar_decls.items():
+                field_ = "f" if ir.scalar_types[j] == "f" else "i"
+                src = torch.float64 if field_ == "f" else torch.int64
+                head.append(f"  const {self.ctype(dtype)} {var} = "
+                            f"{self.cast(f'sc.v[{j}].{field_}', src, dtype)};")
+            kernels += head + body + ["}", ""]
+            launches.append(f"  {kname}<<<{grid}, {block}, 0, st>>>(bf, sc);")
+        return "\n".join([
+            self.prefix,
+            f"template <int N> struct accel_bufs {{ void* p[N]; }};",
+            f"template <int N> struct accel_scalars {{ accel_scalar_t v[N]; }};",
+            "", *kernels,
+            f'extern "C" int {name}(void* const* bufs, const accel_scalar_t* s, void* stream, int device) {{',
+            "  cudaError_t e = cudaSetDevice(device);",
+            "  if (e != cudaSuccess) return (int)e;",
+            f"  accel_bufs<{nb}> bf;",
+            f"  for (int i = 0; i < {len(ir.buffers)}; ++i) bf.p[i] = bufs[i];",
+            f"  accel_scalars<{ns}> sc;",
+            f"  for (int i = 0; i < {len(ir.scalar_types)}; ++i) sc.v[i] = s[i];",
+            "  cudaStream_t st = (cudaStream_t)stream;",
+            *launches,
+            "  return (int)cudaGetLastError();", "}", ""])
+
+    def render_kernel(self, nest: Nest, ir: LoopIR):
+        """The body of ``nest``'s kernel, and its grid and block sizes."""
+        self._plan(nest, ir)
+        order = nest.vars
+        levels = [j for j, sc in enumerate(self.nest_scopes) for k, _ in sc.items if k == "group"]
+        out: List[str] = []
+        if not levels:  # elementwise
+            n = self._size(order)
+            self.mode = "thread"
+            self._flat_loop("blockIdx.x * (int64_t)blockDim.x + threadIdx.x",
+                            "(int64_t)gridDim.x * blockDim.x", order, n, 0, out, "  ")
+            return out, min(-(-n // BLOCK), MAX_GRID), BLOCK
+        lvl = max(levels)
+        outer, inner = order[:lvl], order[lvl:]
+        n_out = self._size(outer)
+        if self._one_thread_per_result(outer, self.nest_scopes[lvl]):
+            self.mode = "thread"
+            self._flat_loop("blockIdx.x * (int64_t)blockDim.x + threadIdx.x",
+                            "(int64_t)gridDim.x * blockDim.x", order, n_out, 0, out, "  ", upto=lvl)
+            return out, min(-(-n_out // BLOCK), MAX_GRID), BLOCK
+        self.mode = "block"
+        rsize = max(self._size(g.rvars) for sc in self.nest_scopes for k, g in sc.items if k == "group")
+        threads = max(32, min(1024, 1 << max(self._size(inner), rsize, 1).bit_length() - 2))
+        self._flat_loop("(int64_t)blockIdx.x", "(int64_t)gridDim.x", order, n_out, 0, out, "  ",
+                        upto=lvl)
+        return out, min(n_out, MAX_GRID), threads
+
+    def _one_thread_per_result(self, outer, scope: _Scope) -> bool:
+        """The reductions at this level read along a strided dimension while a loop they
+        depend on is contiguous: one thread per result reads coalesced."""
+        if not outer:
+            return False
+        for k, g in scope.items:
+            if k != "group" or not g.rvars:
+                continue
+            loads = [x.args[1] for kk, x in self.group_scope[id(g)].items
+                     if kk == "expr" and x.op == "load"]
+            last = g.rvars[-1]
+            if loads and all(abs(a.coeff(last)) != 1 for a in loads) and any(
+                    a.coeff(outer[-1]) == 1 for a in loads):
+                return True
+        return False
+
+    def _decompose(self, flat: str, vars_, out: List[str], ind: str) -> None:
+        rest = flat
+        for j, v in enumerate(reversed(vars_)):
+            size = self.ir.sizes[v]
+            if j == len(vars_) - 1:
+                out.append(f"{ind}const int64_t i{v} = {rest};")
+            else:
+                out.append(f"{ind}const int64_t i{v} = {rest} % {size};")
+                rest = f"({rest} / {size})"
+
+    def _flat_loop(self, start, step, order, n, lvl, out, ind, upto=None) -> None:
+        """A loop over the flattened loops ``order[lvl:upto]`` (``n`` iterations), then the
+        scopes they bind; with ``upto``, the loops after it as a block-stride loop (block
+        mode) or a plain nested loop (thread mode)."""
+        upto = len(order) if upto is None else upto
+        f = f"f{self.ntemp}"
+        self.ntemp += 1
+        out.append(f"{ind}for (int64_t {f} = {start}; {f} < {n}; {f} += {step}) {{")
+        self._decompose(f, order[lvl:upto], out, ind + "  ")
+        for j in range(lvl, upto + 1):
+            self._emit_items(self.nest_scopes[j], out, ind + "  ")
+        if upto < len(order) and any(s.items for s in self.nest_scopes[upto + 1:]):
+            rest = order[upto:]
+            if self.mode == "block":
+                self._inner_loop("threadIdx.x", "blockDim.x", rest, upto, out, ind + "  ")
+            else:
+                self._inner_loop("0", "1", rest, upto, out, ind + "  ")
+        if self.mode == "block":
+            out.append(f"{ind}  __syncthreads();")
+        out.append(f"{ind}}}")
+
+    def _inner_loop(self, start, step, vars_, lvl, out, ind) -> None:
+        f = f"f{self.ntemp}"
+        self.ntemp += 1
+        out.append(f"{ind}for (int64_t {f} = {start}; {f} < {self._size(vars_)}; {f} += {step}) {{")
+        self._decompose(f, vars_, out, ind + "  ")
+        saved, self.mode = self.mode, "thread"  # every thread its own elements now
+        for j in range(lvl + 1, len(self.nest_scopes)):
+            self._emit_items(self.nest_scopes[j], out, ind + "  ")
+        self.mode = saved
+        out.append(f"{ind}}}")
+
+    def _emit_items(self, scope: _Scope, out: List[str], ind: str) -> None:
+        """As the C++ backend's, but in block mode a store outside the threads' own loops
+        is written by one thread."""
+        for kind, x in scope.items:
+            if kind == "expr":
+                out.append(f"{ind}const {self.ctype(x.dtype)} {scope.names[x]} = {self._rhs(x, scope)};")
+            elif kind == "group":
+                self._emit_group(x, scope, out, ind)
+        guard = "if (threadIdx.x == 0) " if self.mode == "block" else ""
+        for kind, x in scope.items:
+            if kind == "store":
+                out.append(f"{ind}{guard}b{x.buf}[{self._addr(x.addr)}] = {self._name(x.value, scope)};")
+
+    def _emit_group(self, g: _Group, scope: _Scope, out: List[str], ind: str) -> None:
+        inner = self.group_scope[id(g)]
+        rv, first = list(g.rvars), g.members[0]
+        kind = first.args[0]
+        coop = self.mode == "block"
+        tag = f"a{self.ntemp}"
+        self.ntemp += 1
+        body: List[str] = []
+        saved, self.mode = self.mode, "thread"  # inside the reduction's loop
+        self._emit_items(inner, body, "")
+        self.mode = saved
+        finish: List[str] = []
+        if kind in SIMPLE:
+            accs: Dict[tuple, str] = {}
+            for e in g.members:
+                key = (e.args[0], e.args[1])
+                if key not in accs:
+                    a = accs[key] = f"{tag}_{len(accs)}"
+                    init = SIMPLE[e.args[0]][0]
+                    init = self._lim(init, e.dtype) if init.startswith("$") else init
+                    out.append(f"{ind}{self.ctype(e.dtype)} {a} = {init};")
+                    body.append(SIMPLE[e.args[0]][1].format(a=a, x=self._name(e.args[1][0], inner)))
+                    if coop:
+                        finish.append(f"{a} = accel::block_reduce({a}, {_COMBINE[e.args[0]]}, smem);")
+                scope.names[e] = accs[key]
+        elif kind in ARG:
+            init, better = ARG[kind]
+            vt = first.args[1][0].dtype
+            av, ai = f"{tag}_v", f"{tag}_i"
+            out.append(f"{ind}{self.ctype(vt)} {av} = {self._lim(init, vt)};")
+            out.append(f"{ind}int64_t {ai} = INT64_MAX;  // none yet: the first element is taken")
+            x, i = (self._name(b, inner) for b in first.args[1])
+            body.append(f"if ({ai} == INT64_MAX || {better}({x}, {av})) {{ {av} = {x}; {ai} = {i}; }}")
+            if coop:
+                finish.append(f"accel::block_arg<{self.ctype(vt)}, {str(kind == 'argmax').lower()}>"
+                              f"({av}, {ai}, smem);")
+            finish.append(f"if ({ai} == INT64_MAX) {ai} = 0;")
+            for e in g.members:
+                scope.names[e] = av if e.args[3] == 0 else ai
+        elif kind == "welford":
+            t = self.ctype(first.dtype)
+            out.append(f"{ind}accel::Welford<{t}> {tag};")
+            body.append(f"{tag}.add({self._name(first.args[1][0], inner)});")
+            if coop:
+                finish.append(f"{tag}.block(smem);")
+            for e in g.members:
+                scope.names[e] = f"{tag}.m2" if e.args[3] == 0 else f"{tag}.mean_or_nan()"
+        else:  # online_softmax is two passes here too (CppRenderer._plan)
+            raise CodegenError(f"no CUDA rendering for reduction {kind}")
+        n = self._size(rv)
+        f = f"r{self.ntemp}"
+        self.ntemp += 1
+        start, step = ("threadIdx.x", "blockDim.x") if coop else ("0", "1")
+        out.append(f"{ind}for (int64_t {f} = {start}; {f} < {n}; {f} += {step}) {{")
+        self._decompose(f, rv, out, ind + "  ")
+        out += [f"{ind}  {b}" for b in body]
+        out.append(f"{ind}}}")
+        out += [f"{ind}{x}" for x in finish]

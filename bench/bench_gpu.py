@@ -1,0 +1,204 @@
+"""Benchmark: eager PyTorch vs accel vs torch.compile on an NVIDIA GPU, side by side.
+
+    python bench/bench_gpu.py [--quick] [--runs N] [--only NAME[,NAME]]
+
+The CPU benchmark's workloads at GPU sizes (bench_cpu.py): the chain on 64M float32;
+bias + tanh-GELU, residual add + LayerNorm, scaled softmax and RMSNorm on [16384, 4096];
+the MLP block forward and forward + backward at batch 8192; the demo's GPT-2 step. Each
+backend's call ends with ``torch.cuda.synchronize()``; results are checked against eager.
+The floor is the bytes each workload must move over a measured device-to-device copy.
+Also: cold compile seconds per region (fresh store), and in a new process with the warm
+store, the first call's time over the steady state.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_cpu as B  # noqa: E402
+from _common import _ratio, machine, measure, table  # noqa: E402
+
+import accel  # noqa: E402
+
+DEV = "cuda"
+CHAIN_N, ROWS, D = 64 << 20, 16384, 4096
+MLP_D, MLP_HIDDEN, MLP_BATCH = 1024, 4096, 8192
+
+
+def synced(fn):
+    def run():
+        out = fn()
+        torch.cuda.synchronize()
+        return out
+    return run
+
+
+def copy_bandwidth(runs: int = 10) -> float:
+    """Bytes/s of a device-to-device copy of 1 GiB (read + write counted)."""
+    a = torch.empty(1 << 28, device=DEV)
+    b = torch.empty_like(a)
+    b.copy_(a)
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        b.copy_(a)
+        torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - t0)
+    return 2 * a.nbytes / best
+
+
+def _randn(*shape, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(DEV)
+
+
+def fn_spec(fn, *args):
+    af, cf = B.accel_fn(fn), torch.compile(fn)
+    return B.Spec(synced(lambda: fn(*args)), synced(lambda: af(*args)), synced(lambda: cf(*args)),
+                  sum(a.nbytes for a in args))
+
+
+def mlp_spec(train: bool):
+    torch.manual_seed(0)
+    model = B.MLPBlock(MLP_D, MLP_HIDDEN).to(DEV)
+    x = _randn(MLP_BATCH, MLP_D, seed=1)
+    me, ma, mc = B._three(model)
+    cm = torch.compile(mc)
+
+    def step(m, params_of):
+        if not train:
+            with torch.no_grad():
+                return m(x)
+        m.zero_grad(set_to_none=True)
+        loss = m(x).sum()
+        loss.backward()
+        return loss.detach(), B._grads(params_of)
+
+    def step_a():
+        with accel.eager():
+            return step(ma, ma)
+
+    return B.Spec(synced(lambda: step(me, me)), synced(step_a), synced(lambda: step(cm, mc)))
+
+
+def gpt2_spec():
+    from accel.demo import build_model, make_batch, train_step
+
+    model = build_model().to(DEV)
+    ids, labels = (t.to(DEV) for t in make_batch())
+    me, ma, mc = B._three(model)
+    cm = torch.compile(mc)
+
+    def step(m, params_of):
+        return train_step(m, ids, labels), B._grads(params_of)
+
+    def step_a():
+        with accel.eager():
+            return step(ma, ma)
+
+    return B.Spec(synced(lambda: step(me, me)), synced(step_a), synced(lambda: step(cm, mc)))
+
+
+WORKLOADS = {
+    "chain": ("1 sin*exp+tanh chain, 64M f32", lambda: fn_spec(B.chain, _randn(CHAIN_N))),
+    "bias_gelu": (f"2 bias + tanh-GELU, [{ROWS}, {D}] f32",
+                  lambda: fn_spec(B.bias_gelu, _randn(ROWS, D), _randn(D, seed=1))),
+    "add_ln": (f"3 residual add + LayerNorm, [{ROWS}, {D}] f32",
+               lambda: fn_spec(B.add_layernorm, _randn(ROWS, D), _randn(ROWS, D, seed=1),
+                               _randn(D, seed=2), _randn(D, seed=3))),
+    "softmax": (f"4 softmax(x * 0.125), [{ROWS}, {D}] f32", lambda: fn_spec(B.scaled_softmax, _randn(ROWS, D))),
+    "rmsnorm": (f"5 RMSNorm, [{ROWS}, {D}] f32", lambda: fn_spec(B.rmsnorm, _randn(ROWS, D), _randn(D, seed=1))),
+    "mlp_fwd": (f"6 MLP block fwd, {MLP_BATCH}x{MLP_D}->{MLP_HIDDEN}", lambda: mlp_spec(False)),
+    "mlp_train": (f"7 MLP block fwd+bwd, {MLP_BATCH}x{MLP_D}->{MLP_HIDDEN}", lambda: mlp_spec(True)),
+    "gpt2_train": ("8 GPT-2 train step (demo)", gpt2_spec),
+}
+
+
+def warm_child(name: str, runs: int) -> None:
+    spec = WORKLOADS[name][1]()
+    t0 = time.perf_counter()
+    spec.accel()
+    first = (time.perf_counter() - t0) * 1e3
+    ts = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        spec.accel()
+        ts.append((time.perf_counter() - t0) * 1e3)
+    print(json.dumps({"first_ms": first, "steady_ms": sorted(ts)[len(ts) // 2], **accel.stats()}))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--runs", type=int, default=None)
+    p.add_argument("--only", default=None)
+    p.add_argument("--_warm", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    runs = args.runs or (5 if args.quick else 20)
+    if args._warm:
+        warm_child(args._warm, runs)
+        return 0
+    if not torch.cuda.is_available():
+        print("no CUDA device")
+        return 2
+    names = args.only.split(",") if args.only else list(WORKLOADS)
+    print(f"# accel GPU benchmark\n\n{machine()}; GPU: {torch.cuda.get_device_name()}\n")
+    bw = copy_bandwidth()
+    print(f"device-to-device copy: {bw / 1e12:.2f} TB/s (read + write, best of 10)\n")
+    rows, ratios, cold = [], [], []
+    for name in names:
+        title, make = WORKLOADS[name]
+        spec = make()
+        before = accel.stats()
+        r = measure(title, spec.eager, spec.accel, spec.compile, runs, warmup=2, detail=True)
+        after = accel.stats()
+        nc = after["compiles"] - before["compiles"]
+        cold.append([title, str(nc), f"{(after['compile_time_s'] - before['compile_time_s']) / max(nc, 1):.2f}",
+                     f"{r['first_ms'].get('accel', float('nan')):.0f}",
+                     f"{r['first_ms'].get('compile', float('nan')) / 1e3:.1f}"])
+        te, ta, tc = (r["ms"][k] for k in ("eager", "accel", "compile"))
+        floor = (spec.in_bytes + r["out_bytes"]) / bw * 1e3 if spec.in_bytes else None
+        fl = lambda v: f"{v:.3f}" if isinstance(v, float) else str(v)  # noqa: E731
+        rows.append([title, fl(te), fl(ta), fl(tc), fl(floor) if floor else "-",
+                     _ratio(te, ta), _ratio(tc, ta),
+                     f"{floor / ta * 100:.0f} %" if floor and isinstance(ta, float) else "-",
+                     r["checks"]["accel"], r["checks"]["compile"]])
+        if isinstance(ta, float) and isinstance(tc, float):
+            ratios.append(tc / ta)
+        del spec
+        torch.cuda.empty_cache()
+    print(f"## Time per call (median ms of {runs}, backends interleaved, synchronized)\n")
+    print(table(["workload", "eager ms", "accel ms", "compile ms", "floor ms", "eager/accel",
+                 "compile/accel", "floor/accel", "accel == eager", "compile == eager"], rows))
+    print(f"\ngeometric mean of compile/accel: {B.geomean(ratios):.2f}x\n" if ratios else "")
+    print("## Cold start (fresh store in this process)\n")
+    print(table(["workload", "regions compiled", "s / region", "accel first call ms",
+                 "compile first call s"], cold))
+    print("\n## Warm start: a new process with the same store\n")
+    warm = []
+    for name in names:
+        cmd = [sys.executable, os.path.abspath(__file__), "--_warm", name, "--runs", "5"]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        try:
+            w = json.loads(out.stdout.strip().splitlines()[-1])
+            warm.append([WORKLOADS[name][0], f"{w['first_ms'] - w['steady_ms']:.1f}",
+                         f"{w['steady_ms']:.2f}", f"{w['store_hits']} / {w['compiles']}"])
+        except (ValueError, IndexError, KeyError):
+            warm.append([WORKLOADS[name][0], "error: " + (out.stderr.strip().splitlines() or ["?"])[-1][:80],
+                         "", ""])
+    print(table(["workload", "accel first - steady ms", "accel steady ms", "store hits / compiles"], warm))
+    return 0
+
+
+if __name__ == "__main__":
+    if "ACCEL_CACHE_DIR" not in os.environ:
+        os.environ["ACCEL_CACHE_DIR"] = tempfile.mkdtemp(prefix="accel-gpu-bench-")
+    raise SystemExit(main())

@@ -1,0 +1,178 @@
+/* Device helpers for generated CUDA kernels (included, never pasted): the math the C++
+ * backend takes from cpu_math.h, under the same names, and block-wide reductions.
+ *
+ * Semantics follow ATen's CUDA kernels (aten/src/ATen/native/cuda/*.cu): NaN-propagating
+ * maximum/minimum, Python-style remainder, sign(NaN) = 0, argmax/argmin taking the first
+ * NaN or the first extreme. No fast math: CUDA's libdevice functions are within 2 ulp.
+ */
+#ifndef ACCEL_CUDA_MATH_CUH
+#define ACCEL_CUDA_MATH_CUH
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+#include <limits>
+#include <type_traits>
+#include "accel/kernel.h"
+
+namespace accel {
+
+#define ACCEL_UNARY(name, f32)                                                     \
+  __device__ __forceinline__ float name(float x) { return ::f32(x); }              \
+  __device__ __forceinline__ double name(double x) { return ::name(x); }
+ACCEL_UNARY(exp, expf) ACCEL_UNARY(exp2, exp2f) ACCEL_UNARY(expm1, expm1f)
+ACCEL_UNARY(log, logf) ACCEL_UNARY(log2, log2f) ACCEL_UNARY(log10, log10f)
+ACCEL_UNARY(log1p, log1pf) ACCEL_UNARY(sin, sinf) ACCEL_UNARY(cos, cosf) ACCEL_UNARY(tan, tanf)
+ACCEL_UNARY(asin, asinf) ACCEL_UNARY(acos, acosf) ACCEL_UNARY(atan, atanf)
+ACCEL_UNARY(sinh, sinhf) ACCEL_UNARY(cosh, coshf) ACCEL_UNARY(tanh, tanhf)
+ACCEL_UNARY(asinh, asinhf) ACCEL_UNARY(acosh, acoshf) ACCEL_UNARY(atanh, atanhf)
+ACCEL_UNARY(erf, erff) ACCEL_UNARY(erfc, erfcf) ACCEL_UNARY(cbrt, cbrtf)
+ACCEL_UNARY(sqrt, sqrtf) ACCEL_UNARY(floor, floorf) ACCEL_UNARY(ceil, ceilf)
+ACCEL_UNARY(trunc, truncf) ACCEL_UNARY(lgamma, lgammaf)
+#undef ACCEL_UNARY
+
+#define ACCEL_BINARY(name, f32)                                                              \
+  __device__ __forceinline__ float name(float a, float b) { return ::f32(a, b); }            \
+  __device__ __forceinline__ double name(double a, double b) { return ::name(a, b); }
+ACCEL_BINARY(pow, powf) ACCEL_BINARY(atan2, atan2f) ACCEL_BINARY(hypot, hypotf)
+ACCEL_BINARY(fmod, fmodf) ACCEL_BINARY(nextafter, nextafterf) ACCEL_BINARY(copysign, copysignf)
+ACCEL_BINARY(fmax, fmaxf) ACCEL_BINARY(fmin, fminf)
+#undef ACCEL_BINARY
+
+__device__ __forceinline__ float round(float x) { return ::rintf(x); }  /* half to even */
+__device__ __forceinline__ double round(double x) { return ::rint(x); }
+
+template <typename T> __device__ __forceinline__ T abs(T x) {
+  if constexpr (std::is_floating_point_v<T>) return ::fabs(x);
+  else return x < 0 ? T(-x) : x;
+}
+template <typename T> __device__ __forceinline__ T rsqrt(T x) { return T(1) / accel::sqrt(x); }
+template <typename T> __device__ __forceinline__ T reciprocal(T x) { return T(1) / x; }
+template <typename T> __device__ __forceinline__ T maximum(T a, T b) {
+  if constexpr (std::is_floating_point_v<T>) return (a != a) ? a : ((b != b) ? b : (a > b ? a : b));
+  else return a > b ? a : b;
+}
+template <typename T> __device__ __forceinline__ T minimum(T a, T b) {
+  if constexpr (std::is_floating_point_v<T>) return (a != a) ? a : ((b != b) ? b : (a < b ? a : b));
+  else return a < b ? a : b;
+}
+template <typename T> __device__ __forceinline__ T remainder(T a, T b) {
+  T m = accel::fmod(a, b);
+  return (m != T(0) && ((b < T(0)) != (m < T(0)))) ? m + b : m;
+}
+template <typename T> __device__ __forceinline__ T sign(T x) {
+  if constexpr (std::is_same_v<T, bool>) return x;
+  else return T((T(0) < x) - (x < T(0)));
+}
+template <typename T> __device__ __forceinline__ bool signbit(T x) {
+  if constexpr (std::is_floating_point_v<T>) return ::signbit(x);
+  else return x < 0;
+}
+template <typename T> __device__ __forceinline__ bool isfinite(T x) {
+  if constexpr (std::is_floating_point_v<T>) return ::isfinite(x);
+  else return true;
+}
+template <typename T> __device__ __forceinline__ T shift_left(T a, T b) {
+  using U = std::make_unsigned_t<T>;
+  constexpr T bits = sizeof(T) * 8;
+  return (b < 0 || b >= bits) ? T(0) : T(U(a) << b);
+}
+template <typename T> __device__ __forceinline__ T shift_right_arithmetic(T a, T b) {
+  constexpr T bits = sizeof(T) * 8;
+  return (b < 0 || b >= bits) ? T(a >> (bits - 1)) : T(a >> b);
+}
+template <typename T> __device__ __forceinline__ T silu(T x) { return x / (T(1) + accel::exp(-x)); }
+template <typename T> __device__ __forceinline__ T gelu_tanh(T x) {
+  const T kBeta = T(M_SQRT2 * M_2_SQRTPI * 0.5), kKappa = T(0.044715);
+  return T(0.5) * x * (T(1) + accel::tanh(kBeta * (x + kKappa * x * x * x)));
+}
+template <typename T> __device__ __forceinline__ bool argmax_better(T v, T best) {
+  if constexpr (std::is_floating_point_v<T>) return v > best || (v != v && best == best);
+  else return v > best;
+}
+template <typename T> __device__ __forceinline__ bool argmin_better(T v, T best) {
+  if constexpr (std::is_floating_point_v<T>) return v < best || (v != v && best == best);
+  else return v < best;
+}
+
+/* -- block-wide reductions: every thread of the block calls them and gets the result ---- */
+struct Sum { template <typename T> __device__ T operator()(T a, T b) const { return a + b; } };
+struct Prod { template <typename T> __device__ T operator()(T a, T b) const { return a * b; } };
+struct Max { template <typename T> __device__ T operator()(T a, T b) const { return maximum(a, b); } };
+struct Min { template <typename T> __device__ T operator()(T a, T b) const { return minimum(a, b); } };
+
+template <typename T> __device__ __forceinline__ T shfl_xor(T v, int lane) {
+  if constexpr (sizeof(T) < 4) return T(__shfl_xor_sync(0xffffffffu, int(v), lane));
+  else return __shfl_xor_sync(0xffffffffu, v, lane);
+}
+
+/* Warp shuffles, then the warps' results through shared memory (``scratch``: 32 slots of
+ * at least 8 bytes, shared by the block). */
+template <typename T, typename F>
+__device__ T block_reduce(T v, F f, void* scratch) {
+  T* s = reinterpret_cast<T*>(scratch);
+  for (int o = 16; o > 0; o >>= 1) v = f(v, shfl_xor(v, o));
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+  __syncthreads();
+  if (lane == 0) s[warp] = v;
+  __syncthreads();
+  v = s[0];
+  for (int w = 1; w < nw; ++w) v = f(v, s[w]);
+  return v;
+}
+
+/* (value, index) for argmax/argmin: the better value, the smaller index on a tie. */
+template <typename T, bool kMax>
+__device__ void block_arg(T& v, int64_t& i, void* scratch) {
+  auto better = [](T a, int64_t ia, T b, int64_t ib) {
+    const bool ab = kMax ? argmax_better(a, b) : argmin_better(a, b);
+    const bool ba = kMax ? argmax_better(b, a) : argmin_better(b, a);
+    return ab || (!ba && ia < ib);
+  };
+  for (int o = 16; o > 0; o >>= 1) {
+    const T ov = shfl_xor(v, o);
+    const int64_t oi = __shfl_xor_sync(0xffffffffu, i, o);
+    if (better(ov, oi, v, i)) { v = ov; i = oi; }
+  }
+  T* sv = reinterpret_cast<T*>(scratch);
+  int64_t* si = reinterpret_cast<int64_t*>(reinterpret_cast<char*>(scratch) + 32 * 8);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+  __syncthreads();
+  if (lane == 0) { sv[warp] = v; si[warp] = i; }
+  __syncthreads();
+  v = sv[0]; i = si[0];
+  for (int w = 1; w < nw; ++w)
+    if (better(sv[w], si[w], v, i)) { v = sv[w]; i = si[w]; }
+}
+
+/* Welford's (count, mean, m2), merged by Chan et al.'s pairwise rule. */
+template <typename T> struct Welford {
+  T n = 0, mean = 0, m2 = 0;
+  __device__ void add(T x) {
+    n += T(1);
+    const T d = x - mean;
+    mean += d / n;
+    m2 += d * (x - mean);
+  }
+  __device__ void merge(T nb, T mb, T qb) {
+    if (nb == T(0)) return;
+    const T nt = n + nb, delta = mb - mean;
+    mean += delta * (nb / nt);
+    m2 += qb + delta * delta * (n * nb / nt);
+    n = nt;
+  }
+  __device__ T mean_or_nan() const { return n > T(0) ? mean : T(NAN); }
+  __device__ void block(void* scratch) {
+    for (int o = 16; o > 0; o >>= 1)
+      merge(shfl_xor(n, o), shfl_xor(mean, o), shfl_xor(m2, o));
+    T* s = reinterpret_cast<T*>(scratch);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    __syncthreads();
+    if (lane == 0) { s[warp] = n; s[32 + warp] = mean; s[64 + warp] = m2; }
+    __syncthreads();
+    n = s[0]; mean = s[32]; m2 = s[64];
+    for (int w = 1; w < nw; ++w) merge(s[w], s[32 + w], s[64 + w]);
+  }
+};
+
+}  // namespace accel
+#endif /* ACCEL_CUDA_MATH_CUH */

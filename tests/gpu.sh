@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The GPU suite, in one call on a machine with an NVIDIA GPU (the lent device): install accel
+# (building its Cython core there), run every test on "cuda" as well as "cpu", then the GPU
+# benchmark. Wheels missing from that machine's image travel in .whl/ (diskcache,
+# expecttest). Output: $OUT (or ./gpu-out) holds tests.log and bench_gpu.md.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-$PWD/gpu-out}"; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 ACCEL_CACHE_DIR="${ACCEL_CACHE_DIR:-/tmp/accel-gpu-store}"
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site
+fi
+python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name())' | tee "$OUT/env.txt"
+nvcc --version | tail -1 | tee -a "$OUT/env.txt"
+# build the Cython core in place (the machine's own Python and compiler)
+python3 setup.py -q build_ext --inplace 2>&1 | tail -3
+export PYTHONPATH="$PWD:${PYTHONPATH:-}"
+python3 -m pytest -q -x -p no:cacheprovider -n 8 tests/test_cuda.py tests/test_chains.py \
+  tests/test_opinfo_reductions.py tests/test_opinfo.py -k "cuda" ${GPU_TEST_ARGS:-} 2>&1 | tee "$OUT/tests.log" | tail -30
+python3 bench/bench_gpu.py ${GPU_BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_gpu.md" | tail -40
