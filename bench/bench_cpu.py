@@ -86,7 +86,7 @@ def bias_gelu(x, b):
 
 
 def add_layernorm(x, r, w, b):
-    return F.layer_norm(x + r, [D], w, b)
+    return F.layer_norm(x + r, [x.shape[-1]], w, b)
 
 
 def scaled_softmax(x):

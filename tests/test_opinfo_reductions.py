@@ -69,7 +69,7 @@ def _grad_dtypes(op, device="cpu"):
 def _fresh(t):
     """A replica of ``t`` with its own storage: same sizes, strides (overlapping ones too)
     and storage offset; a leaf that requires grad if ``t`` does."""
-    r = torch.empty(0, dtype=t.dtype).set_(t.untyped_storage().clone(), t.storage_offset(),
+    r = torch.empty(0, dtype=t.dtype, device=t.device).set_(t.untyped_storage().clone(), t.storage_offset(),
                                            t.size(), t.stride())
     return r.requires_grad_(t.requires_grad)
 

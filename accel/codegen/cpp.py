@@ -185,7 +185,7 @@ class CppRenderer(CStyle):
         if order and self.row_caching:
             self._plan_row_cache(order[-1], scopes[-2], scopes[-1])
 
-    def _plan_row_cache(self, v: int, outer: _Scope, inner: _Scope) -> None:
+    def _plan_row_cache(self, v: int, outer: _Scope, inner: _Scope, index: str = "") -> None:
         """Row kernels: a value a reduction loop computes for each element of the row and
         the loop over the row computes again (softmax's exp(x - max), layer norm's x + r)
         is kept in a stack array by the first and read by the second."""
@@ -210,7 +210,7 @@ class CppRenderer(CStyle):
                 name = f"c{self.ntemp}"
                 self.ntemp += 1
                 self.row_cache.setdefault(id(g), []).append((x, name))
-                self.cached[y] = f"{name}[i{v}]"
+                self.cached[y] = f"{name}[{index or f'i{v}'}]"
                 continue
             todo += [a for a in y.args if isinstance(a, Expr)]
 

@@ -27,8 +27,14 @@ from ..lowering import Expr, LoopIR, Nest
 from . import CodegenError
 from .cpp import ARG, SIMPLE, CppRenderer, _Group, _Scope
 
-#: threads per block of an elementwise or one-thread-per-result kernel.
+#: threads per block of an elementwise or one-thread-per-result kernel, and how many
+#: iterations each thread takes per tile (independent loads in flight).
 BLOCK = 256
+ILP = 4
+#: most threads per block of a row kernel, and most values of a row one thread keeps in
+#: registers between the row's loops (longer rows are read again).
+ROW_THREADS = 1024
+ROW_REGISTERS = 16
 #: most blocks in a grid (grid-stride loops cover the rest).
 MAX_GRID = 65535
 
@@ -91,26 +97,30 @@ class CudaRenderer(CppRenderer):
         order = nest.vars
         levels = [j for j, sc in enumerate(self.nest_scopes) for k, _ in sc.items if k == "group"]
         out: List[str] = []
+        self.elems = None
         if not levels:  # elementwise
             n = self._size(order)
             self.mode = "thread"
-            self._flat_loop("blockIdx.x * (int64_t)blockDim.x + threadIdx.x",
-                            "(int64_t)gridDim.x * blockDim.x", order, n, 0, out, "  ")
-            return out, min(-(-n // BLOCK), MAX_GRID), BLOCK
+            self._tiles(order, n, 0, out, "  ")
+            return out, min(-(-n // (BLOCK * ILP)), MAX_GRID), BLOCK
         lvl = max(levels)
         outer, inner = order[:lvl], order[lvl:]
         n_out = self._size(outer)
         if self._one_thread_per_result(outer, self.nest_scopes[lvl]):
             self.mode = "thread"
-            self._flat_loop("blockIdx.x * (int64_t)blockDim.x + threadIdx.x",
-                            "(int64_t)gridDim.x * blockDim.x", order, n_out, 0, out, "  ", upto=lvl)
-            return out, min(-(-n_out // BLOCK), MAX_GRID), BLOCK
+            self._tiles(order, n_out, 0, out, "  ", upto=lvl)
+            return out, min(-(-n_out // (BLOCK * ILP)), MAX_GRID), BLOCK
         self.mode = "block"
         rsize = max(self._size(g.rvars) for sc in self.nest_scopes for k, g in sc.items if k == "group")
-        threads = max(32, min(1024, 1 << max(self._size(inner), rsize, 1).bit_length() - 2))
+        longest = max(self._size(inner), rsize, 1)
+        self.threads = max(32, min(ROW_THREADS, 1 << (longest - 1).bit_length()))
+        elems = -(-longest // self.threads)
+        if elems <= ROW_REGISTERS and len(inner) == 1:  # a row kernel: the row in registers
+            self.elems = elems
+            self._plan_row_cache(inner[0], self.nest_scopes[-2], self.nest_scopes[-1], "j")
         self._flat_loop("(int64_t)blockIdx.x", "(int64_t)gridDim.x", order, n_out, 0, out, "  ",
                         upto=lvl)
-        return out, min(n_out, MAX_GRID), threads
+        return out, min(n_out, MAX_GRID), self.threads
 
     def _one_thread_per_result(self, outer, scope: _Scope) -> bool:
         """The reductions at this level read along a strided dimension while a loop they
@@ -127,6 +137,40 @@ class CudaRenderer(CppRenderer):
                     a.coeff(outer[-1]) == 1 for a in loads):
                 return True
         return False
+
+    def _tiles(self, order, n, lvl, out, ind, upto=None) -> None:
+        """Thread mode: tiles of ILP * BLOCK iterations per block, each thread taking ILP of
+        them a block apart (coalesced, and that many loads in flight per thread)."""
+        upto = len(order) if upto is None else upto
+        t, f = f"tile{self.ntemp}", f"f{self.ntemp}"
+        self.ntemp += 1
+        out.append(f"{ind}for (int64_t {t} = blockIdx.x; {t} < {-(-n // (BLOCK * ILP))}; {t} += gridDim.x) {{")
+        out.append(f"{ind}  #pragma unroll")
+        out.append(f"{ind}  for (int u = 0; u < {ILP}; ++u) {{")
+        out.append(f"{ind}    const int64_t {f} = {t} * {BLOCK * ILP} + u * {BLOCK} + threadIdx.x;")
+        out.append(f"{ind}    if ({f} < {n}) {{")
+        self._decompose(f, order[lvl:upto], out, ind + "      ")
+        for j in range(lvl, upto + 1):
+            self._emit_items(self.nest_scopes[j], out, ind + "      ")
+        if upto < len(order) and any(s.items for s in self.nest_scopes[upto + 1:]):
+            self._inner_loop("0", "1", order[upto:], upto, out, ind + "      ")
+        out += [f"{ind}    }}", f"{ind}  }}", f"{ind}}}"]
+
+    def _thread_loop(self, n: int, open_lines: List[str], ind: str) -> str:
+        """Open a loop of this thread's share of ``n`` iterations (block mode: threadIdx.x,
+        then a block apart; a row kernel's fully unrolled, iteration ``j``, so that its
+        cached values stay in registers); return the iteration variable."""
+        f = f"f{self.ntemp}"
+        self.ntemp += 1
+        if self.elems is not None:
+            open_lines.append(f"{ind}#pragma unroll")
+            open_lines.append(f"{ind}for (int j = 0; j < {self.elems}; ++j) {{")
+            open_lines.append(f"{ind}  const int64_t {f} = threadIdx.x + j * {self.threads};")
+            open_lines.append(f"{ind}  if ({f} < {n}) {{")
+            return f
+        open_lines.append(f"{ind}for (int64_t {f} = threadIdx.x; {f} < {n}; {f} += blockDim.x) {{")
+        open_lines.append(f"{ind}  {{")
+        return f
 
     def _decompose(self, flat: str, vars_, out: List[str], ind: str) -> None:
         rest = flat
@@ -160,22 +204,29 @@ class CudaRenderer(CppRenderer):
         out.append(f"{ind}}}")
 
     def _inner_loop(self, start, step, vars_, lvl, out, ind) -> None:
-        f = f"f{self.ntemp}"
-        self.ntemp += 1
-        out.append(f"{ind}for (int64_t {f} = {start}; {f} < {self._size(vars_)}; {f} += {step}) {{")
-        self._decompose(f, vars_, out, ind + "  ")
+        if self.mode == "block":
+            f = self._thread_loop(self._size(vars_), out, ind)
+            close = [f"{ind}  }}", f"{ind}}}"]
+            ind2 = ind + "    "
+        else:
+            f = f"f{self.ntemp}"
+            self.ntemp += 1
+            out.append(f"{ind}for (int64_t {f} = {start}; {f} < {self._size(vars_)}; {f} += {step}) {{")
+            close, ind2 = [f"{ind}}}"], ind + "  "
+        self._decompose(f, vars_, out, ind2)
         saved, self.mode = self.mode, "thread"  # every thread its own elements now
         for j in range(lvl + 1, len(self.nest_scopes)):
-            self._emit_items(self.nest_scopes[j], out, ind + "  ")
+            self._emit_items(self.nest_scopes[j], out, ind2)
         self.mode = saved
-        out.append(f"{ind}}}")
+        out += close
 
     def _emit_items(self, scope: _Scope, out: List[str], ind: str) -> None:
         """As the C++ backend's, but in block mode a store outside the threads' own loops
         is written by one thread."""
         for kind, x in scope.items:
             if kind == "expr":
-                out.append(f"{ind}const {self.ctype(x.dtype)} {scope.names[x]} = {self._rhs(x, scope)};")
+                rhs = self.cached[x] if x in self.cached else self._rhs(x, scope)
+                out.append(f"{ind}const {self.ctype(x.dtype)} {scope.names[x]} = {rhs};")
             elif kind == "group":
                 self._emit_group(x, scope, out, ind)
         guard = "if (threadIdx.x == 0) " if self.mode == "block" else ""
@@ -222,22 +273,35 @@ class CudaRenderer(CppRenderer):
             finish.append(f"if ({ai} == INT64_MAX) {ai} = 0;")
             for e in g.members:
                 scope.names[e] = av if e.args[3] == 0 else ai
-        elif kind == "welford":
+        elif kind == "welford":  # as a sum and a sum of squares in float64: no division per element
             t = self.ctype(first.dtype)
-            out.append(f"{ind}accel::Welford<{t}> {tag};")
-            body.append(f"{tag}.add({self._name(first.args[1][0], inner)});")
+            x = self._name(first.args[1][0], inner)
+            out.append(f"{ind}{t} {tag}_s = 0, {tag}_q = 0;")
+            body.append(f"{tag}_s += {x}; {tag}_q += {x} * {x};")
             if coop:
-                finish.append(f"{tag}.block(smem);")
+                finish.append(f"{tag}_s = accel::block_reduce({tag}_s, accel::Sum(), smem);")
+                finish.append(f"{tag}_q = accel::block_reduce({tag}_q, accel::Sum(), smem);")
+            count = self._size(g.rvars)
+            finish.append(f"const {t} {tag}_mean = {tag}_s / {t}({count});")
+            finish.append(f"const {t} {tag}_m2 = {tag}_q - {tag}_s * {tag}_mean;")
             for e in g.members:
-                scope.names[e] = f"{tag}.m2" if e.args[3] == 0 else f"{tag}.mean_or_nan()"
+                scope.names[e] = f"{tag}_m2" if e.args[3] == 0 else f"{tag}_mean"
         else:  # online_softmax is two passes here too (CppRenderer._plan)
             raise CodegenError(f"no CUDA rendering for reduction {kind}")
         n = self._size(rv)
-        f = f"r{self.ntemp}"
-        self.ntemp += 1
-        start, step = ("threadIdx.x", "blockDim.x") if coop else ("0", "1")
-        out.append(f"{ind}for (int64_t {f} = {start}; {f} < {n}; {f} += {step}) {{")
-        self._decompose(f, rv, out, ind + "  ")
-        out += [f"{ind}  {b}" for b in body]
-        out.append(f"{ind}}}")
+        cache = self.row_cache.get(id(g), ())
+        for x, name in cache:
+            out.append(f"{ind}{self.ctype(x.dtype)} {name}[{self.elems}];")
+        body += [f"{name}[j] = {inner.names[x]};" for x, name in cache]
+        if coop:
+            f = self._thread_loop(n, out, ind)
+            close, ind2 = [f"{ind}  }}", f"{ind}}}"], ind + "    "
+        else:
+            f = f"r{self.ntemp}"
+            self.ntemp += 1
+            out.append(f"{ind}for (int64_t {f} = 0; {f} < {n}; ++{f}) {{")
+            close, ind2 = [f"{ind}}}"], ind + "  "
+        self._decompose(f, rv, out, ind2)
+        out += [f"{ind2}{b}" for b in body]
+        out += close
         out += [f"{ind}{x}" for x in finish]
