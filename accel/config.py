@@ -117,6 +117,7 @@ def flag(env: str):
     return FLAGS[env].value
 
 
+_FLAG_KEYS = [os.fsencode(name) if os.name != "nt" else name for name in FLAGS]
 _validated = None  # the environment fingerprint of the last successful validate_all()
 
 
@@ -128,8 +129,13 @@ def validate_all() -> None:
         ConfigError: an ``ACCEL_*`` variable is unknown or holds an invalid value.
     """
     global _validated
-    get = os.environ.get
-    fingerprint = (len(os.environ), *[get(name) for name in FLAGS])
+    data = getattr(os.environ, "_data", None)  # CPython's os.environ keeps a dict of bytes
+    if isinstance(data, dict):
+        get = data.get
+        fingerprint = (len(data), *[get(name) for name in _FLAG_KEYS])
+    else:
+        get = os.environ.get
+        fingerprint = (len(os.environ), *[get(name) for name in FLAGS])
     if fingerprint == _validated:
         return
     for name in os.environ:

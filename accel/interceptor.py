@@ -3,7 +3,7 @@ into the thread's pending region or flushes the region and runs the call eagerly
 
 Reads of tensor data that bypass the dispatcher (``numpy()``, ``tolist()``, ``data_ptr()``,
 DLPack, pickling, printing, ``backward``) are caught by hooks on those Python entry points,
-installed while accel is enabled; each flushes the pending region first.
+installed at the first enable; each flushes the calling thread's pending region first.
 """
 from __future__ import annotations
 
@@ -30,12 +30,13 @@ class _State(threading.local):
         self.region = Region()
         self.depth = 0  # nesting of eager()/enable() on this thread
         self.modes = []
+        self.spare = []  # exited modes of this thread, for reuse
 
 
 _state = _State()
 _get_ident = threading.get_ident
 _hooks_lock = threading.Lock()
-_hook_users = 0
+_hooks_installed = False
 _warned = set()
 
 
@@ -148,21 +149,28 @@ _HOOKS = None
 
 
 def _install_hooks():
-    global _hook_users
+    """Wrap the entry points, once per process, at the first enable. They stay wrapped
+    after the last disable: each wrapper's flush returns at once when nothing is pending,
+    and setting attributes of ``torch.Tensor`` at every enable and disable would cost
+    more (and invalidate the type's attribute caches) than the wrappers ever do."""
+    global _hooks_installed
+    if _hooks_installed:
+        return
     with _hooks_lock:
-        _hook_users += 1
-        if _hook_users == 1:
+        if not _hooks_installed:
             for owner, name, _, wrapper in _hook_table():
                 setattr(owner, name, wrapper)
+            _hooks_installed = True
 
 
 def _remove_hooks():
-    global _hook_users
+    """Restore the original entry points (tests; accel itself leaves them wrapped)."""
+    global _hooks_installed
     with _hooks_lock:
-        _hook_users -= 1
-        if _hook_users == 0:
+        if _hooks_installed:
             for owner, name, original, _ in _hook_table():
                 setattr(owner, name, original)
+            _hooks_installed = False
 
 
 # -- allocator ----------------------------------------------------------------------------
@@ -209,7 +217,9 @@ def enable() -> None:
         return
     if config.flag("ACCEL_MALLOC_TUNING"):
         tune_allocator()
-    mode = (_DynamoSafeAccelMode if "torch._dynamo" in sys.modules else AccelMode)()
+    cls = _DynamoSafeAccelMode if "torch._dynamo" in sys.modules else AccelMode
+    mode = st.spare.pop() if st.spare and type(st.spare[-1]) is cls else cls()
+    mode.cap = config.flag("ACCEL_MAX_REGION")
     flush()  # calls recorded by an outer mode belong before this one
     mode.__enter__()
     st.modes.append(mode)
@@ -234,7 +244,7 @@ def disable() -> None:
     finally:
         mode.__exit__(None, None, None)
         st.depth -= 1
-        _remove_hooks()
+        st.spare.append(mode)  # the thread's next enable at this depth takes it again
 
 
 @contextlib.contextmanager
