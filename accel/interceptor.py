@@ -31,6 +31,7 @@ class _State(threading.local):
         self.depth = 0  # nesting of eager()/enable() on this thread
         self.modes = []
         self.spare = []  # exited modes of this thread, for reuse
+        self.worker = None  # a _Worker, on an autograd engine thread that recorded
 
 
 _state = _State()
@@ -49,7 +50,15 @@ def warn_once(key, msg, *args):
 
 def flush() -> None:
     """Execute the calling thread's pending region, filling every live output."""
-    region = _state.region
+    w = _state.worker
+    if w is None:
+        _flush_region(_state.region)
+    else:
+        with w.lock:
+            _flush_region(w.region)
+
+
+def _flush_region(region) -> None:
     if region.busy or not region.calls:
         return
     from .runtime import execute
@@ -60,6 +69,62 @@ def flush() -> None:
     finally:
         region.reset()
         region.busy = False
+
+
+_EAGER = object()
+
+
+def _record(mode, region, func, spec, args, kwargs):
+    """Defer ``func`` into ``region``; ``_EAGER`` where it must run now (the region is
+    flushed first where the call needs its values)."""
+    try:
+        out = region.record(func, spec, args, kwargs)
+    except Deferred as e:
+        _flush_region(region)
+        if e.args[0] != "alias":
+            return _EAGER
+        try:  # it read a view of a pending output: now a plain input
+            out = region.record(func, spec, args, kwargs)
+        except Deferred:
+            return _EAGER
+    if len(region.calls) >= mode.cap:
+        _flush_region(region)
+    return out
+
+
+class _Worker:
+    """The region of an autograd engine thread (CUDA backward runs on one thread per device,
+    which inherits the caller's dispatch modes). It is flushed on that thread like any
+    other, and at the end of every backward pass that recorded into it by a final callback
+    of the autograd engine (running on the thread that called backward), so no gradient
+    is left pending; ``lock`` keeps the two threads apart."""
+
+    def __init__(self, region):
+        self.region = region
+        self.lock = threading.RLock()
+        self.queued = False  # a final callback is queued
+        self.stream = None  # the CUDA stream the backward ran on
+
+    def queue_final_callback(self) -> bool:
+        try:
+            torch.autograd.Variable._execution_engine.queue_callback(self.final)
+        except RuntimeError:  # not inside a backward pass: this thread runs eagerly
+            return False
+        self.queued = True
+        if torch.cuda.is_initialized():
+            self.stream = torch.cuda.current_stream()
+        return True
+
+    def final(self) -> None:
+        with self.lock:
+            self.queued = False
+            if not self.region.calls:
+                return
+            if self.stream is None:
+                _flush_region(self.region)
+            else:
+                with torch.cuda.stream(self.stream):
+                    _flush_region(self.region)
 
 
 class AccelMode(TorchDispatchMode):
@@ -82,27 +147,32 @@ class AccelMode(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         spec = self.table.get(id(func))  # by id: OpOverload's __hash__ is Python code
+        if _get_ident() != self.owner:  # an autograd engine thread
+            return self._worker_dispatch(func, spec, args, kwargs)
         region = self.region
-        # autograd's engine threads inherit the mode: only the owner thread records
-        if spec is not None and not region.busy and _get_ident() == self.owner:
-            try:
-                out = region.record(func, spec, args, kwargs)
-            except Deferred as e:
-                if e.args[0] == "alias":  # reads a view of a pending output
-                    flush()
-                    try:
-                        out = region.record(func, spec, args, kwargs)
-                    except Deferred:
-                        return func(*args, **kwargs)
-                else:
-                    flush()
-                    return func(*args, **kwargs)
-            if len(region.calls) >= self.cap:
-                flush()
-            return out
+        if spec is not None and not region.busy:
+            out = _record(self, region, func, spec, args, kwargs)
+            return func(*args, **kwargs) if out is _EAGER else out
         if id(func) not in self.views and region.calls:
-            flush()
+            _flush_region(region)
         return func._op(*args, **kwargs)  # the C++ op itself, past OpOverload.__call__
+
+    def _worker_dispatch(self, func, spec, args, kwargs):
+        st = _state
+        w = st.worker
+        if w is None:
+            w = st.worker = _Worker(st.region)
+        with w.lock:
+            region = w.region
+            if spec is not None and not w.queued and not w.queue_final_callback():
+                spec = None
+            if spec is not None and not region.busy:
+                out = _record(self, region, func, spec, args, kwargs)
+                if out is not _EAGER:
+                    return out
+            elif id(func) not in self.views and region.calls:
+                _flush_region(region)
+        return func._op(*args, **kwargs)
 
 
 @functools.lru_cache(maxsize=1)

@@ -18,13 +18,62 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_gpu as G  # noqa: E402
 
+import accel  # noqa: E402
+
+
+
+def host_costs(n: int = 200) -> None:
+    """Host µs per call of the chain on a tiny CUDA tensor (the GPU idle): eager, no-op
+    dispatch modes, accel; and accel's parts (recording, flush, stream lookup)."""
+    from bench_pointwise import NoOpMode, NoOpModeNoDynamoWrap
+    from accel import interceptor
+
+    x = torch.randn(4, device="cuda")
+    chain = G.B.chain
+
+    def timed(fn):
+        fn()
+        torch.cuda.synchronize()
+        best = float("inf")
+        for _ in range(5):
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            best = min(best, time.perf_counter() - t0)
+            torch.cuda.synchronize()
+        return best / n * 1e6
+
+    def in_mode(make):
+        def run():
+            with make():
+                chain(x)
+        return run
+
+    mode = interceptor.AccelMode()
+
+    def record_only():
+        with mode:
+            chain(x)
+            interceptor._state.region.reset()
+
+    rows = {"eager": lambda: chain(x), "no-op mode": in_mode(NoOpMode),
+            "no-op mode (no dynamo wrap)": in_mode(NoOpModeNoDynamoWrap),
+            "accel.eager()": in_mode(accel.eager), "accel record only (mode reused)": record_only,
+            "enable()+disable() alone": lambda: (accel.enable(), accel.disable()),
+            "torch.cuda.current_stream(0).cuda_stream": lambda: torch.cuda.current_stream(0).cuda_stream}
+    for k, fn in rows.items():
+        print(f"host {k:45s} {timed(fn):9.1f} us/call (chain: 8 aten calls)")
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--only", default="chain,rmsnorm,gpt2_train")
     p.add_argument("--top", type=int, default=25)
+    p.add_argument("--host", action="store_true", help="host costs only")
     a = p.parse_args(argv)
+    host_costs()
+    if a.host:
+        return 0
     for name in a.only.split(","):
         spec = G.WORKLOADS[name][1]()
         for label in ("eager", "accel", "compile"):

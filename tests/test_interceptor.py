@@ -364,3 +364,40 @@ def test_new_process_with_warm_store_skips_meta_evaluation(fresh_store):
     assert cold["compiles"] >= 1 and cold["dynamo"]
     assert warm["compiles"] == 0 and warm["store_hits"] >= 1 and warm["kernel_runs"] >= 1
     assert not warm["dynamo"], "a warm process evaluated a call on meta tensors"
+
+
+def test_backward_on_an_engine_thread_is_fused_and_flushed():
+    """CUDA backward runs on the autograd engine's device thread, which inherits the
+    caller's mode. Here a thread that did not create the mode plays that part: the backward
+    pass it runs is recorded into its own region and flushed by the engine's final
+    callback before ``backward`` returns; its forward calls (outside a backward pass) run
+    eagerly."""
+    from accel.interceptor import AccelMode
+
+    torch.manual_seed(0)
+    x = torch.randn(64, 32, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(32, dtype=torch.float64, requires_grad=True)
+
+    def f(x, w):
+        return torch.nn.functional.layer_norm(torch.tanh(x * w), (32,)).sin()
+
+    f(x, w).square().sum().backward()
+    want = (x.grad.clone(), w.grad.clone())
+    x.grad = w.grad = None
+    mode = AccelMode()  # owned by this thread
+    accel.reset_stats()
+    seen = {}
+
+    def worker():
+        with mode:
+            f(x, w).square().sum().backward()
+        seen["calls_left"] = len(_state.region.calls)
+        seen["stats"] = accel.stats()
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    assert seen["calls_left"] == 0
+    assert seen["stats"]["kernel_runs"] >= 1, seen["stats"]
+    torch.testing.assert_close(x.grad, want[0])
+    torch.testing.assert_close(w.grad, want[1])
