@@ -16,6 +16,6 @@ nvcc --version | tail -1 | tee -a "$OUT/env.txt"
 # build the Cython core in place (the machine's own Python and compiler)
 python3 setup.py -q build_ext --inplace 2>&1 | tail -3
 export PYTHONPATH="$PWD:${PYTHONPATH:-}"
-python3 -m pytest -q -x -p no:cacheprovider -n 8 tests/test_cuda.py tests/test_chains.py \
-  tests/test_opinfo_reductions.py tests/test_opinfo.py -k "cuda" ${GPU_TEST_ARGS:-} 2>&1 | tee "$OUT/tests.log" | tail -30
-python3 bench/bench_gpu.py ${GPU_BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_gpu.md" | tail -40
+python3 -m pytest -q -x -p no:cacheprovider -n 12 tests/test_cuda.py tests/test_chains.py \
+  tests/test_opinfo_reductions.py tests/test_opinfo.py tests/test_interceptor.py -k "cuda or engine_thread" ${GPU_TEST_ARGS:-} 2>&1 | tee "$OUT/tests.log" | tail -30
+python3 bench/bench_gpu.py ${GPU_BENCH_ARGS:---quick} 2>&1 | tee "$OUT/bench_gpu.md" | tail -40

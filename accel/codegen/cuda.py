@@ -31,10 +31,17 @@ from .cpp import ARG, SIMPLE, CppRenderer, _Group, _Scope
 #: iterations each thread takes per tile (independent loads in flight).
 BLOCK = 256
 ILP = 4
+#: elementwise kernels with 16-byte accesses: elements per vector, vectors per thread a tile.
+VEC = 4
+VEC_ILP = 2
 #: most threads per block of a row kernel, and most values of a row one thread keeps in
 #: registers between the row's loops (longer rows are read again).
 ROW_THREADS = 1024
 ROW_REGISTERS = 16
+#: column mode (reductions along a strided dimension): results per block, and most rows of
+#: threads splitting each reduction.
+COL_TILE = 32
+COL_ROWS = 32
 #: most blocks in a grid (grid-stride loops cover the rest).
 MAX_GRID = 65535
 
@@ -48,6 +55,8 @@ class CudaRenderer(CppRenderer):
 
     prefix = '#include "accel/cuda_math.cuh"\n'
     row_caching = False  # a row's values come back from L1/L2
+    vec = None  # in a vector tile: load Expr -> its vector's name
+    vec_stores: Dict[int, str] = {}
 
     def render(self, ir: LoopIR, name: str) -> str:
         nb, ns = max(1, len(ir.buffers)), max(1, len(ir.scalar_types))
@@ -58,23 +67,18 @@ class CudaRenderer(CppRenderer):
         for k, nest in enumerate(ir.nests):
             if any(ir.sizes[v] == 0 for v in nest.vars):
                 continue
-            self.scalar_decls: Dict[tuple, str] = {}
             kname = f"{name}_k{k}"
-            body, grid, block = self.render_kernel(nest, ir)
-            head = [f"__global__ void __launch_bounds__(1024) {kname}(const accel_bufs<{nb}> bf, "
-                    f"const accel_scalars<{ns}> sc) {{",
-                    "  __shared__ __align__(16) char smem[96 * 8];", "  (void)smem;"]
-            for i, b in enumerate(ir.buffers):
-                q = "" if i in written else "const "
-                t = self.ctype(b.dtype)
-                head.append(f"  {q}{t}* __restrict__ b{i} = ({q}{t}*)bf.p[{i}];")
-            for (j, dtype), var in self.scalar_decls.items():
-                field_ = "f" if ir.scalar_types[j] == "f" else "i"
-                src = torch.float64 if field_ == "f" else torch.int64
-                head.append(f"  const {self.ctype(dtype)} {var} = "
-                            f"{self.cast(f'sc.v[{j}].{field_}', src, dtype)};")
-            kernels += head + body + ["}", ""]
-            launches.append(f"  {kname}<<<{grid}, {block}, 0, st>>>(bf, sc);")
+            text, grid, block = self._kernel(kname, nest, ir, written, None)
+            kernels += text
+            launch = f"{kname}<<<{grid}, {block}, 0, st>>>(bf, sc);"
+            vbufs = self._vector_buffers(nest, ir)
+            if vbufs:  # 16-byte loads and stores where every such pointer is aligned
+                text, vgrid, _ = self._kernel(kname + "v", nest, ir, written, vbufs)
+                kernels += text
+                aligned = " | ".join(f"(uintptr_t)bufs[{b}]" for b in sorted(vbufs))
+                launch = (f"if ((({aligned}) & 15) == 0) {kname}v<<<{vgrid}, {BLOCK}, 0, st>>>(bf, sc);\n"
+                          f"  else {launch}")
+            launches.append("  " + launch)
         return "\n".join([
             self.prefix,
             f"template <int N> struct accel_bufs {{ void* p[N]; }};",
@@ -91,22 +95,77 @@ class CudaRenderer(CppRenderer):
             *launches,
             "  return (int)cudaGetLastError();", "}", ""])
 
-    def render_kernel(self, nest: Nest, ir: LoopIR):
-        """The body of ``nest``'s kernel, and its grid and block sizes."""
+    def _kernel(self, kname, nest, ir, written, vbufs):
+        """``nest``'s ``__global__`` function (lines), grid and block; with ``vbufs``, the
+        variant that moves those buffers 16 bytes at a time."""
+        nb, ns = max(1, len(ir.buffers)), max(1, len(ir.scalar_types))
+        self.scalar_decls: Dict[tuple, str] = {}
+        body, grid, block = self.render_kernel(nest, ir, vbufs)
+        head = [f"__global__ void __launch_bounds__(1024) {kname}(const accel_bufs<{nb}> bf, "
+                f"const accel_scalars<{ns}> sc) {{",
+                "  __shared__ __align__(16) char smem[96 * 8];", "  (void)smem;"]
+        for i, b in enumerate(ir.buffers):
+            q = "" if i in written else "const "
+            t = self.ctype(b.dtype)
+            head.append(f"  {q}{t}* __restrict__ b{i} = ({q}{t}*)bf.p[{i}];")
+        for (j, dtype), var in self.scalar_decls.items():
+            field_ = "f" if ir.scalar_types[j] == "f" else "i"
+            src = torch.float64 if field_ == "f" else torch.int64
+            head.append(f"  const {self.ctype(dtype)} {var} = "
+                        f"{self.cast(f'sc.v[{j}].{field_}', src, dtype)};")
+        return head + body + ["}", ""], grid, block
+
+    def _vector_buffers(self, nest: Nest, ir: LoopIR) -> frozenset:
+        """Buffers an elementwise nest can move as 16-byte vectors of 4 elements: float32 and
+        int32 read or written contiguously along the innermost loop (its size a multiple
+        of 4, every other stride too, so each thread's 4 elements are one aligned vector).
+        Empty where any access strays from that: a reduction, another stride along the
+        innermost loop, a store that does not vary along it, a buffer both read and
+        written at different addresses."""
+        self._plan(nest, ir)
+        if any(k == "group" for sc in self.nest_scopes for k, _ in sc.items):
+            return frozenset()
+        inner = nest.vars[-1]
+        if ir.sizes[inner] % VEC:
+            return frozenset()
+        loads = [x for sc in self.nest_scopes for k, x in sc.items if k == "expr" and x.op == "load"]
+        access = [(x.args[0], x.args[1]) for x in loads] + [(st.buf, st.addr) for st in nest.stores]
+        stored = {st.buf: st.addr for st in nest.stores}
+        vbufs = set()
+        for buf, addr in access:
+            c = addr.coeff(inner)
+            if c not in (0, 1) or (buf in stored and addr != stored[buf]):
+                return frozenset()
+            if c == 1 and all(cv % VEC == 0 for v, cv in addr.terms if v != inner) \
+                    and ir.buffers[buf].dtype in (torch.float32, torch.int32):
+                vbufs.add(buf)
+        if any(st.addr.coeff(inner) != 1 for st in nest.stores):
+            return frozenset()
+        return frozenset(vbufs)
+
+    def render_kernel(self, nest: Nest, ir: LoopIR, vbufs=None):
+        """The body of ``nest``'s kernel, and its grid and block sizes (``vbufs``: the
+        elementwise variant with those buffers moved as 16-byte vectors)."""
         self._plan(nest, ir)
         order = nest.vars
         levels = [j for j, sc in enumerate(self.nest_scopes) for k, _ in sc.items if k == "group"]
         out: List[str] = []
         self.elems = None
+        self.vec = None
         if not levels:  # elementwise
             n = self._size(order)
             self.mode = "thread"
+            if vbufs:
+                self._vector_tiles(order, n, nest, vbufs, out)
+                return out, min(-(-n // (BLOCK * VEC * VEC_ILP)), MAX_GRID), BLOCK
             self._tiles(order, n, 0, out, "  ")
             return out, min(-(-n // (BLOCK * ILP)), MAX_GRID), BLOCK
         lvl = max(levels)
         outer, inner = order[:lvl], order[lvl:]
         n_out = self._size(outer)
         if self._one_thread_per_result(outer, self.nest_scopes[lvl]):
+            if self._columns_fit(order, lvl, n_out):
+                return self._column_tiles(order, n_out, lvl, out)
             self.mode = "thread"
             self._tiles(order, n_out, 0, out, "  ", upto=lvl)
             return out, min(-(-n_out // (BLOCK * ILP)), MAX_GRID), BLOCK
@@ -137,6 +196,95 @@ class CudaRenderer(CppRenderer):
                     a.coeff(outer[-1]) == 1 for a in loads):
                 return True
         return False
+
+    def _vector_tiles(self, order, n, nest, vbufs, out) -> None:
+        """Elementwise, 4 consecutive elements per thread and ``VEC_ILP`` such groups a
+        block apart: each vector buffer read once as a float4/int4 before the unrolled
+        loop over the 4 and written once after it."""
+        inner = order[-1]
+        t, f = f"tile{self.ntemp}", f"f{self.ntemp}"
+        self.ntemp += 1
+        per = BLOCK * VEC * VEC_ILP
+        out.append(f"  for (int64_t {t} = blockIdx.x; {t} < {-(-n // per)}; {t} += gridDim.x) {{")
+        out.append("    #pragma unroll")
+        out.append(f"    for (int u = 0; u < {VEC_ILP}; ++u) {{")
+        out.append(f"      const int64_t {f} = ({t} * {BLOCK * VEC_ILP} + u * {BLOCK} + threadIdx.x) * {VEC};")
+        out.append(f"      if ({f} < {n}) {{")
+        ind = "        "
+        self._decompose(f, order, out, ind)
+        base = {inner: f"ib{inner}"}
+        out.append(f"{ind}const int64_t ib{inner} = i{inner};")
+        self.vec = {}
+        seen = {}
+        for sc in self.nest_scopes:
+            for k, x in sc.items:
+                if k == "expr" and x.op == "load" and x.args[0] in vbufs and x.args[1].coeff(inner) == 1:
+                    key = (x.args[0], x.args[1])
+                    if key not in seen:
+                        seen[key] = f"v{self.ntemp}"
+                        self.ntemp += 1
+                        t4 = f"accel::vec4_t<{self.ctype(self.ir.buffers[x.args[0]].dtype)}>"
+                        out.append(f"{ind}const {t4} {seen[key]} = *reinterpret_cast<const {t4}*>"
+                                   f"(b{x.args[0]} + {self._addr(x.args[1], base)});")
+                    self.vec[x] = seen[key]
+        stores = {}
+        for st in nest.stores:
+            if st.buf in vbufs:
+                stores[st.buf] = f"w{self.ntemp}"
+                self.ntemp += 1
+                out.append(f"{ind}accel::vec4_t<{self.ctype(self.ir.buffers[st.buf].dtype)}> {stores[st.buf]};")
+        self.vec_stores = stores
+        out.append(f"{ind}#pragma unroll")
+        out.append(f"{ind}for (int v = 0; v < {VEC}; ++v) {{")
+        out.append(f"{ind}  const int64_t i{inner} = ib{inner} + v;")
+        for sc in self.nest_scopes:
+            self._emit_items(sc, out, ind + "  ")
+        out.append(f"{ind}}}")
+        for st in nest.stores:
+            if st.buf in vbufs:
+                t4 = f"accel::vec4_t<{self.ctype(self.ir.buffers[st.buf].dtype)}>"
+                out.append(f"{ind}*reinterpret_cast<{t4}*>(b{st.buf} + {self._addr(st.addr, base)}) = "
+                           f"{stores[st.buf]};")
+        out += ["      }", "    }", "  }"]
+        self.vec, self.vec_stores = None, {}
+
+    def _addr(self, a, names=None) -> str:
+        if not names:
+            return super()._addr(a)
+        terms = [(names.get(v, f"i{v}"), c) for v, c in a.terms]
+        return " + ".join(f"{c} * {n}" if c != 1 else n for n, c in terms) if terms else "0"
+
+    def _rhs(self, e: Expr, scope: _Scope) -> str:
+        if self.vec and e in self.vec:
+            return f"accel::lane({self.vec[e]}, v)"
+        return super()._rhs(e, scope)
+
+    def _columns_fit(self, order, lvl, n_out) -> bool:
+        """Column mode: the results come in whole warps (32 a tile), every reduction of the
+        level combines by a plain operator, and nothing runs in loops after it."""
+        if n_out % COL_TILE or any(s.items for s in self.nest_scopes[lvl + 1:]):
+            return False
+        return all(k != "group" or g.members[0].args[0] in SIMPLE or g.members[0].args[0] == "welford"
+                   for k, g in self.nest_scopes[lvl].items)
+
+    def _column_tiles(self, order, n_out, lvl, out):
+        """A block per tile of 32 neighbouring results (coalesced reads along them); its
+        ``ROWS`` rows of threads split each reduction and combine through shared memory
+        (:func:`accel::col_reduce`), and row 0 stores the results. Blocks stride over
+        the tiles."""
+        self.mode = "col"
+        rsize = max(self._size(g.rvars) for k, g in self.nest_scopes[lvl].items if k == "group")
+        rows = max(1, min(COL_ROWS, 1 << max(0, (rsize // 8).bit_length() - 1)))
+        tiles = n_out // COL_TILE
+        f, t = f"f{self.ntemp}", f"tile{self.ntemp}"
+        self.ntemp += 1
+        out.append(f"  for (int64_t {t} = blockIdx.x; {t} < {tiles}; {t} += gridDim.x) {{")
+        out.append(f"    const int64_t {f} = {t} * {COL_TILE} + threadIdx.x;")
+        self._decompose(f, order[:lvl], out, "    ")
+        for j in range(0, lvl + 1):
+            self._emit_items(self.nest_scopes[j], out, "    ")
+        out.append("  }")
+        return out, min(tiles, MAX_GRID), f"dim3({COL_TILE}, {rows})"
 
     def _tiles(self, order, n, lvl, out, ind, upto=None) -> None:
         """Thread mode: tiles of ILP * BLOCK iterations per block, each thread taking ILP of
@@ -229,9 +377,11 @@ class CudaRenderer(CppRenderer):
                 out.append(f"{ind}const {self.ctype(x.dtype)} {scope.names[x]} = {rhs};")
             elif kind == "group":
                 self._emit_group(x, scope, out, ind)
-        guard = "if (threadIdx.x == 0) " if self.mode == "block" else ""
+        guard = {"block": "if (threadIdx.x == 0) ", "col": "if (threadIdx.y == 0) "}.get(self.mode, "")
         for kind, x in scope.items:
-            if kind == "store":
+            if kind == "store" and self.vec is not None and x.buf in self.vec_stores:
+                out.append(f"{ind}accel::lane_ref({self.vec_stores[x.buf]}, v) = {self._name(x.value, scope)};")
+            elif kind == "store":
                 out.append(f"{ind}{guard}b{x.buf}[{self._addr(x.addr)}] = {self._name(x.value, scope)};")
 
     def _emit_group(self, g: _Group, scope: _Scope, out: List[str], ind: str) -> None:
@@ -239,6 +389,7 @@ class CudaRenderer(CppRenderer):
         rv, first = list(g.rvars), g.members[0]
         kind = first.args[0]
         coop = self.mode == "block"
+        col = self.mode == "col"
         tag = f"a{self.ntemp}"
         self.ntemp += 1
         body: List[str] = []
@@ -258,6 +409,8 @@ class CudaRenderer(CppRenderer):
                     body.append(SIMPLE[e.args[0]][1].format(a=a, x=self._name(e.args[1][0], inner)))
                     if coop:
                         finish.append(f"{a} = accel::block_reduce({a}, {_COMBINE[e.args[0]]}, smem);")
+                    elif col:
+                        finish.append(f"{a} = accel::col_reduce({a}, {_COMBINE[e.args[0]]});")
                 scope.names[e] = accs[key]
         elif kind in ARG:
             init, better = ARG[kind]
@@ -281,6 +434,9 @@ class CudaRenderer(CppRenderer):
             if coop:
                 finish.append(f"{tag}_s = accel::block_reduce({tag}_s, accel::Sum(), smem);")
                 finish.append(f"{tag}_q = accel::block_reduce({tag}_q, accel::Sum(), smem);")
+            elif col:
+                finish.append(f"{tag}_s = accel::col_reduce({tag}_s, accel::Sum());")
+                finish.append(f"{tag}_q = accel::col_reduce({tag}_q, accel::Sum());")
             count = self._size(g.rvars)
             finish.append(f"const {t} {tag}_mean = {tag}_s / {t}({count});")
             finish.append(f"const {t} {tag}_m2 = {tag}_q - {tag}_s * {tag}_mean;")
@@ -299,7 +455,8 @@ class CudaRenderer(CppRenderer):
         else:
             f = f"r{self.ntemp}"
             self.ntemp += 1
-            out.append(f"{ind}for (int64_t {f} = 0; {f} < {n}; ++{f}) {{")
+            start, step = ("threadIdx.y", "blockDim.y") if col else ("0", "1")
+            out.append(f"{ind}for (int64_t {f} = {start}; {f} < {n}; {f} += {step}) {{")
             close, ind2 = [f"{ind}}}"], ind + "  "
         self._decompose(f, rv, out, ind2)
         out += [f"{ind2}{b}" for b in body]

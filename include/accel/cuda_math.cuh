@@ -120,6 +120,35 @@ __device__ T block_reduce(T v, F f, void* scratch) {
   return v;
 }
 
+/* 16-byte vectors of 4-byte elements (elementwise kernels' aligned loads and stores);
+ * ``lane`` with a constant index after unrolling stays in registers. */
+template <typename T> struct vec4 {};
+template <> struct vec4<float> { using type = float4; };
+template <> struct vec4<int32_t> { using type = int4; };
+template <typename T> using vec4_t = typename vec4<T>::type;
+template <typename V> __device__ __forceinline__ auto lane(const V& a, int v) {
+  return v == 0 ? a.x : v == 1 ? a.y : v == 2 ? a.z : a.w;
+}
+template <typename V> __device__ __forceinline__ auto& lane_ref(V& a, int v) {
+  return v == 0 ? a.x : v == 1 ? a.y : v == 2 ? a.z : a.w;
+}
+
+/* Column mode: combine ``v`` over the block's rows of threads (blockDim.y, a power of 2;
+ * blockDim.x at most 32); every thread gets its column's result. */
+template <typename T, typename F>
+__device__ T col_reduce(T v, F f) {
+  __shared__ T s[32 * 32];
+  const int x = threadIdx.x, y = threadIdx.y;
+  __syncthreads();
+  s[y * 32 + x] = v;
+  __syncthreads();
+  for (int h = blockDim.y >> 1; h > 0; h >>= 1) {
+    if (y < h) s[y * 32 + x] = f(s[y * 32 + x], s[(y + h) * 32 + x]);
+    __syncthreads();
+  }
+  return s[x];
+}
+
 /* (value, index) for argmax/argmin: the better value, the smaller index on a tie. */
 template <typename T, bool kMax>
 __device__ void block_arg(T& v, int64_t& i, void* scratch) {
