@@ -70,6 +70,7 @@ def main(argv=None) -> int:
     p.add_argument("--only", default="chain,rmsnorm,gpt2_train")
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--host", action="store_true", help="host costs only")
+    p.add_argument("--cprofile", action="store_true", help="also the host's hottest functions")
     a = p.parse_args(argv)
     host_costs()
     if a.host:
@@ -93,13 +94,14 @@ def main(argv=None) -> int:
             print(f"{name:10s} {label:8s} synced call {sorted(ts)[10] * 1e3:8.3f} ms  "
                   f"gpu kernels {gpu:8.3f} ms")
             if label == "accel":
-                print(ev.table(sort_by="device_time_total", row_limit=10))
-        pr = cProfile.Profile()
-        pr.enable()
-        for _ in range(20):
-            spec.accel()
-        pr.disable()
-        pstats.Stats(pr).sort_stats("tottime").print_stats(a.top)
+                print(ev.table(sort_by="device_time_total", row_limit=12, max_name_column_width=40))
+        if a.cprofile:
+            pr = cProfile.Profile()
+            pr.enable()
+            for _ in range(20):
+                spec.accel()
+            pr.disable()
+            pstats.Stats(pr).sort_stats("tottime").print_stats(a.top)
         del spec
         torch.cuda.empty_cache()
     return 0

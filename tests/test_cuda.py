@@ -118,3 +118,24 @@ def test_cuda_source_renders_without_a_gpu():
     src = CudaRenderer().render(ir, "accel_region_t")
     assert "__global__" in src and "block_reduce" in src and "cudaGetLastError" in src
     assert 'extern "C" int accel_region_t(void* const* bufs' in src
+
+
+@pytest.mark.parametrize("shape", [(), (3,), (64, 128), (7, 5)])
+def test_cuda_elementwise_variants_render(shape):
+    """Elementwise nests of every rank render (0-d included); where the innermost size is a
+    multiple of 4, a 16-byte-vector variant is chosen at launch by pointer alignment."""
+    import sys
+    import os
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from test_pipeline import _lowered
+
+    aten = torch.ops.aten
+    x = torch.empty(shape)
+    stride = x.stride()
+    ir = _lowered([(aten.mul.Tensor, (("x", 0), ("x", 0)), {}, 1), (aten.tanh.default, (("o", 0),), {}, 1)],
+                  [x], [(shape, stride, torch.float32)] * 2, (1,))
+    src = CudaRenderer().render(ir, "accel_region_t")
+    vector = bool(shape) and x.numel() % 4 == 0  # contiguous: one loop of numel
+    assert ("accel_region_t_k0v<<<" in src) == vector
+    assert ("& 15) == 0" in src) == vector

@@ -123,7 +123,7 @@ class CudaRenderer(CppRenderer):
         innermost loop, a store that does not vary along it, a buffer both read and
         written at different addresses."""
         self._plan(nest, ir)
-        if any(k == "group" for sc in self.nest_scopes for k, _ in sc.items):
+        if not nest.vars or any(k == "group" for sc in self.nest_scopes for k, _ in sc.items):
             return frozenset()
         inner = nest.vars[-1]
         if ir.sizes[inner] % VEC:
