@@ -45,6 +45,48 @@ def test_kernels_run_on_the_gpu_and_match_eager(name):
     assert st["kernel_runs"] >= 1 and st["eager_replays"] == 0, st
 
 
+#: shapes that take each kernel mode: elementwise with 16-byte vectors (innermost size a
+#: multiple of 4) and without; column sums in whole warps (column mode) and not; full
+#: reductions past GRID_MIN (grid mode) and below; long rows (block-strided) and short.
+MODES = [
+    ("vector_chain", WORKLOADS["chain"], (256, 1024)),
+    ("odd_chain", WORKLOADS["chain"], (33, 37)),
+    ("column_sum_warps", WORKLOADS["column_sum"], (2048, 256)),
+    ("column_var", lambda x: torch.var(x * 3, 0), (1000, 96)),
+    ("column_amax", lambda x: (x - 1).amax(0), (3000, 64)),
+    ("grid_sum", WORKLOADS["full_sum"], (1024, 1000)),
+    ("grid_mean_sqrt", lambda x: (x * x).mean().sqrt(), (512, 512)),
+    ("grid_amax", lambda x: x.abs().amax(), (300, 1000)),
+    ("long_softmax", WORKLOADS["softmax"], (8, 40000)),
+    ("layer_norm_4096", WORKLOADS["layer_norm"], (64, 4096)),
+]
+
+
+@cuda
+@pytest.mark.parametrize("name,fn,shape", MODES, ids=[m[0] for m in MODES])
+def test_every_kernel_mode_matches_eager(name, fn, shape):
+    x = _x(*shape)
+    expected = fn(x)
+    actual, st = _run(fn, x)
+    torch.testing.assert_close(actual, expected)
+    assert st["kernel_runs"] >= 1 and st["eager_replays"] == 0, st
+    again, _ = _run(fn, x)  # grid mode's ticket counter is reset for the next launch
+    torch.testing.assert_close(again, expected)
+
+
+@cuda
+def test_misaligned_operands_take_the_scalar_kernel():
+    """A view starting 4 bytes into its storage is not 16-byte aligned: the same kernel
+    (same key) chooses its scalar variant at launch."""
+    base = _x(4097 * 64)
+    aligned, shifted = base[: 4096 * 64].view(64, 4096), base[1: 4096 * 64 + 1].view(64, 4096)
+    fn = WORKLOADS["chain"]
+    for x in (aligned, shifted, aligned):
+        actual, st = _run(fn, x)
+        torch.testing.assert_close(actual, fn(x))
+        assert st["kernel_runs"] == 1, st
+
+
 @cuda
 def test_no_host_synchronization():
     """Deferring and launching never waits for the GPU (torch raises on a synchronizing
@@ -139,3 +181,23 @@ def test_cuda_elementwise_variants_render(shape):
     vector = bool(shape) and x.numel() % 4 == 0  # contiguous: one loop of numel
     assert ("accel_region_t_k0v<<<" in src) == vector
     assert ("& 15) == 0" in src) == vector
+
+
+def test_cuda_reduction_modes_render():
+    """Column sums in whole warps split over rows of threads; long full reductions run over
+    many blocks with a ticket counter (rendered here without a GPU)."""
+    import sys
+    import os
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from test_pipeline import _lowered
+
+    aten = torch.ops.aten
+    x = torch.empty(512, 256)
+    ir = _lowered([(aten.sum.dim_IntList, (("x", 0), ("c", [0]), ("c", False)), {}, 1)], [x],
+                  [((256,), (1,), torch.float32)], (0,))
+    src = CudaRenderer().render(ir, "accel_region_t")
+    assert "accel::col_reduce" in src and "dim3(32, " in src
+    ir = _lowered([(aten.sum.default, (("x", 0),), {}, 1)], [x], [((), (), torch.float32)], (0,))
+    src = CudaRenderer().render(ir, "accel_region_t")
+    assert "accel::grid_reduce" in src and "__device__ unsigned int accel_region_t_k0_count = 0;" in src

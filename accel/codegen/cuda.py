@@ -38,6 +38,11 @@ VEC_ILP = 2
 #: registers between the row's loops (longer rows are read again).
 ROW_THREADS = 1024
 ROW_REGISTERS = 16
+#: values of a row each thread of a row kernel aims to take (smaller blocks, more of them
+#: resident per multiprocessor, shorter block reductions).
+ROW_ELEMS = 8
+#: full reductions at least this long run over many blocks (grid mode).
+GRID_MIN = 1 << 16
 #: column mode (reductions along a strided dimension): results per block, and most rows of
 #: threads splitting each reduction.
 COL_TILE = 32
@@ -100,8 +105,9 @@ class CudaRenderer(CppRenderer):
         variant that moves those buffers 16 bytes at a time."""
         nb, ns = max(1, len(ir.buffers)), max(1, len(ir.scalar_types))
         self.scalar_decls: Dict[tuple, str] = {}
+        self.kname, self.globals = kname, []
         body, grid, block = self.render_kernel(nest, ir, vbufs)
-        head = [f"__global__ void __launch_bounds__(1024) {kname}(const accel_bufs<{nb}> bf, "
+        head = self.globals + [f"__global__ void __launch_bounds__(1024) {kname}(const accel_bufs<{nb}> bf, "
                 f"const accel_scalars<{ns}> sc) {{",
                 "  __shared__ __align__(16) char smem[96 * 8];", "  (void)smem;"]
         for i, b in enumerate(ir.buffers):
@@ -171,8 +177,11 @@ class CudaRenderer(CppRenderer):
             return out, min(-(-n_out // (BLOCK * ILP)), MAX_GRID), BLOCK
         self.mode = "block"
         rsize = max(self._size(g.rvars) for sc in self.nest_scopes for k, g in sc.items if k == "group")
+        if self._grid_fits(order, rsize):
+            return self._grid_reduction(rsize, out)
         longest = max(self._size(inner), rsize, 1)
-        self.threads = max(32, min(ROW_THREADS, 1 << (longest - 1).bit_length()))
+        per = -(-longest // ROW_ELEMS)  # threads for about ROW_ELEMS values each
+        self.threads = max(32, min(ROW_THREADS, 1 << (per - 1).bit_length()))
         elems = -(-longest // self.threads)
         if elems <= ROW_REGISTERS and len(inner) == 1:  # a row kernel: the row in registers
             self.elems = elems
@@ -258,6 +267,27 @@ class CudaRenderer(CppRenderer):
         if self.vec and e in self.vec:
             return f"accel::lane({self.vec[e]}, v)"
         return super()._rhs(e, scope)
+
+    def _grid_fits(self, order, rsize) -> bool:
+        """Grid mode: a full reduction (no loops outside it) of at least ``GRID_MIN``
+        elements, one accumulator combined by a plain operator."""
+        groups = [g for sc in self.nest_scopes for k, g in sc.items if k == "group"]
+        if order or rsize < GRID_MIN or len(groups) != 1:
+            return False
+        kinds = {(e.args[0], e.args[1]) for e in groups[0].members}
+        return len(kinds) == 1 and groups[0].members[0].args[0] in SIMPLE
+
+    def _grid_reduction(self, rsize, out):
+        """A full reduction over many blocks: each block reduces a grid-strided share,
+        writes its partial to a ``__device__`` array, and the last block to finish (a
+        ticket counter; CUDA's threadFenceReduction sample) combines the partials in block
+        order and runs what follows. The counter is reset by that block, so launches on one
+        stream follow each other safely; the same region on two streams at once is not."""
+        self.mode = "grid"
+        self.threads = ROW_THREADS
+        self.grid = min(-(-rsize // (ROW_THREADS * 8)), ROW_THREADS)
+        self._emit_items(self.nest_scopes[0], out, "  ")
+        return out, self.grid, self.threads
 
     def _columns_fit(self, order, lvl, n_out) -> bool:
         """Column mode: the results come in whole warps (32 a tile), every reduction of the
@@ -377,7 +407,8 @@ class CudaRenderer(CppRenderer):
                 out.append(f"{ind}const {self.ctype(x.dtype)} {scope.names[x]} = {rhs};")
             elif kind == "group":
                 self._emit_group(x, scope, out, ind)
-        guard = {"block": "if (threadIdx.x == 0) ", "col": "if (threadIdx.y == 0) "}.get(self.mode, "")
+        guard = {"block": "if (threadIdx.x == 0) ", "grid": "if (threadIdx.x == 0) ",
+                 "col": "if (threadIdx.y == 0) "}.get(self.mode, "")
         for kind, x in scope.items:
             if kind == "store" and self.vec is not None and x.buf in self.vec_stores:
                 out.append(f"{ind}accel::lane_ref({self.vec_stores[x.buf]}, v) = {self._name(x.value, scope)};")
@@ -388,7 +419,8 @@ class CudaRenderer(CppRenderer):
         inner = self.group_scope[id(g)]
         rv, first = list(g.rvars), g.members[0]
         kind = first.args[0]
-        coop = self.mode == "block"
+        grid = self.mode == "grid"
+        coop = self.mode in ("block", "grid")
         col = self.mode == "col"
         tag = f"a{self.ntemp}"
         self.ntemp += 1
@@ -407,7 +439,14 @@ class CudaRenderer(CppRenderer):
                     init = self._lim(init, e.dtype) if init.startswith("$") else init
                     out.append(f"{ind}{self.ctype(e.dtype)} {a} = {init};")
                     body.append(SIMPLE[e.args[0]][1].format(a=a, x=self._name(e.args[1][0], inner)))
-                    if coop:
+                    if grid:
+                        t = self.ctype(e.dtype)
+                        part, count = f"{self.kname}_part", f"{self.kname}_count"
+                        self.globals += [f"__device__ {t} {part}[{self.grid}];",
+                                         f"__device__ unsigned int {count} = 0;"]
+                        finish.append(f"if (!accel::grid_reduce({a}, {_COMBINE[e.args[0]]}, {t}({init}), "
+                                      f"{part}, &{count}, smem)) return;")
+                    elif coop:
                         finish.append(f"{a} = accel::block_reduce({a}, {_COMBINE[e.args[0]]}, smem);")
                     elif col:
                         finish.append(f"{a} = accel::col_reduce({a}, {_COMBINE[e.args[0]]});")
@@ -449,7 +488,13 @@ class CudaRenderer(CppRenderer):
         for x, name in cache:
             out.append(f"{ind}{self.ctype(x.dtype)} {name}[{self.elems}];")
         body += [f"{name}[j] = {inner.names[x]};" for x, name in cache]
-        if coop:
+        if grid:
+            f = f"r{self.ntemp}"
+            self.ntemp += 1
+            out.append(f"{ind}for (int64_t {f} = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; {f} < {n}; "
+                       f"{f} += (int64_t)gridDim.x * blockDim.x) {{")
+            close, ind2 = [f"{ind}}}"], ind + "  "
+        elif coop:
             f = self._thread_loop(n, out, ind)
             close, ind2 = [f"{ind}  }}", f"{ind}}}"], ind + "    "
         else:

@@ -133,6 +133,28 @@ template <typename V> __device__ __forceinline__ auto& lane_ref(V& a, int v) {
   return v == 0 ? a.x : v == 1 ? a.y : v == 2 ? a.z : a.w;
 }
 
+/* Grid mode: every thread of every block calls this with its own ``v``; the
+ * block that finishes last gets true and ``v`` combined over the partials in block order
+ * (``part``: gridDim.x slots, at most blockDim.x); the others get false. ``count`` is 0 on
+ * entry and again on return. CUDA's threadFenceReduction sample. */
+template <typename T, typename F>
+__device__ bool grid_reduce(T& v, F f, T init, T* part, unsigned int* count, void* scratch) {
+  __shared__ bool last;
+  v = block_reduce(v, f, scratch);
+  if (threadIdx.x == 0) {
+    part[blockIdx.x] = v;
+    __threadfence();
+    last = atomicAdd(count, 1u) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (!last) return false;
+  __threadfence();
+  T p = threadIdx.x < gridDim.x ? __ldcg(part + threadIdx.x) : init;
+  v = block_reduce(p, f, scratch);
+  if (threadIdx.x == 0) *count = 0;
+  return true;
+}
+
 /* Column mode: combine ``v`` over the block's rows of threads (blockDim.y, a power of 2;
  * blockDim.x at most 32); every thread gets its column's result. */
 template <typename T, typename F>
