@@ -64,9 +64,12 @@ MODES = [
 
 @cuda
 @pytest.mark.parametrize("name,fn,shape", MODES, ids=[m[0] for m in MODES])
-def test_every_kernel_mode_matches_eager(name, fn, shape):
+def test_every_kernel_mode_is_correct(name, fn, shape):
+    """Against the float64 result rounded to float32: accel's sums accumulate in float64,
+    eager's CUDA column and full sums in float32, whose own error over thousands of
+    values near cancellation exceeds float32's default tolerance."""
     x = _x(*shape)
-    expected = fn(x)
+    expected = fn(x.double()).float()
     actual, st = _run(fn, x)
     torch.testing.assert_close(actual, expected)
     assert st["kernel_runs"] >= 1 and st["eager_replays"] == 0, st
