@@ -13,6 +13,7 @@ store, the first call's time over the steady state.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import subprocess
@@ -56,6 +57,15 @@ def copy_bandwidth(runs: int = 10) -> float:
     return 2 * a.nbytes / best
 
 
+def kernel_ms(fn, calls: int = 3) -> float:
+    """GPU time of one call of ``fn``: the summed duration of its kernels (torch.profiler),
+    without the host's time before and between them."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+    return sum(e.device_time_total for e in prof.key_averages()) / calls / 1e3
+
+
 def _randn(*shape, seed=0):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(DEV)
 
@@ -86,7 +96,20 @@ def mlp_spec(train: bool):
         with accel.eager():
             return step(ma, ma)
 
-    return B.Spec(synced(lambda: step(me, me)), synced(step_a), synced(lambda: step(cm, mc)))
+    m64 = copy.deepcopy(model).double()
+
+    def exact():  # the float64 oracle: the loss sums a LayerNorm's outputs (near 0)
+        x64 = x.double()
+        if not train:
+            with torch.no_grad():
+                return m64(x64)
+        m64.zero_grad(set_to_none=True)
+        loss = m64(x64).sum()
+        loss.backward()
+        return loss.detach(), B._grads(m64)
+
+    return B.Spec(synced(lambda: step(me, me)), synced(step_a), synced(lambda: step(cm, mc)),
+                  exact=exact)
 
 
 def gpt2_spec():
@@ -158,7 +181,8 @@ def main(argv=None) -> int:
         title, make = WORKLOADS[name]
         spec = make()
         before = accel.stats()
-        r = measure(title, spec.eager, spec.accel, spec.compile, runs, warmup=2, detail=True)
+        r = measure(title, spec.eager, spec.accel, spec.compile, runs, warmup=2, detail=True,
+                    exact=spec.exact)
         after = accel.stats()
         nc = after["compiles"] - before["compiles"]
         cold.append([title, str(nc), f"{(after['compile_time_s'] - before['compile_time_s']) / max(nc, 1):.2f}",
@@ -167,9 +191,11 @@ def main(argv=None) -> int:
         te, ta, tc = (r["ms"][k] for k in ("eager", "accel", "compile"))
         floor = (spec.in_bytes + r["out_bytes"]) / bw * 1e3 if spec.in_bytes else None
         fl = lambda v: f"{v:.3f}" if isinstance(v, float) else str(v)  # noqa: E731
+        ka, kc = kernel_ms(spec.accel), kernel_ms(spec.compile)
         rows.append([title, fl(te), fl(ta), fl(tc), fl(floor) if floor else "-",
                      _ratio(te, ta), _ratio(tc, ta),
                      f"{floor / ta * 100:.0f} %" if floor and isinstance(ta, float) else "-",
+                     f"{ka:.3f}", f"{kc:.3f}", f"{floor / ka * 100:.0f} %" if floor else "-",
                      r["checks"]["accel"], r["checks"]["compile"]])
         if isinstance(ta, float) and isinstance(tc, float):
             ratios.append(tc / ta)
@@ -177,7 +203,10 @@ def main(argv=None) -> int:
         torch.cuda.empty_cache()
     print(f"## Time per call (median ms of {runs}, backends interleaved, synchronized)\n")
     print(table(["workload", "eager ms", "accel ms", "compile ms", "floor ms", "eager/accel",
-                 "compile/accel", "floor/accel", "accel == eager", "compile == eager"], rows))
+                 "compile/accel", "floor/accel", "accel kernels ms", "compile kernels ms",
+                 "floor/accel kernels", "accel == eager", "compile == eager"], rows))
+    print("\n(kernels ms: the GPU time of one call's kernels, torch.profiler; the per-call "
+          "times above include the host's time before the first launch)\n")
     print(f"\ngeometric mean of compile/accel: {B.geomean(ratios):.2f}x\n" if ratios else "")
     print("## Cold start (fresh store in this process)\n")
     print(table(["workload", "regions compiled", "s / region", "accel first call ms",
