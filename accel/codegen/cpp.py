@@ -293,6 +293,18 @@ class CppRenderer(CStyle):
             raise CodegenError(f"internal: {e.op} used before it is computed")
         return n
 
+    def _accumulators(self, g: _Group, prefix: str) -> Dict[tuple, tuple]:
+        """One accumulator per distinct (kind, bodies) among the plain (``SIMPLE``)
+        reductions of ``g``: key -> (name, initial value, first member)."""
+        accs: Dict[tuple, tuple] = {}
+        for e in g.members:
+            key = (e.args[0], e.args[1])
+            if key not in accs:
+                init = SIMPLE[e.args[0]][0]
+                init = self._lim(init, e.dtype) if init.startswith("$") else init
+                accs[key] = (f"{prefix}_{len(accs)}", init, e)
+        return accs
+
     def _addr(self, a: Addr) -> str:
         terms = [f"{c} * i{v}" if c != 1 else f"i{v}" for v, c in a.terms]
         return " + ".join(terms) if terms else "0"
@@ -394,20 +406,15 @@ class CppRenderer(CStyle):
         out.append(f"{ind}for (int64_t {b} = 0; {b} < {n}; {b} += {VBLOCK}) {{")
         ind2 = ind + "  "
         out.append(f"{ind2}const int64_t {b}_n = {n} - {b} < {VBLOCK} ? {n} - {b} : {VBLOCK};")
-        accs: Dict[tuple, str] = {}
-        for e in g.members:
-            key = (e.args[0], e.args[1])
-            if key not in accs:
-                a = accs[key] = f"a{self.ntemp}_{len(accs)}"
-                init = SIMPLE[e.args[0]][0]
-                init = self._lim(init, e.dtype) if init.startswith("$") else init
-                out.append(f"{ind2}{self.ctype(e.dtype)} {a}[{VBLOCK}];")
-                out.append(f"{ind2}for (int64_t k = 0; k < {VBLOCK}; ++k) {a}[k] = {init};")
+        accs = self._accumulators(g, f"a{self.ntemp}")
+        for a, init, e in accs.values():
+            out.append(f"{ind2}{self.ctype(e.dtype)} {a}[{VBLOCK}];")
+            out.append(f"{ind2}for (int64_t k = 0; k < {VBLOCK}; ++k) {a}[k] = {init};")
         body: List[str] = []
         self._emit_items(pre, body, "")
         self._emit_items(inner, body, "")
         rv = list(g.rvars)
-        for (k, bodies), a in accs.items():
+        for (k, bodies), (a, _, _) in accs.items():
             body.append(SIMPLE[k][1].format(a=f"{a}[{b}_k]", x=self._name(bodies[0], inner)))
         for r in rv:
             out.append(f"{ind2}for (int64_t i{r} = 0; i{r} < {self.ir.sizes[r]}; ++i{r}) {{")
@@ -417,7 +424,7 @@ class CppRenderer(CStyle):
             ind2 = ind2[:-2]
             out.append(f"{ind2}}}")
         for e in g.members:
-            scope.names[e] = accs[(e.args[0], e.args[1])] + f"[{b}_k]"
+            scope.names[e] = accs[(e.args[0], e.args[1])][0] + f"[{b}_k]"
         tail: List[str] = []
         self._emit_items(pre, tail, "")
         self._emit_items(post, tail, "")

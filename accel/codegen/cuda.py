@@ -430,27 +430,23 @@ class CudaRenderer(CppRenderer):
         self.mode = saved
         finish: List[str] = []
         if kind in SIMPLE:
-            accs: Dict[tuple, str] = {}
+            accs = self._accumulators(g, tag)
+            for (k, bodies), (a, init, e) in accs.items():
+                t = self.ctype(e.dtype)
+                out.append(f"{ind}{t} {a} = {init};")
+                body.append(SIMPLE[k][1].format(a=a, x=self._name(bodies[0], inner)))
+                if grid:
+                    part, count = f"{self.kname}_part", f"{self.kname}_count"
+                    self.globals += [f"__device__ {t} {part}[{self.grid}];",
+                                     f"__device__ unsigned int {count} = 0;"]
+                    finish.append(f"if (!accel::grid_reduce({a}, {_COMBINE[k]}, {t}({init}), "
+                                  f"{part}, &{count}, smem)) return;")
+                elif coop:
+                    finish.append(f"{a} = accel::block_reduce({a}, {_COMBINE[k]}, smem);")
+                elif col:
+                    finish.append(f"{a} = accel::col_reduce({a}, {_COMBINE[k]});")
             for e in g.members:
-                key = (e.args[0], e.args[1])
-                if key not in accs:
-                    a = accs[key] = f"{tag}_{len(accs)}"
-                    init = SIMPLE[e.args[0]][0]
-                    init = self._lim(init, e.dtype) if init.startswith("$") else init
-                    out.append(f"{ind}{self.ctype(e.dtype)} {a} = {init};")
-                    body.append(SIMPLE[e.args[0]][1].format(a=a, x=self._name(e.args[1][0], inner)))
-                    if grid:
-                        t = self.ctype(e.dtype)
-                        part, count = f"{self.kname}_part", f"{self.kname}_count"
-                        self.globals += [f"__device__ {t} {part}[{self.grid}];",
-                                         f"__device__ unsigned int {count} = 0;"]
-                        finish.append(f"if (!accel::grid_reduce({a}, {_COMBINE[e.args[0]]}, {t}({init}), "
-                                      f"{part}, &{count}, smem)) return;")
-                    elif coop:
-                        finish.append(f"{a} = accel::block_reduce({a}, {_COMBINE[e.args[0]]}, smem);")
-                    elif col:
-                        finish.append(f"{a} = accel::col_reduce({a}, {_COMBINE[e.args[0]]});")
-                scope.names[e] = accs[key]
+                scope.names[e] = accs[(e.args[0], e.args[1])][0]
         elif kind in ARG:
             init, better = ARG[kind]
             vt = first.args[1][0].dtype

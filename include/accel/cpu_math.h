@@ -97,27 +97,6 @@ template <typename T> static inline T abs(T x) {
   if constexpr (std::is_floating_point_v<T>) return __builtin_fabs(x);
   else return x < 0 ? T(-x) : x;
 }
-template <typename T> static inline T rsqrt(T x) { return T(1) / accel::sqrt(x); }
-template <typename T> static inline T reciprocal(T x) { return T(1) / x; }
-/* NaN-propagating maximum/minimum, as torch.maximum/minimum. */
-template <typename T> static inline T maximum(T a, T b) {
-  if constexpr (std::is_floating_point_v<T>) return (a != a) ? a : ((b != b) ? b : (a > b ? a : b));
-  else return a > b ? a : b;
-}
-template <typename T> static inline T minimum(T a, T b) {
-  if constexpr (std::is_floating_point_v<T>) return (a != a) ? a : ((b != b) ? b : (a < b ? a : b));
-  else return a < b ? a : b;
-}
-/* Python-style remainder for floats: the result has the sign of the divisor. */
-template <typename T> static inline T remainder(T a, T b) {
-  T m = accel::fmod(a, b);
-  return (m != T(0) && ((b < T(0)) != (m < T(0)))) ? m + b : m;
-}
-/* sign as eager's CPU kernel: (0 < x) - (x < 0), so sign(NaN) is 0. */
-template <typename T> static inline T sign(T x) {
-  if constexpr (std::is_same_v<T, bool>) return x;
-  else return T((T(0) < x) - (x < T(0)));
-}
 template <typename T> static inline bool signbit(T x) {
   if constexpr (std::is_floating_point_v<T>) return __builtin_signbit(x);
   else return x < 0;
@@ -126,16 +105,9 @@ template <typename T> static inline bool isfinite(T x) {
   if constexpr (std::is_floating_point_v<T>) return x - x == x - x;
   else return true;
 }
-/* Shifts as ATen's lshift/rshift kernels: out-of-range shift counts are well defined. */
-template <typename T> static inline T shift_left(T a, T b) {
-  using U = std::make_unsigned_t<T>;
-  constexpr T bits = sizeof(T) * 8;
-  return (b < 0 || b >= bits) ? T(0) : T(U(a) << b);
-}
-template <typename T> static inline T shift_right_arithmetic(T a, T b) {
-  constexpr T bits = sizeof(T) * 8;
-  return (b < 0 || b >= bits) ? T(a >> (bits - 1)) : T(a >> b);
-}
+#define ACCEL_FN static inline
+#include "accel/scalar_ops.h"
+#undef ACCEL_FN
 
 }  // namespace accel
 
@@ -147,23 +119,7 @@ template <typename T> static inline T shift_right_arithmetic(T a, T b) {
 
 namespace accel {
 
-/* Activations as eager's CPU kernels compute them (aten/src/ATen/native/cpu/Activation.cpp). */
-template <typename T> static inline T silu(T x) { return x / (T(1) + accel::exp(-x)); }
-template <typename T> static inline T gelu_tanh(T x) {
-  const T kBeta = T(M_SQRT2 * M_2_SQRTPI * 0.5), kKappa = T(0.044715);
-  const T inner = kBeta * (x + kKappa * x * x * x);
-  return T(0.5) * x * (T(1) + accel::tanh(inner));
-}
 
-/* argmax/argmin accumulation: strictly better, or the first NaN (eager's semantics). */
-template <typename T> static inline bool argmax_better(T v, T best) {
-  if constexpr (std::is_floating_point_v<T>) return v > best || (v != v && best == best);
-  else return v > best;
-}
-template <typename T> static inline bool argmin_better(T v, T best) {
-  if constexpr (std::is_floating_point_v<T>) return v < best || (v != v && best == best);
-  else return v < best;
-}
 
 /* One-pass mean and sum of squared deviations (Welford 1962), merged blockwise with the
  * pairwise update of Chan, Golub & LeVeque (1979): each block of values is summed with a

@@ -45,24 +45,6 @@ template <typename T> __device__ __forceinline__ T abs(T x) {
   if constexpr (std::is_floating_point_v<T>) return ::fabs(x);
   else return x < 0 ? T(-x) : x;
 }
-template <typename T> __device__ __forceinline__ T rsqrt(T x) { return T(1) / accel::sqrt(x); }
-template <typename T> __device__ __forceinline__ T reciprocal(T x) { return T(1) / x; }
-template <typename T> __device__ __forceinline__ T maximum(T a, T b) {
-  if constexpr (std::is_floating_point_v<T>) return (a != a) ? a : ((b != b) ? b : (a > b ? a : b));
-  else return a > b ? a : b;
-}
-template <typename T> __device__ __forceinline__ T minimum(T a, T b) {
-  if constexpr (std::is_floating_point_v<T>) return (a != a) ? a : ((b != b) ? b : (a < b ? a : b));
-  else return a < b ? a : b;
-}
-template <typename T> __device__ __forceinline__ T remainder(T a, T b) {
-  T m = accel::fmod(a, b);
-  return (m != T(0) && ((b < T(0)) != (m < T(0)))) ? m + b : m;
-}
-template <typename T> __device__ __forceinline__ T sign(T x) {
-  if constexpr (std::is_same_v<T, bool>) return x;
-  else return T((T(0) < x) - (x < T(0)));
-}
 template <typename T> __device__ __forceinline__ bool signbit(T x) {
   if constexpr (std::is_floating_point_v<T>) return ::signbit(x);
   else return x < 0;
@@ -71,28 +53,9 @@ template <typename T> __device__ __forceinline__ bool isfinite(T x) {
   if constexpr (std::is_floating_point_v<T>) return ::isfinite(x);
   else return true;
 }
-template <typename T> __device__ __forceinline__ T shift_left(T a, T b) {
-  using U = std::make_unsigned_t<T>;
-  constexpr T bits = sizeof(T) * 8;
-  return (b < 0 || b >= bits) ? T(0) : T(U(a) << b);
-}
-template <typename T> __device__ __forceinline__ T shift_right_arithmetic(T a, T b) {
-  constexpr T bits = sizeof(T) * 8;
-  return (b < 0 || b >= bits) ? T(a >> (bits - 1)) : T(a >> b);
-}
-template <typename T> __device__ __forceinline__ T silu(T x) { return x / (T(1) + accel::exp(-x)); }
-template <typename T> __device__ __forceinline__ T gelu_tanh(T x) {
-  const T kBeta = T(M_SQRT2 * M_2_SQRTPI * 0.5), kKappa = T(0.044715);
-  return T(0.5) * x * (T(1) + accel::tanh(kBeta * (x + kKappa * x * x * x)));
-}
-template <typename T> __device__ __forceinline__ bool argmax_better(T v, T best) {
-  if constexpr (std::is_floating_point_v<T>) return v > best || (v != v && best == best);
-  else return v > best;
-}
-template <typename T> __device__ __forceinline__ bool argmin_better(T v, T best) {
-  if constexpr (std::is_floating_point_v<T>) return v < best || (v != v && best == best);
-  else return v < best;
-}
+#define ACCEL_FN __device__ __forceinline__
+#include "accel/scalar_ops.h"
+#undef ACCEL_FN
 
 /* -- block-wide reductions: every thread of the block calls them and gets the result ---- */
 struct Sum { template <typename T> __device__ T operator()(T a, T b) const { return a + b; } };
