@@ -330,7 +330,11 @@ class CppRenderer(CStyle):
                 self._emit_group(x, scope, out, ind)
         for kind, x in scope.items:
             if kind == "store":
-                out.append(f"{ind}b{x.buf}[{self._addr(x.addr)}] = {self._name(x.value, scope)};")
+                out.append(ind + self._store(x, scope))
+
+    def _store(self, st, scope: _Scope) -> str:
+        """The statement writing store ``st``."""
+        return f"b{st.buf}[{self._addr(st.addr)}] = {self._name(st.value, scope)};"
 
     def _work(self, nest: Nest) -> int:
         n = 1

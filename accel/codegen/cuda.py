@@ -398,22 +398,15 @@ class CudaRenderer(CppRenderer):
         self.mode = saved
         out += close
 
-    def _emit_items(self, scope: _Scope, out: List[str], ind: str) -> None:
-        """As the C++ backend's, but in block mode a store outside the threads' own loops
-        is written by one thread."""
-        for kind, x in scope.items:
-            if kind == "expr":
-                rhs = self.cached[x] if x in self.cached else self._rhs(x, scope)
-                out.append(f"{ind}const {self.ctype(x.dtype)} {scope.names[x]} = {rhs};")
-            elif kind == "group":
-                self._emit_group(x, scope, out, ind)
+    def _store(self, st, scope: _Scope) -> str:
+        """As the C++ backend's, but a vector tile's store goes to its lane of the vector,
+        and in block, grid and column modes a store outside the threads' own loops is
+        written by one thread (of the block, or of the column)."""
+        if self.vec is not None and st.buf in self.vec_stores:
+            return f"accel::lane_ref({self.vec_stores[st.buf]}, v) = {self._name(st.value, scope)};"
         guard = {"block": "if (threadIdx.x == 0) ", "grid": "if (threadIdx.x == 0) ",
                  "col": "if (threadIdx.y == 0) "}.get(self.mode, "")
-        for kind, x in scope.items:
-            if kind == "store" and self.vec is not None and x.buf in self.vec_stores:
-                out.append(f"{ind}accel::lane_ref({self.vec_stores[x.buf]}, v) = {self._name(x.value, scope)};")
-            elif kind == "store":
-                out.append(f"{ind}{guard}b{x.buf}[{self._addr(x.addr)}] = {self._name(x.value, scope)};")
+        return guard + super()._store(st, scope)
 
     def _emit_group(self, g: _Group, scope: _Scope, out: List[str], ind: str) -> None:
         inner = self.group_scope[id(g)]

@@ -13,29 +13,20 @@
 #include <limits>
 #include <type_traits>
 #include "accel/kernel.h"
+#include "accel/libm_names.h"
 
 namespace accel {
 
 #define ACCEL_UNARY(name, f32)                                                     \
   __device__ __forceinline__ float name(float x) { return ::f32(x); }              \
   __device__ __forceinline__ double name(double x) { return ::name(x); }
-ACCEL_UNARY(exp, expf) ACCEL_UNARY(exp2, exp2f) ACCEL_UNARY(expm1, expm1f)
-ACCEL_UNARY(log, logf) ACCEL_UNARY(log2, log2f) ACCEL_UNARY(log10, log10f)
-ACCEL_UNARY(log1p, log1pf) ACCEL_UNARY(sin, sinf) ACCEL_UNARY(cos, cosf) ACCEL_UNARY(tan, tanf)
-ACCEL_UNARY(asin, asinf) ACCEL_UNARY(acos, acosf) ACCEL_UNARY(atan, atanf)
-ACCEL_UNARY(sinh, sinhf) ACCEL_UNARY(cosh, coshf) ACCEL_UNARY(tanh, tanhf)
-ACCEL_UNARY(asinh, asinhf) ACCEL_UNARY(acosh, acoshf) ACCEL_UNARY(atanh, atanhf)
-ACCEL_UNARY(erf, erff) ACCEL_UNARY(erfc, erfcf) ACCEL_UNARY(cbrt, cbrtf)
-ACCEL_UNARY(sqrt, sqrtf) ACCEL_UNARY(floor, floorf) ACCEL_UNARY(ceil, ceilf)
-ACCEL_UNARY(trunc, truncf) ACCEL_UNARY(lgamma, lgammaf)
+ACCEL_UNARY(exp, expf) ACCEL_LIBM_UNARY(ACCEL_UNARY)
 #undef ACCEL_UNARY
 
 #define ACCEL_BINARY(name, f32)                                                              \
   __device__ __forceinline__ float name(float a, float b) { return ::f32(a, b); }            \
   __device__ __forceinline__ double name(double a, double b) { return ::name(a, b); }
-ACCEL_BINARY(pow, powf) ACCEL_BINARY(atan2, atan2f) ACCEL_BINARY(hypot, hypotf)
-ACCEL_BINARY(fmod, fmodf) ACCEL_BINARY(nextafter, nextafterf) ACCEL_BINARY(copysign, copysignf)
-ACCEL_BINARY(fmax, fmaxf) ACCEL_BINARY(fmin, fminf)
+ACCEL_LIBM_BINARY(ACCEL_BINARY)
 #undef ACCEL_BINARY
 
 __device__ __forceinline__ float round(float x) { return ::rintf(x); }  /* half to even */
