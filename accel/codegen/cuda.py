@@ -186,8 +186,7 @@ class CudaRenderer(CppRenderer):
         if elems <= ROW_REGISTERS and len(inner) == 1:  # a row kernel: the row in registers
             self.elems = elems
             self._plan_row_cache(inner[0], self.nest_scopes[-2], self.nest_scopes[-1], "j")
-        self._flat_loop("(int64_t)blockIdx.x", "(int64_t)gridDim.x", order, n_out, 0, out, "  ",
-                        upto=lvl)
+        self._block_loop(order, n_out, lvl, out)
         return out, min(n_out, MAX_GRID), self.threads
 
     def _one_thread_per_result(self, outer, scope: _Scope) -> bool:
@@ -331,7 +330,7 @@ class CudaRenderer(CppRenderer):
         for j in range(lvl, upto + 1):
             self._emit_items(self.nest_scopes[j], out, ind + "      ")
         if upto < len(order) and any(s.items for s in self.nest_scopes[upto + 1:]):
-            self._inner_loop("0", "1", order[upto:], upto, out, ind + "      ")
+            self._inner_loop(order[upto:], upto, out, ind + "      ")
         out += [f"{ind}    }}", f"{ind}  }}", f"{ind}}}"]
 
     def _thread_loop(self, n: int, open_lines: List[str], ind: str) -> str:
@@ -360,28 +359,24 @@ class CudaRenderer(CppRenderer):
                 out.append(f"{ind}const int64_t i{v} = {rest} % {size};")
                 rest = f"({rest} / {size})"
 
-    def _flat_loop(self, start, step, order, n, lvl, out, ind, upto=None) -> None:
-        """A loop over the flattened loops ``order[lvl:upto]`` (``n`` iterations), then the
-        scopes they bind; with ``upto``, the loops after it as a block-stride loop (block
-        mode) or a plain nested loop (thread mode)."""
-        upto = len(order) if upto is None else upto
+    def _block_loop(self, order, n, upto, out) -> None:
+        """Block mode: blocks stride over the flattened loops ``order[:upto]`` (``n``
+        iterations) and emit the scopes they bind; the loops after ``upto`` as the block's
+        threads' loop."""
         f = f"f{self.ntemp}"
         self.ntemp += 1
-        out.append(f"{ind}for (int64_t {f} = {start}; {f} < {n}; {f} += {step}) {{")
-        self._decompose(f, order[lvl:upto], out, ind + "  ")
-        for j in range(lvl, upto + 1):
-            self._emit_items(self.nest_scopes[j], out, ind + "  ")
+        out.append(f"  for (int64_t {f} = (int64_t)blockIdx.x; {f} < {n}; {f} += (int64_t)gridDim.x) {{")
+        self._decompose(f, order[:upto], out, "    ")
+        for j in range(upto + 1):
+            self._emit_items(self.nest_scopes[j], out, "    ")
         if upto < len(order) and any(s.items for s in self.nest_scopes[upto + 1:]):
-            rest = order[upto:]
-            if self.mode == "block":
-                self._inner_loop("threadIdx.x", "blockDim.x", rest, upto, out, ind + "  ")
-            else:
-                self._inner_loop("0", "1", rest, upto, out, ind + "  ")
-        if self.mode == "block":
-            out.append(f"{ind}  __syncthreads();")
-        out.append(f"{ind}}}")
+            self._inner_loop(order[upto:], upto, out, "    ")
+        out.append("    __syncthreads();")
+        out.append("  }")
 
-    def _inner_loop(self, start, step, vars_, lvl, out, ind) -> None:
+    def _inner_loop(self, vars_, lvl, out, ind) -> None:
+        """The loops ``vars_`` inside level ``lvl``: the block's threads' share of them
+        (block mode) or all of them (a thread's own, thread mode)."""
         if self.mode == "block":
             f = self._thread_loop(self._size(vars_), out, ind)
             close = [f"{ind}  }}", f"{ind}}}"]
@@ -389,7 +384,7 @@ class CudaRenderer(CppRenderer):
         else:
             f = f"f{self.ntemp}"
             self.ntemp += 1
-            out.append(f"{ind}for (int64_t {f} = {start}; {f} < {self._size(vars_)}; {f} += {step}) {{")
+            out.append(f"{ind}for (int64_t {f} = 0; {f} < {self._size(vars_)}; ++{f}) {{")
             close, ind2 = [f"{ind}}}"], ind + "  "
         self._decompose(f, vars_, out, ind2)
         saved, self.mode = self.mode, "thread"  # every thread its own elements now
