@@ -3,9 +3,9 @@
 
 The kernel ABI is declared in include/accel/kernel.h.
 """
-from libc.stdint cimport int64_t, uintptr_t
+from libc.stdint cimport int64_t, uint64_t, uintptr_t
 from cpython.ref cimport Py_REFCNT
-from libc.stdlib cimport malloc, free
+from libc.stdlib cimport calloc, malloc, free
 from posix.dlfcn cimport dlopen, dlsym, dlerror, RTLD_NOW, RTLD_LOCAL
 
 cdef extern from "accel/kernel.h" nogil:
@@ -13,8 +13,6 @@ cdef extern from "accel/kernel.h" nogil:
         double f
         int64_t i
     ctypedef int (*accel_kernel_fn)(void** bufs, const accel_scalar_t* scalars)
-    ctypedef int (*accel_cuda_kernel_fn)(void** bufs, const accel_scalar_t* scalars,
-                                         void* stream, int device)
 
 cdef enum:
     STACK = 64
@@ -41,11 +39,10 @@ def load(str path, str symbol):
     return <uintptr_t>f
 
 
-def launch(uintptr_t fn, list ptrs, list scalars, uintptr_t stream=0, int device=-1):
-    """Call kernel ``fn`` with buffer addresses ``ptrs`` (ints) and runtime ``scalars``
-    (Python floats and ints), releasing the GIL for the call. With ``device`` >= 0, ``fn``
-    is a CUDA region's launcher and ``stream`` the cudaStream_t it launches on (it returns
-    without waiting for the GPU). Returns the kernel status (0: success)."""
+def launch(uintptr_t fn, list ptrs, list scalars):
+    """Call CPU kernel ``fn`` with buffer addresses ``ptrs`` (ints) and runtime ``scalars``
+    (Python floats and ints), releasing the GIL for the call. Returns the kernel status
+    (0: success)."""
     cdef void* bstack[STACK]
     cdef accel_scalar_t sstack[STACK]
     cdef Py_ssize_t nb = len(ptrs), ns = len(scalars), i
@@ -62,16 +59,216 @@ def launch(uintptr_t fn, list ptrs, list scalars, uintptr_t stream=0, int device
             else:
                 sc[i].i = <int64_t>v
         with nogil:
-            if device < 0:
-                status = (<accel_kernel_fn>fn)(bufs, sc)
-            else:
-                status = (<accel_cuda_kernel_fn>fn)(bufs, sc, <void*>stream, device)
+            status = (<accel_kernel_fn>fn)(bufs, sc)
     finally:
         if bufs != &bstack[0]:
             free(bufs)
         if sc != &sstack[0]:
             free(sc)
     return status
+
+
+# -- CUDA: a region's cubin through the driver API (pure-Python twin: accel/_core_py.py) -----
+# libcuda.so.1 is opened at first use, so the core builds and imports without CUDA.
+ctypedef int CUresult
+ctypedef void* CUcontext
+ctypedef void* CUmodule
+ctypedef void* CUfunction
+ctypedef CUresult (*cuInit_t)(unsigned int) noexcept nogil
+ctypedef CUresult (*cuDeviceGet_t)(int*, int) noexcept nogil
+ctypedef CUresult (*cuDevicePrimaryCtxRetain_t)(CUcontext*, int) noexcept nogil
+ctypedef CUresult (*cuCtxGetCurrent_t)(CUcontext*) noexcept nogil
+ctypedef CUresult (*cuCtxSetCurrent_t)(CUcontext) noexcept nogil
+ctypedef CUresult (*cuModuleLoadData_t)(CUmodule*, const void*) noexcept nogil
+ctypedef CUresult (*cuModuleGetFunction_t)(CUfunction*, CUmodule, const char*) noexcept nogil
+ctypedef CUresult (*cuLaunchKernel_t)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
+                                      unsigned, unsigned, void*, void**, void**) noexcept nogil
+ctypedef CUresult (*cuGetErrorString_t)(CUresult, const char**) noexcept nogil
+
+cdef cuInit_t cuInit = NULL
+cdef cuDeviceGet_t cuDeviceGet = NULL
+cdef cuDevicePrimaryCtxRetain_t cuDevicePrimaryCtxRetain = NULL
+cdef cuCtxGetCurrent_t cuCtxGetCurrent = NULL
+cdef cuCtxSetCurrent_t cuCtxSetCurrent = NULL
+cdef cuModuleLoadData_t cuModuleLoadData = NULL
+cdef cuModuleGetFunction_t cuModuleGetFunction = NULL
+cdef cuLaunchKernel_t cuLaunchKernel = NULL
+cdef cuGetErrorString_t cuGetErrorString = NULL
+
+cdef enum:
+    MAX_DEVICES = 64
+    CUDA_ERROR_INVALID_DEVICE = 101
+
+
+cdef void* _sym(void* h, const char* name) except NULL:
+    cdef void* f = dlsym(h, name)
+    if f == NULL:
+        raise LoadError(f"libcuda.so.1 lacks {name.decode()}")
+    return f
+
+
+cdef int _open_driver() except -1:
+    """Resolve the driver API entry points accel uses (once)."""
+    global cuInit, cuDeviceGet, cuDevicePrimaryCtxRetain, cuCtxGetCurrent, cuCtxSetCurrent
+    global cuModuleLoadData, cuModuleGetFunction, cuLaunchKernel, cuGetErrorString
+    if cuLaunchKernel != NULL:
+        return 0
+    cdef void* h = dlopen(b"libcuda.so.1", RTLD_NOW | RTLD_LOCAL)
+    if h == NULL:
+        raise LoadError("CUDA driver not found: " + (<bytes>dlerror()).decode(errors="replace"))
+    cuDeviceGet = <cuDeviceGet_t>_sym(h, b"cuDeviceGet")
+    cuDevicePrimaryCtxRetain = <cuDevicePrimaryCtxRetain_t>_sym(h, b"cuDevicePrimaryCtxRetain")
+    cuCtxGetCurrent = <cuCtxGetCurrent_t>_sym(h, b"cuCtxGetCurrent")
+    cuCtxSetCurrent = <cuCtxSetCurrent_t>_sym(h, b"cuCtxSetCurrent")
+    cuModuleLoadData = <cuModuleLoadData_t>_sym(h, b"cuModuleLoadData")
+    cuModuleGetFunction = <cuModuleGetFunction_t>_sym(h, b"cuModuleGetFunction")
+    cuGetErrorString = <cuGetErrorString_t>_sym(h, b"cuGetErrorString")
+    cuInit = <cuInit_t>_sym(h, b"cuInit")
+    cdef CUresult r = cuInit(0)
+    if r != 0:
+        raise LoadError(f"cuInit failed ({r})")
+    cuLaunchKernel = <cuLaunchKernel_t>_sym(h, b"cuLaunchKernel")
+    return 0
+
+
+def cuda_error_string(int status):
+    """The CUDA driver's name for error code ``status`` (e.g. "an illegal memory access
+    was encountered"), or the number where the driver does not know it."""
+    cdef const char* s = NULL
+    if cuGetErrorString != NULL and cuGetErrorString(status, &s) == 0 and s != NULL:
+        return (<bytes>s).decode(errors="replace")
+    return f"CUDA error {status}"
+
+
+cdef struct LaunchStep:
+    unsigned grid[3]
+    unsigned block[3]
+    unsigned vgrid[3]
+    unsigned vblock[3]
+    uint64_t vmask     # buffers that must be 16-byte aligned for the vector variant
+    bint vector        # a vector variant exists
+
+
+cdef class CudaKernel:
+    """A region's CUDA module: its cubin image and launch plan (see
+    :meth:`accel.codegen.cuda.CudaRenderer.render`), loaded into a device's primary context
+    at its first launch there (``cuModuleLoadData``), then launched with ``cuLaunchKernel``.
+
+    Raises:
+        LoadError: no CUDA driver (``libcuda.so.1``) or a malformed plan.
+    """
+
+    cdef bytes image
+    cdef list names
+    cdef Py_ssize_t n
+    cdef LaunchStep* steps
+    cdef CUfunction* funcs[MAX_DEVICES]  # per device: (scalar, vector) kernel per step
+    cdef CUcontext ctxs[MAX_DEVICES]
+
+    def __cinit__(self, bytes image, list launches):
+        _open_driver()
+        self.image = image
+        self.n = len(launches)
+        self.steps = <LaunchStep*>calloc(max(1, self.n), sizeof(LaunchStep))
+        self.names = []
+        cdef LaunchStep* st
+        for i, l in enumerate(launches):
+            st = &self.steps[i]
+            for d in range(3):
+                st.grid[d], st.block[d] = l["grid"][d], l["block"][d]
+            v = l.get("vector")
+            if v is not None and all(0 <= b < 64 for b in v["buffers"]):
+                st.vector = True
+                for d in range(3):
+                    st.vgrid[d], st.vblock[d] = v["grid"][d], v["block"][d]
+                for b in v["buffers"]:
+                    st.vmask |= (<uint64_t>1) << b
+                self.names += [l["kernel"].encode(), v["kernel"].encode()]
+            else:
+                self.names += [l["kernel"].encode(), None]
+
+    def __dealloc__(self):
+        free(self.steps)
+        for i in range(MAX_DEVICES):
+            free(self.funcs[i])  # modules stay loaded: the primary context outlives us
+
+    cdef int _load(self, int device) except -1:
+        cdef int dev
+        cdef CUcontext ctx, prev
+        cdef CUmodule mod
+        cdef CUresult r = cuDeviceGet(&dev, device)
+        if r == 0:
+            r = cuDevicePrimaryCtxRetain(&ctx, dev)
+        if r != 0:
+            return r
+        cuCtxGetCurrent(&prev)
+        cuCtxSetCurrent(ctx)
+        r = cuModuleLoadData(&mod, <const char*>self.image)
+        cdef CUfunction* f = <CUfunction*>calloc(2 * max(1, self.n), sizeof(CUfunction))
+        for i in range(2 * self.n):
+            if r == 0 and self.names[i] is not None:
+                r = cuModuleGetFunction(&f[i], mod, <const char*>self.names[i])
+        cuCtxSetCurrent(prev)
+        if r != 0:
+            free(f)
+            return r
+        self.ctxs[device] = ctx
+        self.funcs[device] = f
+        return 0
+
+    def launch(self, list ptrs, list scalars, uintptr_t stream, int device):
+        """Launch the plan's kernels in order on ``stream`` (a CUstream of GPU ``device``)
+        with buffer addresses ``ptrs`` and runtime ``scalars``, without waiting for the GPU.
+        Returns 0 or the first CUresult that failed (the region then runs eagerly)."""
+        cdef void* bufs[STACK]
+        cdef accel_scalar_t sc[STACK]
+        cdef void* params[2]
+        cdef Py_ssize_t i, b, nb = len(ptrs), ns = len(scalars)
+        cdef int status = 0
+        cdef CUcontext prev
+        cdef LaunchStep* st
+        cdef uintptr_t addr
+        cdef CUfunction f
+        if device < 0 or device >= MAX_DEVICES or nb > STACK or ns > STACK:
+            return CUDA_ERROR_INVALID_DEVICE
+        if self.funcs[device] == NULL:
+            status = self._load(device)
+            if status != 0:
+                return status
+        for i in range(nb):
+            bufs[i] = <void*><uintptr_t>ptrs[i]
+        for i in range(ns):
+            v = scalars[i]
+            if type(v) is float:
+                sc[i].f = <double>v
+            else:
+                sc[i].i = <int64_t>v
+        params[0] = <void*>bufs
+        params[1] = <void*>sc
+        with nogil:
+            cuCtxGetCurrent(&prev)
+            if prev != self.ctxs[device]:
+                cuCtxSetCurrent(self.ctxs[device])
+            for i in range(self.n):
+                st = &self.steps[i]
+                addr = 0
+                if st.vector:
+                    for b in range(nb):
+                        if (st.vmask >> b) & 1:
+                            addr |= <uintptr_t>bufs[b]
+                if st.vector and (addr & 15) == 0:
+                    status = cuLaunchKernel(self.funcs[device][2 * i + 1], st.vgrid[0], st.vgrid[1],
+                                            st.vgrid[2], st.vblock[0], st.vblock[1], st.vblock[2],
+                                            0, <void*>stream, params, NULL)
+                else:
+                    status = cuLaunchKernel(self.funcs[device][2 * i], st.grid[0], st.grid[1],
+                                            st.grid[2], st.block[0], st.block[1], st.block[2],
+                                            0, <void*>stream, params, NULL)
+                if status != 0:
+                    break
+            if prev != self.ctxs[device]:
+                cuCtxSetCurrent(prev)
+        return status
 
 
 # -- recording: the per-call hot path (pure-Python twin: accel/_core_py.py) -----------------

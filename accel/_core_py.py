@@ -202,13 +202,12 @@ class _Scalar(ctypes.Union):
 _KERNEL = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(_Scalar))
 
 
-_CUDA_KERNEL = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_void_p),
-                                ctypes.POINTER(_Scalar), ctypes.c_void_p, ctypes.c_int)
+def launch(fn: int, ptrs: list, scalars: list) -> int:
+    """Call kernel ``fn`` with buffer addresses and runtime scalars; return its status."""
+    return _KERNEL(fn)(*_args(ptrs, scalars))
 
 
-def launch(fn: int, ptrs: list, scalars: list, stream: int = 0, device: int = -1) -> int:
-    """Call kernel ``fn`` with buffer addresses and runtime scalars; return its status.
-    With ``device`` >= 0, ``fn`` is a CUDA launcher taking ``stream`` and ``device`` too."""
+def _args(ptrs: list, scalars: list):
     bufs = (ctypes.c_void_p * max(1, len(ptrs)))(*ptrs)
     sc = (_Scalar * max(1, len(scalars)))()
     for i, v in enumerate(scalars):
@@ -216,6 +215,114 @@ def launch(fn: int, ptrs: list, scalars: list, stream: int = 0, device: int = -1
             sc[i].f = v
         else:
             sc[i].i = v
-    if device >= 0:
-        return _CUDA_KERNEL(fn)(bufs, sc, stream, device)
-    return _KERNEL(fn)(bufs, sc)
+    return bufs, sc
+
+
+# -- CUDA: a region's cubin through the driver API ---------------------------------------------
+_MAX_DEVICES = 64
+_driver = None
+
+
+def _cuda():
+    global _driver
+    if _driver is None:
+        try:
+            lib = ctypes.CDLL("libcuda.so.1")
+        except OSError as e:
+            raise LoadError(f"CUDA driver not found: {e}") from e
+        vp = ctypes.c_void_p
+        for name, args in (("cuDeviceGet", [ctypes.POINTER(ctypes.c_int), ctypes.c_int]),
+                           ("cuDevicePrimaryCtxRetain", [ctypes.POINTER(vp), ctypes.c_int]),
+                           ("cuCtxGetCurrent", [ctypes.POINTER(vp)]), ("cuCtxSetCurrent", [vp]),
+                           ("cuModuleLoadData", [ctypes.POINTER(vp), ctypes.c_char_p]),
+                           ("cuModuleGetFunction", [ctypes.POINTER(vp), vp, ctypes.c_char_p]),
+                           ("cuLaunchKernel", [vp] + [ctypes.c_uint] * 7 + [vp, ctypes.POINTER(vp), vp]),
+                           ("cuGetErrorString", [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]),
+                           ("cuInit", [ctypes.c_uint])):
+            try:
+                f = getattr(lib, name)
+            except AttributeError as e:
+                raise LoadError(f"libcuda.so.1 lacks {name}") from e
+            f.argtypes, f.restype = args, ctypes.c_int
+        r = lib.cuInit(0)
+        if r != 0:
+            raise LoadError(f"cuInit failed ({r})")
+        _driver = lib
+    return _driver
+
+
+def cuda_error_string(status: int) -> str:
+    """The CUDA driver's name for error code ``status``, or the number."""
+    s = ctypes.c_char_p()
+    if _driver is not None and _driver.cuGetErrorString(status, ctypes.byref(s)) == 0 and s.value:
+        return s.value.decode(errors="replace")
+    return f"CUDA error {status}"
+
+
+class CudaKernel:
+    """A region's CUDA module: cubin ``image`` and launch plan ``launches`` (see
+    :meth:`accel.codegen.cuda.CudaRenderer.render`), loaded per device at its first launch.
+
+    Raises:
+        LoadError: no CUDA driver (``libcuda.so.1``).
+    """
+
+    def __init__(self, image: bytes, launches: list):
+        self.drv = _cuda()
+        self.image = bytes(image)
+        self.launches = launches
+        self.devices = {}  # device -> (context, [(scalar kernel, vector kernel or None)])
+
+    def _load(self, device):
+        d, vp = self.drv, ctypes.c_void_p
+        dev, ctx, prev, mod = ctypes.c_int(), vp(), vp(), vp()
+        r = d.cuDeviceGet(ctypes.byref(dev), device) or d.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)
+        if r:
+            return r
+        d.cuCtxGetCurrent(ctypes.byref(prev))
+        d.cuCtxSetCurrent(ctx)
+        try:
+            r = d.cuModuleLoadData(ctypes.byref(mod), self.image)
+            funcs = []
+            for l in self.launches:
+                pair = []
+                for k in (l, l.get("vector")):
+                    f = vp()
+                    if k is not None and not r:
+                        r = d.cuModuleGetFunction(ctypes.byref(f), mod, k["kernel"].encode())
+                    pair.append(f if k is not None else None)
+                funcs.append(pair)
+        finally:
+            d.cuCtxSetCurrent(prev)
+        if not r:
+            self.devices[device] = (ctx, funcs)
+        return r
+
+    def launch(self, ptrs: list, scalars: list, stream: int, device: int) -> int:
+        """Launch the plan's kernels in order on ``stream`` of GPU ``device``; return 0 or
+        the first CUresult that failed."""
+        if not 0 <= device < _MAX_DEVICES:
+            return 101  # CUDA_ERROR_INVALID_DEVICE
+        if device not in self.devices:
+            r = self._load(device)
+            if r:
+                return r
+        d, (ctx, funcs) = self.drv, self.devices[device]
+        bufs, sc = _args(ptrs, scalars)
+        params = (ctypes.c_void_p * 2)(ctypes.addressof(bufs), ctypes.addressof(sc))
+        prev = ctypes.c_void_p()
+        d.cuCtxGetCurrent(ctypes.byref(prev))
+        if prev.value != ctx.value:
+            d.cuCtxSetCurrent(ctx)
+        try:
+            for l, (f, fv) in zip(self.launches, funcs):
+                v = l.get("vector")
+                if v is not None and not any(ptrs[b] & 15 for b in v["buffers"]):
+                    l, f = v, fv
+                r = d.cuLaunchKernel(f, *l["grid"], *l["block"], 0, stream, params, None)
+                if r:
+                    return r
+            return 0
+        finally:
+            if prev.value != ctx.value:
+                d.cuCtxSetCurrent(prev)

@@ -20,13 +20,14 @@ from . import config
 from .ops import DTYPES, INTEGER_DIVISION, NOT_DEFERRABLE, Deferred, OpSpec
 
 if config.flag("ACCEL_PURE_PYTHON"):
-    from ._core_py import RegionCore
+    from . import _core_py as native
 else:
     try:
-        from ._core import RegionCore
+        from . import _core as native
     except ImportError as _e:  # an uncompiled checkout: the pure-Python twin
         logging.getLogger("accel").warning("accel._core unavailable (%s); using pure Python", _e)
-        from ._core_py import RegionCore
+        from . import _core_py as native
+RegionCore = native.RegionCore
 
 log = logging.getLogger("accel")
 

@@ -18,7 +18,7 @@ import torch
 
 from . import __version__, config
 from .ops import run_calls
-from .region import PENDING_NODES, Region, TrieNode, _data_ptr
+from .region import PENDING_NODES, Region, TrieNode, _data_ptr, native
 
 log = logging.getLogger("accel")
 
@@ -62,10 +62,11 @@ def set_store(store) -> None:
 
 @dataclass
 class CompiledRegion:
-    """A loaded kernel: entry point address, which pending outputs it writes, and the
-    scratch buffers it needs (bytes each), passed after the outputs."""
+    """A loaded kernel: a CPU entry point's address, or (CUDA) a ``native.CudaKernel``;
+    which pending outputs it writes, and the scratch buffers it needs (bytes each), passed
+    after the outputs."""
 
-    fn: int
+    fn: object
     live_idx: Tuple[int, ...]
     key: str
     scratch: Tuple[int, ...] = ()
@@ -134,6 +135,7 @@ def _compile(region: Region, live, key: str, store):
     device = _device_type(region)
     renderer = CppRenderer() if device == "cpu" else CudaRenderer()
     source = renderer.render(ir, name)
+    launches = getattr(renderer, "launches", None)
     artifact = build(source, name, device)
     dt = time.perf_counter() - t0
     meta = {"readable": _readable(region.calls, region), "symbol": name, "source": source,
@@ -141,6 +143,8 @@ def _compile(region: Region, live, key: str, store):
             "graph": str(tr.gm.graph), "ir": ir.describe(), "torch": torch.__version__,
             "n_ext": len(ext), "n_out": len(outs), "scalar_types": scalar_types, "device": device,
             "scratch": [_prod(b.shape) * _itemsize(b.dtype) for b in ir.buffers if b.scratch]}
+    if launches is not None:
+        meta["launches"] = launches
     STATS["compiles"] += 1
     STATS["compile_time_s"] += dt
     store.record("compiles")
@@ -161,13 +165,18 @@ def _pool():
 
 
 def _load(entry) -> CompiledRegion:
-    from . import _core
-
+    """Load a store entry: dlopen a CPU library; read a cubin (its module is loaded into a
+    GPU's context at the first launch there)."""
     t0 = time.perf_counter()
-    fn = _core.load(entry.path, entry.meta["symbol"])
+    cuda = entry.meta.get("device") == "cuda"
+    if cuda:
+        with open(entry.path, "rb") as f:
+            fn = native.CudaKernel(f.read(), entry.meta["launches"])
+    else:
+        fn = native.load(entry.path, entry.meta["symbol"])
     STATS["load_time_s"] += time.perf_counter() - t0
     return CompiledRegion(fn, tuple(entry.meta["live_idx"]), entry.key,
-                          tuple(entry.meta.get("scratch", ())), entry.meta.get("device") == "cuda")
+                          tuple(entry.meta.get("scratch", ())), cuda)
 
 
 def kernel_for(region: Region, live) -> Optional[CompiledRegion]:
@@ -240,8 +249,6 @@ def _save_nodes() -> None:
 
 def execute(region: Region) -> None:
     """Flush ``region``: run its kernel, or replay it eagerly."""
-    from . import _core
-
     STATS["flushes"] += 1
     if PENDING_NODES:
         _save_nodes()
@@ -260,21 +267,27 @@ def execute(region: Region) -> None:
         if kern.scratch:
             ptrs += [_data_ptr(t) for t in region.scratch_for(kern)]
         if not kern.cuda:
-            status = _core.launch(kern.fn, ptrs, region.scalars)
+            status = native.launch(kern.fn, ptrs, region.scalars)
         else:  # on the current stream of the region's GPU; the host does not wait
             dev = region.device.index if region.device.index is not None else torch.cuda.current_device()
-            stream = torch.cuda.current_stream(dev).cuda_stream
-            status = _core.launch(kern.fn, ptrs, region.scalars, stream, dev)
+            stream = _raw_stream(dev)
+            status = kern.fn.launch(ptrs, region.scalars, stream, dev)
         if status == 0:
             STATS["kernel_runs"] += 1
             return
         from .interceptor import warn_once
 
         node.kernels[live] = None  # this process runs the region eagerly from now on
-        warn_once(("launch", kern.key), "accel: region %s (%s) failed to launch (%s %d); "
+        warn_once(("launch", kern.key), "accel: region %s (%s) failed to launch (%s); "
                   "it runs eagerly", kern.key[:16], _readable(region.calls, region),
-                  "CUDA error" if kern.cuda else "status", status)
+                  native.cuda_error_string(status) if kern.cuda else f"status {status}")
     replay(region)
+
+
+def _raw_stream(device: int) -> int:
+    """The cudaStream_t of ``device``'s current stream, without building a Stream object
+    (what Inductor's generated code calls: ``get_raw_stream``)."""
+    return torch._C._cuda_getCurrentRawStream(device)
 
 
 def _device_type(region: Region) -> str:

@@ -6,7 +6,7 @@
     stats/    diskcache.Cache  counters, and "use:<key>" -> (last use, sha256); never evicted
     nodes/    diskcache.Cache  trie node digest -> output metadata of a call (so a new process
                                skips meta evaluation: accel.region.TrieNode)
-    objects/  <sha256>.so      artifacts materialized for dlopen, written atomically
+    objects/  <sha256>.so      artifacts materialized for dlopen (or reading: CUDA cubins), written atomically
     locks/    <sha256(key)>.lock  per-key compile locks (flock: the OS drops them when a holder dies)
 
 Index values are pickles, which is why the directory must be writable by its owner only.

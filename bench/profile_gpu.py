@@ -56,11 +56,17 @@ def host_costs(n: int = 200) -> None:
             chain(x)
             interceptor._state.region.reset()
 
+    class AllocMode(NoOpModeNoDynamoWrap):  # what any deferral costs: the mode, an output
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return torch.empty_strided((4,), (1,), device=x.device)
+
     rows = {"eager": lambda: chain(x), "no-op mode": in_mode(NoOpMode),
             "no-op mode (no dynamo wrap)": in_mode(NoOpModeNoDynamoWrap),
+            "mode allocating each output, no kernel": in_mode(AllocMode),
             "accel.eager()": in_mode(accel.eager), "accel record only (mode reused)": record_only,
             "enable()+disable() alone": lambda: (accel.enable(), accel.disable()),
-            "torch.cuda.current_stream(0).cuda_stream": lambda: torch.cuda.current_stream(0).cuda_stream}
+            "torch.cuda.current_stream(0).cuda_stream": lambda: torch.cuda.current_stream(0).cuda_stream,
+            "torch._C._cuda_getCurrentRawStream(0)": lambda: torch._C._cuda_getCurrentRawStream(0)}
     for k, fn in rows.items():
         print(f"host {k:45s} {timed(fn):9.1f} us/call (chain: 8 aten calls)")
 

@@ -1,6 +1,8 @@
 """The CUDA backend: streams, devices, no host synchronization, fallbacks. The OpInfo and
 hypothesis suites (test_opinfo*.py, test_chains.py) also run on "cuda". Every test here
 skips cleanly on a machine without a GPU; tests/gpu.sh runs them on one."""
+import shutil
+
 import pytest
 import torch
 
@@ -78,12 +80,13 @@ def test_every_kernel_mode_is_correct(name, fn, shape):
 
 
 @cuda
-def test_misaligned_operands_take_the_scalar_kernel():
+@pytest.mark.parametrize("name", ["chain", "softmax", "layer_norm", "rms"])
+def test_misaligned_operands_take_the_scalar_kernel(name):
     """A view starting 4 bytes into its storage is not 16-byte aligned: the same kernel
-    (same key) chooses its scalar variant at launch."""
+    (same key) chooses its scalar variant at launch (elementwise and row kernels)."""
     base = _x(4097 * 64)
     aligned, shifted = base[: 4096 * 64].view(64, 4096), base[1: 4096 * 64 + 1].view(64, 4096)
-    fn = WORKLOADS["chain"]
+    fn = WORKLOADS[name]
     for x in (aligned, shifted, aligned):
         actual, st = _run(fn, x)
         torch.testing.assert_close(actual, fn(x))
@@ -160,9 +163,13 @@ def test_cuda_source_renders_without_a_gpu():
     x = torch.empty(64, 100)
     ir = _lowered([(aten._softmax.default, (("x", 0), ("c", 1), ("c", False)), {}, 1)], [x],
                   [((64, 100), (100, 1), torch.float32)], (0,))
-    src = CudaRenderer().render(ir, "accel_region_t")
-    assert "__global__" in src and "block_reduce" in src and "cudaGetLastError" in src
-    assert 'extern "C" int accel_region_t(void* const* bufs' in src
+    r = CudaRenderer()
+    src = r.render(ir, "accel_region_t")
+    assert 'extern "C" __global__ void __launch_bounds__(1024) accel_region_t_k0(' in src
+    assert "block_reduce" in src
+    # one block per row of 100: 64 threads a block (about 8 values a thread, whole warps)
+    [launch] = r.launches
+    assert (launch["kernel"], launch["grid"], launch["block"]) == ("accel_region_t_k0", [64, 1, 1], [32, 1, 1])
 
 
 @pytest.mark.parametrize("shape", [(), (3,), (64, 128), (7, 5)])
@@ -180,10 +187,39 @@ def test_cuda_elementwise_variants_render(shape):
     stride = x.stride()
     ir = _lowered([(aten.mul.Tensor, (("x", 0), ("x", 0)), {}, 1), (aten.tanh.default, (("o", 0),), {}, 1)],
                   [x], [(shape, stride, torch.float32)] * 2, (1,))
-    src = CudaRenderer().render(ir, "accel_region_t")
+    r = CudaRenderer()
+    src = r.render(ir, "accel_region_t")
     vector = bool(shape) and x.numel() % 4 == 0  # contiguous: one loop of numel
-    assert ("accel_region_t_k0v<<<" in src) == vector
-    assert ("& 15) == 0" in src) == vector
+    assert ("accel_region_t_k0v(" in src) == vector
+    [launch] = r.launches
+    assert ("vector" in launch) == vector
+    if vector:  # the input and the live output, 4 elements a thread, 2 vectors in flight
+        assert launch["vector"] == {"kernel": "accel_region_t_k0v", "buffers": [0, 1],
+                                    "grid": [-(-x.numel() // 2048), 1, 1], "block": [256, 1, 1]}
+
+
+@pytest.mark.parametrize("shape,vector", [((64, 4096), True), ((64, 100), True), ((64, 102), False)])
+def test_cuda_row_kernels_have_a_vector_variant(shape, vector):
+    """A softmax row whose length is a multiple of 4 gets a variant moving 4 neighbouring
+    elements a thread at a time (each thread's values in registers, loaded once)."""
+    import sys
+    import os
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from test_pipeline import _lowered
+
+    aten = torch.ops.aten
+    x = torch.empty(shape)
+    ir = _lowered([(aten._softmax.default, (("x", 0), ("c", 1), ("c", False)), {}, 1)], [x],
+                  [(shape, x.stride(), torch.float32)], (0,))
+    r = CudaRenderer()
+    src = r.render(ir, "accel_region_t")
+    assert ("vector" in r.launches[0]) == vector
+    if vector:
+        assert r.launches[0]["vector"]["buffers"] == [0, 1]
+        kv = src[src.index("accel_region_t_k0v("):]
+        assert kv.count("reinterpret_cast<const accel::vec4_t<float>*>(b0") == 1  # one pass reads
+        assert "b0[" not in kv
 
 
 def test_cuda_reduction_modes_render():
@@ -199,8 +235,82 @@ def test_cuda_reduction_modes_render():
     x = torch.empty(512, 256)
     ir = _lowered([(aten.sum.dim_IntList, (("x", 0), ("c", [0]), ("c", False)), {}, 1)], [x],
                   [((256,), (1,), torch.float32)], (0,))
-    src = CudaRenderer().render(ir, "accel_region_t")
-    assert "accel::col_reduce" in src and "dim3(32, " in src
+    r = CudaRenderer()
+    src = r.render(ir, "accel_region_t")
+    assert "accel::col_reduce" in src and r.launches[0]["block"] == [32, 32, 1]
     ir = _lowered([(aten.sum.default, (("x", 0),), {}, 1)], [x], [((), (), torch.float32)], (0,))
     src = CudaRenderer().render(ir, "accel_region_t")
     assert "accel::grid_reduce" in src and "__device__ unsigned int accel_region_t_k0_count = 0;" in src
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc")
+@pytest.mark.parametrize("name", sorted(WORKLOADS))
+def test_every_kernel_mode_builds_a_cubin_with_its_planned_kernels(name, fresh_store, monkeypatch, tmp_path):
+    """Each workload's module compiles with accel's nvcc flags (for Hopper: no GPU needed)
+    and its cubin holds every kernel the launch plan names. The loop IR is the one the CPU
+    pipeline lowers for the same calls."""
+    import subprocess
+
+    from accel.build import INCLUDE_DIR, NVCCFLAGS
+    from accel.codegen.cpp import CppRenderer
+
+    modules = []
+    cpu_render = CppRenderer.render
+
+    def render(self, ir, kname):
+        r = CudaRenderer()
+        modules.append((r.render(ir, kname), r.launches))
+        return cpu_render(self, ir, kname)
+
+    monkeypatch.setattr(CppRenderer, "render", render)
+    x = _x(256, 512, device="cpu") if name != "full_sum" else _x(1 << 17, device="cpu")
+    _run(WORKLOADS[name], x)
+    assert modules
+    for k, (src, launches) in enumerate(modules):
+        (tmp_path / f"m{k}.cu").write_text(src)
+        subprocess.run(["nvcc", *NVCCFLAGS, "-arch", "sm_90a", "-I", INCLUDE_DIR, str(tmp_path / f"m{k}.cu"),
+                        "-o", str(tmp_path / f"m{k}.cubin")], check=True, capture_output=True, timeout=300)
+        image = (tmp_path / f"m{k}.cubin").read_bytes()
+        names = [l["kernel"] for l in launches] + [l["vector"]["kernel"] for l in launches if "vector" in l]
+        assert names and all(n.encode() + b"\0" in image for n in names)
+
+
+@pytest.mark.parametrize("pure", [False, True], ids=["cython", "python"])
+def test_cuda_kernel_without_a_driver_raises_load_error(pure):
+    """No libcuda.so.1 (this CI machine): loading a CUDA module raises LoadError (the runtime
+    then warns once and runs the region eagerly)."""
+    import ctypes
+
+    from accel import _core_py
+    from accel.region import native
+
+    core = _core_py if pure else native
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        with pytest.raises(core.LoadError, match="CUDA driver not found"):
+            core.CudaKernel(b"", [])
+    else:
+        pytest.skip("this machine has a CUDA driver")
+
+
+@cuda
+@pytest.mark.parametrize("pure", [False, True], ids=["cython", "python"])
+def test_bad_cubin_fails_at_launch_and_the_region_runs_eagerly(pure, fresh_store, monkeypatch, caplog):
+    """A module the driver rejects: launch returns its CUresult (named by
+    cuda_error_string), the region runs eagerly with one warning naming it, results match."""
+    from accel import _core_py, interceptor, runtime
+    from accel.region import native
+
+    monkeypatch.setattr(interceptor, "_warned", set())  # the warning is once per process
+    core = _core_py if pure else native
+    k = core.CudaKernel(b"not a cubin", [{"kernel": "k", "grid": [1, 1, 1], "block": [32, 1, 1]}])
+    status = k.launch([0], [], torch.cuda.current_stream().cuda_stream, torch.cuda.current_device())
+    assert status != 0 and core.cuda_error_string(status)
+    monkeypatch.setattr(runtime, "native", core)
+    monkeypatch.setattr(core, "CudaKernel", lambda image, launches: k)
+    x = _x(64, 128 if pure else 96, seed=5)  # its own trie node: a kernel failure is remembered there
+    y, st = _run(WORKLOADS["chain"], x)
+    torch.testing.assert_close(y, WORKLOADS["chain"](x))
+    assert st["kernel_runs"] == 0 and st["eager_replays"] == 1
+    assert "failed to launch (" + core.cuda_error_string(status) in caplog.text

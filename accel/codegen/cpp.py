@@ -181,7 +181,7 @@ class CppRenderer(CStyle):
             self._need(st.value, target)
             target.items.append(("store", st))
         self.row_cache: Dict[int, list] = {}  # group id -> [(Expr, array name)]
-        self.cached: Dict[Expr, str] = {}  # Expr -> where to read it instead
+        self.cached: Dict[tuple, str] = {}  # (id(scope), Expr) -> where to read it there instead
         if order and self.row_caching:
             self._plan_row_cache(order[-1], scopes[-2], scopes[-1])
 
@@ -210,7 +210,7 @@ class CppRenderer(CStyle):
                 name = f"c{self.ntemp}"
                 self.ntemp += 1
                 self.row_cache.setdefault(id(g), []).append((x, name))
-                self.cached[y] = f"{name}[{index or f'i{v}'}]"
+                self.cached[(id(inner), y)] = f"{name}[{index or f'i{v}'}]"
                 continue
             todo += [a for a in y.args if isinstance(a, Expr)]
 
@@ -324,7 +324,7 @@ class CppRenderer(CStyle):
         in-place write of that element, whatever order the stores came in."""
         for kind, x in scope.items:
             if kind == "expr":
-                rhs = self.cached[x] if x in self.cached else self._rhs(x, scope)
+                rhs = self.cached.get((id(scope), x)) or self._rhs(x, scope)
                 out.append(f"{ind}const {self.ctype(x.dtype)} {scope.names[x]} = {rhs};")
             elif kind == "group":
                 self._emit_group(x, scope, out, ind)

@@ -1,5 +1,6 @@
-"""CUDA backend: one ``extern "C"`` host launcher per region, one ``__global__`` kernel per
-IR nest, launched in order on the caller's stream.
+"""CUDA backend: one module (a cubin) per region, one ``extern "C" __global__`` kernel per
+IR nest, and a launch plan (grid, block, the 16-byte variant's alignment condition) that the
+core runs through the driver API, in order, on the caller's stream.
 
 The loop IR and the placement of every value (:meth:`CppRenderer._plan`: a value lives in
 the outermost loop that binds what it depends on) are the C++ backend's; what differs is
@@ -25,7 +26,7 @@ import torch
 
 from ..lowering import Expr, LoopIR, Nest
 from . import CodegenError
-from .cpp import ARG, SIMPLE, CppRenderer, _Group, _Scope
+from .cpp import ARG, SIMPLE, CppRenderer, _Group, _Scope, _subst
 
 #: threads per block of an elementwise or one-thread-per-result kernel, and how many
 #: iterations each thread takes per tile (independent loads in flight).
@@ -50,24 +51,38 @@ COL_ROWS = 32
 #: most blocks in a grid (grid-stride loops cover the rest).
 MAX_GRID = 65535
 
+def _dim3(v) -> List[int]:
+    """A launch dimension (an int or a tuple of up to 3) as CUDA's [x, y, z]."""
+    v = (v,) if isinstance(v, int) else tuple(v)
+    return [int(d) for d in v] + [1] * (3 - len(v))
+
+
 _COMBINE = {"sum": "accel::Sum()", "prod": "accel::Prod()", "amax": "accel::Max()",
             "amin": "accel::Min()"}
 
 
 class CudaRenderer(CppRenderer):
-    """Renders a :class:`LoopIR` as CUDA C++ for nvcc: kernels and their host launcher
-    ``int name(void* const* bufs, const accel_scalar_t* s, void* stream, int device)``."""
+    """Renders a :class:`LoopIR` as CUDA C++ for ``nvcc -cubin``: the kernels, and their
+    launch plan in :attr:`launches` (see :meth:`render`)."""
 
     prefix = '#include "accel/cuda_math.cuh"\n'
     row_caching = False  # a row's values come back from L1/L2
     vec = None  # in a vector tile: load Expr -> its vector's name
+    row_vec = frozenset()  # a row kernel's vector variant: the buffers moved as vectors
     vec_stores: Dict[int, str] = {}
 
     def render(self, ir: LoopIR, name: str) -> str:
-        nb, ns = max(1, len(ir.buffers)), max(1, len(ir.scalar_types))
+        """The module's source: one ``extern "C" __global__`` kernel per nest (and its
+        16-byte-vector variant where one applies). How to launch them is left in
+        :attr:`launches`: one entry per nest, in order, each ``{"kernel": name, "grid":
+        [x, y, z], "block": [x, y, z]}`` plus, for a vector variant, ``"vector"``: the same
+        for the variant and ``"buffers"``, the indices of the buffers whose addresses must
+        all be multiples of 16 for it to run. Both kernels take the buffers and the
+        scalars by value, as ``accel_bufs<N>`` and ``accel_scalars<M>`` (arrays of
+        pointers and of :c:type:`accel_scalar_t`)."""
         self.ntemp = 0
+        self.launches: List[dict] = []
         kernels: List[str] = []
-        launches: List[str] = []
         written = {st.buf for nest in ir.nests for st in nest.stores}
         for k, nest in enumerate(ir.nests):
             if any(ir.sizes[v] == 0 for v in nest.vars):
@@ -75,30 +90,19 @@ class CudaRenderer(CppRenderer):
             kname = f"{name}_k{k}"
             text, grid, block = self._kernel(kname, nest, ir, written, None)
             kernels += text
-            launch = f"{kname}<<<{grid}, {block}, 0, st>>>(bf, sc);"
+            launch = {"kernel": kname, "grid": _dim3(grid), "block": _dim3(block)}
             vbufs = self._vector_buffers(nest, ir)
             if vbufs:  # 16-byte loads and stores where every such pointer is aligned
-                text, vgrid, _ = self._kernel(kname + "v", nest, ir, written, vbufs)
+                text, vgrid, vblock = self._kernel(kname + "v", nest, ir, written, vbufs)
                 kernels += text
-                aligned = " | ".join(f"(uintptr_t)bufs[{b}]" for b in sorted(vbufs))
-                launch = (f"if ((({aligned}) & 15) == 0) {kname}v<<<{vgrid}, {BLOCK}, 0, st>>>(bf, sc);\n"
-                          f"  else {launch}")
-            launches.append("  " + launch)
+                launch["vector"] = {"kernel": kname + "v", "grid": _dim3(vgrid),
+                                    "block": _dim3(vblock), "buffers": sorted(vbufs)}
+            self.launches.append(launch)
         return "\n".join([
             self.prefix,
-            f"template <int N> struct accel_bufs {{ void* p[N]; }};",
-            f"template <int N> struct accel_scalars {{ accel_scalar_t v[N]; }};",
-            "", *kernels,
-            f'extern "C" int {name}(void* const* bufs, const accel_scalar_t* s, void* stream, int device) {{',
-            "  cudaError_t e = cudaSetDevice(device);",
-            "  if (e != cudaSuccess) return (int)e;",
-            f"  accel_bufs<{nb}> bf;",
-            f"  for (int i = 0; i < {len(ir.buffers)}; ++i) bf.p[i] = bufs[i];",
-            f"  accel_scalars<{ns}> sc;",
-            f"  for (int i = 0; i < {len(ir.scalar_types)}; ++i) sc.v[i] = s[i];",
-            "  cudaStream_t st = (cudaStream_t)stream;",
-            *launches,
-            "  return (int)cudaGetLastError();", "}", ""])
+            "template <int N> struct accel_bufs { void* p[N]; };",
+            "template <int N> struct accel_scalars { accel_scalar_t v[N]; };",
+            "", *kernels])
 
     def _kernel(self, kname, nest, ir, written, vbufs):
         """``nest``'s ``__global__`` function (lines), grid and block; with ``vbufs``, the
@@ -107,7 +111,7 @@ class CudaRenderer(CppRenderer):
         self.scalar_decls: Dict[tuple, str] = {}
         self.kname, self.globals = kname, []
         body, grid, block = self.render_kernel(nest, ir, vbufs)
-        head = self.globals + [f"__global__ void __launch_bounds__(1024) {kname}(const accel_bufs<{nb}> bf, "
+        head = self.globals + [f'extern "C" __global__ void __launch_bounds__(1024) {kname}(const accel_bufs<{nb}> bf, '
                 f"const accel_scalars<{ns}> sc) {{",
                 "  __shared__ __align__(16) char smem[96 * 8];", "  (void)smem;"]
         for i, b in enumerate(ir.buffers):
@@ -129,7 +133,9 @@ class CudaRenderer(CppRenderer):
         innermost loop, a store that does not vary along it, a buffer both read and
         written at different addresses."""
         self._plan(nest, ir)
-        if not nest.vars or any(k == "group" for sc in self.nest_scopes for k, _ in sc.items):
+        if any(k == "group" for sc in self.nest_scopes for k, _ in sc.items):
+            return self._row_vector_buffers(nest, ir)
+        if not nest.vars:
             return frozenset()
         inner = nest.vars[-1]
         if ir.sizes[inner] % VEC:
@@ -149,15 +155,58 @@ class CudaRenderer(CppRenderer):
             return frozenset()
         return frozenset(vbufs)
 
+    def _row_vector_buffers(self, nest: Nest, ir: LoopIR) -> frozenset:
+        """Buffers a row kernel (as just rendered: :attr:`elems` set) can move as 16-byte
+        vectors, each thread taking 4 neighbouring elements of the row at a time: float32
+        and int32 buffers read only in the row's loops, contiguously along each (a loop per
+        reduction over the whole row, and the loop over the row), or written only in the
+        loop over the row, contiguously; every other stride a multiple of 4. Empty where
+        the row's length is not a multiple of 4 or a reduction runs over another domain."""
+        if self.mode != "block" or self.elems is None:
+            return frozenset()
+        v, n = nest.vars[-1], ir.sizes[nest.vars[-1]]
+        if n % VEC or -(-self.elems // VEC) * VEC > ROW_REGISTERS:
+            return frozenset()
+        outer, inner = self.nest_scopes[-2], self.nest_scopes[-1]
+        loop_var = {id(inner): v}
+        for k, g in outer.items:
+            if k == "group":
+                if len(g.rvars) != 1 or ir.sizes[g.rvars[0]] != n:
+                    return frozenset()
+                loop_var[id(self.group_scope[id(g)])] = g.rvars[0]
+        scopes = list(self.nest_scopes) + list(self.group_scope.values())
+        ok, bad = set(), set()
+
+        def access(buf, addr, scope):
+            r = loop_var.get(id(scope))
+            if r is not None and addr.coeff(r) == 1 and ir.buffers[buf].dtype in (torch.float32, torch.int32) \
+                    and all(c % VEC == 0 for u, c in addr.terms if u != r):
+                ok.add(buf)
+            else:
+                bad.add(buf)
+        loaded = set()
+        for sc in scopes:
+            for k, x in sc.items:
+                if k == "expr" and x.op == "load":
+                    access(x.args[0], x.args[1], sc)
+                    loaded.add(x.args[0])
+                elif k == "store":
+                    access(x.buf, x.addr, sc)
+                    if x.buf in loaded:
+                        bad.add(x.buf)
+        bad |= loaded & {st.buf for st in nest.stores}
+        return frozenset(ok - bad)
+
     def render_kernel(self, nest: Nest, ir: LoopIR, vbufs=None):
         """The body of ``nest``'s kernel, and its grid and block sizes (``vbufs``: the
-        elementwise variant with those buffers moved as 16-byte vectors)."""
+        variant with those buffers moved as 16-byte vectors, elementwise or a row kernel)."""
         self._plan(nest, ir)
         order = nest.vars
         levels = [j for j, sc in enumerate(self.nest_scopes) for k, _ in sc.items if k == "group"]
         out: List[str] = []
         self.elems = None
         self.vec = None
+        self.row_vec = frozenset()
         if not levels:  # elementwise
             n = self._size(order)
             self.mode = "thread"
@@ -184,10 +233,40 @@ class CudaRenderer(CppRenderer):
         self.threads = max(32, min(ROW_THREADS, 1 << (per - 1).bit_length()))
         elems = -(-longest // self.threads)
         if elems <= ROW_REGISTERS and len(inner) == 1:  # a row kernel: the row in registers
+            if vbufs:  # 4 neighbouring elements a thread at a time
+                elems = -(-elems // VEC) * VEC
+                self.row_vec = vbufs
+                for b in sorted({st.buf for st in nest.stores} & vbufs):
+                    out.append(f"  accel::vec4_t<{self.ctype(ir.buffers[b].dtype)}> w{b};")
             self.elems = elems
             self._plan_row_cache(inner[0], self.nest_scopes[-2], self.nest_scopes[-1], "j")
+            self._plan_load_cache(inner[0], self.nest_scopes[-2], self.nest_scopes[-1])
         self._block_loop(order, n_out, lvl, out)
         return out, min(n_out, MAX_GRID), self.threads
+
+    def _plan_load_cache(self, v: int, outer: _Scope, inner: _Scope) -> None:
+        """Row kernels: an element the row's first loop loads (softmax's max, layer norm's
+        sums) is kept in registers for the row's later loops (the sum of exponentials, the
+        output), which read it there instead of loading it again."""
+        n = self.ir.sizes[v]
+        loops = [(self.group_scope[id(g)], g, g.rvars[0]) for k, g in outer.items
+                 if k == "group" and len(g.rvars) == 1 and self.ir.sizes[g.rvars[0]] == n]
+        loops.append((inner, None, v))
+        first: Dict[Expr, str] = {}  # a load, in the row loop's form -> its register array
+        for scope, g, r in loops:
+            for k, x in scope.items:
+                if k != "expr" or x.op != "load" or (id(scope), x) in self.cached:
+                    continue
+                y = _subst(x, r, v)
+                if y in first:
+                    self.cached[(id(scope), x)] = f"{first[y][0]}[j]"
+                    first[y][1] = True
+                elif g is not None:
+                    first[y] = [f"c{self.ntemp}", False, g, x]
+                    self.ntemp += 1
+        for name, used, g, x in first.values():
+            if used:
+                self.row_cache.setdefault(id(g), []).append((x, name))
 
     def _one_thread_per_result(self, outer, scope: _Scope) -> bool:
         """The reductions at this level read along a strided dimension while a loop they
@@ -265,7 +344,14 @@ class CudaRenderer(CppRenderer):
     def _rhs(self, e: Expr, scope: _Scope) -> str:
         if self.vec and e in self.vec:
             return f"accel::lane({self.vec[e]}, v)"
+        if self.row_vec and e.op == "load" and e.args[0] in self.row_vec:
+            # the vector holding element j % 4 (after unrolling, one load per vector)
+            return (f"accel::lane(*reinterpret_cast<const {self._vec4(e.args[0])}*>(b{e.args[0]} + "
+                    f"{self._addr(e.args[1])} - (j & 3)), j & 3)")
         return super()._rhs(e, scope)
+
+    def _vec4(self, buf: int) -> str:
+        return f"accel::vec4_t<{self.ctype(self.ir.buffers[buf].dtype)}>"
 
     def _grid_fits(self, order, rsize) -> bool:
         """Grid mode: a full reduction (no loops outside it) of at least ``GRID_MIN``
@@ -313,7 +399,7 @@ class CudaRenderer(CppRenderer):
         for j in range(0, lvl + 1):
             self._emit_items(self.nest_scopes[j], out, "    ")
         out.append("  }")
-        return out, min(tiles, MAX_GRID), f"dim3({COL_TILE}, {rows})"
+        return out, min(tiles, MAX_GRID), (COL_TILE, rows)
 
     def _tiles(self, order, n, lvl, out, ind, upto=None) -> None:
         """Thread mode: tiles of ILP * BLOCK iterations per block, each thread taking ILP of
@@ -342,7 +428,10 @@ class CudaRenderer(CppRenderer):
         if self.elems is not None:
             open_lines.append(f"{ind}#pragma unroll")
             open_lines.append(f"{ind}for (int j = 0; j < {self.elems}; ++j) {{")
-            open_lines.append(f"{ind}  const int64_t {f} = threadIdx.x + j * {self.threads};")
+            if self.row_vec:  # the vector variant: element j % 4 of the thread's (j / 4)th vector
+                open_lines.append(f"{ind}  const int64_t {f} = (threadIdx.x + (j >> 2) * {self.threads}) * {VEC} + (j & 3);")
+            else:
+                open_lines.append(f"{ind}  const int64_t {f} = threadIdx.x + j * {self.threads};")
             open_lines.append(f"{ind}  if ({f} < {n}) {{")
             return f
         open_lines.append(f"{ind}for (int64_t {f} = threadIdx.x; {f} < {n}; {f} += blockDim.x) {{")
@@ -399,6 +488,10 @@ class CudaRenderer(CppRenderer):
         written by one thread (of the block, or of the column)."""
         if self.vec is not None and st.buf in self.vec_stores:
             return f"accel::lane_ref({self.vec_stores[st.buf]}, v) = {self._name(st.value, scope)};"
+        if self.row_vec and st.buf in self.row_vec:  # the vector is written with its last element
+            return (f"accel::lane_ref(w{st.buf}, j & 3) = {self._name(st.value, scope)}; "
+                    f"if ((j & 3) == 3) *reinterpret_cast<{self._vec4(st.buf)}*>(b{st.buf} + "
+                    f"{self._addr(st.addr)} - 3) = w{st.buf};")
         guard = {"block": "if (threadIdx.x == 0) ", "grid": "if (threadIdx.x == 0) ",
                  "col": "if (threadIdx.y == 0) "}.get(self.mode, "")
         return guard + super()._store(st, scope)

@@ -1,4 +1,4 @@
-/* accel kernel ABI: one C entry point per compiled region.
+/* accel kernel ABI: one C entry point per compiled CPU region.
  *
  *   int <name>(void* const* bufs, const accel_scalar_t* scalars);
  *
@@ -21,10 +21,9 @@ typedef union accel_scalar {
 
 typedef int (*accel_kernel_fn)(void* const* bufs, const accel_scalar_t* scalars);
 
-/* CUDA regions: the same, launched on ``stream`` (a cudaStream_t) of GPU ``device``;
- * returns a cudaError_t (0: launched). */
-typedef int (*accel_cuda_kernel_fn)(void* const* bufs, const accel_scalar_t* scalars,
-                                    void* stream, int device);
+/* CUDA regions are cubins, not entry points: each kernel takes the same two arrays by
+ * value, ``accel_bufs<N>`` and ``accel_scalars<M>`` (accel/cuda_math.cuh), and the core
+ * launches them through the driver API by the plan stored with the region. */
 
 #define ACCEL_OK 0
 #define ACCEL_ERROR 1
