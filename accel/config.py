@@ -119,6 +119,18 @@ def flag(env: str):
 
 _FLAG_KEYS = [os.fsencode(name) if os.name != "nt" else name for name in FLAGS]
 _validated = None  # the environment fingerprint of the last successful validate_all()
+_values: dict = {}  # every flag's value under that fingerprint
+
+
+def current() -> dict:
+    """Every flag's current, validated value (name -> value), as :func:`flag` gives them;
+    parsed again only when the environment changed (see :func:`validate_all`).
+
+    Raises:
+        ConfigError: an ``ACCEL_*`` variable is unknown or holds an invalid value.
+    """
+    validate_all()
+    return _values
 
 
 def validate_all() -> None:
@@ -128,7 +140,7 @@ def validate_all() -> None:
     Raises:
         ConfigError: an ``ACCEL_*`` variable is unknown or holds an invalid value.
     """
-    global _validated
+    global _validated, _values
     data = getattr(os.environ, "_data", None)  # CPython's os.environ keeps a dict of bytes
     if isinstance(data, dict):
         get = data.get
@@ -143,6 +155,7 @@ def validate_all() -> None:
             if name not in FLAGS:
                 raise ConfigError(f"{name} is not an accel variable; known: {', '.join(sorted(FLAGS))}")
             FLAGS[name].value
+    _values = {name: f.value for name, f in FLAGS.items()}
     _validated = fingerprint
 
 

@@ -280,16 +280,16 @@ def enable() -> None:
     Raises:
         ConfigError: an ``ACCEL_*`` environment variable is invalid.
     """
-    config.validate_all()
+    cfg = config.current()
     st = _state
-    if config.flag("ACCEL_DISABLE"):
+    if cfg["ACCEL_DISABLE"]:
         st.modes.append(None)
         return
-    if config.flag("ACCEL_MALLOC_TUNING"):
+    if cfg["ACCEL_MALLOC_TUNING"]:
         tune_allocator()
     cls = _DynamoSafeAccelMode if "torch._dynamo" in sys.modules else AccelMode
     mode = st.spare.pop() if st.spare and type(st.spare[-1]) is cls else cls()
-    mode.cap = config.flag("ACCEL_MAX_REGION")
+    mode.cap = cfg["ACCEL_MAX_REGION"]
     flush()  # calls recorded by an outer mode belong before this one
     mode.__enter__()
     st.modes.append(mode)
