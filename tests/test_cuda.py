@@ -34,6 +34,7 @@ WORKLOADS = {
     "full_sum": lambda x: x.sum(),
     "argmax": lambda x: (x + 1).argmax(1),
     "var_mean": lambda x: torch.var_mean(x * 3, 1),
+    "column_var": lambda x: torch.var(x * 3, 0),
 }
 
 
@@ -77,6 +78,27 @@ def test_every_kernel_mode_is_correct(name, fn, shape):
     assert st["kernel_runs"] >= 1 and st["eager_replays"] == 0, st
     again, _ = _run(fn, x)  # grid mode's ticket counter is reset for the next launch
     torch.testing.assert_close(again, expected)
+
+
+@cuda
+@pytest.mark.parametrize("dtype,offset", [(torch.float32, 1e6), (torch.float64, 1e9)])
+@pytest.mark.parametrize("name,fn,shape", [
+    ("row_layer_norm", lambda x: torch.native_layer_norm(x, [x.shape[-1]], None, None, 1e-5)[1:], (64, 4096)),
+    ("row_var", lambda x: torch.var_mean(x, 1), (64, 1000)),
+    ("column_var", lambda x: torch.var(x * 1, 0), (4096, 64)),
+    ("thread_var", lambda x: torch.var(x.t() * 1, 1), (300, 16)),
+], ids=lambda v: v if isinstance(v, str) else None)
+def test_variance_far_from_zero(name, fn, shape, dtype, offset):
+    """Values whose mean is far larger than their spread: a sum of squares minus the
+    squared sum cancels to noise; every kernel mode's moments (shifted sums) match the
+    float64 result. (LayerNorm's mean and rstd: its output, x - mean in the input's
+    precision, is as far off the float64 result in eager.)"""
+    x = (_x(*shape, seed=7).to(dtype) + offset)
+    expected = fn(x.double())
+    actual, st = _run(fn, x)
+    torch.testing.assert_close(actual, tuple(e.to(dtype) for e in expected) if isinstance(expected, tuple)
+                               else expected.to(dtype))
+    assert st["kernel_runs"] >= 1 and st["eager_replays"] == 0, st
 
 
 @cuda

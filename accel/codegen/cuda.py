@@ -542,22 +542,21 @@ class CudaRenderer(CppRenderer):
             finish.append(f"if ({ai} == INT64_MAX) {ai} = 0;")
             for e in g.members:
                 scope.names[e] = av if e.args[3] == 0 else ai
-        elif kind == "welford":  # as a sum and a sum of squares in float64: no division per element
+        elif kind == "welford":  # shifted sums per thread (accel::ShiftedMoments)
             t = self.ctype(first.dtype)
             x = self._name(first.args[1][0], inner)
-            out.append(f"{ind}{t} {tag}_s = 0, {tag}_q = 0;")
-            body.append(f"{tag}_s += {x}; {tag}_q += {x} * {x};")
-            if coop:
-                finish.append(f"{tag}_s = accel::block_reduce({tag}_s, accel::Sum(), smem);")
-                finish.append(f"{tag}_q = accel::block_reduce({tag}_q, accel::Sum(), smem);")
+            out.append(f"{ind}accel::ShiftedMoments<{t}> {tag}_a;")
+            body.append(f"{tag}_a.add({x});")
+            if coop:  # moved to one shift and summed: no division per thread
+                finish.append(f"const accel::Moments<{t}> {tag} = accel::block_moments({tag}_a, smem);")
             elif col:
-                finish.append(f"{tag}_s = accel::col_reduce({tag}_s, accel::Sum());")
-                finish.append(f"{tag}_q = accel::col_reduce({tag}_q, accel::Sum());")
-            count = self._size(g.rvars)
-            finish.append(f"const {t} {tag}_mean = {tag}_s / {t}({count});")
-            finish.append(f"const {t} {tag}_m2 = {tag}_q - {tag}_s * {tag}_mean;")
+                finish.append(f"const accel::Moments<{t}> {tag} = "
+                              f"accel::col_reduce({tag}_a.moments(), accel::MergeMoments());")
+            else:
+                finish.append(f"const accel::Moments<{t}> {tag} = {tag}_a.moments();")
+            finish.append(f"const {t} {tag}_mean = {tag}.n > {t}(0) ? {tag}.mean : {t}(NAN);")
             for e in g.members:
-                scope.names[e] = f"{tag}_m2" if e.args[3] == 0 else f"{tag}_mean"
+                scope.names[e] = f"{tag}.m2" if e.args[3] == 0 else f"{tag}_mean"
         else:  # online_softmax is two passes here too (CppRenderer._plan)
             raise CodegenError(f"no CUDA rendering for reduction {kind}")
         n = self._size(rv)

@@ -149,35 +149,67 @@ __device__ void block_arg(T& v, int64_t& i, void* scratch) {
     if (better(sv[w], si[w], v, i)) { v = sv[w]; i = si[w]; }
 }
 
-/* Welford's (count, mean, m2), merged by Chan et al.'s pairwise rule. */
-template <typename T> struct Welford {
-  T n = 0, mean = 0, m2 = 0;
-  __device__ void add(T x) {
-    n += T(1);
-    const T d = x - mean;
-    mean += d / n;
-    m2 += d * (x - mean);
-  }
-  __device__ void merge(T nb, T mb, T qb) {
-    if (nb == T(0)) return;
-    const T nt = n + nb, delta = mb - mean;
-    mean += delta * (nb / nt);
-    m2 += qb + delta * delta * (n * nb / nt);
-    n = nt;
-  }
-  __device__ T mean_or_nan() const { return n > T(0) ? mean : T(NAN); }
-  __device__ void block(void* scratch) {
-    for (int o = 16; o > 0; o >>= 1)
-      merge(shfl_xor(n, o), shfl_xor(mean, o), shfl_xor(m2, o));
-    T* s = reinterpret_cast<T*>(scratch);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-    __syncthreads();
-    if (lane == 0) { s[warp] = n; s[32 + warp] = mean; s[64 + warp] = m2; }
-    __syncthreads();
-    n = s[0]; mean = s[32]; m2 = s[64];
-    for (int w = 1; w < nw; ++w) merge(s[w], s[32 + w], s[64 + w]);
+/* Mean and variance: (count, mean, sum of squared deviations) of a set of values, and their
+ * merge by the pairwise rule of Chan, Golub & LeVeque (1979). */
+template <typename T> struct Moments {
+  T n, mean, m2;
+};
+template <typename T> __device__ __forceinline__ Moments<T> merge_moments(Moments<T> a, Moments<T> b) {
+  if (b.n == T(0)) return a;
+  if (a.n == T(0)) return b;
+  const T nt = a.n + b.n, delta = b.mean - a.mean;
+  return {nt, a.mean + delta * (b.n / nt), a.m2 + b.m2 + delta * delta * (a.n * (b.n / nt))};
+}
+struct MergeMoments {
+  template <typename T> __device__ Moments<T> operator()(Moments<T> a, Moments<T> b) const {
+    return merge_moments(a, b);
   }
 };
+
+/* One thread's values, as sums of x - k and (x - k)^2 with k its first value ("shifted
+ * data", Chan, Golub & LeVeque 1983): no division per value, and no cancellation against
+ * a mean far from zero, as a plain sum of squares would suffer. */
+template <typename T> struct ShiftedMoments {
+  T n = 0, k = 0, s = 0, q = 0;
+  __device__ __forceinline__ void add(T x) {
+    if (n == T(0)) k = x;
+    const T d = x - k;
+    n += T(1);
+    s += d;
+    q += d * d;
+  }
+  __device__ __forceinline__ Moments<T> moments() const {
+    if (n == T(0)) return {T(0), T(0), T(0)};
+    const T m = s / n;
+    return {n, k + m, q - s * m};
+  }
+};
+
+/* Block mode: every thread's shifted sums moved to one shift (thread 0's first value, so
+ * no division per thread) and summed over the block (blockDim.x a multiple of 32;
+ * ``scratch``: 96 values of T); every thread gets the block's moments. */
+template <typename T> __device__ Moments<T> block_moments(const ShiftedMoments<T>& a, void* scratch) {
+  T* s = reinterpret_cast<T*>(scratch);
+  __syncthreads();
+  if (threadIdx.x == 0) s[0] = a.k;
+  __syncthreads();
+  const T K = s[0], d = a.n > T(0) ? a.k - K : T(0);
+  T n = a.n, sum = a.s + a.n * d, sq = a.q + d * (T(2) * a.s + a.n * d);
+  for (int o = 16; o > 0; o >>= 1) {
+    n += shfl_xor(n, o);
+    sum += shfl_xor(sum, o);
+    sq += shfl_xor(sq, o);
+  }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+  __syncthreads();
+  if (lane == 0) { s[warp] = n; s[32 + warp] = sum; s[64 + warp] = sq; }
+  __syncthreads();
+  n = s[0]; sum = s[32]; sq = s[64];
+  for (int w = 1; w < nw; ++w) { n += s[w]; sum += s[32 + w]; sq += s[64 + w]; }
+  if (n == T(0)) return {T(0), T(0), T(0)};
+  const T m = sum / n;
+  return {n, K + m, sq - sum * m};
+}
 
 }  // namespace accel
 #endif /* ACCEL_CUDA_MATH_CUH */
