@@ -39,32 +39,56 @@ def load(str path, str symbol):
     return <uintptr_t>f
 
 
+cdef struct Args:
+    void** bufs
+    accel_scalar_t* sc
+    void* bstack[STACK]
+    accel_scalar_t sstack[STACK]
+
+
+cdef int _pack(Args* a, list ptrs, list scalars) except -1:
+    """Fill ``a`` with the buffer addresses and scalars (on its stack arrays, or malloc'd
+    past STACK of either: :func:`_unpack` frees them)."""
+    cdef Py_ssize_t nb = len(ptrs), ns = len(scalars), i
+    a.bufs = &a.bstack[0] if nb <= STACK else <void**>malloc(nb * sizeof(void*))
+    a.sc = &a.sstack[0] if ns <= STACK else <accel_scalar_t*>malloc(ns * sizeof(accel_scalar_t))
+    if a.bufs == NULL or a.sc == NULL:
+        _unpack(a)
+        raise MemoryError()
+    try:
+        for i in range(nb):
+            a.bufs[i] = <void*><uintptr_t>ptrs[i]
+        for i in range(ns):
+            v = scalars[i]
+            if type(v) is float:
+                a.sc[i].f = <double>v
+            else:
+                a.sc[i].i = <int64_t>v
+    except BaseException:
+        _unpack(a)
+        raise
+    return 0
+
+
+cdef void _unpack(Args* a) noexcept:
+    if a.bufs != &a.bstack[0]:
+        free(a.bufs)
+    if a.sc != &a.sstack[0]:
+        free(a.sc)
+    a.bufs, a.sc = &a.bstack[0], &a.sstack[0]
+
+
 def launch(uintptr_t fn, list ptrs, list scalars):
     """Call CPU kernel ``fn`` with buffer addresses ``ptrs`` (ints) and runtime ``scalars``
     (Python floats and ints), releasing the GIL for the call. Returns the kernel status
     (0: success)."""
-    cdef void* bstack[STACK]
-    cdef accel_scalar_t sstack[STACK]
-    cdef Py_ssize_t nb = len(ptrs), ns = len(scalars), i
-    cdef void** bufs = &bstack[0] if nb <= STACK else <void**>malloc(nb * sizeof(void*))
-    cdef accel_scalar_t* sc = &sstack[0] if ns <= STACK else <accel_scalar_t*>malloc(ns * sizeof(accel_scalar_t))
+    cdef Args a
     cdef int status
-    try:
-        for i in range(nb):
-            bufs[i] = <void*><uintptr_t>ptrs[i]
-        for i in range(ns):
-            v = scalars[i]
-            if type(v) is float:
-                sc[i].f = <double>v
-            else:
-                sc[i].i = <int64_t>v
-        with nogil:
-            status = (<accel_kernel_fn>fn)(bufs, sc)
-    finally:
-        if bufs != &bstack[0]:
-            free(bufs)
-        if sc != &sstack[0]:
-            free(sc)
+    a.bufs, a.sc = &a.bstack[0], &a.sstack[0]
+    _pack(&a, ptrs, scalars)
+    with nogil:
+        status = (<accel_kernel_fn>fn)(a.bufs, a.sc)
+    _unpack(&a)
     return status
 
 
@@ -220,31 +244,25 @@ cdef class CudaKernel:
         """Launch the plan's kernels in order on ``stream`` (a CUstream of GPU ``device``)
         with buffer addresses ``ptrs`` and runtime ``scalars``, without waiting for the GPU.
         Returns 0 or the first CUresult that failed (the region then runs eagerly)."""
-        cdef void* bufs[STACK]
-        cdef accel_scalar_t sc[STACK]
+        cdef Args a
         cdef void* params[2]
-        cdef Py_ssize_t i, b, nb = len(ptrs), ns = len(scalars)
+        cdef void** bufs
+        cdef Py_ssize_t i, b, nb = len(ptrs)
         cdef int status = 0
         cdef CUcontext prev
         cdef LaunchStep* st
         cdef uintptr_t addr
-        cdef CUfunction f
-        if device < 0 or device >= MAX_DEVICES or nb > STACK or ns > STACK:
+        if device < 0 or device >= MAX_DEVICES:
             return CUDA_ERROR_INVALID_DEVICE
         if self.funcs[device] == NULL:
             status = self._load(device)
             if status != 0:
                 return status
-        for i in range(nb):
-            bufs[i] = <void*><uintptr_t>ptrs[i]
-        for i in range(ns):
-            v = scalars[i]
-            if type(v) is float:
-                sc[i].f = <double>v
-            else:
-                sc[i].i = <int64_t>v
-        params[0] = <void*>bufs
-        params[1] = <void*>sc
+        a.bufs, a.sc = &a.bstack[0], &a.sstack[0]
+        _pack(&a, ptrs, scalars)
+        bufs = a.bufs
+        params[0] = <void*>a.bufs
+        params[1] = <void*>a.sc
         with nogil:
             cuCtxGetCurrent(&prev)
             if prev != self.ctxs[device]:
@@ -253,7 +271,7 @@ cdef class CudaKernel:
                 st = &self.steps[i]
                 addr = 0
                 if st.vector:
-                    for b in range(nb):
+                    for b in range(min(nb, 64)):
                         if (st.vmask >> b) & 1:
                             addr |= <uintptr_t>bufs[b]
                 if st.vector and (addr & 15) == 0:
@@ -268,6 +286,7 @@ cdef class CudaKernel:
                     break
             if prev != self.ctxs[device]:
                 cuCtxSetCurrent(prev)
+        _unpack(&a)
         return status
 
 

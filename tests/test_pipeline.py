@@ -185,3 +185,27 @@ def test_later_nest_reads_an_earlier_nests_output():
     second = {e.args[0] for st in ir.nests[1].stores for e in walk(st.value, set()) if e.op == "load"}
     assert second == {2}, "the column sum should load only the first nest's output (buffer 2)"
     assert not any(e.op == "exp" for st in ir.nests[1].stores for e in walk(st.value, set()))
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device"))])
+def test_region_with_more_buffers_than_the_core_keeps_on_its_stack(device):
+    """70 inputs and their running sums: past the core's 64 stack slots the buffer
+    addresses go to the heap; the kernel runs and matches eager."""
+    import accel
+
+    xs = [torch.randn(8, 8, device=device) * (i + 1) for i in range(70)]
+
+    def fn():
+        acc = xs[0]
+        outs = []
+        for t in xs[1:]:
+            acc = acc + t
+            outs.append(acc)
+        return outs
+
+    accel.reset_stats()
+    with accel.eager():
+        got = fn()
+    torch.testing.assert_close(got, fn())
+    assert accel.stats()["kernel_runs"] >= 1 and accel.stats()["eager_replays"] == 0
