@@ -147,11 +147,15 @@ def test_launches_on_the_current_stream():
 @cuda
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="one GPU")
 def test_second_gpu_and_device_guard():
-    x = _x(64, 128, device="cuda:1")
-    with torch.cuda.device(0):  # the current device is not the tensors'
-        y, st = _run(WORKLOADS["softmax"], x)
-    assert y.device == x.device and st["kernel_runs"] == 1
-    torch.testing.assert_close(y, WORKLOADS["softmax"](x))
+    """A region runs on its tensors' GPU whatever the current device is (each GPU loads
+    its own module), and launching leaves the current device as it was."""
+    for dev, current in (("cuda:1", 0), ("cuda:0", 1), ("cuda:1", 1)):
+        x = _x(64, 128, device=dev)
+        with torch.cuda.device(current):
+            y, st = _run(WORKLOADS["softmax"], x)
+            assert torch.cuda.current_device() == current
+        assert y.device == x.device and st["kernel_runs"] == 1
+        torch.testing.assert_close(y, WORKLOADS["softmax"](x))
 
 
 @cuda
