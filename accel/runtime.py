@@ -135,7 +135,7 @@ def _compile(region: Region, live, key: str, store):
     device = _device_type(region)
     renderer = CppRenderer() if device == "cpu" else CudaRenderer()
     source = renderer.render(ir, name)
-    launches = getattr(renderer, "launches", None)
+    launches = renderer.launches
     artifact = build(source, name, device)
     dt = time.perf_counter() - t0
     meta = {"readable": _readable(region.calls, region), "symbol": name, "source": source,

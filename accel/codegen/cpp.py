@@ -127,6 +127,7 @@ class CppRenderer(CStyle):
 
     prefix = '#include "accel/cpu_math.h"\n'
     row_caching = True  # keep a row's values in a stack array between its loops
+    launches = None  # how to launch what render() returned (CUDA); a CPU region is a call
 
     def render(self, ir: LoopIR, name: str) -> str:
         lines = [self.prefix, f'extern "C" int {name}(void* const* bufs, const accel_scalar_t* s) {{']
