@@ -12,10 +12,10 @@ from .config import ConfigError  # noqa: E402
 
 _LAZY = {"eager": "interceptor", "enable": "interceptor", "disable": "interceptor",
          "flush": "interceptor", "is_enabled": "interceptor", "stats": "runtime",
-         "reset_stats": "runtime"}
+         "reset_stats": "runtime", "wait_for_compiles": "runtime"}
 
 __all__ = ["eager", "enable", "disable", "flush", "is_enabled", "stats", "reset_stats",
-           "ConfigError", "__version__"]
+           "wait_for_compiles", "ConfigError", "__version__"]
 
 
 def _preload() -> None:

@@ -97,6 +97,10 @@ FLAGS = {
              "CUDA compiler used for GPU kernels."),
         Flag("ACCEL_COMPILE_TIMEOUT", 120, _parse_int(1),
              "Seconds one kernel build may take before it is killed (and eager is used)."),
+        Flag("ACCEL_ASYNC_COMPILE", False, _parse_bool,
+             "Build missing kernels in the background, several at once (one per core, at "
+             "most 8), running their regions eagerly until each is ready; "
+             "accel.wait_for_compiles() waits for them."),
         Flag("ACCEL_PURE_PYTHON", False, _parse_bool,
              "Use the pure-Python twin of the Cython core (debugging; slower)."),
         Flag("ACCEL_MALLOC_TUNING", True, _parse_bool,

@@ -119,23 +119,24 @@ def _compile(region: Region, live, key: str, store):
 
     import sys
 
-    # lowering and codegen recurse along the region's dependence chains (<= ACCEL_MAX_REGION)
-    sys.setrecursionlimit(max(sys.getrecursionlimit(), 20 * config.flag("ACCEL_MAX_REGION") + 1000))
     t0 = time.perf_counter()
-    live_idx = tuple(i for i, a in enumerate(live) if a)
-    scalar_types = ["f" if type(s) is float else "i" for s in region.scalars]
-    signed = [t + ("-" if s < 0 else "+") for t, s in zip(scalar_types, region.scalars)]
-    tr = trace_region(region.calls, region.ext, len(region.outs), live_idx, signed)
-    pass_log = run_passes(tr.gm)
-    ext = [BufferSpec(t.dtype, tuple(t.shape), t.stride(), False) for t in region.ext]
-    outs = [BufferSpec(region.out_meta[i][2], tuple(region.out_meta[i][0]), tuple(region.out_meta[i][1]), True)
-            for i in live_idx]
-    ir = lower(tr.gm, ext, outs, scalar_types)
-    name = "accel_region_" + key[:16]
-    device = _device_type(region)
-    renderer = CppRenderer() if device == "cpu" else CudaRenderer()
-    source = renderer.render(ir, name)
-    launches = renderer.launches
+    with _TRACE_LOCK:  # tracing and codegen one region at a time; compilers run in parallel
+        # lowering and codegen recurse along the region's dependence chains (<= ACCEL_MAX_REGION)
+        sys.setrecursionlimit(max(sys.getrecursionlimit(), 20 * config.flag("ACCEL_MAX_REGION") + 1000))
+        live_idx = tuple(i for i, a in enumerate(live) if a)
+        scalar_types = ["f" if type(s) is float else "i" for s in region.scalars]
+        signed = [t + ("-" if s < 0 else "+") for t, s in zip(scalar_types, region.scalars)]
+        tr = trace_region(region.calls, region.ext, len(region.outs), live_idx, signed)
+        pass_log = run_passes(tr.gm)
+        ext = [BufferSpec(t.dtype, tuple(t.shape), t.stride(), False) for t in region.ext]
+        outs = [BufferSpec(region.out_meta[i][2], tuple(region.out_meta[i][0]), tuple(region.out_meta[i][1]),
+                           True) for i in live_idx]
+        ir = lower(tr.gm, ext, outs, scalar_types)
+        name = "accel_region_" + key[:16]
+        device = _device_type(region)
+        renderer = CppRenderer() if device == "cpu" else CudaRenderer()
+        source = renderer.render(ir, name)
+        launches = renderer.launches
     artifact = build(source, name, device)
     dt = time.perf_counter() - t0
     meta = {"readable": _readable(region.calls, region), "symbol": name, "source": source,
@@ -145,14 +146,18 @@ def _compile(region: Region, live, key: str, store):
             "scratch": [_prod(b.shape) * _itemsize(b.dtype) for b in ir.buffers if b.scratch]}
     if launches is not None:
         meta["launches"] = launches
-    STATS["compiles"] += 1
-    STATS["compile_time_s"] += dt
+    with _TRACE_LOCK:
+        STATS["compiles"] += 1
+        STATS["compile_time_s"] += dt
     store.record("compiles")
     log.info("compiled region %s in %.2f s: %s", key[:16], dt, meta["readable"])
     return store.put(key, artifact, meta)
 
 
 _POOL = None
+_ASYNC_POOL = None
+_TRACE_LOCK = threading.RLock()
+_IN_FLIGHT: set = set()  # futures of background builds (ACCEL_ASYNC_COMPILE)
 
 
 def _pool():
@@ -162,6 +167,50 @@ def _pool():
 
         _POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="accel-compile")
     return _POOL
+
+
+def _async_pool():
+    global _ASYNC_POOL
+    with _store_lock:
+        if _ASYNC_POOL is None:
+            import os
+            from concurrent.futures import ThreadPoolExecutor
+
+            _ASYNC_POOL = ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1)),
+                                             thread_name_prefix="accel-build")
+        return _ASYNC_POOL
+
+
+class _Pending:
+    """A kernel being built in the background: its region runs eagerly until it is ready."""
+
+    __slots__ = ("future",)
+
+    def __init__(self, future):
+        self.future = future
+
+
+def wait_for_compiles(timeout: Optional[float] = None) -> int:
+    """Wait for the kernels being built in the background (``ACCEL_ASYNC_COMPILE=1``) to be
+    stored, at most ``timeout`` seconds (None: until they are); returns how many are still
+    being built. The next flush of each region then runs its kernel."""
+    from concurrent.futures import wait
+
+    pending = list(_IN_FLIGHT)
+    if pending:
+        wait(pending, timeout=timeout)
+    return sum(1 for f in pending if not f.done())
+
+
+def _snapshot(region: Region):
+    """What building ``region`` needs, detached from it (it is reset at once and reused):
+    its calls, scalars and output metadata, and meta tensors for its inputs."""
+    from types import SimpleNamespace
+
+    ext = [torch.empty_strided(tuple(t.shape), t.stride(), dtype=t.dtype, device="meta") for t in region.ext]
+    return SimpleNamespace(calls=list(region.calls), ext=ext, outs=[None] * len(region.outs),
+                           out_meta=list(region.out_meta), scalars=list(region.scalars),
+                           node=region.node, device=region.device)
 
 
 def _load(entry) -> CompiledRegion:
@@ -194,31 +243,64 @@ def kernel_for(region: Region, live) -> Optional[CompiledRegion]:
         entry = store.get(key)
         if entry is None:
             store.record("misses")
-            with store.compile_lock(key):
-                entry = store.get(key)
-                if entry is None:
-                    try:
-                        # a fresh thread: clean dispatch state for tracing, even when the
-                        # flush comes from inside __torch_dispatch__
-                        entry = _pool().submit(_compile, region, live, key, store).result()
-                    except Exception as e:  # noqa: BLE001 - every failure means: eager
-                        STATS["compile_failures"] += 1
-                        store.record("compile_failures")
-                        reason = f"{type(e).__name__}: {e}"
-                        store.put_negative(key, reason, {"readable": _readable(region.calls, region)})
-                        warn_once(("compile", type(e).__name__, str(e)[:80]),
-                                  "accel: region runs eagerly (%s)", reason.splitlines()[0][:300])
-                        return None
+            if config.flag("ACCEL_ASYNC_COMPILE"):
+                future = _async_pool().submit(_build, _snapshot(region), live, key, store)
+                _IN_FLIGHT.add(future)
+                future.add_done_callback(_IN_FLIGHT.discard)
+                return _Pending(future)
+            # a fresh thread: clean dispatch state for tracing, even when the flush comes
+            # from inside __torch_dispatch__
+            entry = _pool().submit(_build, region, live, key, store).result()
         else:
             STATS["store_hits"] += 1
             store.record("hits")
-        if entry.negative:
-            return None
-        return _load(entry)
+        return _loaded(entry)
     except Exception as e:  # noqa: BLE001 - a broken store or library: eager, keep going
         warn_once(("runtime", type(e).__name__), "accel: region runs eagerly (%s: %s)",
                   type(e).__name__, e)
         return None
+
+
+def _loaded(entry) -> Optional[CompiledRegion]:
+    return None if entry is None or entry.negative else _load(entry)
+
+
+def _build(region, live, key: str, store):
+    """Under the store's compile lock (one builder of ``key`` across processes): the entry
+    of ``key``, compiled unless another builder stored it meanwhile; ``None`` after a
+    compile failure, which is stored as a negative entry."""
+    from .interceptor import warn_once
+
+    with store.compile_lock(key):
+        entry = store.get(key)
+        if entry is not None:
+            return entry
+        try:
+            return _compile(region, live, key, store)
+        except Exception as e:  # noqa: BLE001 - every failure means: eager
+            with _TRACE_LOCK:
+                STATS["compile_failures"] += 1
+            store.record("compile_failures")
+            reason = f"{type(e).__name__}: {e}"
+            store.put_negative(key, reason, {"readable": _readable(region.calls, region)})
+            warn_once(("compile", type(e).__name__, str(e)[:80]),
+                      "accel: region runs eagerly (%s)", reason.splitlines()[0][:300])
+            return None
+
+
+def _ready(node: TrieNode, live, pending: _Pending) -> Optional[CompiledRegion]:
+    """The kernel of a background build that is done (loaded, or ``None``: eager), kept in
+    the trie node from now on."""
+    from .interceptor import warn_once
+
+    try:
+        kern = _loaded(pending.future.result())
+    except Exception as e:  # noqa: BLE001 - a broken store or library: eager, keep going
+        warn_once(("runtime", type(e).__name__), "accel: region runs eagerly (%s: %s)",
+                  type(e).__name__, e)
+        kern = None
+    node.kernels[live] = kern
+    return kern
 
 
 def replay(region: Region) -> None:
@@ -260,6 +342,8 @@ def execute(region: Region) -> None:
         node.kernels[live] = kern
     else:
         STATS["memory_hits"] += 1
+    if kern.__class__ is _Pending:
+        kern = _ready(node, live, kern) if kern.future.done() else None
     if kern is not None and not (region.mutates_ext and region.ext_overlap()):
         outs = region.outs
         ptrs = [_data_ptr(t) for t in region.ext]

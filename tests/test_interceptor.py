@@ -401,3 +401,56 @@ def test_backward_on_an_engine_thread_is_fused_and_flushed():
     assert seen["stats"]["kernel_runs"] >= 1, seen["stats"]
     torch.testing.assert_close(x.grad, want[0])
     torch.testing.assert_close(w.grad, want[1])
+
+
+# -- background builds (ACCEL_ASYNC_COMPILE) ---------------------------------------------------
+def test_async_compile_runs_eagerly_until_the_kernels_are_ready(fresh_store, monkeypatch):
+    """Four new regions: the first call runs them eagerly while their kernels build on
+    worker threads; once accel.wait_for_compiles() returns, the same calls run kernels."""
+    monkeypatch.setenv("ACCEL_ASYNC_COMPILE", "1")
+    xs = [torch.randn(17 + i, 5) for i in range(4)]
+
+    fns = [lambda x: torch.sin(x) * 2.5 + torch.cos(x), lambda x: (x * x).sum(1)] * 2
+
+    def step():
+        return [f(x) for f, x in zip(fns, xs)]
+
+    def run():
+        out = []
+        for f, x in zip(fns, xs):  # a region each
+            with accel.eager():
+                out.append(f(x))
+        return out
+
+    accel.reset_stats()
+    close(run(), step())
+    first = accel.stats()
+    assert first["kernel_runs"] == 0 and first["eager_replays"] >= 4
+    assert accel.wait_for_compiles(timeout=600) == 0
+    assert accel.stats()["compiles"] >= 4
+    accel.reset_stats()
+    close(run(), step())
+    assert accel.stats()["kernel_runs"] >= 4 and accel.stats()["eager_replays"] == 0
+
+
+def test_async_compile_failure_stays_eager(fresh_store, monkeypatch, caplog):
+    """A background build that fails leaves its region eager, remembered as a negative
+    entry; nothing is raised in the program."""
+    import accel.runtime as rt
+
+    monkeypatch.setenv("ACCEL_ASYNC_COMPILE", "1")
+
+    def broken(*a, **k):
+        raise RuntimeError("injected background failure")
+
+    monkeypatch.setattr("accel.codegen.cpp.CppRenderer.render", broken)
+    x = torch.randn(11, 7)
+    accel.reset_stats()
+    for _ in range(3):
+        with accel.eager():
+            y = torch.atan(x) * 2.5
+        close(y, torch.atan(x) * 2.5)
+        accel.wait_for_compiles(timeout=600)
+    assert accel.stats()["compile_failures"] == 1 and accel.stats()["kernel_runs"] == 0
+    assert any(e["negative"] for e in rt.get_store().entries())
+    assert "injected background failure" in caplog.text
