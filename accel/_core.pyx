@@ -179,7 +179,8 @@ cdef class CudaKernel:
     at its first launch there (``cuModuleLoadData``), then launched with ``cuLaunchKernel``.
 
     Raises:
-        LoadError: no CUDA driver (``libcuda.so.1``) or a malformed plan.
+        LoadError: no CUDA driver (``libcuda.so.1``).
+        KeyError: a launch without its "grid", "block" or "kernel".
     """
 
     cdef bytes image

@@ -155,30 +155,22 @@ def _compile(region: Region, live, key: str, store):
 
 
 _POOL = None
-_ASYNC_POOL = None
 _TRACE_LOCK = threading.RLock()
 _IN_FLIGHT: set = set()  # futures of background builds (ACCEL_ASYNC_COMPILE)
 
 
 def _pool():
+    """The build threads (one per core, at most 8): fresh threads, so tracing starts from
+    clean dispatch state even when a flush comes from inside ``__torch_dispatch__``."""
     global _POOL
-    if _POOL is None:
-        from concurrent.futures import ThreadPoolExecutor
-
-        _POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="accel-compile")
-    return _POOL
-
-
-def _async_pool():
-    global _ASYNC_POOL
     with _store_lock:
-        if _ASYNC_POOL is None:
+        if _POOL is None:
             import os
             from concurrent.futures import ThreadPoolExecutor
 
-            _ASYNC_POOL = ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1)),
-                                             thread_name_prefix="accel-build")
-        return _ASYNC_POOL
+            _POOL = ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1)),
+                                       thread_name_prefix="accel-build")
+        return _POOL
 
 
 class _Pending:
@@ -244,12 +236,10 @@ def kernel_for(region: Region, live) -> Optional[CompiledRegion]:
         if entry is None:
             store.record("misses")
             if config.flag("ACCEL_ASYNC_COMPILE"):
-                future = _async_pool().submit(_build, _snapshot(region), live, key, store)
+                future = _pool().submit(_build, _snapshot(region), live, key, store)
                 _IN_FLIGHT.add(future)
                 future.add_done_callback(_IN_FLIGHT.discard)
                 return _Pending(future)
-            # a fresh thread: clean dispatch state for tracing, even when the flush comes
-            # from inside __torch_dispatch__
             entry = _pool().submit(_build, region, live, key, store).result()
         else:
             STATS["store_hits"] += 1

@@ -192,9 +192,7 @@ class CudaRenderer(CppRenderer):
                     loaded.add(x.args[0])
                 elif k == "store":
                     access(x.buf, x.addr, sc)
-                    if x.buf in loaded:
-                        bad.add(x.buf)
-        bad |= loaded & {st.buf for st in nest.stores}
+        bad |= loaded & {st.buf for st in nest.stores}  # read and written: scalar
         return frozenset(ok - bad)
 
     def render_kernel(self, nest: Nest, ir: LoopIR, vbufs=None):
