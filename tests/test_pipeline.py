@@ -152,6 +152,23 @@ def test_codegen_golden_broadcast_chain():
         assert src == f.read(), "generated source changed; rerun with ACCEL_UPDATE_GOLDEN=1 and review the diff"
 
 
+def test_column_sums_with_row_operands_accumulate_a_vector_of_columns():
+    """LayerNorm backward's weight gradient, sum over rows of dy * (x - mean[row]) * rstd[row]:
+    the per-row operands are the same along the columns, so the column sum still loops
+    rows outside and a block of contiguous columns inside (a vector of accumulators), not
+    one column at a time down a 1 KiB stride."""
+    dy, x, mean, rstd = torch.empty(1024, 256), torch.empty(1024, 256), torch.empty(1024, 1), torch.empty(1024, 1)
+    calls = [(aten.sub.Tensor, (("x", 1), ("x", 2)), {}, 1),
+             (aten.mul.Tensor, (("o", 0), ("x", 3)), {}, 1),
+             (aten.mul.Tensor, (("x", 0), ("o", 1)), {}, 1),
+             (aten.sum.dim_IntList, (("o", 2), ("c", (0,))), {}, 1)]
+    meta = [((1024, 256), (256, 1), torch.float32)] * 3 + [((256,), (1,), torch.float32)]
+    src = _kernel_source(calls, [dy, x, mean, rstd], meta, (3,))
+    assert "_0[32];" in src, src  # VBLOCK accumulators, one per column of the block
+    inner = src[src.index("for (int64_t i"):]
+    assert "256 * i" in inner and "#pragma omp simd" in inner
+
+
 def test_lowering_rejects_read_after_inplace_write():
     # x.add_(1) then y.add_(x): the second nest would read x after the first wrote it
     x, y = torch.empty(8), torch.empty(4, 8)

@@ -384,15 +384,17 @@ class CppRenderer(CStyle):
 
     def _vertical(self, v: int, scope: _Scope) -> bool:
         """A reduction over a strided dimension whose result varies along the contiguous
-        innermost loop ``v`` (a column sum): worth accumulating a vector of ``v`` values."""
+        innermost loop ``v`` (a column sum): worth accumulating a vector of ``v`` values.
+        Every load is contiguous along ``v`` or the same for all of it (LayerNorm
+        backward's per-row mean and rstd in its weight gradient)."""
         groups = [x for k, x in scope.items if k == "group"]
         if len(groups) != 1 or groups[0].category != "simple" or not groups[0].rvars:
             return False
         inner = self.group_scope[id(groups[0])]
         last = groups[0].rvars[-1]
         loads = [x.args[1] for k, x in inner.items if k == "expr" and x.op == "load"]
-        return bool(loads) and all(a.coeff(v) == 1 for a in loads) and any(
-            abs(a.coeff(last)) > 1 for a in loads)
+        return all(a.coeff(v) in (0, 1) for a in loads) and any(
+            a.coeff(v) == 1 and abs(a.coeff(last)) > 1 for a in loads)
 
     def _emit_vertical(self, v: int, scope: _Scope, out: List[str], ind: str, parallel: bool) -> None:
         """Loop ``v`` in blocks of :data:`VBLOCK`: each block accumulates a vector of results
