@@ -248,6 +248,28 @@ def test_cuda_row_kernels_have_a_vector_variant(shape, vector):
         assert "b0[" not in kv
 
 
+def test_cuda_rows_with_moments_take_more_values_a_thread():
+    """A softmax row of 4096 runs on 512 threads (8 values each); a layer norm row of 4096,
+    whose block reduction merges mean and variance, on 256 (16 values each)."""
+    import sys
+    import os
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from test_pipeline import _lowered
+
+    aten = torch.ops.aten
+    x, w = torch.empty(64, 4096), torch.empty(4096)
+    meta = [((64, 4096), (4096, 1), torch.float32)]
+    sm = _lowered([(aten._softmax.default, (("x", 0), ("c", 1), ("c", False)), {}, 1)], [x], meta, (0,))
+    ln = _lowered([(aten.native_layer_norm.default, (("x", 0), ("c", [4096]), ("x", 1), ("x", 1), ("c", 1e-5)), {}, 3)],
+                  [x, w], meta + [((64, 1), (1, 1), torch.float32)] * 2, (0,))
+    for ir, threads in ((sm, 512), (ln, 256)):
+        r = CudaRenderer()
+        src = r.render(ir, "accel_region_t")
+        assert r.launches[0]["block"] == [threads, 1, 1]
+        assert f"float c" in src and f"[{4096 // threads}];" in src  # the row in registers
+
+
 def test_cuda_reduction_modes_render():
     """Column sums in whole warps split over rows of threads; long full reductions run over
     many blocks with a ticket counter (rendered here without a GPU)."""
