@@ -253,6 +253,9 @@ cdef class CudaKernel:
         cdef CUcontext prev
         cdef LaunchStep* st
         cdef uintptr_t addr
+        cdef unsigned* g
+        cdef unsigned* blk
+        cdef bint vec
         if device < 0 or device >= MAX_DEVICES:
             return CUDA_ERROR_INVALID_DEVICE
         if self.funcs[device] == NULL:
@@ -275,14 +278,13 @@ cdef class CudaKernel:
                     for b in range(min(nb, 64)):
                         if (st.vmask >> b) & 1:
                             addr |= <uintptr_t>bufs[b]
-                if st.vector and (addr & 15) == 0:
-                    status = cuLaunchKernel(self.funcs[device][2 * i + 1], st.vgrid[0], st.vgrid[1],
-                                            st.vgrid[2], st.vblock[0], st.vblock[1], st.vblock[2],
-                                            0, <void*>stream, params, NULL)
+                vec = st.vector and (addr & 15) == 0
+                if vec:
+                    g, blk = &st.vgrid[0], &st.vblock[0]
                 else:
-                    status = cuLaunchKernel(self.funcs[device][2 * i], st.grid[0], st.grid[1],
-                                            st.grid[2], st.block[0], st.block[1], st.block[2],
-                                            0, <void*>stream, params, NULL)
+                    g, blk = &st.grid[0], &st.block[0]
+                status = cuLaunchKernel(self.funcs[device][2 * i + vec], g[0], g[1], g[2],
+                                        blk[0], blk[1], blk[2], 0, <void*>stream, params, NULL)
                 if status != 0:
                     break
             if prev != self.ctxs[device]:
