@@ -47,6 +47,14 @@ namespace accel {
 ACCEL_LIBM_UNARY(ACCEL_UNARY)
 #undef ACCEL_UNARY
 
+/* a * b + c in one rounding where the CPU has FMA (inside the polynomials below only:
+ * generated arithmetic keeps eager's separate roundings, -ffp-contract=off) */
+#if defined(__FMA__)
+#define ACCEL_FMA(a, b, c) __builtin_fmaf(a, b, c)
+#else
+#define ACCEL_FMA(a, b, c) ((a) * (b) + (c))
+#endif
+
 /* expf, vectorizable over its whole range (Cephes' expf: x = n ln2 + r, |r| <= ln2/2, a
  * degree-6 polynomial in r, scaled by 2^n as two powers of two so that n in [-126, 128]
  * never leaves the exponent range). libmvec's expf takes a slow scalar path for inputs whose
@@ -57,16 +65,16 @@ static inline float exp(float x) {
   float xc = x < -87.33654f ? -87.33654f : x;
   xc = xc > 88.72283f ? 88.72283f : xc;
   const float fx = __builtin_floorf(xc * 1.44269504088896341f + 0.5f);
-  float r = xc - fx * 0.693359375f;
-  r = r - fx * -2.12194440e-4f;
+  float r = ACCEL_FMA(fx, -0.693359375f, xc);
+  r = ACCEL_FMA(fx, 2.12194440e-4f, r);
   const float z = r * r;
   float y = 1.9875691500e-4f;
-  y = y * r + 1.3981999507e-3f;
-  y = y * r + 8.3334519073e-3f;
-  y = y * r + 4.1665795894e-2f;
-  y = y * r + 1.6666665459e-1f;
-  y = y * r + 5.0000001201e-1f;
-  y = y * z + r + 1.0f;
+  y = ACCEL_FMA(y, r, 1.3981999507e-3f);
+  y = ACCEL_FMA(y, r, 8.3334519073e-3f);
+  y = ACCEL_FMA(y, r, 4.1665795894e-2f);
+  y = ACCEL_FMA(y, r, 1.6666665459e-1f);
+  y = ACCEL_FMA(y, r, 5.0000001201e-1f);
+  y = ACCEL_FMA(y, z, r) + 1.0f;
   const int32_t n = (int32_t)fx, h = n >> 1;
   const float p1 = __builtin_bit_cast(float, (h + 127) << 23);
   const float p2 = __builtin_bit_cast(float, (n - h + 127) << 23);
