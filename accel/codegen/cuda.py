@@ -55,6 +55,7 @@ COL_ROWS = 32
 #: most blocks in a grid (grid-stride loops cover the rest).
 MAX_GRID = 65535
 
+
 def _dim3(v) -> List[int]:
     """A launch dimension (an int or a tuple of up to 3) as CUDA's [x, y, z]."""
     v = (v,) if isinstance(v, int) else tuple(v)
@@ -82,8 +83,8 @@ class CudaRenderer(CppRenderer):
         [x, y, z], "block": [x, y, z]}`` plus, for a vector variant, ``"vector"``: the same
         for the variant and ``"buffers"``, the indices of the buffers whose addresses must
         all be multiples of 16 for it to run. Both kernels take the buffers and the
-        scalars by value, as ``accel_bufs<N>`` and ``accel_scalars<M>`` (arrays of
-        pointers and of :c:type:`accel_scalar_t`)."""
+        scalars by value, as ``accel_bufs<N>`` and ``accel_scalars<M>``
+        (include/accel/cuda_math.cuh)."""
         self.ntemp = 0
         self.launches: List[dict] = []
         kernels: List[str] = []
@@ -102,11 +103,7 @@ class CudaRenderer(CppRenderer):
                 launch["vector"] = {"kernel": kname + "v", "grid": _dim3(vgrid),
                                     "block": _dim3(vblock), "buffers": sorted(vbufs)}
             self.launches.append(launch)
-        return "\n".join([
-            self.prefix,
-            "template <int N> struct accel_bufs { void* p[N]; };",
-            "template <int N> struct accel_scalars { accel_scalar_t v[N]; };",
-            "", *kernels])
+        return "\n".join([self.prefix, *kernels])
 
     def _kernel(self, kname, nest, ir, written, vbufs):
         """``nest``'s ``__global__`` function (lines), grid and block; with ``vbufs``, the

@@ -15,6 +15,11 @@
 #include "accel/kernel.h"
 #include "accel/libm_names.h"
 
+/* A CUDA kernel's arguments, passed by value (the kernel ABI, accel/kernel.h): the N buffer
+ * addresses and the M runtime scalars of its region. */
+template <int N> struct accel_bufs { void* p[N]; };
+template <int N> struct accel_scalars { accel_scalar_t v[N]; };
+
 namespace accel {
 
 #define ACCEL_UNARY(name, f32)                                                     \
