@@ -9,6 +9,7 @@ import torch
 import accel
 from accel.codegen.cuda import CudaRenderer
 
+aten = torch.ops.aten
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 F = torch.nn.functional
 
@@ -16,6 +17,17 @@ F = torch.nn.functional
 def _x(*shape, device="cuda", seed=0):
     g = torch.Generator(device="cpu").manual_seed(seed)
     return torch.randn(shape, generator=g).to(device)
+
+
+def _lowered(*args):
+    """The loop IR of recorded calls (tests/test_pipeline.py's helper: trace, passes, lower)."""
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from test_pipeline import _lowered as lowered
+
+    return lowered(*args)
 
 
 def _run(fn, *args):
@@ -179,13 +191,6 @@ def test_missing_nvcc_falls_back(fresh_store, monkeypatch):
 
 def test_cuda_source_renders_without_a_gpu():
     """The CUDA backend is plain code generation: it renders here too (golden-style)."""
-    import sys
-    import os
-
-    sys.path.insert(0, os.path.dirname(__file__))
-    from test_pipeline import _lowered
-
-    aten = torch.ops.aten
     x = torch.empty(64, 100)
     ir = _lowered([(aten._softmax.default, (("x", 0), ("c", 1), ("c", False)), {}, 1)], [x],
                   [((64, 100), (100, 1), torch.float32)], (0,))
@@ -202,13 +207,6 @@ def test_cuda_source_renders_without_a_gpu():
 def test_cuda_elementwise_variants_render(shape):
     """Elementwise nests of every rank render (0-d included); where the innermost size is a
     multiple of 4, a 16-byte-vector variant is chosen at launch by pointer alignment."""
-    import sys
-    import os
-
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from test_pipeline import _lowered
-
-    aten = torch.ops.aten
     x = torch.empty(shape)
     stride = x.stride()
     ir = _lowered([(aten.mul.Tensor, (("x", 0), ("x", 0)), {}, 1), (aten.tanh.default, (("o", 0),), {}, 1)],
@@ -228,13 +226,6 @@ def test_cuda_elementwise_variants_render(shape):
 def test_cuda_row_kernels_have_a_vector_variant(shape, vector):
     """A softmax row whose length is a multiple of 4 gets a variant moving 4 neighbouring
     elements a thread at a time (each thread's values in registers, loaded once)."""
-    import sys
-    import os
-
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from test_pipeline import _lowered
-
-    aten = torch.ops.aten
     x = torch.empty(shape)
     ir = _lowered([(aten._softmax.default, (("x", 0), ("c", 1), ("c", False)), {}, 1)], [x],
                   [(shape, x.stride(), torch.float32)], (0,))
@@ -251,13 +242,6 @@ def test_cuda_row_kernels_have_a_vector_variant(shape, vector):
 def test_cuda_rows_with_moments_take_more_values_a_thread():
     """A softmax row of 4096 runs on 512 threads (8 values each); a layer norm row of 4096,
     whose block reduction merges mean and variance, on 256 (16 values each)."""
-    import sys
-    import os
-
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from test_pipeline import _lowered
-
-    aten = torch.ops.aten
     x, w = torch.empty(64, 4096), torch.empty(4096)
     meta = [((64, 4096), (4096, 1), torch.float32)]
     sm = _lowered([(aten._softmax.default, (("x", 0), ("c", 1), ("c", False)), {}, 1)], [x], meta, (0,))
@@ -267,19 +251,12 @@ def test_cuda_rows_with_moments_take_more_values_a_thread():
         r = CudaRenderer()
         src = r.render(ir, "accel_region_t")
         assert r.launches[0]["block"] == [threads, 1, 1]
-        assert f"float c" in src and f"[{4096 // threads}];" in src  # the row in registers
+        assert "float c" in src and f"[{4096 // threads}];" in src  # the row in registers
 
 
 def test_cuda_reduction_modes_render():
     """Column sums in whole warps split over rows of threads; long full reductions run over
     many blocks with a ticket counter (rendered here without a GPU)."""
-    import sys
-    import os
-
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from test_pipeline import _lowered
-
-    aten = torch.ops.aten
     x = torch.empty(512, 256)
     ir = _lowered([(aten.sum.dim_IntList, (("x", 0), ("c", [0]), ("c", False)), {}, 1)], [x],
                   [((256,), (1,), torch.float32)], (0,))
