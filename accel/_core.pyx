@@ -325,6 +325,7 @@ cdef class RegionCore:
     cdef public object lo, hi
     cdef public bint mutates_ext, busy
     cdef public object device  # the region's torch.device (None: not decided yet)
+    cdef public list ahead, ahead_meta  # outputs allocated ahead (speculation), by index
     cdef bint _float_ok, _int_ok
     cdef Py_ssize_t _lo, _hi
 
@@ -344,6 +345,8 @@ cdef class RegionCore:
         self.hi = 0
         self.mutates_ext = False
         self.device = None
+        self.ahead = None
+        self.ahead_meta = None
 
     def __len__(self):
         return len(self.calls)
@@ -481,12 +484,18 @@ cdef class RegionCore:
         return tuple([None if m is None else self._alloc(m) for m in node.outs])
 
     cdef _alloc(self, tuple meta):
-        cdef Py_ssize_t p, e
-        if self.device is None or self.device is _CPU:
+        cdef Py_ssize_t p, e, i = len(self.outs)
+        r = None
+        if self.ahead is not None and i < len(self.ahead) and self.ahead_meta[i] is meta:
+            r = self.ahead[i]  # allocated when the region's kernel was launched ahead
+            self.ahead[i] = None
+        if r is not None:
+            pass
+        elif self.device is None or self.device is _CPU:
             r = _empty_strided(meta[0], meta[1], dtype=meta[2])
         else:
             r = _empty_strided(meta[0], meta[1], dtype=meta[2], device=self.device)
-        self.out_ids[id(r)] = len(self.outs)
+        self.out_ids[id(r)] = i
         self.outs.append(r)
         self.out_meta.append(meta)
         p = _data_ptr(r)

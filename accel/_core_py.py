@@ -37,6 +37,8 @@ class RegionCore:
         self.hi = 0
         self.mutates_ext = False
         self.device = None
+        self.ahead = None  # outputs allocated ahead (speculation), by index
+        self.ahead_meta = None
 
     def __len__(self):
         return len(self.calls)
@@ -157,8 +159,13 @@ class RegionCore:
 
     def _alloc(self, meta):
         shape, stride, dtype, nbytes = meta
-        t = torch.empty_strided(shape, stride, dtype=dtype, device=self.device or _CPU)
-        self.out_ids[id(t)] = len(self.outs)
+        i = len(self.outs)
+        t = None
+        if self.ahead is not None and i < len(self.ahead) and self.ahead_meta[i] is meta:
+            t, self.ahead[i] = self.ahead[i], None  # allocated when the kernel was launched ahead
+        if t is None:
+            t = torch.empty_strided(shape, stride, dtype=dtype, device=self.device or _CPU)
+        self.out_ids[id(t)] = i
         self.outs.append(t)
         self.out_meta.append(meta)
         p = _data_ptr(t)

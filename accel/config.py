@@ -101,6 +101,12 @@ FLAGS = {
              "Build missing kernels in the background, several at once (one per core, at "
              "most 8), running their regions eagerly until each is ready; "
              "accel.wait_for_compiles() waits for them."),
+        Flag("ACCEL_LAUNCH_AHEAD", "cuda", _parse_choice("cuda", "all", "off"),
+             "Launch a region's kernel at its first call where the last flushes of regions "
+             "starting there ran the same kernel, so that on a GPU it runs while the host "
+             "records the rest of the region; kept only if the region ends as predicted with "
+             "the same inputs, scalars and liveness, run again otherwise. cuda: on GPUs; "
+             "all: on CPUs as well (no faster there; for testing); off."),
         Flag("ACCEL_PURE_PYTHON", False, _parse_bool,
              "Use the pure-Python twin of the Cython core (debugging; slower)."),
         Flag("ACCEL_MALLOC_TUNING", True, _parse_bool,

@@ -87,9 +87,27 @@ def _record(mode, region, func, spec, args, kwargs):
             out = region.record(func, spec, args, kwargs)
         except Deferred:
             return _EAGER
-    if len(region.calls) >= mode.cap:
+    n = len(region.calls)
+    if n == 1 and mode.ahead:
+        _first_call(mode, region)
+    if n >= mode.cap:
         _flush_region(region)
     return out
+
+
+def _first_call(mode, region) -> None:
+    """A region's first call: where its kernel may be launched ahead (``ACCEL_LAUNCH_AHEAD``;
+    see :func:`accel.runtime.speculate`)."""
+    d = region.device
+    if mode.ahead == "cuda" and (d is None or d.type != "cuda"):
+        return
+    region.first = node = region.node
+    region.first_n_ext = len(region.ext)
+    pred = node.predict
+    if pred is not None and pred.count >= pred.need:
+        from .runtime import speculate
+
+        speculate(region, pred)
 
 
 class _Worker:
@@ -141,6 +159,7 @@ class AccelMode(TorchDispatchMode):
         super().__init__()
         self.table, self.views = _op_ids()
         self.cap = config.flag("ACCEL_MAX_REGION")
+        self.ahead = _ahead(config.flag("ACCEL_LAUNCH_AHEAD"))
         self.owner = threading.get_ident()
         self.region = _state.region  # the owner thread's
 
@@ -173,6 +192,11 @@ class AccelMode(TorchDispatchMode):
             elif id(func) not in self.views and region.calls:
                 _flush_region(region)
         return func._op(*args, **kwargs)
+
+
+def _ahead(value: str):
+    """The mode's launch-ahead setting: None (off), "cuda" or "all"."""
+    return None if value == "off" else value
 
 
 @functools.lru_cache(maxsize=1)
@@ -290,6 +314,7 @@ def enable() -> None:
     cls = _DynamoSafeAccelMode if "torch._dynamo" in sys.modules else AccelMode
     mode = st.spare.pop() if st.spare and type(st.spare[-1]) is cls else cls()
     mode.cap = cfg["ACCEL_MAX_REGION"]
+    mode.ahead = _ahead(cfg["ACCEL_LAUNCH_AHEAD"])
     flush()  # calls recorded by an outer mode belong before this one
     mode.__enter__()
     st.modes.append(mode)

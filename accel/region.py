@@ -44,11 +44,12 @@ class TrieNode:
     ``NOT_DEFERRABLE``; ``multi``: it returns a tuple; ``n_new``: how many new tensors;
     ``ret`` says which argument an in-place or ``out=`` call returns (``None`` for new
     tensors); ``writes_ext``: it writes an external input. ``kernels`` maps a liveness mask
-    to the compiled region ending here.
+    to the compiled region ending here; ``predict``, on a region's first call, how the last
+    regions that began with it ended (for launching their kernel ahead).
     """
 
     __slots__ = ("children", "outs", "ret", "multi", "n_new", "writes_ext", "kernels", "call",
-                 "parent", "depth", "digest")
+                 "parent", "depth", "digest", "predict")
 
     def __init__(self, parent=None, call=None):
         self.children: Dict[tuple, TrieNode] = {}
@@ -58,6 +59,7 @@ class TrieNode:
         self.n_new = 0
         self.writes_ext = False
         self.kernels: Dict[tuple, Any] = {}
+        self.predict = None  # regions starting here: how the last ones ended (runtime.Prediction)
         self.call = call
         self.parent = parent
         self.depth = 0 if parent is None else parent.depth + 1
@@ -151,6 +153,9 @@ class Region(RegionCore):
     def reset(self):
         """Start an empty region at the trie root."""
         self.clear(ROOT)
+        self.first = None  # the first call's trie node, where the region predicts its end
+        self.first_n_ext = 0  # external inputs of the first call
+        self.speculation = None  # a kernel launched ahead (runtime.Speculation)
 
     def _resolve(self, ref):
         return self.outs[ref[1]] if ref[0] == "o" else self.ext[ref[1]]

@@ -11,6 +11,7 @@ import hashlib
 import logging
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
@@ -18,13 +19,14 @@ import torch
 
 from . import __version__, config
 from .ops import run_calls
-from .region import PENDING_NODES, Region, TrieNode, _data_ptr, native
+from .region import PENDING_NODES, Region, TrieNode, _data_ptr, _untyped_storage, native
 
 log = logging.getLogger("accel")
 
 STATS = {"flushes": 0, "kernel_runs": 0, "eager_replays": 0, "memory_hits": 0,
          "store_hits": 0, "compiles": 0, "compile_failures": 0, "compile_time_s": 0.0,
-         "load_time_s": 0.0}
+         "load_time_s": 0.0, "speculative_launches": 0, "speculative_hits": 0,
+         "speculative_misses": 0}
 _store = None
 _store_lock = threading.Lock()
 _MISSING = object()
@@ -32,7 +34,8 @@ _MISSING = object()
 
 def stats() -> dict:
     """Counters of this process: flushes, kernel runs, eager replays, in-memory and store
-    hits, compiles (and their total time in seconds)."""
+    hits, compiles (and their total time in seconds), kernels launched ahead (at a region's
+    first call) and how many of those were kept or run again."""
     return dict(STATS)
 
 
@@ -319,13 +322,152 @@ def _save_nodes() -> None:
                   type(e).__name__, e)
 
 
+# -- launching ahead: a region's kernel started at its first call ---------------------------
+class Prediction:
+    """How the last regions that began at a trie node ended, kept on that node: the end
+    node and liveness mask, their (CUDA) kernel, the external inputs the first call does not
+    supply (weak references, with the shape, strides, offset, dtype, address and storage
+    size they had), the runtime scalars and the outputs' metadata. ``count`` flushes in a
+    row ended so; the kernel is launched ahead once ``count >= need`` (``need`` grows
+    fourfold at each mispredicted launch)."""
+
+    __slots__ = ("end", "live", "kern", "tail", "scalars", "metas", "device", "count", "need")
+
+    def __init__(self, end, live, kern, tail, scalars, metas, device, count, need):
+        self.end, self.live, self.kern, self.tail = end, live, kern, tail
+        self.scalars, self.metas, self.device = scalars, metas, device
+        self.count, self.need = count, need
+
+
+class Speculation:
+    """A kernel launched ahead: the prediction, the inputs and scalars it was launched with
+    (strong references until the flush), their version counters and addresses, and the
+    CUDA stream (``None`` on CPU)."""
+
+    __slots__ = ("pred", "ext", "versions", "ptrs", "scalars", "stream")
+
+    def __init__(self, pred, ext, versions, ptrs, scalars, stream):
+        self.pred, self.ext, self.versions, self.ptrs = pred, ext, versions, ptrs
+        self.scalars, self.stream = scalars, stream
+
+
+_MAX_NEED = 4096
+
+
+def _ext_meta(t) -> tuple:
+    return (tuple(t.shape), t.stride(), t.storage_offset(), t.dtype)
+
+
+def speculate(region: Region, pred: Prediction) -> None:
+    """At ``region``'s first call, launch the kernel its prediction names, without waiting
+    for the rest of its calls: on a GPU the kernel then runs while the host records them.
+    The external inputs the first call does not supply are the prediction's (alive, and
+    with the shape, strides, offset, address and storage they had); outputs past the first
+    call's are allocated now and handed out by the calls that return them. The flush
+    (:func:`execute`) keeps the result only if the region ended as predicted with the very
+    same inputs, unchanged (identity, version counter, address), scalars, liveness mask and
+    stream; otherwise it runs the region again, in stream order after this launch. Does
+    nothing where any of that cannot hold."""
+    tail = []
+    for ref, meta, ptr, nbytes in pred.tail:
+        t = ref()
+        if (t is None or _ext_meta(t) != meta or _data_ptr(t) != ptr
+                or _untyped_storage(t).nbytes() < nbytes):
+            return
+        tail.append(t)
+    if region.device != pred.device or region.mutates_ext:
+        return
+    kern, metas, outs = pred.kern, pred.metas, region.outs
+    ahead = [None] * len(metas)
+    device = region.device
+    for i in kern.live_idx:
+        if i >= len(outs):
+            m = metas[i]
+            ahead[i] = torch.empty_strided(m[0], m[1], dtype=m[2], device=device)
+    ext = region.ext + tail
+    scalars = region.scalars + pred.scalars[len(region.scalars):]
+    ptrs = [_data_ptr(t) for t in ext]
+    n_ext = len(ptrs)
+    ptrs += [_data_ptr(outs[i] if i < len(outs) else ahead[i]) for i in kern.live_idx]
+    if kern.scratch:
+        ptrs += [_data_ptr(t) for t in region.scratch_for(kern)]
+    status, stream = _launch(kern, region, ptrs, scalars)
+    if status != 0:  # the flush launches it again and reports the failure
+        return
+    STATS["speculative_launches"] += 1
+    region.ahead, region.ahead_meta = ahead, metas
+    region.speculation = Speculation(pred, ext, [t._version for t in ext], ptrs[:n_ext], scalars,
+                                     stream)
+
+
+def _confirmed(region: Region, sp: Speculation, node: TrieNode, live) -> bool:
+    """True if the kernel launched ahead computed exactly what ``region`` asks for."""
+    pred = sp.pred
+    if node is not pred.end or live != pred.live or region.scalars != sp.scalars:
+        return False
+    if len(region.ext) != len(sp.ext):
+        return False
+    for a, b, v, p in zip(region.ext, sp.ext, sp.versions, sp.ptrs):
+        if a is not b or a._version != v or _data_ptr(a) != p:
+            return False
+    return sp.stream is None or sp.stream == _raw_stream(_cuda_index(region))
+
+
+def _mispredicted(region: Region, sp: Speculation) -> None:
+    """Back off from launching ahead at this prediction; on a GPU, order the region's real
+    run after the launch ahead when the current stream changed since (both write its
+    outputs)."""
+    STATS["speculative_misses"] += 1
+    pred = sp.pred
+    pred.count, pred.need = 0, min(pred.need * 4, _MAX_NEED)
+    if sp.stream is not None:
+        dev = _cuda_index(region)
+        if _raw_stream(dev) != sp.stream:
+            torch.cuda.current_stream(dev).wait_stream(torch.cuda.ExternalStream(sp.stream, device=dev))
+
+
+def _predict(region: Region, node: TrieNode, live, kern: CompiledRegion) -> None:
+    """Remember on the region's first trie node how it ended (see :class:`Prediction`)."""
+    first = region.first
+    old = first.predict
+    tail = [(weakref.ref(t), _ext_meta(t), _data_ptr(t), _untyped_storage(t).nbytes())
+            for t in region.ext[region.first_n_ext:]]
+    same = old is not None and old.end is node and old.live == live
+    first.predict = Prediction(node, live, kern, tail, list(region.scalars), list(region.out_meta),
+                               region.device, old.count + 1 if same else 1,
+                               old.need if old is not None else 2)
+
+
+def _launch(kern: CompiledRegion, region: Region, ptrs, scalars):
+    """Run ``kern`` (CPU: now; CUDA: on the current stream of the region's GPU, the host not
+    waiting); returns (status, CUDA stream or None)."""
+    if not kern.cuda:
+        return native.launch(kern.fn, ptrs, scalars), None
+    dev = _cuda_index(region)
+    stream = _raw_stream(dev)
+    return kern.fn.launch(ptrs, scalars, stream, dev), stream
+
+
+def _cuda_index(region: Region) -> int:
+    d = region.device
+    return d.index if d.index is not None else torch.cuda.current_device()
+
+
 def execute(region: Region) -> None:
-    """Flush ``region``: run its kernel, or replay it eagerly."""
+    """Flush ``region``: keep the result of its kernel launched ahead, run its kernel, or
+    replay it eagerly."""
     STATS["flushes"] += 1
     if PENDING_NODES:
         _save_nodes()
     node = region.node
     live = region.liveness()
+    sp = region.speculation
+    if sp is not None:
+        if _confirmed(region, sp, node, live):
+            STATS["kernel_runs"] += 1
+            STATS["speculative_hits"] += 1
+            return
+        _mispredicted(region, sp)
     kern = node.kernels.get(live, _MISSING)
     if kern is _MISSING:
         kern = kernel_for(region, live)
@@ -340,14 +482,11 @@ def execute(region: Region) -> None:
         ptrs += [_data_ptr(outs[i]) for i in kern.live_idx]
         if kern.scratch:
             ptrs += [_data_ptr(t) for t in region.scratch_for(kern)]
-        if not kern.cuda:
-            status = native.launch(kern.fn, ptrs, region.scalars)
-        else:  # on the current stream of the region's GPU; the host does not wait
-            dev = region.device.index if region.device.index is not None else torch.cuda.current_device()
-            stream = _raw_stream(dev)
-            status = kern.fn.launch(ptrs, region.scalars, stream, dev)
+        status, _ = _launch(kern, region, ptrs, region.scalars)
         if status == 0:
             STATS["kernel_runs"] += 1
+            if region.first is not None and not region.mutates_ext:
+                _predict(region, node, live, kern)
             return
         from .interceptor import warn_once
 

@@ -156,6 +156,55 @@ def test_launches_on_the_current_stream():
     torch.testing.assert_close(y, WORKLOADS["chain"](x))
 
 
+def _rms_w(x, w):
+    return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + 1e-6) * w
+
+
+@cuda
+def test_kernel_is_launched_ahead_without_host_synchronization():
+    """By default (ACCEL_LAUNCH_AHEAD=cuda) a region seen twice ending alike has its kernel
+    launched at its first call, and the flush keeps that result; never waiting for the GPU."""
+    x, w = _x(96, 320), _x(320, seed=1)
+    accel.reset_stats()
+    for _ in range(3):
+        with accel.eager():
+            y = _rms_w(x, w)
+        torch.testing.assert_close(y, _rms_w(x, w))
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with accel.eager():
+            y = _rms_w(x, w)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    torch.testing.assert_close(y, _rms_w(x, w))
+    st = accel.stats()
+    assert st["speculative_hits"] >= 2 and st["speculative_misses"] == 0, st
+
+
+@cuda
+def test_launch_ahead_on_another_stream_than_the_flush():
+    """The current stream changes between the launch ahead and the flush: the region runs
+    again on the new stream, ordered after the launch ahead."""
+    x, w = _x(96, 336), _x(336, seed=1)
+    for _ in range(3):
+        with accel.eager():
+            _rms_w(x, w)
+    accel.reset_stats()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with accel.eager():
+        sq = x * x  # launched ahead on the default stream
+        with torch.cuda.stream(s):
+            y = x * torch.rsqrt(sq.mean(-1, keepdim=True) + 1e-6) * w
+            del sq
+            accel.flush()  # on s
+    s.synchronize()
+    torch.testing.assert_close(y, _rms_w(x, w))
+    st = accel.stats()
+    assert st["speculative_launches"] == 1 and st["speculative_misses"] == 1, st
+
+
 @cuda
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="one GPU")
 def test_second_gpu_and_device_guard():

@@ -439,3 +439,120 @@ def test_async_compile_runs_eagerly_until_the_kernels_are_ready(fresh_store, mon
     accel.reset_stats()
     close(run(), step())
     assert accel.stats()["kernel_runs"] >= 4 and accel.stats()["eager_replays"] == 0
+
+
+# -- launching ahead (ACCEL_LAUNCH_AHEAD; "all" runs the mechanism on the CPU too) ---------------
+def rms(x, w, eps=1e-6):
+    return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + eps) * w
+
+
+def _spec_stats():
+    s = accel.stats()
+    return s["speculative_launches"], s["speculative_hits"], s["speculative_misses"]
+
+
+@pytest.fixture
+def ahead(monkeypatch):
+    monkeypatch.setenv("ACCEL_LAUNCH_AHEAD", "all")
+    accel.reset_stats()
+
+
+def _warm(x, w, n=4):
+    """Run rms under accel ``n`` times: the region's kernel is then launched ahead."""
+    for _ in range(n):
+        with accel.eager():
+            y = rms(x, w)
+        close(y, rms(x, w))
+
+
+def test_launch_ahead_result_is_kept(ahead):
+    x, w = torch.randn(48, 21), torch.randn(21)
+    _warm(x, w, 6)
+    launches, hits, misses = _spec_stats()
+    assert launches >= 4 and hits == launches and misses == 0
+    assert accel.stats()["kernel_runs"] == 6 and accel.stats()["eager_replays"] == 0
+    w.mul_(3)  # between regions, an update of a predicted input (an optimizer step) is read
+    with accel.eager():
+        y = rms(x, w)
+    close(y, rms(x, w))
+    assert _spec_stats()[1] == hits + 1
+
+
+def _other_scalar(x, w):
+    return rms(x, w, eps=0.5)
+
+
+def _intermediate_kept(x, w):  # rms's calls, one more output live
+    sq = x * x
+    return x * torch.rsqrt(sq.mean(-1, keepdim=True) + 1e-6) * w, sq
+
+
+def _longer(x, w):
+    return rms(x, w) + 1
+
+
+_OTHER = {}
+
+
+def _other_weight(x, w):  # a different tensor of the same shape where w was
+    return rms(x, _OTHER.setdefault(w.shape[0], torch.randn(w.shape[0])))
+
+
+def _weight_changed_midway(x, w):
+    s = x * x  # the first call, where the kernel is launched ahead with w's old values
+    w.index_fill_(0, torch.tensor([0, 3]), 7.0)  # not deferred: flushes, then writes w
+    return x * torch.rsqrt(s.mean(-1, keepdim=True) + 1e-6) * w
+
+
+_VARIANTS = [_other_scalar, _intermediate_kept, _longer, _other_weight, _weight_changed_midway]
+
+
+@pytest.mark.parametrize("variant", _VARIANTS)
+def test_launch_ahead_mispredicted_runs_again(ahead, variant):
+    """The region after a launch ahead ends otherwise than predicted: the result is the
+    eager one (the region is run again, after the launch), and the miss is counted."""
+    torch.manual_seed(1)
+    n = 8 + _VARIANTS.index(variant)  # a shape (so a trie path) of its own
+    x, w = torch.randn(40, n), torch.randn(n)
+    _warm(x, w)
+    launches, hits, misses = _spec_stats()
+    assert launches >= 2 and misses == 0
+    w_eager = w.clone()
+    want = variant(x, w_eager)
+    with accel.eager():
+        got = variant(x, w)
+    close(got, want)
+    close(w, w_eager)
+    assert _spec_stats()[0] == launches + 1 and _spec_stats()[2] == 1
+
+
+def test_launch_ahead_needs_the_predicted_inputs_unchanged(ahead):
+    """No launch ahead where a predicted input is gone or its storage changed."""
+    x, w = torch.randn(40, 23), torch.randn(23)
+    _warm(x, w)
+    launches = _spec_stats()[0]
+    w.set_(torch.randn(23))  # same shape, another storage
+    _warm(x, w, 1)
+    w = torch.randn(23)  # the predicted tensor is freed
+    _warm(x, w, 1)
+    assert _spec_stats()[0] == launches and _spec_stats()[2] == 0
+
+
+def test_launch_ahead_backs_off_after_misses(ahead):
+    """A prediction that keeps failing (the scalar alternates) stops being launched."""
+    x, w = torch.randn(40, 24), torch.randn(24)
+    for i in range(60):
+        eps = 1e-6 if i % 2 else 1e-3
+        with accel.eager():
+            y = rms(x, w, eps)
+        close(y, rms(x, w, eps))
+    launches, hits, misses = _spec_stats()
+    assert misses <= 3, _spec_stats()
+
+
+def test_launch_ahead_off(monkeypatch):
+    monkeypatch.setenv("ACCEL_LAUNCH_AHEAD", "off")
+    accel.reset_stats()
+    x, w = torch.randn(40, 25), torch.randn(25)
+    _warm(x, w)
+    assert _spec_stats() == (0, 0, 0)
