@@ -524,9 +524,11 @@ def lower(gm: fx.GraphModule, ext: Sequence[BufferSpec], outs: Sequence[BufferSp
     shapes: Dict[int, tuple] = {}  # nest -> (shape, variables in dim order)
     forced = 0  # nests of reductions moved to memory: they run first, in creation order
 
-    def place(job, fresh_only=False) -> bool:
+    def place(job, fresh_only=False, among=()):
+        """Put ``job``'s store into the first nest it fits (``fresh_only``: only those in
+        ``among``) or a new one; returns that nest, or None."""
         buf, node, spec, mutation = job
-        for nest in ([] if fresh_only else nests) + [None]:
+        for nest in (list(among) if fresh_only else nests) + [None]:
             if nest is None:
                 nest = Nest([lw.new_var(s) for s in spec.shape])
                 shapes[id(nest)] = (tuple(spec.shape), tuple(nest.vars))
@@ -546,23 +548,27 @@ def lower(gm: fx.GraphModule, ext: Sequence[BufferSpec], outs: Sequence[BufferSp
                 nests.insert(at, nest)
                 placed.insert(at, [])
             placed[nests.index(nest)].append(job)
-            return True
-        return False
+            return nest
+        return None
 
     for job in jobs:
-        while not place(job):
+        while place(job) is None:
             # reductions that cannot all be hoisted in one nest (one nested in another's
             # loop, or depending on unrelated loops): the inner ones go to memory first
             inner = _conflicting(lw, job, shapes)
             if not inner:
                 raise LoweringError(f"cannot schedule the reductions of {job[1].format_node()}")
+            made = []  # this round's nests: a mean and a variance of one Welford share one
             for r in inner:
                 val = r.meta["val"]
                 spec = BufferSpec(val.dtype, tuple(val.shape), _contiguous(val.shape), True, scratch=True)
                 buffers.append(spec)
-                if not place((len(buffers) - 1, r, spec, False), fresh_only=True):
+                nest = place((len(buffers) - 1, r, spec, False), fresh_only=True, among=made)
+                if nest is None:
                     raise LoweringError(f"cannot schedule {r.format_node()}")
-                forced += 1
+                if nest not in made:
+                    made.append(nest)
+                    forced += 1
                 lw.in_memory[r] = (len(buffers) - 1, spec)
             lw.memo.clear()
     if len(nests) > 1:

@@ -47,6 +47,7 @@ WORKLOADS = {
     "argmax": lambda x: (x + 1).argmax(1),
     "var_mean": lambda x: torch.var_mean(x * 3, 1),
     "column_var": lambda x: torch.var(x * 3, 0),
+    "column_sums_split": lambda x: (x * 2).sum(0) + (x * x).sum(0),
 }
 
 
@@ -69,6 +70,9 @@ MODES = [
     ("column_sum_warps", WORKLOADS["column_sum"], (2048, 256)),
     ("column_var", lambda x: torch.var(x * 3, 0), (1000, 96)),
     ("column_amax", lambda x: (x - 1).amax(0), (3000, 64)),
+    ("column_sum_split", WORKLOADS["column_sum"], (4096, 256)),
+    ("column_sums_split", WORKLOADS["column_sums_split"], (8192, 96)),
+    ("column_amax_split", lambda x: (x - 1).amax(0), (8000, 64)),
     ("grid_sum", WORKLOADS["full_sum"], (1024, 1000)),
     ("grid_mean_sqrt", lambda x: (x * x).mean().sqrt(), (512, 512)),
     ("grid_amax", lambda x: x.abs().amax(), (300, 1000)),
@@ -304,14 +308,23 @@ def test_cuda_rows_with_moments_take_more_values_a_thread():
 
 
 def test_cuda_reduction_modes_render():
-    """Column sums in whole warps split over rows of threads; long full reductions run over
-    many blocks with a ticket counter (rendered here without a GPU)."""
+    """Column sums in whole warps split over rows of threads (and, with few tiles of long
+    columns, over blocks); long full reductions run over many blocks with a ticket counter
+    (rendered here without a GPU)."""
     x = torch.empty(512, 256)
     ir = _lowered([(aten.sum.dim_IntList, (("x", 0), ("c", [0]), ("c", False)), {}, 1)], [x],
                   [((256,), (1,), torch.float32)], (0,))
     r = CudaRenderer()
     src = r.render(ir, "accel_region_t")
     assert "accel::col_reduce" in src and r.launches[0]["block"] == [32, 32, 1]
+    assert "col_ticket" not in src and r.launches[0]["grid"] == [8, 1, 1]
+    x = torch.empty(8192, 4096)  # few tiles, long columns: the rows split among blocks
+    ir = _lowered([(aten.sum.dim_IntList, (("x", 0), ("c", [0]), ("c", False)), {}, 1)], [x],
+                  [((4096,), (1,), torch.float32)], (0,))
+    r = CudaRenderer()
+    src = r.render(ir, "accel_region_t")
+    assert r.launches[0]["grid"] == [128, 2, 1] and r.launches[0]["block"] == [32, 32, 1]
+    assert "if (!accel::col_ticket(accel_region_t_k0_count, tile" in src
     ir = _lowered([(aten.sum.default, (("x", 0),), {}, 1)], [x], [((), (), torch.float32)], (0,))
     src = CudaRenderer().render(ir, "accel_region_t")
     assert "accel::grid_reduce" in src and "__device__ unsigned int accel_region_t_k0_count = 0;" in src
@@ -337,7 +350,8 @@ def test_every_kernel_mode_builds_a_cubin_with_its_planned_kernels(name, fresh_s
         return cpu_render(self, ir, kname)
 
     monkeypatch.setattr(CppRenderer, "render", render)
-    x = _x(256, 512, device="cpu") if name != "full_sum" else _x(1 << 17, device="cpu")
+    shapes = {"full_sum": (1 << 17,), "column_sums_split": (4096, 64)}  # grid mode; split columns
+    x = _x(*shapes.get(name, (256, 512)), device="cpu")
     _run(WORKLOADS[name], x)
     assert modules
     for k, (src, launches) in enumerate(modules):

@@ -191,6 +191,24 @@ def test_lowering_allows_elementwise_inplace():
     assert len(ir.nests) == 1 and ir.nests[0].stores[0].buf == 0
 
 
+def test_mean_and_variance_moved_to_memory_share_one_nest():
+    """A layer norm whose output is summed in the same region (a training loss): its
+    Welford statistics run in a nest before the sum's, and the mean and the variance, two
+    outputs of one Welford reduction, are computed there together, not in a nest each."""
+    x = torch.empty(32, 48)
+    calls = [(aten.native_layer_norm.default, (("x", 0), ("c", (48,)), ("c", None), ("c", None),
+                                                ("c", 1e-5)), {}, 3),
+             (aten.sum.default, (("o", 0),), {}, 1)]
+    meta = [((32, 48), (48, 1), torch.float32), ((32, 1), (1, 1), torch.float32),
+            ((32, 1), (1, 1), torch.float32), ((), (), torch.float32)]
+    ir = _lowered(calls, [x], meta, (1, 2, 3))
+    assert len(ir.nests) == 3, ir.describe()
+    stats = ir.nests[0]
+    assert [ir.sizes[v] for v in stats.vars] == [32] and len(stats.stores) == 2
+    welford = {(r.args[1], r.args[2]) for r in reductions(stats)}
+    assert len(welford) == 1 and {r.args[3] for r in reductions(stats)} == {0, 1}
+
+
 def test_later_nest_reads_an_earlier_nests_output():
     """gi = dy * sigmoid(x) and its column sum (a bias gradient): two nests; the partitioner
     has the column sum read gi back from its output buffer instead of recomputing sigmoid."""

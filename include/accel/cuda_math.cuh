@@ -144,6 +144,34 @@ __device__ T col_reduce(T v, F f) {
   return s[x];
 }
 
+/* Column mode with the rows split among gridDim.y blocks a tile (one tile a block):
+ * col_part writes this block's column results (after col_reduce) to ``part`` ([block row]
+ * [tile][column]); col_ticket is true in the tile's last block to finish (``count``: one
+ * counter a tile, 0 on entry and reset by that block); col_combine then combines the
+ * partials in block order. As grid_reduce: CUDA's threadFenceReduction sample. */
+template <typename T>
+__device__ void col_part(T v, T* part, int64_t tile, int64_t tiles) {
+  if (threadIdx.y == 0) part[(blockIdx.y * tiles + tile) * 32 + threadIdx.x] = v;
+}
+__device__ __forceinline__ bool col_ticket(unsigned int* count, int64_t tile) {
+  __shared__ bool last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0 && threadIdx.y == 0) {
+    last = atomicAdd(count + tile, 1u) == gridDim.y - 1;
+    if (last) count[tile] = 0;
+  }
+  __syncthreads();
+  if (last) __threadfence();
+  return last;
+}
+template <typename T, typename F>
+__device__ T col_combine(const T* part, F f, int64_t tile, int64_t tiles) {
+  T v = __ldcg(part + tile * 32 + threadIdx.x);
+  for (unsigned int s = 1; s < gridDim.y; ++s) v = f(v, __ldcg(part + (s * tiles + tile) * 32 + threadIdx.x));
+  return v;
+}
+
 /* (value, index) for argmax/argmin: the better value, the smaller index on a tie. */
 template <typename T, bool kMax>
 __device__ void block_arg(T& v, int64_t& i, void* scratch) {
