@@ -257,6 +257,14 @@ class _Lowerer:
     def reduce(self, kind, x, dims, idx, acc_dtype, which=0, index=False) -> Expr:
         xi, rv = self.reduce_vars(x, dims, idx)
         body = self.cast(self.value(x, xi), acc_dtype)
+        n = 1
+        for v in rv:
+            n *= self.sizes[v]
+        if kind == "sum" and not index and n > 0 and not free_vars(body) & set(rv):
+            # a sum of one value (the gradient of ``loss.sum()``, expanded): body * n, which
+            # the sum's float64 or int64 accumulation gives exactly (n < 2**29 for floats)
+            return self.mk("mul", acc_dtype, body, self.const(n, acc_dtype)) \
+                if n != 1 else body
         bodies = (body,)
         if index:  # the flat index over the reduced dims, row-major, as eager's argmax
             xs, stride, terms = x.meta["val"].shape, 1, []

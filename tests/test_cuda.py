@@ -64,6 +64,20 @@ def test_kernels_run_on_the_gpu_and_match_eager(name):
 #: shapes that take each kernel mode: elementwise with 16-byte vectors (innermost size a
 #: multiple of 4) and without; column sums in whole warps (column mode) and not; full
 #: reductions past GRID_MIN (grid mode) and below; long rows (block-strided) and short.
+def _ln_grads(x, loss_sum=False):
+    """A layer norm's gradients (its weight and bias gradients are column sums with per-row
+    operands); ``loss_sum``: of ``y.sum()``, whose gradient is one value expanded."""
+    xr = x.detach().requires_grad_()
+    w = torch.linspace(0.5, 1.5, x.shape[1], device=x.device, dtype=x.dtype).requires_grad_()
+    b = torch.zeros(x.shape[1], device=x.device, dtype=x.dtype, requires_grad=True)
+    y = F.layer_norm(xr, [x.shape[1]], w, b)
+    if loss_sum:
+        y.sum().backward()
+    else:
+        y.backward(torch.cos(x))
+    return torch.cat([xr.grad.flatten(), w.grad, b.grad])
+
+
 MODES = [
     ("vector_chain", WORKLOADS["chain"], (256, 1024)),
     ("odd_chain", WORKLOADS["chain"], (33, 37)),
@@ -73,6 +87,8 @@ MODES = [
     ("column_sum_split", WORKLOADS["column_sum"], (4096, 256)),
     ("column_sums_split", WORKLOADS["column_sums_split"], (8192, 96)),
     ("column_amax_split", lambda x: (x - 1).amax(0), (8000, 64)),
+    ("layer_norm_grads", _ln_grads, (4096, 256)),
+    ("layer_norm_grads_of_sum", lambda x: _ln_grads(x, True), (4096, 256)),
     ("grid_sum", WORKLOADS["full_sum"], (1024, 1000)),
     ("grid_mean_sqrt", lambda x: (x * x).mean().sqrt(), (512, 512)),
     ("grid_amax", lambda x: x.abs().amax(), (300, 1000)),
@@ -325,6 +341,17 @@ def test_cuda_reduction_modes_render():
     src = r.render(ir, "accel_region_t")
     assert r.launches[0]["grid"] == [128, 2, 1] and r.launches[0]["block"] == [32, 32, 1]
     assert "if (!accel::col_ticket(accel_region_t_k0_count, tile" in src
+    # a layer norm's weight gradient, sum over rows of dy * (x - mean[row]) * rstd[row]:
+    # the per-row loads are one address for a warp; column mode still reads coalesced
+    x, dy, row = torch.empty(4096, 256), torch.empty(4096, 256), torch.empty(4096, 1)
+    calls = [(aten.sub.Tensor, (("x", 0), ("x", 2)), {}, 1),
+             (aten.mul.Tensor, (("o", 0), ("x", 2)), {}, 1),
+             (aten.mul.Tensor, (("x", 1), ("o", 1)), {}, 1),
+             (aten.sum.dim_IntList, (("o", 2), ("c", (0,))), {}, 1)]
+    meta = [((4096, 256), (256, 1), torch.float32)] * 3 + [((256,), (1,), torch.float32)]
+    r = CudaRenderer()
+    src = r.render(_lowered(calls, [x, dy, row], meta, (3,)), "accel_region_t")
+    assert r.launches[0]["block"] == [32, 32, 1] and r.launches[0]["grid"] == [8, 8, 1], r.launches
     ir = _lowered([(aten.sum.default, (("x", 0),), {}, 1)], [x], [((), (), torch.float32)], (0,))
     src = CudaRenderer().render(ir, "accel_region_t")
     assert "accel::grid_reduce" in src and "__device__ unsigned int accel_region_t_k0_count = 0;" in src

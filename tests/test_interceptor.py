@@ -556,3 +556,12 @@ def test_launch_ahead_off(monkeypatch):
     x, w = torch.randn(40, 25), torch.randn(25)
     _warm(x, w)
     assert _spec_stats() == (0, 0, 0)
+
+
+def test_sum_of_an_expanded_value_matches_eager():
+    for v, shape, dtype in [(0.1, (1000, 48), torch.float32), (3, (77, 5), torch.int64),
+                            (float("inf"), (9, 4), torch.float32), (2.5, (0, 4), torch.float64)]:
+        x = torch.tensor(v, dtype=dtype).expand(*shape)
+        with accel.eager():
+            y = (x + 0).sum(0) if shape[0] else x.sum(0)
+        close(y, x.sum(0))

@@ -209,6 +209,17 @@ def test_mean_and_variance_moved_to_memory_share_one_nest():
     assert len(welford) == 1 and {r.args[3] for r in reductions(stats)} == {0, 1}
 
 
+def test_sum_of_one_value_is_a_product():
+    """A sum whose operand does not vary along the reduction (the gradient of
+    ``loss.sum()``, an expanded scalar) lowers to value * count, with no loop."""
+    x = torch.empty(()).expand(640, 48)
+    ir = _lowered([(aten.sum.dim_IntList, (("x", 0), ("c", (0,))), {}, 1)], [x],
+                  [((48,), (1,), torch.float32)], (0,))
+    assert not reductions(ir.nests[0])
+    ops = {e.op for st in ir.nests[0].stores for e in walk(st.value, set())}
+    assert "mul" in ops and "const" in ops
+
+
 def test_later_nest_reads_an_earlier_nests_output():
     """gi = dy * sigmoid(x) and its column sum (a bias gradient): two nests; the partitioner
     has the column sum read gi back from its output buffer instead of recomputing sigmoid."""

@@ -278,7 +278,9 @@ class CudaRenderer(CppRenderer):
 
     def _one_thread_per_result(self, outer, scope: _Scope) -> bool:
         """The reductions at this level read along a strided dimension while a loop they
-        depend on is contiguous: one thread per result reads coalesced."""
+        depend on is contiguous: one thread per result reads coalesced. Loads that do not
+        vary along that loop (a layer norm's per-row mean and rstd in its weight gradient)
+        are the same address for a warp's threads and do not count against it."""
         if not outer:
             return False
         for k, g in scope.items:
@@ -287,8 +289,9 @@ class CudaRenderer(CppRenderer):
             loads = [x.args[1] for kk, x in self.group_scope[id(g)].items
                      if kk == "expr" and x.op == "load"]
             last = g.rvars[-1]
-            if loads and all(abs(a.coeff(last)) != 1 for a in loads) and any(
-                    a.coeff(outer[-1]) == 1 for a in loads):
+            col = outer[-1]
+            if loads and all(abs(a.coeff(last)) != 1 or a.coeff(col) == 0 for a in loads) and any(
+                    a.coeff(col) == 1 for a in loads):
                 return True
         return False
 
