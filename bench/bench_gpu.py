@@ -35,10 +35,12 @@ MLP_D, MLP_HIDDEN, MLP_BATCH = 1024, 4096, 8192
 
 
 def synced(fn):
+    """``fn`` followed by ``torch.cuda.synchronize()`` (``run.unsynced``: ``fn`` alone)."""
     def run():
         out = fn()
         torch.cuda.synchronize()
         return out
+    run.unsynced = fn
     return run
 
 

@@ -1,8 +1,9 @@
 """Where a GPU workload's time goes under accel: host time per call (no synchronization),
 time per call with synchronization, the kernels' own GPU time (torch.profiler), and the
-host's hottest Python functions (cProfile).
+host's hottest Python functions (cProfile); ``--timeline``: when within a call the kernel
+is launched.
 
-    python bench/profile_gpu.py [--only NAME[,NAME]] [--top N]
+    python bench/profile_gpu.py [--only NAME[,NAME]] [--top N] [--host | --timeline]
 """
 from __future__ import annotations
 
@@ -71,13 +72,58 @@ def host_costs(n: int = 200) -> None:
         print(f"host {k:45s} {timed(fn):9.1f} us/call (chain: 8 aten calls)")
 
 
+def launch_timeline(names=("chain", "rmsnorm", "softmax", "add_ln"), calls: int = 60) -> None:
+    """When in a synchronized call each backend's work reaches the GPU: µs from the call's
+    start to accel's kernel launch (launched ahead, at the region's first call, or at the
+    flush), to the host's return, and to the end of ``torch.cuda.synchronize()`` (medians
+    of ``calls`` calls, one backend after another)."""
+    from accel import runtime
+
+    marks = []
+    launch = runtime._launch
+
+    def timed_launch(*a):
+        marks.append(time.perf_counter())
+        return launch(*a)
+
+    runtime._launch = timed_launch
+    try:
+        for name in names:
+            spec = G.WORKLOADS[name][1]()
+            for label in ("eager", "accel", "compile"):
+                f = getattr(spec, label)
+                for _ in range(5):
+                    f()
+                rows = []
+                for _ in range(calls):
+                    marks.clear()
+                    t0 = time.perf_counter()
+                    getattr(f, "unsynced", f)()
+                    t1 = time.perf_counter()
+                    torch.cuda.synchronize()
+                    t2 = time.perf_counter()
+                    rows.append(((marks[0] - t0) if marks else float("nan"), t1 - t0, t2 - t0))
+                med = [sorted(r[i] for r in rows)[calls // 2] * 1e6 for i in range(3)]
+                print(f"timeline {name:8s} {label:8s} launch at {med[0]:7.1f} us  host returns "
+                      f"{med[1]:7.1f} us  synchronized {med[2]:7.1f} us")
+            del spec
+            torch.cuda.empty_cache()
+    finally:
+        runtime._launch = launch
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--only", default="chain,rmsnorm,gpt2_train")
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--host", action="store_true", help="host costs only")
     p.add_argument("--cprofile", action="store_true", help="also the host's hottest functions")
+    p.add_argument("--timeline", action="store_true",
+                   help="only when each backend's work reaches the GPU within a call")
     a = p.parse_args(argv)
+    if a.timeline:
+        launch_timeline()
+        return 0
     host_costs()
     if a.host:
         return 0
