@@ -72,6 +72,21 @@ def host_costs(n: int = 200) -> None:
         print(f"host {k:45s} {timed(fn):9.1f} us/call (chain: 8 aten calls)")
 
 
+def _warmed(names, warmup: int):
+    """For each workload of ``names`` and each backend: (workload, backend, its synchronized
+    callable called ``warmup`` times, the workload's Spec); the Spec is dropped and the
+    CUDA cache emptied after its last backend."""
+    for name in names:
+        spec = G.WORKLOADS[name][1]()
+        for label in ("eager", "accel", "compile"):
+            f = getattr(spec, label)
+            for _ in range(warmup):
+                f()
+            yield name, label, f, spec
+        del spec
+        torch.cuda.empty_cache()
+
+
 def launch_timeline(names=("chain", "rmsnorm", "softmax", "add_ln"), calls: int = 60) -> None:
     """When in a synchronized call each backend's work reaches the GPU: µs from the call's
     start to accel's kernel launch (launched ahead, at the region's first call, or at the
@@ -88,26 +103,19 @@ def launch_timeline(names=("chain", "rmsnorm", "softmax", "add_ln"), calls: int 
 
     runtime._launch = timed_launch
     try:
-        for name in names:
-            spec = G.WORKLOADS[name][1]()
-            for label in ("eager", "accel", "compile"):
-                f = getattr(spec, label)
-                for _ in range(5):
-                    f()
-                rows = []
-                for _ in range(calls):
-                    marks.clear()
-                    t0 = time.perf_counter()
-                    getattr(f, "unsynced", f)()
-                    t1 = time.perf_counter()
-                    torch.cuda.synchronize()
-                    t2 = time.perf_counter()
-                    rows.append(((marks[0] - t0) if marks else float("nan"), t1 - t0, t2 - t0))
-                med = [sorted(r[i] for r in rows)[calls // 2] * 1e6 for i in range(3)]
-                print(f"timeline {name:8s} {label:8s} launch at {med[0]:7.1f} us  host returns "
-                      f"{med[1]:7.1f} us  synchronized {med[2]:7.1f} us")
-            del spec
-            torch.cuda.empty_cache()
+        for name, label, f, _ in _warmed(names, 5):
+            rows = []
+            for _ in range(calls):
+                marks.clear()
+                t0 = time.perf_counter()
+                getattr(f, "unsynced", f)()
+                t1 = time.perf_counter()
+                torch.cuda.synchronize()
+                t2 = time.perf_counter()
+                rows.append(((marks[0] - t0) if marks else float("nan"), t1 - t0, t2 - t0))
+            med = [sorted(r[i] for r in rows)[calls // 2] * 1e6 for i in range(3)]
+            print(f"timeline {name:8s} {label:8s} launch at {med[0]:7.1f} us  host returns "
+                  f"{med[1]:7.1f} us  synchronized {med[2]:7.1f} us")
     finally:
         runtime._launch = launch
 
@@ -127,35 +135,28 @@ def main(argv=None) -> int:
     host_costs()
     if a.host:
         return 0
-    for name in a.only.split(","):
-        spec = G.WORKLOADS[name][1]()
-        for label in ("eager", "accel", "compile"):
-            f = getattr(spec, label)
-            for _ in range(3):
+    for name, label, f, spec in _warmed(a.only.split(","), 3):
+        ts = []
+        for _ in range(20):
+            t0 = time.perf_counter()
+            f()
+            ts.append(time.perf_counter() - t0)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(5):
                 f()
-            ts = []
-            for _ in range(20):
-                t0 = time.perf_counter()
-                f()
-                ts.append(time.perf_counter() - t0)
-            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-                for _ in range(5):
-                    f()
-            ev = prof.key_averages()
-            gpu = sum(e.device_time_total for e in ev) / 5 / 1e3
-            print(f"{name:10s} {label:8s} synced call {sorted(ts)[10] * 1e3:8.3f} ms  "
-                  f"gpu kernels {gpu:8.3f} ms")
-            if label == "accel":
-                print(ev.table(sort_by="device_time_total", row_limit=12, max_name_column_width=40))
-        if a.cprofile:
-            pr = cProfile.Profile()
-            pr.enable()
-            for _ in range(20):
-                spec.accel()
-            pr.disable()
-            pstats.Stats(pr).sort_stats("tottime").print_stats(a.top)
-        del spec
-        torch.cuda.empty_cache()
+        ev = prof.key_averages()
+        gpu = sum(e.device_time_total for e in ev) / 5 / 1e3
+        print(f"{name:10s} {label:8s} synced call {sorted(ts)[10] * 1e3:8.3f} ms  "
+              f"gpu kernels {gpu:8.3f} ms")
+        if label == "accel":
+            print(ev.table(sort_by="device_time_total", row_limit=12, max_name_column_width=40))
+            if a.cprofile:
+                pr = cProfile.Profile()
+                pr.enable()
+                for _ in range(20):
+                    spec.accel()
+                pr.disable()
+                pstats.Stats(pr).sort_stats("tottime").print_stats(a.top)
     return 0
 
 
