@@ -107,7 +107,11 @@ def _first_call(mode, region) -> None:
     if pred is not None and pred.count >= pred.need:
         from .runtime import speculate
 
-        speculate(region, pred)
+        try:
+            speculate(region, pred)
+        except Exception as e:  # noqa: BLE001 - (out of memory, say) the flush runs it as usual
+            region.ahead = region.speculation = None
+            log.debug("accel: no launch ahead (%s: %s)", type(e).__name__, e)
 
 
 class _Worker:

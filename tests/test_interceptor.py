@@ -550,6 +550,21 @@ def test_launch_ahead_backs_off_after_misses(ahead):
     assert misses <= 3, _spec_stats()
 
 
+def test_launch_ahead_failing_changes_nothing(ahead, monkeypatch):
+    """A launch ahead that fails before launching (here: allocating its outputs) leaves the
+    region to its flush."""
+    x, w = torch.randn(40, 26), torch.randn(26)
+    _warm(x, w)
+    launches = _spec_stats()[0]
+
+    def no_memory(*a, **k):
+        raise torch.OutOfMemoryError("no memory (test)")
+
+    monkeypatch.setattr(torch, "empty_strided", no_memory)
+    _warm(x, w, 2)
+    assert _spec_stats()[0] == launches and accel.stats()["eager_replays"] == 0
+
+
 def test_launch_ahead_off(monkeypatch):
     monkeypatch.setenv("ACCEL_LAUNCH_AHEAD", "off")
     accel.reset_stats()
