@@ -30,7 +30,8 @@ class Deferred(Exception):
 #: dtypes whose results accel computes; float16/bfloat16/complex stay eager (v0).
 DTYPES = frozenset({torch.float32, torch.float64, torch.int32, torch.int64, torch.bool})
 
-#: ops that run eagerly without flushing: they create views or metadata, read no data.
+#: ops that run eagerly without flushing: they create views, metadata or new tensors
+#: (factories, filled with constants or left empty), and read no tensor's data.
 VIEW_OPS = frozenset({
     aten.view.default, aten._unsafe_view.default, aten.alias.default, aten.detach.default,
     aten.expand.default, aten.permute.default, aten.transpose.int, aten.t.default,
@@ -41,6 +42,10 @@ VIEW_OPS = frozenset({
     aten.empty.memory_format, aten.empty_strided.default, aten.empty_like.default,
     aten.lift_fresh.default, aten.sym_size.int, aten.sym_stride.int, aten.sym_numel.default,
     aten.sym_storage_offset.default, aten.is_same_size.default,
+    aten.new_empty.default, aten.new_empty_strided.default, aten.new_zeros.default,
+    aten.new_ones.default, aten.new_full.default, aten.zeros.default, aten.ones.default,
+    aten.full.default, aten.zeros_like.default, aten.ones_like.default, aten.full_like.default,
+    aten.arange.default, aten.arange.start, aten.arange.start_step,
 })
 
 #: pointwise ops not tagged as such in torch, or whose decomposition accel relies on.

@@ -580,3 +580,18 @@ def test_sum_of_an_expanded_value_matches_eager():
         with accel.eager():
             y = (x + 0).sum(0) if shape[0] else x.sum(0)
         close(y, x.sum(0))
+
+
+def test_factories_do_not_flush(x):
+    """Tensors made from sizes and constants (or another tensor's metadata) read no data:
+    the pending region goes on past them."""
+    accel.reset_stats()
+    with accel.eager():
+        a = x * 2
+        z = torch.zeros_like(a) + a.new_full((64, 33), 0.5) + torch.ones(64, 33)
+        e = a.new_empty_strided((3,), (1,))
+        r = torch.arange(33.0)
+        y = torch.sin(a) + z + r
+        assert pending() > 3 and e.shape == (3,)
+    assert accel.stats()["flushes"] == 1
+    close(y, torch.sin(x * 2) + 1.5 + torch.arange(33.0))
