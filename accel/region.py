@@ -270,14 +270,24 @@ class Region(RegionCore):
 
     # -- flush -----------------------------------------------------------------------
     def ext_overlap(self) -> bool:
-        """True if a mutated external input shares memory with another external input."""
+        """True if an external input the region writes shares storage with another external
+        input (external inputs that are only read may share it: ``x`` and ``x.t()``)."""
+        from .ops import fusible_ops
+
+        table = fusible_ops()
+        written = set()
+        for func, targs, tkw, _ in self.calls:
+            for name, k in table[func].mutates:
+                ref = tkw[name] if name in tkw else targs[k] if 0 <= k < len(targs) else ("c", None)
+                if ref[0] == "x":
+                    written.add(ref[1])
         spans = []
         for t in self.ext:
             s = _untyped_storage(t)
             spans.append((s.data_ptr(), s.data_ptr() + s.nbytes()))
-        for i in range(len(spans)):
-            for j in range(i):
-                a, b = spans[i], spans[j]
-                if a[0] < b[1] and b[0] < a[1]:
+        for j in written:
+            b = spans[j]
+            for i, a in enumerate(spans):
+                if i != j and a[0] < b[1] and b[0] < a[1]:
                     return True
         return False

@@ -188,6 +188,25 @@ def test_inplace_on_views_of_one_storage(x):
     close(a, b)
 
 
+def test_inplace_write_beside_overlapping_reads_runs_a_kernel(x):
+    """Inputs that are only read may share storage (``x`` and ``x.t()``): a region that
+    writes another input still runs its kernel; one writing into an input that shares
+    storage with another input is replayed eagerly (either way: eager's result)."""
+    s = torch.randn(33, 33)
+    for target in ("other", "shared"):
+        a, b = s.clone(), s.clone()
+        out_a, out_b = torch.zeros(33, 33), torch.zeros(33, 33)
+        accel.reset_stats()
+        with accel.eager():
+            dst = out_a if target == "other" else a
+            dst.add_(a * 2 + a.t())
+        (out_b if target == "other" else b).add_(b * 2 + b.t())
+        close(out_a, out_b)
+        close(a, b)
+        st = accel.stats()
+        assert (st["kernel_runs"], st["eager_replays"]) == ((1, 0) if target == "other" else (0, 1)), st
+
+
 def test_inplace_partial_overlap_raises_like_eager(x):
     with pytest.raises(RuntimeError, match="single memory location"):
         x.clone()[1:].add_(x[:-1])  # fine in eager: different storages
