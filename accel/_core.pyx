@@ -465,23 +465,40 @@ cdef class RegionCore:
             if node.outs is NOT_DEFERRABLE:
                 raise Deferred("meta")
         except Deferred:
-            for x in self.ext[n_ext:]:
-                self.ext_ids.pop(id(x), None)
-            del self.ext[n_ext:]
-            del self.scalars[n_sc:]
-            if not self.calls:
-                self.device = None
+            self._rollback(n_ext, n_sc, len(self.outs))
+            raise
+        ret = node.ret
+        n_out = len(self.outs)
+        try:
+            if ret is not None:
+                res = self.ext[ret[1]] if ret[0] == "x" else self.outs[ret[1]]
+            elif not node.multi:
+                res = self._alloc(node.outs[0])
+            else:
+                res = tuple([None if m is None else self._alloc(m) for m in node.outs])
+        except BaseException:  # out of memory, say: the call is not recorded
+            self._rollback(n_ext, n_sc, n_out)
             raise
         self.node = node
-        ret = node.ret
         self.calls.append((func, tuple(targs), tkw, node.n_new))
         if node.writes_ext:
             self.mutates_ext = True
-        if ret is not None:
-            return self.ext[ret[1]] if ret[0] == "x" else self.outs[ret[1]]
-        if not node.multi:
-            return self._alloc(node.outs[0])
-        return tuple([None if m is None else self._alloc(m) for m in node.outs])
+        return res
+
+    cdef _rollback(self, Py_ssize_t n_ext, Py_ssize_t n_sc, Py_ssize_t n_out):
+        """Forget the external inputs, scalars and outputs a call that is not recorded
+        added."""
+        for x in self.ext[n_ext:]:
+            self.ext_ids.pop(id(x), None)
+        del self.ext[n_ext:]
+        del self.scalars[n_sc:]
+        for t in self.outs[n_out:]:
+            self.out_ids.pop(id(t), None)
+            self.out_bases.discard(_data_ptr(t))
+        del self.outs[n_out:]
+        del self.out_meta[n_out:]
+        if not self.calls:
+            self.device = None
 
     cdef _alloc(self, tuple meta):
         cdef Py_ssize_t p, e, i = len(self.outs)

@@ -143,19 +143,24 @@ class RegionCore:
             if node.outs is NOT_DEFERRABLE:
                 raise Deferred("meta")
         except Deferred:
-            self._rollback(n_ext, n_sc)
-            if not self.calls:
-                self.device = None
+            self._rollback(n_ext, n_sc, len(self.outs))
+            raise
+        n_out = len(self.outs)
+        try:
+            if node.ret is not None:
+                res = self._resolve(node.ret)
+            elif not node.multi:
+                res = self._alloc(node.outs[0])
+            else:
+                res = tuple(None if m is None else self._alloc(m) for m in node.outs)
+        except BaseException:  # out of memory, say: the call is not recorded
+            self._rollback(n_ext, n_sc, n_out)
             raise
         self.node = node
         self.calls.append((func, tuple(targs), tkw, node.n_new))
         if node.writes_ext:
             self.mutates_ext = True
-        if node.ret is not None:
-            return self._resolve(node.ret)
-        if not node.multi:
-            return self._alloc(node.outs[0])
-        return tuple(None if m is None else self._alloc(m) for m in node.outs)
+        return res
 
     def _alloc(self, meta):
         shape, stride, dtype, nbytes = meta
@@ -176,11 +181,20 @@ class RegionCore:
             self.hi = p + nbytes
         return t
 
-    def _rollback(self, n_ext, n_sc):
+    def _rollback(self, n_ext, n_sc, n_out):
+        """Forget the external inputs, scalars and outputs a call that is not recorded
+        added."""
         for t in self.ext[n_ext:]:
             self.ext_ids.pop(id(t), None)
         del self.ext[n_ext:]
         del self.scalars[n_sc:]
+        for t in self.outs[n_out:]:
+            self.out_ids.pop(id(t), None)
+            self.out_bases.discard(_data_ptr(t))
+        del self.outs[n_out:]
+        del self.out_meta[n_out:]
+        if not self.calls:
+            self.device = None
 
 
 

@@ -85,8 +85,12 @@ def _record(mode, region, func, spec, args, kwargs):
             return _EAGER
         try:  # it read a view of a pending output: now a plain input
             out = region.record(func, spec, args, kwargs)
-        except Deferred:
+        except Exception:  # noqa: BLE001 - Deferred, or as below
             return _EAGER
+    except Exception as e:  # noqa: BLE001 - allocating its output failed, say: eager decides
+        log.debug("accel: %s runs eagerly (%s: %s)", func, type(e).__name__, e)
+        _flush_region(region)
+        return _EAGER
     n = len(region.calls)
     if n == 1 and mode.ahead:
         _first_call(mode, region)

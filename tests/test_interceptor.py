@@ -207,6 +207,21 @@ def test_inplace_write_beside_overlapping_reads_runs_a_kernel(x):
         assert (st["kernel_runs"], st["eager_replays"]) == ((1, 0) if target == "other" else (0, 1)), st
 
 
+def test_failed_output_allocation_runs_the_call_eagerly(x):
+    """A call whose output cannot be allocated (4 TiB here) is not recorded: it runs
+    eagerly, which raises eager's own error, and the pending region stays whole."""
+    big = torch.ones(1).expand(1 << 20, 1 << 20)
+    with pytest.raises(RuntimeError) as eager_error:
+        big * 2
+    with accel.eager():
+        y = x * 2
+        with pytest.raises(type(eager_error.value)):
+            big * 2
+        z = y + 1
+    close(z, x * 2 + 1)
+    close(y, x * 2)
+
+
 def test_inplace_partial_overlap_raises_like_eager(x):
     with pytest.raises(RuntimeError, match="single memory location"):
         x.clone()[1:].add_(x[:-1])  # fine in eager: different storages
