@@ -61,6 +61,28 @@ def test_kernels_run_on_the_gpu_and_match_eager(name):
     assert st["kernel_runs"] >= 1 and st["eager_replays"] == 0, st
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=cuda)])
+@pytest.mark.parametrize("name", list(WORKLOADS))
+def test_results_of_kernels_launched_ahead_match_eager(name, device, monkeypatch):
+    """Each workload, called again and again with new inputs of one shape: from the third
+    call its kernel is launched ahead (on the CPU too, under ``ACCEL_LAUNCH_AHEAD=all``),
+    and every result is eager's."""
+    monkeypatch.setenv("ACCEL_LAUNCH_AHEAD", "all")
+    fn = WORKLOADS[name]
+    accel.reset_stats()
+    # a shape per workload: workloads whose first calls agree (x + 1) would otherwise share
+    # the first call's prediction, mispredict for one another and back off
+    shape = (48, 352 + list(WORKLOADS).index(name))
+    x = _x(*shape, device=device)
+    for seed in range(5):
+        x.copy_(_x(*shape, device=device, seed=seed))  # the same input tensor, new values
+        with accel.eager():
+            actual = fn(x)
+        torch.testing.assert_close(actual, fn(x))
+    st = accel.stats()
+    assert st["speculative_hits"] >= 2 and st["speculative_misses"] == 0, st
+
+
 #: shapes that take each kernel mode: elementwise with 16-byte vectors (innermost size a
 #: multiple of 4) and without; column sums in whole warps (column mode) and not; full
 #: reductions past GRID_MIN (grid mode) and below; long rows (block-strided) and short.

@@ -584,6 +584,19 @@ def test_launch_ahead_backs_off_after_misses(ahead):
     assert misses <= 3, _spec_stats()
 
 
+def test_launch_ahead_regions_sharing_their_first_call(ahead):
+    """Two regions that begin with the same call, in turn: each flush mispredicts the
+    other's end at first; results stay eager's and the prediction backs off."""
+    x = torch.randn(40, 27)
+    fns = [lambda x: (x + 1).sin(), lambda x: (x + 1).cos() * 2]
+    for i in range(40):
+        f = fns[(i // 3) % 2]  # three of one, then three of the other
+        with accel.eager():
+            y = f(x)
+        close(y, f(x))
+    assert _spec_stats()[2] <= 4, _spec_stats()
+
+
 def test_launch_ahead_failing_changes_nothing(ahead, monkeypatch):
     """A launch ahead that fails before launching (here: allocating its outputs) leaves the
     region to its flush."""
