@@ -506,12 +506,11 @@ cdef class RegionCore:
         if self.ahead is not None and i < len(self.ahead) and self.ahead_meta[i] is meta:
             r = self.ahead[i]  # allocated when the region's kernel was launched ahead
             self.ahead[i] = None
-        if r is not None:
-            pass
-        elif self.device is None or self.device is _CPU:
-            r = _empty_strided(meta[0], meta[1], dtype=meta[2])
-        else:
-            r = _empty_strided(meta[0], meta[1], dtype=meta[2], device=self.device)
+        if r is None:
+            if self.device is None or self.device is _CPU:
+                r = _empty_strided(meta[0], meta[1], dtype=meta[2])
+            else:
+                r = _empty_strided(meta[0], meta[1], dtype=meta[2], device=self.device)
         self.out_ids[id(r)] = i
         self.outs.append(r)
         self.out_meta.append(meta)

@@ -92,7 +92,7 @@ def _record(mode, region, func, spec, args, kwargs):
         _flush_region(region)
         return _EAGER
     n = len(region.calls)
-    if n == 1 and mode.ahead:
+    if n == 1 and mode.ahead != "off":
         _first_call(mode, region)
     if n >= mode.cap:
         _flush_region(region)
@@ -167,7 +167,7 @@ class AccelMode(TorchDispatchMode):
         super().__init__()
         self.table, self.views = _op_ids()
         self.cap = config.flag("ACCEL_MAX_REGION")
-        self.ahead = _ahead(config.flag("ACCEL_LAUNCH_AHEAD"))
+        self.ahead = config.flag("ACCEL_LAUNCH_AHEAD")
         self.owner = threading.get_ident()
         self.region = _state.region  # the owner thread's
 
@@ -200,11 +200,6 @@ class AccelMode(TorchDispatchMode):
             elif id(func) not in self.views and region.calls:
                 _flush_region(region)
         return func._op(*args, **kwargs)
-
-
-def _ahead(value: str):
-    """The mode's launch-ahead setting: None (off), "cuda" or "all"."""
-    return None if value == "off" else value
 
 
 @functools.lru_cache(maxsize=1)
@@ -322,7 +317,7 @@ def enable() -> None:
     cls = _DynamoSafeAccelMode if "torch._dynamo" in sys.modules else AccelMode
     mode = st.spare.pop() if st.spare and type(st.spare[-1]) is cls else cls()
     mode.cap = cfg["ACCEL_MAX_REGION"]
-    mode.ahead = _ahead(cfg["ACCEL_LAUNCH_AHEAD"])
+    mode.ahead = cfg["ACCEL_LAUNCH_AHEAD"]
     flush()  # calls recorded by an outer mode belong before this one
     mode.__enter__()
     st.modes.append(mode)

@@ -329,13 +329,14 @@ class Prediction:
     supply (weak references, with the shape, strides, offset, dtype, address and storage
     size they had), the runtime scalars and the outputs' metadata. ``count`` flushes in a
     row ended so; the kernel is launched ahead once ``count >= need`` (``need`` grows
-    fourfold at each mispredicted launch)."""
+    fourfold at each mispredicted launch). Only regions that write no external input are
+    predicted; the first call's key fixes the device."""
 
-    __slots__ = ("end", "live", "kern", "tail", "scalars", "metas", "device", "count", "need")
+    __slots__ = ("end", "live", "kern", "tail", "scalars", "metas", "count", "need")
 
-    def __init__(self, end, live, kern, tail, scalars, metas, device, count, need):
+    def __init__(self, end, live, kern, tail, scalars, metas, count, need):
         self.end, self.live, self.kern, self.tail = end, live, kern, tail
-        self.scalars, self.metas, self.device = scalars, metas, device
+        self.scalars, self.metas = scalars, metas
         self.count, self.need = count, need
 
 
@@ -375,29 +376,22 @@ def speculate(region: Region, pred: Prediction) -> None:
                 or _untyped_storage(t).nbytes() < nbytes):
             return
         tail.append(t)
-    if region.device != pred.device or region.mutates_ext:
-        return
-    kern, metas, outs = pred.kern, pred.metas, region.outs
+    kern, metas, n_first = pred.kern, pred.metas, len(region.outs)
     ahead = [None] * len(metas)
-    device = region.device
     for i in kern.live_idx:
-        if i >= len(outs):
+        if i >= n_first:
             m = metas[i]
-            ahead[i] = torch.empty_strided(m[0], m[1], dtype=m[2], device=device)
+            ahead[i] = torch.empty_strided(m[0], m[1], dtype=m[2], device=region.device)
     ext = region.ext + tail
     scalars = region.scalars + pred.scalars[len(region.scalars):]
-    ptrs = [_data_ptr(t) for t in ext]
-    n_ext = len(ptrs)
-    ptrs += [_data_ptr(outs[i] if i < len(outs) else ahead[i]) for i in kern.live_idx]
-    if kern.scratch:
-        ptrs += [_data_ptr(t) for t in region.scratch_for(kern)]
+    ptrs = _kernel_ptrs(kern, region, ext, region.outs + ahead[n_first:])
     status, stream = _launch(kern, region, ptrs, scalars)
     if status != 0:  # the flush launches it again and reports the failure
         return
     STATS["speculative_launches"] += 1
     region.ahead, region.ahead_meta = ahead, metas
-    region.speculation = Speculation(pred, ext, [t._version for t in ext], ptrs[:n_ext], scalars,
-                                     stream)
+    region.speculation = Speculation(pred, ext, [t._version for t in ext], ptrs[:len(ext)],
+                                     scalars, stream)
 
 
 def _confirmed(region: Region, sp: Speculation, node: TrieNode, live) -> bool:
@@ -434,8 +428,17 @@ def _predict(region: Region, node: TrieNode, live, kern: CompiledRegion) -> None
             for t in region.ext[region.first_n_ext:]]
     same = old is not None and old.end is node and old.live == live
     first.predict = Prediction(node, live, kern, tail, list(region.scalars), list(region.out_meta),
-                               region.device, old.count + 1 if same else 1,
-                               old.need if old is not None else 2)
+                               old.count + 1 if same else 1, old.need if old is not None else 2)
+
+
+def _kernel_ptrs(kern: CompiledRegion, region: Region, ext, outs) -> list:
+    """The kernel's buffer addresses: the external inputs, the outputs it writes (of
+    ``outs``, by index), then its scratch buffers."""
+    ptrs = [_data_ptr(t) for t in ext]
+    ptrs += [_data_ptr(outs[i]) for i in kern.live_idx]
+    if kern.scratch:
+        ptrs += [_data_ptr(t) for t in region.scratch_for(kern)]
+    return ptrs
 
 
 def _launch(kern: CompiledRegion, region: Region, ptrs, scalars):
@@ -477,11 +480,7 @@ def execute(region: Region) -> None:
     if kern.__class__ is _Pending:
         kern = _ready(node, live, kern) if kern.future.done() else None
     if kern is not None and not (region.mutates_ext and region.ext_overlap()):
-        outs = region.outs
-        ptrs = [_data_ptr(t) for t in region.ext]
-        ptrs += [_data_ptr(outs[i]) for i in kern.live_idx]
-        if kern.scratch:
-            ptrs += [_data_ptr(t) for t in region.scratch_for(kern)]
+        ptrs = _kernel_ptrs(kern, region, region.ext, region.outs)
         status, _ = _launch(kern, region, ptrs, region.scalars)
         if status == 0:
             STATS["kernel_runs"] += 1
