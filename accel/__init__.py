@@ -12,10 +12,11 @@ from .config import ConfigError  # noqa: E402
 
 _LAZY = {"eager": "interceptor", "enable": "interceptor", "disable": "interceptor",
          "flush": "interceptor", "is_enabled": "interceptor", "stats": "runtime",
-         "reset_stats": "runtime", "wait_for_compiles": "runtime"}
+         "reset_stats": "runtime", "wait_for_compiles": "runtime",
+         "empty_cache": "allocator"}
 
 __all__ = ["eager", "enable", "disable", "flush", "is_enabled", "stats", "reset_stats",
-           "wait_for_compiles", "ConfigError", "__version__"]
+           "wait_for_compiles", "empty_cache", "ConfigError", "__version__"]
 
 
 def _preload() -> None:

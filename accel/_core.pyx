@@ -296,6 +296,7 @@ cdef class CudaKernel:
 # -- recording: the per-call hot path (pure-Python twin: accel/_core_py.py) -----------------
 import sys
 import torch
+from accel.allocator import MIN_BLOCK, empty_strided as _pool_empty_strided
 from accel.ops import DTYPES, NOT_DEFERRABLE, SCALAR, TENSOR, Deferred
 
 cdef object _data_ptr = torch._C.TensorBase.data_ptr
@@ -311,6 +312,7 @@ cdef object _CPU = torch.device("cpu")
 cdef tuple _CONST_TYPES = (bool, int, float, str, type(None), torch.dtype, torch.device,
                            torch.memory_format, torch.layout, tuple)
 cdef int _TENSOR = TENSOR, _SCALAR = SCALAR
+cdef Py_ssize_t _MIN_BLOCK = MIN_BLOCK
 cdef str _FPOS = "f+", _FNEG = "f-", _IPOS = "i+", _INEG = "i-"
 
 
@@ -508,7 +510,10 @@ cdef class RegionCore:
             self.ahead[i] = None
         if r is None:
             if self.device is None or self.device is _CPU:
-                r = _empty_strided(meta[0], meta[1], dtype=meta[2])
+                if <Py_ssize_t>meta[3] >= _MIN_BLOCK:  # a reused block: no page faults
+                    r = _pool_empty_strided(meta[0], meta[1], meta[2], meta[3])
+                else:
+                    r = _empty_strided(meta[0], meta[1], dtype=meta[2])
             else:
                 r = _empty_strided(meta[0], meta[1], dtype=meta[2], device=self.device)
         self.out_ids[id(r)] = i

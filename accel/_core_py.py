@@ -9,6 +9,7 @@ import sys
 
 import torch
 
+from .allocator import empty_strided
 from .ops import DTYPES, NOT_DEFERRABLE, SCALAR, TENSOR, Deferred, OpSpec
 
 _data_ptr = torch._C.TensorBase.data_ptr
@@ -169,7 +170,7 @@ class RegionCore:
         if self.ahead is not None and i < len(self.ahead) and self.ahead_meta[i] is meta:
             t, self.ahead[i] = self.ahead[i], None  # allocated when the kernel was launched ahead
         if t is None:
-            t = torch.empty_strided(shape, stride, dtype=dtype, device=self.device or _CPU)
+            t = empty_strided(shape, stride, dtype, nbytes, self.device)
         self.out_ids[id(t)] = i
         self.outs.append(t)
         self.out_meta.append(meta)

@@ -109,6 +109,10 @@ FLAGS = {
              "all: on CPUs as well (no faster there; for testing); off."),
         Flag("ACCEL_PURE_PYTHON", False, _parse_bool,
              "Use the pure-Python twin of the Cython core (debugging; slower)."),
+        Flag("ACCEL_CPU_POOL_MB", 1024, _parse_int(0),
+             "Most MiB of reused blocks (in use or free) kept for regions' large CPU "
+             "outputs, so that a fresh output does not page-fault; 0 turns the pool off. "
+             "accel.empty_cache() releases the free ones."),
         Flag("ACCEL_MALLOC_TUNING", True, _parse_bool,
              "Keep freed memory in glibc's heap (no mmap for large blocks, no trimming), so "
              "fresh outputs do not page-fault; set once, for the whole process, at the first "

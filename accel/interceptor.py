@@ -16,7 +16,7 @@ import threading
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from . import config
+from . import allocator, config
 from .ops import VIEW_OPS, fusible_ops
 from .region import Deferred, Region
 
@@ -270,30 +270,6 @@ def _remove_hooks():
             _hooks_installed = False
 
 
-# -- allocator ----------------------------------------------------------------------------
-#: glibc mallopt parameters (malloc.h): never mmap a block, never trim the heap's top
-_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_MAX = -1, -2, -4
-
-
-@functools.lru_cache(maxsize=1)
-def tune_allocator() -> bool:
-    """Keep freed memory in glibc's heap for reuse, once per process: large blocks are
-    not mmapped (and unmapped at free) and the heap is not trimmed, so a fresh output
-    reuses memory already mapped instead of page-faulting on first touch (a fresh 64 MiB
-    output: about 5x faster here). PyTorch's CPU performance guides get the same effect
-    from jemalloc or tcmalloc. Returns False where glibc's ``mallopt`` is missing."""
-    import ctypes
-
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return False
-    ok = (mallopt(_M_MMAP_MAX, 0) == 1 and mallopt(_M_TRIM_THRESHOLD, 1 << 30) == 1
-          and mallopt(_M_TOP_PAD, 64 << 20) == 1)
-    log.info("accel: glibc malloc tuned (no mmap, no trim): %s", ok)
-    return ok
-
-
 # -- enablement -------------------------------------------------------------------------
 def is_enabled() -> bool:
     """True if accel is intercepting aten calls on this thread."""
@@ -313,7 +289,7 @@ def enable() -> None:
         st.modes.append(None)
         return
     if cfg["ACCEL_MALLOC_TUNING"]:
-        tune_allocator()
+        allocator.tune_allocator()
     cls = _DynamoSafeAccelMode if "torch._dynamo" in sys.modules else AccelMode
     mode = st.spare.pop() if st.spare and type(st.spare[-1]) is cls else cls()
     mode.cap = cfg["ACCEL_MAX_REGION"]

@@ -17,7 +17,7 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from . import __version__, config
+from . import __version__, allocator, config
 from .ops import run_calls
 from .region import PENDING_NODES, Region, TrieNode, _data_ptr, _untyped_storage, native
 
@@ -381,7 +381,7 @@ def speculate(region: Region, pred: Prediction) -> None:
     for i in kern.live_idx:
         if i >= n_first:
             m = metas[i]
-            ahead[i] = torch.empty_strided(m[0], m[1], dtype=m[2], device=region.device)
+            ahead[i] = allocator.empty_strided(m[0], m[1], m[2], m[3], region.device)
     ext = region.ext + tail
     scalars = region.scalars + pred.scalars[len(region.scalars):]
     ptrs = _kernel_ptrs(kern, region, ext, region.outs + ahead[n_first:])

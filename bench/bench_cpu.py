@@ -79,6 +79,13 @@ _MALLOC_VARS = ("MALLOC_", "GLIBC_TUNABLES", "LD_PRELOAD", "ACCEL_MALLOC_TUNING"
 _ACCEL_MALLOC = "ACCEL_MALLOC_TUNING"
 
 
+def _pool_on() -> bool:
+    """accel's CPU output pool is on (ACCEL_CPU_POOL_MB > 0; accel versions with one)."""
+    from accel import config
+
+    return "ACCEL_CPU_POOL_MB" in config.FLAGS and config.flag("ACCEL_CPU_POOL_MB") > 0
+
+
 # ---------------------------------------------------------------------------- workloads
 
 def bias_gelu(x, b):
@@ -688,7 +695,11 @@ def _report(args, names, runs, child_args, run_dir, t_start) -> int:
                   f" accel applies similar settings itself ({_ACCEL_MALLOC}, on by default: "
                   "mallopt at its first enable, for the whole process, so eager code and "
                   "torch.compile in that process gain too); off in both tables here."
-                  if os.environ.get(_ACCEL_MALLOC) == "0" else "") + "\n")
+                  if os.environ.get(_ACCEL_MALLOC) == "0" else "") + (
+                  " In both tables accel's own large outputs come from its pool of reused "
+                  "blocks (ACCEL_CPU_POOL_MB, on by default; it changes no other "
+                  "allocation): under glibc's defaults they do not page-fault, where eager's "
+                  "and torch.compile's do." if _pool_on() else "") + "\n")
 
     print("## 2. Cold start: this process, fresh accel store, empty Inductor cache\n")
     print(cold_table(results))

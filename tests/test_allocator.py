@@ -1,0 +1,195 @@
+"""The CPU output pool (accel/allocator.py): large region outputs reuse freed blocks, never
+one that anything still holds."""
+import pytest
+import torch
+
+import accel
+from accel import allocator
+
+close = torch.testing.assert_close
+
+ROWS = 512  # x: [512, 1024] float32, 2 MiB: above allocator.MIN_BLOCK
+
+
+@pytest.fixture(autouse=True)
+def empty_pool(monkeypatch):
+    monkeypatch.delenv("ACCEL_CPU_POOL_MB", raising=False)
+    allocator.empty_cache()
+    yield
+    allocator.empty_cache()
+
+
+@pytest.fixture
+def x():
+    torch.manual_seed(0)
+    return torch.randn(ROWS, 1024)
+
+
+def step(x):
+    with accel.eager():
+        return torch.sin(x) * 2 + 1
+
+
+def ref(x):
+    return torch.sin(x) * 2 + 1
+
+
+def test_block_reused_once_free(x):
+    assert ROWS * 1024 * 4 >= allocator.MIN_BLOCK
+    y = step(x)
+    p = y.data_ptr()
+    z = step(x + 1)  # y is alive: another block
+    assert z.data_ptr() != p
+    close(y, ref(x))
+    del y
+    w = step(x - 1)  # y's block again (or z's dead intermediates'), already mapped
+    assert w.data_ptr() in {p} | {b.ptr for b in allocator._blocks.values()}
+    close(w, ref(x - 1))
+    close(z, ref(x + 1))
+    assert allocator.pool_stats()["blocks"] >= 2
+
+
+def test_reused_block_is_a_fresh_tensor(x):
+    y = step(x)
+    y.add_(1)
+    p = y.data_ptr()
+    del y
+    for _ in range(3):
+        z = step(x)
+        if z.data_ptr() == p:
+            break
+    assert z.data_ptr() == p
+    assert z._base is None and z._version == 0 and not z.requires_grad
+    close(z, ref(x))
+
+
+@pytest.mark.parametrize("holder", ["view", "storage", "numpy", "dlpack", "autograd", "tensor"])
+def test_block_held_elsewhere_is_not_reused(x, holder):
+    y = step(x)
+    a = torch.ones((), requires_grad=True)
+    keep = {"view": lambda: y[1:],
+            "storage": lambda: y.untyped_storage(),
+            "numpy": lambda: y.numpy(),
+            "dlpack": lambda: torch.utils.dlpack.to_dlpack(y),
+            "autograd": lambda: (a * y).sum(),
+            "tensor": lambda: y}[holder]()
+    want = ref(x)
+    p = y.data_ptr()
+    del y
+    outs = [step(x + i) for i in range(6)]  # every free block gets taken
+    assert all(o.data_ptr() != p for o in outs)
+    if holder == "view":
+        close(keep, want[1:])
+    elif holder == "numpy":
+        close(torch.from_numpy(keep), want)
+    elif holder == "autograd":
+        keep.backward()
+        close(a.grad, want.sum())
+    elif holder == "tensor":
+        close(keep, want)
+
+
+def test_resized_block_leaves_the_pool(x):
+    """A storage grown in place by its user is no longer a block of the pool's size: it
+    leaves the pool instead of being handed out (and counted) as one."""
+    y = step(x)
+    y.resize_(ROWS * 4, 1024)
+    del y
+    z = step(x)
+    close(z, ref(x))
+    assert all(b.storage.nbytes() == b.nbytes for b in allocator._blocks.values())
+
+
+def test_shared_memory_block_is_not_reused(x):
+    """A storage moved to shared memory (say, sent to another process) may still be read
+    there after this process drops it: the pool must not hand it out again."""
+    y = step(x)
+    y.share_memory_()
+    assert y.is_shared()
+    del y
+    outs = [step(x + i) for i in range(6)]
+    assert not any(o.is_shared() for o in outs)
+    for i, o in enumerate(outs):
+        close(o, ref(x + i))
+
+
+def test_capacity_and_eviction(x, monkeypatch):
+    block = ROWS * 1024 * 4
+    assert allocator.pool_stats()["held_bytes"] == 0
+    monkeypatch.setenv("ACCEL_CPU_POOL_MB", str(3 * block >> 20))  # three blocks
+    ys = [step(x + i) for i in range(5)]  # each step: sin, mul, add outputs of one block each
+    st = allocator.pool_stats()
+    assert st["held_bytes"] <= 3 * block and st["capacity_bytes"] == 3 * block
+    for i, y in enumerate(ys):
+        close(y, ref(x + i))
+    del ys
+    assert allocator.empty_cache() > 0
+    assert allocator.pool_stats()["held_bytes"] == 0
+
+
+def test_empty_cache_keeps_blocks_in_use(x):
+    y = step(x)
+    allocator.empty_cache()
+    st = allocator.pool_stats()
+    assert st["held_bytes"] >= y.untyped_storage().nbytes() and st["free_bytes"] == 0
+    close(y, ref(x))
+    assert accel.empty_cache is allocator.empty_cache
+
+
+def test_pool_off(x, monkeypatch):
+    n = allocator.pool_stats()["blocks"]
+    monkeypatch.setenv("ACCEL_CPU_POOL_MB", "0")
+    ys = [step(x) for _ in range(3)]
+    assert allocator.pool_stats()["blocks"] == n
+    for y in ys:
+        close(y, ref(x))
+
+
+def test_small_outputs_not_pooled():
+    a = torch.randn(16, 16)
+    n = allocator.pool_stats()["blocks"]
+    y = step(a)
+    assert allocator.pool_stats()["blocks"] == n
+    close(y, ref(a))
+
+
+def test_dead_pooled_intermediates_are_not_written(x):
+    """A pooled output is live only while held outside the pool: the region's dead
+    intermediates stay unwritten (one live output), as without the pool."""
+    from accel.interceptor import _state
+
+    with accel.eager():
+        y = torch.sin(x) * 2
+        t = y + 1
+        del y
+        assert _state.region.liveness() == (False, False, True)
+    close(t, ref(x))
+
+
+def _child(inbox, outbox):
+    t = inbox.get()
+    outbox.put("got")
+    assert inbox.get() == "go"  # the sender has dropped its tensor and run more steps
+    outbox.put(float(t.sum()))
+
+
+def test_tensor_sent_to_another_process_stays_intact(x):
+    """torch.multiprocessing moves a sent CPU tensor into shared memory; after the sender
+    drops it, the pool must not overwrite what the receiver still reads."""
+    ctx = torch.multiprocessing.get_context("spawn")
+    inbox, outbox = ctx.Queue(), ctx.Queue()
+    p = ctx.Process(target=_child, args=(inbox, outbox))
+    p.start()
+    try:
+        y = step(x)
+        want = float(ref(x).sum())
+        inbox.put(y)
+        assert outbox.get(timeout=120) == "got"
+        del y
+        outs = [step(x + 5) for _ in range(6)]  # would take a reused block
+        inbox.put("go")
+        got = outbox.get(timeout=120)
+    finally:
+        p.join(timeout=120)
+    assert got == pytest.approx(want, rel=1e-5)
+    assert not any(o.is_shared() for o in outs)
