@@ -257,3 +257,26 @@ def test_region_with_more_buffers_than_the_core_keeps_on_its_stack(device):
         got = fn()
     torch.testing.assert_close(got, fn())
     assert accel.stats()["kernel_runs"] >= 1 and accel.stats()["eager_replays"] == 0
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device"))])
+def test_exp_at_the_ends_of_its_range(device):
+    """exp in a kernel (accel::exp on the CPU) where it overflows, underflows to subnormals
+    and zero, and on inf, -inf and NaN: eager's results, zeros, infinities and NaNs
+    exactly; subnormals within 1 ulp of eager's (no flush to zero)."""
+    import accel
+
+    ends = [float("nan"), float("inf"), float("-inf"), 88.72283, 88.7229, 89.0, 1e30, -1e30,
+            -87.3, -87.4, -95.0, -100.0, -103.9, -104.0, -200.0, 0.0, -0.0, 1.0, -1.0]
+    x = torch.tensor(ends * 8, device=device)
+    accel.reset_stats()
+    with accel.eager():
+        got = torch.exp(x * 1.0)
+    want = torch.exp(x)
+    assert accel.stats()["kernel_runs"] == 1
+    torch.testing.assert_close(got, want, equal_nan=True, atol=0, rtol=1.2e-7)
+    assert torch.equal(got == 0, want == 0) and torch.equal(got.isinf(), want.isinf())
+    assert torch.equal(got.isnan(), want.isnan())
+    tiny = (want > 0) & (want < torch.finfo(torch.float32).tiny)
+    assert tiny.any() and ((got - want).abs()[tiny] <= 1.5e-45).all()  # one subnormal step

@@ -56,15 +56,18 @@ ACCEL_LIBM_UNARY(ACCEL_UNARY)
 #endif
 
 /* expf, vectorizable over its whole range (Cephes' expf: x = n ln2 + r, |r| <= ln2/2, a
- * degree-6 polynomial in r, scaled by 2^n as two powers of two so that n in [-126, 128]
- * never leaves the exponent range). libmvec's expf takes a slow scalar path for inputs whose
- * result underflows or overflows (a masked softmax's -inf or finfo.min logits), ten times
- * slower; this one does not. About 1 ulp, as eager's (SLEEF's u10). Results below 2^-126
- * (denormal) become 0, at most 1.2e-38 from eager's. */
+ * degree-6 polynomial in r, scaled by 2^n as two powers of two so that every n in
+ * [-150, 144] stays in the exponent range). libmvec's expf takes a slow scalar path for
+ * inputs whose result underflows or overflows (a masked softmax's -inf or finfo.min
+ * logits), ten times slower; this one does not. Out-of-range inputs need no selects: x is
+ * clamped to [-104, 100], where the scaling overflows to inf or rounds to eager's
+ * subnormal results and 0 by itself, and a NaN passes the clamps and the arithmetic.
+ * Within 1.01 ulp of the exact exp on every float in [-110, 100] (checked on every 7th;
+ * mean 0.0045 ulp), as eager's (SLEEF's u10). */
 static inline float exp(float x) {
-  float xc = x < -87.33654f ? -87.33654f : x;
-  xc = xc > 88.72283f ? 88.72283f : xc;
-  const float fx = __builtin_floorf(xc * 1.44269504088896341f + 0.5f);
+  float xc = x < -104.0f ? -104.0f : x;
+  xc = xc > 100.0f ? 100.0f : xc;
+  const float fx = __builtin_rintf(xc * 1.44269504088896341f);  /* vectorizes; roundeven does not */
   float r = ACCEL_FMA(fx, -0.693359375f, xc);
   r = ACCEL_FMA(fx, 2.12194440e-4f, r);
   const float z = r * r;
@@ -78,8 +81,7 @@ static inline float exp(float x) {
   const int32_t n = (int32_t)fx, h = n >> 1;
   const float p1 = __builtin_bit_cast(float, (h + 127) << 23);
   const float p2 = __builtin_bit_cast(float, (n - h + 127) << 23);
-  const float res = (y * p1) * p2;
-  return x != x ? x : (x < -87.33654f ? 0.0f : (x > 88.72283f ? INFINITY : res));
+  return (y * p1) * p2;
 }
 static inline double exp(double x) { return ::exp(x); }
 
