@@ -642,3 +642,27 @@ def test_factories_do_not_flush(x):
         assert pending() > 3 and e.shape == (3,)
     assert accel.stats()["flushes"] == 1
     close(y, torch.sin(x * 2) + 1.5 + torch.arange(33.0))
+
+
+def test_compiled_function_inside_is_not_traced_into_accel(x):
+    """A torch.compile'd function called under accel: TorchDynamo must not trace accel's
+    dispatch (without a skip it converted 77 frames of it here); the results are eager's,
+    and accel's mode is the plain class (marked for dynamo on its code object, no wrapper
+    run at every call)."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    from accel.interceptor import _DYNAMO_SKIPS, AccelMode
+
+    @torch.compile(backend="eager")
+    def f(t):
+        return torch.sin(t) * 2 + t.cos()
+
+    torch._dynamo.reset()
+    counters.clear()
+    with accel.eager():
+        y = f(x)
+        z = y + 1
+        assert type(_state.modes[-1]) is AccelMode or not _DYNAMO_SKIPS
+    close(z, torch.sin(x) * 2 + x.cos() + 1)
+    assert counters["frames"]["total"] <= 1, dict(counters["frames"])
