@@ -179,7 +179,12 @@ def main(argv: list[str] | None = None) -> int:
         return _exit_code(e.code)
     try:
         config.validate_all()
-        return args.fn(args)
+        status = args.fn(args)
+        sys.stdout.flush()  # a closed pipe fails here, inside the handlers below
+        return status
+    except BrokenPipeError:  # the reader went away (`accel cache list | head`): stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
+        return 1
     except SystemExit as e:  # parser.error() inside a command
         return _exit_code(e.code)
     except config.ConfigError as e:

@@ -65,6 +65,20 @@ def test_list(filled, capsys):
     assert "0" * 60 not in out  # keys are shortened
 
 
+def test_list_into_a_closed_pipe(filled, cache_dir):
+    """`accel cache list | head -1` style: the reader is gone before accel writes; accel
+    stops quietly (exit 1, no traceback), as git and pip do."""
+    import subprocess
+
+    r, w = os.pipe()
+    os.close(r)  # the reader is gone: any write fails with EPIPE
+    p = subprocess.run([sys.executable, "-m", "accel", "cache", "list"], stdout=w,
+                       stderr=subprocess.PIPE, text=True, timeout=120,
+                       env={**os.environ, "ACCEL_CACHE_DIR": str(cache_dir)})
+    os.close(w)
+    assert p.returncode == 1 and "Traceback" not in p.stderr and "Broken" not in p.stderr, p.stderr
+
+
 def test_list_empty(cache_dir, capsys):
     assert main(["cache", "list"]) == 0
     assert "empty" in capsys.readouterr().out
