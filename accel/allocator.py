@@ -59,14 +59,29 @@ class _Block:
         value, a NumPy array's or DLPack capsule's tensor) and no Python reference to its
         storage object (a storage's Python object is unique: ``untyped_storage()`` hands
         out the pool's own)."""
+        return _use_count(self.storage._cdata) == 1 and self._refs() == _POOL_REFS
+
+    def _refs(self) -> int:
         st = self.storage
-        return _use_count(st._cdata) == 1 and _refcount(st) == 3  # self.storage, st, argument
+        return _refcount(st)
 
     def own(self) -> bool:
         """The storage still has the block's memory (not resized in place, nor moved to
         shared memory, which another process may still read)."""
         st = self.storage
         return st.nbytes() == self.nbytes and st.data_ptr() == self.ptr
+
+
+def _pool_refs() -> int:
+    """What :meth:`_Block._refs` counts when the pool's is the only reference (measured
+    on a stand-in: the interpreter's own references on the stack differ between Python
+    versions)."""
+    b = _Block.__new__(_Block)
+    b.storage = object()
+    return b._refs()
+
+
+_POOL_REFS = _pool_refs()
 
 
 def empty_strided(shape, stride, dtype: torch.dtype, nbytes: int, device=None) -> torch.Tensor:
