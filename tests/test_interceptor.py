@@ -607,7 +607,7 @@ def test_launch_ahead_failing_changes_nothing(ahead, monkeypatch):
     def no_memory(*a, **k):
         raise torch.OutOfMemoryError("no memory (test)")
 
-    monkeypatch.setattr(torch, "empty_strided", no_memory)
+    monkeypatch.setattr(accel.allocator, "empty_strided", no_memory)  # the launch's outputs
     _warm(x, w, 2)
     assert _spec_stats()[0] == launches and accel.stats()["eager_replays"] == 0
 
