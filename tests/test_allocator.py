@@ -193,3 +193,22 @@ def test_tensor_sent_to_another_process_stays_intact(x):
         p.join(timeout=120)
     assert got == pytest.approx(want, rel=1e-5)
     assert not any(o.is_shared() for o in outs)
+
+
+def test_suites_with_every_output_pooled():
+    """The interceptor suite and the random chains with every region output taken from the
+    pool (the pure-Python core; tests/pool_everything.py): views, in-place writes,
+    autograd and reads of pending outputs over reused blocks."""
+    import os
+    import subprocess
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, ACCEL_PURE_PYTHON="1",
+               PYTHONPATH=os.pathsep.join([here, os.environ.get("PYTHONPATH", "")]))
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                        "-p", "pool_everything", os.path.join(here, "test_interceptor.py"),
+                        os.path.join(here, "test_chains.py")],
+                       capture_output=True, text=True, env=env, timeout=1200)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert " passed" in r.stdout
