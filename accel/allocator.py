@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import sys
 import threading
 from collections import OrderedDict
@@ -43,6 +44,14 @@ _lock = threading.Lock()
 _blocks: OrderedDict = OrderedDict()  # id(block) -> _Block, oldest first
 _by_size: dict = {}  # nbytes -> [_Block, ...]
 _held = 0  # bytes of every block in the pool, in use or free
+
+
+def _after_fork_in_child() -> None:
+    global _lock
+    _lock = threading.Lock()  # a thread of the parent may have held it at the fork
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class _Block:

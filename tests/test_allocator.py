@@ -212,3 +212,42 @@ def test_suites_with_every_output_pooled():
                        capture_output=True, text=True, env=env, timeout=1200)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert " passed" in r.stdout
+
+
+def test_fork_while_another_thread_holds_the_pool():
+    """A process forked while another thread is inside the pool (its lock held) can still
+    allocate pooled outputs in the child."""
+    import os
+    import threading
+
+    if not hasattr(os, "fork"):
+        pytest.skip("no fork")
+    held, release = threading.Event(), threading.Event()
+
+    def hold():
+        with allocator._lock:
+            held.set()
+            release.wait(60)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    held.wait(60)
+    try:
+        pid = os.fork()
+        if pid == 0:  # child: the holder thread does not exist here
+            code = 1
+            try:
+                import signal
+
+                signal.alarm(30)  # a child stuck on the lock dies of SIGALRM
+                x = torch.randn(ROWS, 1024)
+                y = allocator.empty_strided((ROWS, 1024), (1024, 1), torch.float32, ROWS * 4096)
+                y.copy_(x)
+                code = 0 if torch.equal(y, x) else 2
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+    finally:
+        release.set()
+        t.join()
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
