@@ -115,16 +115,18 @@ def test_shared_memory_block_is_not_reused(x):
 
 def test_capacity_and_eviction(x, monkeypatch):
     block = ROWS * 1024 * 4
-    assert allocator.pool_stats()["held_bytes"] == 0
-    monkeypatch.setenv("ACCEL_CPU_POOL_MB", str(3 * block >> 20))  # three blocks
+    base = allocator.pool_stats()["held_bytes"]  # blocks other tests' tensors still hold
+    cap = (base >> 20) + (3 * block >> 20)  # those and three blocks, in MiB
+    monkeypatch.setenv("ACCEL_CPU_POOL_MB", str(cap))
     ys = [step(x + i) for i in range(5)]  # each step: sin, mul, add outputs of one block each
     st = allocator.pool_stats()
-    assert st["held_bytes"] <= 3 * block and st["capacity_bytes"] == 3 * block
+    assert st["held_bytes"] <= cap << 20 and st["capacity_bytes"] == cap << 20
+    assert st["held_bytes"] >= base + block  # it pooled some
     for i, y in enumerate(ys):
         close(y, ref(x + i))
     del ys
     assert allocator.empty_cache() > 0
-    assert allocator.pool_stats()["held_bytes"] == 0
+    assert allocator.pool_stats()["held_bytes"] <= base
 
 
 def test_empty_cache_keeps_blocks_in_use(x):
