@@ -120,6 +120,13 @@ _MISS = object()
 _NOT_DEFERRABLE_TAG = "not deferrable"
 
 
+def _written(spec, targs, tkw) -> list:
+    """The argument references (``("x", j)``, ``("o", i)``, ...) of the tensors a call writes
+    in place or through ``out=`` (``spec.mutates``); ``("c", None)`` for one not passed."""
+    return [tkw[n] if n in tkw else targs[k] if 0 <= k < len(targs) else ("c", None)
+            for n, k in spec.mutates]
+
+
 def _meta_of(t: torch.Tensor) -> tuple:
     """(shape, stride, dtype, bytes spanned) of a result, for allocating it."""
     span = 1 + sum((sz - 1) * st for sz, st in zip(t.shape, t.stride()) if sz > 0)
@@ -214,9 +221,7 @@ class Region(RegionCore):
             raise Deferred("result type")
         if func._opname.rstrip("_") in INTEGER_DIVISION and not results[0].dtype.is_floating_point:
             raise Deferred("integer division")
-        writes = [tkw[n] if n in tkw else targs[k] if 0 <= k < len(targs) else ("c", None)
-                  for n, k in spec.mutates]
-        writes = [ref for ref in writes if ref[0] in ("x", "o")]
+        writes = [ref for ref in _written(spec, targs, tkw) if ref[0] in ("x", "o")]
         for ref in writes:
             if ref[0] == "x" and torch._debug_has_internal_overlap(self.ext[ref[1]]) == 1:
                 raise Deferred("in-place write into overlapping elements")
@@ -275,12 +280,8 @@ class Region(RegionCore):
         from .ops import fusible_ops
 
         table = fusible_ops()
-        written = set()
-        for func, targs, tkw, _ in self.calls:
-            for name, k in table[func].mutates:
-                ref = tkw[name] if name in tkw else targs[k] if 0 <= k < len(targs) else ("c", None)
-                if ref[0] == "x":
-                    written.add(ref[1])
+        written = {ref[1] for func, targs, tkw, _ in self.calls
+                   for ref in _written(table[func], targs, tkw) if ref[0] == "x"}
         spans = []
         for t in self.ext:
             s = _untyped_storage(t)
