@@ -49,8 +49,8 @@ def _identity(cxx: str) -> str:
 
 @functools.lru_cache(maxsize=1)
 def cpu_isa() -> str:
-    """A short, stable description of the CPU's instruction set and core count (generated
-    code depends on both), for the store key."""
+    """A short, stable description of the CPU's instruction set, core count and last-level
+    cache size (generated code depends on all three), for the store key."""
     flags = ""
     try:
         with open("/proc/cpuinfo") as f:
@@ -62,10 +62,10 @@ def cpu_isa() -> str:
         pass
     import platform
 
-    from .codegen import machine_threads
+    from .codegen import llc_bytes, machine_threads
 
     return (f"{platform.machine()}:{hashlib.sha256(flags.encode()).hexdigest()[:16]}"
-            f":{machine_threads()}cores")
+            f":{machine_threads()}cores:{llc_bytes() >> 10}KiB")
 
 
 @functools.lru_cache(maxsize=1)

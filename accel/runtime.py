@@ -304,8 +304,16 @@ def replay(region: Region) -> None:
     """
     STATS["eager_replays"] += 1
     outs = region.outs
+
+    def fill(k, t):
+        o = outs[k]
+        if o.shape == t.shape:
+            o.copy_(t)
+        else:  # the op's meta function gave another shape than its kernel (eval-mode
+            o.set_(t)  # batch norm's saved statistics: [C] there, [0] here): eager's wins
+
     with torch._C._AutoDispatchBelowADInplaceOrView():
-        run_calls(region.calls, region.ext, outs, region.scalars, lambda k, t: outs[k].copy_(t))
+        run_calls(region.calls, region.ext, outs, region.scalars, fill)
 
 
 def _save_nodes() -> None:

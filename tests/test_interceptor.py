@@ -299,6 +299,28 @@ def test_missing_compiler_falls_back(x, fresh_store, monkeypatch, caplog):
     assert "eagerly" in caplog.text
 
 
+def test_eager_replay_keeps_the_shapes_eager_gives(fresh_store, monkeypatch):
+    """A region replayed eagerly (its kernel could not be built) whose op's kernel returns
+    another shape than the op's meta function (eval-mode batch norm's saved statistics:
+    [0] from the CPU kernel, [C] from meta) runs as eager does instead of raising."""
+    def broken(*a, **k):
+        raise RuntimeError("injected codegen failure")
+
+    monkeypatch.setattr("accel.codegen.cpp.CppRenderer.render", broken)
+    x, rm, rv = torch.randn(3, 2, 4), torch.randn(2), torch.rand(2) + 0.5
+    w, b = torch.randn(2), torch.randn(2)
+    want = torch.ops.aten._native_batch_norm_legit_no_training(x, w, b, rm, rv, 0.1, 1e-5)
+    accel.reset_stats()
+    with accel.eager():
+        got = torch.ops.aten._native_batch_norm_legit_no_training(x, w, b, rm, rv, 0.1, 1e-5)
+        y = torch.nn.functional.batch_norm(x, rm, rv, w, b, training=False) * 2
+    assert accel.stats()["eager_replays"] >= 1
+    assert [t.shape for t in got] == [t.shape for t in want]
+    for g, e in zip(got, want):
+        close(g, e)
+    close(y, torch.nn.functional.batch_norm(x, rm, rv, w, b, training=False) * 2)
+
+
 @pytest.mark.parametrize("background", [False, True], ids=["at_flush", "background"])
 def test_compile_failure_is_remembered(background, fresh_store, monkeypatch, caplog):
     """A failed build (at the flush, or in the background with ACCEL_ASYNC_COMPILE) leaves

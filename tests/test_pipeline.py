@@ -280,3 +280,89 @@ def test_exp_at_the_ends_of_its_range(device):
     assert torch.equal(got.isnan(), want.isnan())
     tiny = (want > 0) & (want < torch.finfo(torch.float32).tiny)
     assert tiny.any() and ((got - want).abs()[tiny] <= 1.5e-45).all()  # one subnormal step
+
+
+def test_streaming_stores_only_for_large_memory_bound_stores(monkeypatch):
+    """Where a nest's innermost loop stores at least STREAM_MIN_BYTES contiguously and
+    computes only cheap ops, its stores go through a stack block to
+    ``accel::stream_store`` and each thread fences; below the threshold, or with a
+    transcendental op in the loop (compute-bound), or a store that is not contiguous along
+    the innermost loop, they are plain stores."""
+    import accel.codegen.cpp as cpp
+
+    x, b = torch.empty(64, 1000), torch.empty(1000)
+    add = [(aten.add.Tensor, (("x", 0), ("x", 1)), {}, 1)]
+    meta = [((64, 1000), (1000, 1), torch.float32)]
+    assert "stream_store" not in _kernel_source(add, [x, b], meta, (0,))  # 256 KB: below
+    monkeypatch.setattr(cpp, "STREAM_MIN_BYTES", 1)
+    src = _kernel_source(add, [x, b], meta, (0,))
+    assert "accel::stream_store<64>(&b2[" in src and "stream_fence" in src
+    assert "nt0[i" in src and "b2[1000 * i0 + i1] = " in src  # whole blocks; the rest plainly
+    tanh = [(aten.tanh.default, (("x", 0),), {}, 1)]
+    assert "stream_store" not in _kernel_source(tanh, [x], meta, (0,))
+    t = [(aten.t.default, (("x", 0),), {}, 1), (aten.mul.Tensor, (("o", 0), ("c", 2.0)), {}, 1)]
+    tmeta = [((1000, 64), (1, 1000), torch.float32), ((1000, 64), (64, 1), torch.float32)]
+    src = _kernel_source(t, [x], tmeta, (1,))  # reads x down a stride, writes contiguously
+    assert "stream_store" in src
+    monkeypatch.setattr(cpp, "STREAM_MIN_BYTES", 1 << 40)
+    assert "stream_store" not in _kernel_source(add, [x, b], meta, (0,))
+
+
+def test_streamed_outputs_match_eager(fresh_store, monkeypatch):
+    """Streamed stores with every size the kernel meets: rows whose length is not a
+    multiple of the block (the plain tail), rows not aligned to a vector (the general
+    path's plain head), a one-loop nest in parallel chunks, float64, int32 and bool
+    outputs, a row reduction with its epilogue, two outputs of one loop. Results as eager's,
+    integers and booleans exactly."""
+    import accel
+    import accel.codegen.cpp as cpp
+
+    monkeypatch.setattr(cpp, "STREAM_MIN_BYTES", 1)
+    g = torch.Generator().manual_seed(0)
+    cases = [
+        lambda: (lambda x, b: x * 2.0 + b, (torch.randn(37, 1000, generator=g), torch.randn(1000, generator=g))),
+        lambda: (lambda x, b: x - b, (torch.randn(9, 1001, dtype=torch.float64, generator=g),
+                                      torch.randn(1001, dtype=torch.float64, generator=g))),
+        lambda: (lambda x: x * 3.0 + 1.0, (torch.randn(3 * 4096 * 9 + 37, generator=g),)),
+        lambda: (lambda x: (x * 3 + 7) // 2, (torch.randint(-1000, 1000, (17, 333), dtype=torch.int32, generator=g),)),
+        lambda: (lambda x, y: (x > y) | (x < 0), (torch.randn(11, 777, generator=g), torch.randn(11, 777, generator=g))),
+        lambda: (lambda x, w: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w,
+                 (torch.randn(130, 515, generator=g), torch.randn(515, generator=g))),
+        lambda: (lambda x: (x + 1.0, x * x), (torch.randn(65, 129, generator=g),)),
+    ]
+    for make in cases:
+        fn, args = make()
+        accel.reset_stats()
+        with accel.eager():
+            got = fn(*args)
+        assert accel.stats()["kernel_runs"] >= 1 and accel.stats()["eager_replays"] == 0
+        want = fn(*args)
+        if isinstance(want, tuple):
+            for a, b in zip(got, want):
+                torch.testing.assert_close(a, b, atol=0, rtol=0) if not a.is_floating_point() \
+                    else torch.testing.assert_close(a, b)
+        elif want.is_floating_point():
+            torch.testing.assert_close(got, want)
+        else:
+            assert got.dtype == want.dtype and torch.equal(got, want)
+    store = accel.runtime.get_store()
+    sources = [store.inspect(e["key"]).get("source", "") for e in store.entries() if not e["negative"]]
+    assert sum("accel::stream_store" in s for s in sources) == len(cases)
+
+
+def test_random_chains_with_every_eligible_store_streamed(tmp_path):
+    """The random chains (pointwise, reductions, views, in-place writes) with every store
+    the CPU codegen may stream streamed, whatever its size (tests/stream_everything.py), in
+    a store of their own (the kernels differ from the same regions' unstreamed ones)."""
+    import subprocess
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, ACCEL_CACHE_DIR=str(tmp_path / "store"),
+               PYTHONPATH=os.pathsep.join([here, os.environ.get("PYTHONPATH", "")]))
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                        "-p", "stream_everything", "-k", "not cuda",
+                        os.path.join(here, "test_chains.py")],
+                       capture_output=True, text=True, env=env, timeout=1200)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert " passed" in r.stdout

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from typing import Dict, List
 
 import torch
@@ -112,3 +113,32 @@ def machine_threads() -> int:
     import psutil
 
     return psutil.cpu_count(logical=False) or psutil.cpu_count() or 1
+
+
+@functools.lru_cache(maxsize=1)
+def llc_bytes() -> int:
+    """Size in bytes of this machine's last-level cache (the highest-level data or unified
+    cache Linux lists under ``/sys/devices/system/cpu/cpu0/cache``), 32 MiB where none is
+    listed. Kernels whose outputs exceed it write them with streaming stores."""
+    import glob
+
+    best = (0, 0)
+    for d in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*"):
+        try:
+            with open(os.path.join(d, "type")) as f:
+                kind = f.read().strip()
+            with open(os.path.join(d, "level")) as f:
+                level = int(f.read())
+            with open(os.path.join(d, "size")) as f:
+                text = f.read().strip()
+        except (OSError, ValueError):
+            continue
+        if kind == "Instruction" or not text:
+            continue
+        unit = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1].upper(), 1)
+        try:
+            size = int(text.rstrip("KMGkmg")) * unit
+        except ValueError:
+            continue
+        best = max(best, (level, size))
+    return best[1] or 32 << 20

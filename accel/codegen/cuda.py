@@ -79,6 +79,7 @@ class CudaRenderer(CppRenderer):
 
     prefix = '#include "accel/cuda_math.cuh"\n'
     row_caching = False  # a row's values come back from L1/L2
+    stream_stores = False  # (CPU only)
     vec = None  # in a vector tile: load Expr -> its vector's name
     row_vec = frozenset()  # a row kernel's vector variant: the buffers moved as vectors
     vec_stores: Dict[int, str] = {}
