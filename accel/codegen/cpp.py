@@ -6,7 +6,8 @@ loop that uses it, and stays in a register. Reductions of one domain that do not
 each other share one loop (a group); ``welford`` and ``online_softmax`` run blockwise through
 helpers in ``include/accel/cpu_math.h``. The outermost loop runs across OpenMP threads
 (a full reduction runs as an OpenMP reduction); innermost loops are ``#pragma omp simd`` so
-gcc vectorizes them, calling libmvec's vector math.
+gcc vectorizes them, calling libmvec's vector math. A memory-bound innermost loop whose
+stores exceed the last-level cache writes them with streaming stores (:data:`STREAM_MIN_BYTES`).
 """
 from __future__ import annotations
 
