@@ -308,6 +308,17 @@ def test_streaming_stores_only_for_large_memory_bound_stores(monkeypatch):
     assert "stream_store" not in _kernel_source(add, [x, b], meta, (0,))
 
 
+def test_last_level_cache_size_is_read_and_keyed():
+    """The last-level cache size (sysfs, or 32 MiB where Linux lists none) is positive, a
+    whole number of KiB, and part of the CPU store key."""
+    from accel.build import cpu_isa
+    from accel.codegen import llc_bytes
+
+    n = llc_bytes()
+    assert n > 0 and n % 1024 == 0
+    assert cpu_isa().endswith(f":{n >> 10}KiB")
+
+
 def test_streamed_outputs_match_eager(fresh_store, monkeypatch):
     """Streamed stores with every size the kernel meets: rows whose length is not a
     multiple of the block (the plain tail), rows not aligned to a vector (the general

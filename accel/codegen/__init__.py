@@ -119,7 +119,8 @@ def machine_threads() -> int:
 def llc_bytes() -> int:
     """Size in bytes of this machine's last-level cache (the highest-level data or unified
     cache Linux lists under ``/sys/devices/system/cpu/cpu0/cache``), 32 MiB where none is
-    listed. Kernels whose outputs exceed it write them with streaming stores."""
+    listed. Memory-bound CPU loops storing more than three quarters of it write with
+    streaming stores (``codegen.cpp.STREAM_MIN_BYTES``); it is part of the store key."""
     import glob
 
     best = (0, 0)
