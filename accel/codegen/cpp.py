@@ -212,7 +212,7 @@ class CppRenderer(CStyle):
         if order and self.row_caching:
             self._plan_row_cache(order[-1], scopes[-2], scopes[-1])
         self.streamed = self._plan_streams(nest) if self.stream_stores else {}
-        self.streaming = False  # emitting the innermost loop in streamed blocks
+        self.streaming: Optional[str] = None  # the block variable while emitting a streamed block
 
     def _plan_streams(self, nest: Nest) -> Dict[int, str]:
         """The stores of ``nest`` written with streaming stores (id -> block array name):
@@ -393,36 +393,31 @@ class CppRenderer(CStyle):
         whole blocks of :data:`STREAM_BLOCK` values whose streamed stores go to stack
         arrays, then to memory (``accel::stream_store``), and the rest plainly."""
         v = nest.vars[j]
-        if not self.streamed:
-            out.append(f"{ind}#pragma omp simd")
-            out.append(f"{ind}for (int64_t i{v} = {lo}; i{v} < {hi}; ++i{v}) {{")
-            self._emit_nest(j + 1, out, ind + "  ", nest)
+        if self.streamed:  # whole blocks (a constant trip count gcc vectorizes fully) first
+            b, B = f"i{v}_b", STREAM_BLOCK
+            stores = [st for k, st in self.nest_scopes[j + 1].items if k == "store" and id(st) in self.streamed]
+            out.append(f"{ind}int64_t {b} = {lo};")
+            out.append(f"{ind}for (; {b} + {B} <= {hi}; {b} += {B}) {{")
+            for st in stores:
+                t = self.ctype(self.ir.buffers[st.buf].dtype)
+                out.append(f"{ind}  alignas(64) {t} {self.streamed[id(st)]}[{B}];")
+            out.append(f"{ind}  #pragma omp simd")
+            out.append(f"{ind}  for (int64_t {b}_k = 0; {b}_k < {B}; ++{b}_k) {{")
+            out.append(f"{ind}    const int64_t i{v} = {b} + {b}_k;")
+            self.streaming = b
+            self._emit_nest(j + 1, out, ind + "    ", nest)
+            self.streaming = None
+            out.append(f"{ind}  }}")
+            out.append(f"{ind}  {{")
+            out.append(f"{ind}    const int64_t i{v} = {b};")
+            for st in stores:
+                out.append(f"{ind}    accel::stream_store<{B}>(&b{st.buf}[{self._addr(st.addr)}], "
+                           f"{self.streamed[id(st)]});")
+            out.append(f"{ind}  }}")
             out.append(f"{ind}}}")
-            return
-        b, B = f"i{v}_b", STREAM_BLOCK
-        stores = [st for k, st in self.nest_scopes[j + 1].items if k == "store" and id(st) in self.streamed]
-        # whole blocks (a constant trip count gcc vectorizes fully), then the rest plainly
-        out.append(f"{ind}int64_t {b} = {lo};")
-        out.append(f"{ind}for (; {b} + {B} <= {hi}; {b} += {B}) {{")
-        for st in stores:
-            t = self.ctype(self.ir.buffers[st.buf].dtype)
-            out.append(f"{ind}  alignas(64) {t} {self.streamed[id(st)]}[{B}];")
-        out.append(f"{ind}  #pragma omp simd")
-        out.append(f"{ind}  for (int64_t {b}_k = 0; {b}_k < {B}; ++{b}_k) {{")
-        out.append(f"{ind}    const int64_t i{v} = {b} + {b}_k;")
-        self.streaming = b
-        self._emit_nest(j + 1, out, ind + "    ", nest)
-        self.streaming = False
-        out.append(f"{ind}  }}")
-        out.append(f"{ind}  {{")
-        out.append(f"{ind}    const int64_t i{v} = {b};")
-        for st in stores:
-            out.append(f"{ind}    accel::stream_store<{B}>(&b{st.buf}[{self._addr(st.addr)}], "
-                       f"{self.streamed[id(st)]});")
-        out.append(f"{ind}  }}")
-        out.append(f"{ind}}}")
+            lo = b  # the rest plainly
         out.append(f"{ind}#pragma omp simd")
-        out.append(f"{ind}for (int64_t i{v} = {b}; i{v} < {hi}; ++i{v}) {{")
+        out.append(f"{ind}for (int64_t i{v} = {lo}; i{v} < {hi}; ++i{v}) {{")
         self._emit_nest(j + 1, out, ind + "  ", nest)
         out.append(f"{ind}}}")
 
