@@ -105,16 +105,31 @@ def cuda_arch(index: int = 0) -> str:
     return f"sm_{major}{minor}" + ("a" if major >= 9 else "")
 
 
+_FOUND: dict = {}
+
+
+def _which(name: str):
+    """``shutil.which(name)``, remembered per ``$PATH`` once found (a compiler that is
+    missing is looked for again at the next call)."""
+    k = (name, os.environ.get("PATH"))
+    path = _FOUND.get(k)
+    if path is None:
+        path = shutil.which(name)
+        if path is not None:
+            _FOUND[k] = path
+    return path
+
+
 def _toolchain(device: str):
     """(compiler path, flags, libraries, source suffix, the rest of its identity)."""
     if device == "cuda":
         nvcc = config.flag("ACCEL_NVCC")
-        path = shutil.which(nvcc) or (nvcc if os.path.isabs(nvcc) and os.path.exists(nvcc) else None)
+        path = _which(nvcc) or (nvcc if os.path.isabs(nvcc) and os.path.exists(nvcc) else None)
         if path is None:
             raise BuildError(f"CUDA compiler {nvcc!r} not found (set ACCEL_NVCC)")
         return path, NVCCFLAGS + ["-arch", cuda_arch()], [], ".cu", cuda_arch()
     cxx = config.flag("ACCEL_CXX")
-    path = shutil.which(cxx)
+    path = _which(cxx)
     if path is None:
         raise BuildError(f"C++ compiler {cxx!r} not found (set ACCEL_CXX)")
     return path, CXXFLAGS, LIBS, ".cpp", cpu_isa()

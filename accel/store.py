@@ -145,24 +145,34 @@ class _BaseStore:
         if not isinstance(art, bytes) or _sha(art) != sha:
             return self._discard(key, sha, "checksum mismatch")
         path = self._materialize(sha, art)
-        if not self._touched and not self._exit_hook:
-            self._exit_hook = True
-            atexit.register(self.touch)
+        self._at_exit()
         self._touched[key] = (time.time(), sha)
         return Entry(key, path, v["meta"])
 
+    def _at_exit(self) -> None:
+        if not self._exit_hook:
+            self._exit_hook = True
+            atexit.register(self.touch)
+
     def touch(self) -> None:
-        """Record the last use of the entries :meth:`get` returned since the last call (LRU
-        order and ``last_use``), in one transaction: a hit costs no write on the hot path.
-        Runs at exit; :meth:`entries`, :meth:`info` and eviction see it after that."""
+        """Write what the hot path only noted: the last use of the entries :meth:`get`
+        returned since the last call (LRU order and ``last_use``) and the counts of
+        :meth:`record`, in one transaction, so that a hit costs no write. Runs at exit;
+        :meth:`entries`, :meth:`info` and eviction see the last uses after that."""
         touched, self._touched = self._touched, {}
+        counts, self._counts = self._counts, collections.Counter()
+        if not touched and not counts:
+            return
         try:
             with self._transact(self._index), self._transact(self._side):
                 for key, rec in touched.items():
                     if self._index.get(_PREFIX + key) is not None:  # refreshes LRU order
                         self._side.set(_USE + key, rec)
-        except Exception as e:  # noqa: BLE001 - only the LRU order is lost
-            log.debug("kernel store %s: last-use records not written (%s)", self.location, e)
+                for name, n in counts.items():
+                    self._side.incr(name, n, default=0)
+        except Exception as e:  # noqa: BLE001 - only the LRU order and counts are lost
+            log.debug("kernel store %s: last-use records and counters not written (%s)",
+                      self.location, e)
 
     def get_node(self, digest: bytes):
         """The stored metadata of trie node ``digest`` (see :class:`accel.region.TrieNode`),
@@ -181,14 +191,19 @@ class _BaseStore:
                 self._nodes.set(k, v)
 
     def record(self, counter: str, n: int = 1) -> None:
-        """Add ``n`` to a persistent counter: ``hits``, ``misses``, ``compiles``, ``compile_failures``."""
-        self._side.incr(counter, n, default=0)
+        """Add ``n`` to a persistent counter: ``hits``, ``misses``, ``compiles``,
+        ``compile_failures`` (noted in memory; :meth:`touch` adds it to the store at exit)."""
+        self._at_exit()
+        self._counts[counter] += n
 
     def stats(self) -> dict:
-        """The counters as ``{name: int}``; the four standard ones are always present."""
+        """The counters as ``{name: int}`` (this process's unwritten counts included); the
+        four standard ones are always present."""
         out = dict.fromkeys(COUNTERS, 0)
         out.update({k: int(self._side.get(k, 0)) for k in list(self._side.iterkeys())
                     if isinstance(k, str) and not k.startswith(_USE)})
+        for k, n in self._counts.items():
+            out[k] = out.get(k, 0) + n
         return out
 
     def entries(self) -> list[dict]:
@@ -227,6 +242,7 @@ class _BaseStore:
         if keys is None:
             n = self._index.clear()
             self._side.clear()
+            self._counts.clear()
             self._nodes.clear()
             for folder in self._folders:
                 _empty_folder(folder)
@@ -330,20 +346,39 @@ class Store(_BaseStore):
         mb = config.flag("ACCEL_CACHE_SIZE_MB") if size_limit_mb is None else size_limit_mb
         self.location, self.size_limit_bytes = d, int(mb * 2**20)
         self._touched: dict = {}  # key -> (last use, sha256), written by touch()
+        self._counts = collections.Counter()  # record()'s counts, written by touch()
         _secure_dir(d)
         self._folders = self._objects, self._locks = os.path.join(d, "objects"), os.path.join(d, "locks")
         try:
             for sub in self._folders:
                 os.makedirs(sub, 0o700, exist_ok=True)
-            index = os.path.join(d, "index")
-            self._index = diskcache.Cache(index, size_limit=self.size_limit_bytes // 2,
-                                          eviction_policy="least-recently-used")
-            self._reader = diskcache.Cache(index)
+            self._reader = diskcache.Cache(os.path.join(d, "index"))
             self._reader.reset("eviction_policy", "none", update=False)  # this handle only
-            self._side = diskcache.Cache(os.path.join(d, "stats"))
             self._nodes = diskcache.Cache(os.path.join(d, "nodes"))
         except (OSError, sqlite3.Error) as e:
             raise StoreError(f"kernel store {d}: cannot open it ({e})") from e
+        self._open_lock, self._writers = threading.Lock(), {}
+
+    # The handles that write (the LRU index, counters and last uses) open at their first
+    # use: a process that only finds kernels writes at exit (touch), and its first call
+    # does not pay for opening them (about 2.5 ms each).
+    @property
+    def _index(self):
+        return self._open("index", size_limit=self.size_limit_bytes // 2,
+                          eviction_policy="least-recently-used")
+
+    @property
+    def _side(self):
+        return self._open("stats")
+
+    def _open(self, sub: str, **settings):
+        cache = self._writers.get(sub)
+        if cache is None:
+            with self._open_lock:
+                cache = self._writers.get(sub)
+                if cache is None:
+                    cache = self._writers[sub] = diskcache.Cache(os.path.join(self.location, sub), **settings)
+        return cache
 
     @contextlib.contextmanager
     def compile_lock(self, key: str):
@@ -454,6 +489,7 @@ class MemoryStore(_BaseStore):
         mb = config.flag("ACCEL_CACHE_SIZE_MB") if size_limit_mb is None else size_limit_mb
         self.size_limit_bytes = int(mb * 2**20)
         self._touched: dict = {}  # key -> (last use, sha256), written by touch()
+        self._counts = collections.Counter()  # record()'s counts, written by touch()
         self._objects = tempfile.mkdtemp(prefix="accel-store-")
         self._folders, self.location = (self._objects,), f"memory ({self._objects})"
         self._index, self._side = _DictCache(self.size_limit_bytes), _DictCache()

@@ -100,6 +100,19 @@ def test_last_use_updated_by_get(store):
     assert store.entries()[0]["last_use"] > before
 
 
+def test_counts_written_at_touch(cache_dir):
+    """record() writes nothing on the hot path either: the same store counts at once,
+    another handle (another process) sees the counts once touch() (exit) wrote them."""
+    a, b = Store(), Store()
+    a.record("hits", 2)
+    a.record("misses")
+    assert a.stats()["hits"] == 2 and b.stats()["hits"] == 0
+    a.touch()
+    a.record("hits")
+    assert b.stats() == {"hits": 2, "misses": 1, "compiles": 0, "compile_failures": 0}
+    assert a.stats()["hits"] == 3
+
+
 def test_clear_keys_and_all(store):
     paths = [store.put(f"k{i}", bytes([i]) * 8, {}).path for i in range(3)]
     store.record("compiles", 3)
