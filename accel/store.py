@@ -3,7 +3,8 @@
 :class:`Store` keeps them on disk, per user, in a directory of mode 0700::
 
     index/    diskcache.Cache  "v<STORE_VERSION>:<key>" -> {"sha256", "artifact", "meta"} (LRU, size-limited)
-    stats/    diskcache.Cache  counters, and "use:<key>" -> (last use, sha256); never evicted
+    stats/    diskcache.Cache  counters, and "use:<key>" -> (last use, sha256); never evicted;
+                               a found entry's last use and the counts are written at exit (touch)
     nodes/    diskcache.Cache  trie node digest -> output metadata of a call (so a new process
                                skips meta evaluation: accel.region.TrieNode)
     objects/  <sha256>.so      artifacts materialized for dlopen (or reading: CUDA cubins), written atomically
@@ -372,12 +373,23 @@ class Store(_BaseStore):
         return self._open("stats")
 
     def _open(self, sub: str, **settings):
+        """The writing handle of ``sub``, opened at the first call. An unusable ``stats``
+        database costs only the counters and last uses (one warning; kept in memory);
+        an unusable index raises :class:`StoreError` (the caller runs eagerly)."""
         cache = self._writers.get(sub)
         if cache is None:
             with self._open_lock:
                 cache = self._writers.get(sub)
                 if cache is None:
-                    cache = self._writers[sub] = diskcache.Cache(os.path.join(self.location, sub), **settings)
+                    try:
+                        cache = diskcache.Cache(os.path.join(self.location, sub), **settings)
+                    except (OSError, sqlite3.Error) as e:
+                        if sub == "index":
+                            raise StoreError(f"kernel store {self.location}: cannot write its index ({e})") from e
+                        log.warning("kernel store %s: %s/ unusable (%s); counters and last uses are "
+                                    "kept in this process only", self.location, sub, e)
+                        cache = _DictCache()
+                    self._writers[sub] = cache
         return cache
 
     @contextlib.contextmanager

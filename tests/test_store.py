@@ -113,6 +113,23 @@ def test_counts_written_at_touch(cache_dir):
     assert a.stats()["hits"] == 3
 
 
+def test_damaged_stats_database_keeps_kernels(cache_dir, caplog):
+    """A stats/ database that is not one (its handle opens lazily) costs the counters
+    and last uses only: kernels are still stored and found, with one warning."""
+    first = Store()
+    first.record("hits")
+    first.touch()  # stats/ exists now
+    for name in os.listdir(cache_dir / "stats"):
+        (cache_dir / "stats" / name).write_bytes(b"not a database" * 100)
+    s = Store()
+    e = s.put("k", b"artifact", {})
+    s.record("hits")
+    assert s.get("k").path == e.path and s.stats()["hits"] == 1
+    s.touch()
+    assert "counters and last uses are kept in this process only" in caplog.text
+    assert Store().get("k") is not None
+
+
 def test_clear_keys_and_all(store):
     paths = [store.put(f"k{i}", bytes([i]) * 8, {}).path for i in range(3)]
     store.record("compiles", 3)
