@@ -52,6 +52,7 @@ STORE_VERSION = 1
 COUNTERS = ("hits", "misses", "compiles", "compile_failures")
 _PREFIX = f"v{STORE_VERSION}:"  # index keys; another format version never sees these entries
 _USE = "use:"  # side-table keys of last-use records; everything else there is a counter
+_COUNT_LOCK = threading.Lock()  # the stores' unwritten counts
 log = logging.getLogger("accel.store")
 
 
@@ -161,7 +162,8 @@ class _BaseStore:
         :meth:`record`, in one transaction, so that a hit costs no write. Runs at exit;
         :meth:`entries`, :meth:`info` and eviction see the last uses after that."""
         touched, self._touched = self._touched, {}
-        counts, self._counts = self._counts, collections.Counter()
+        with _COUNT_LOCK:
+            counts, self._counts = self._counts, collections.Counter()
         if not touched and not counts:
             return
         try:
@@ -195,7 +197,8 @@ class _BaseStore:
         """Add ``n`` to a persistent counter: ``hits``, ``misses``, ``compiles``,
         ``compile_failures`` (noted in memory; :meth:`touch` adds it to the store at exit)."""
         self._at_exit()
-        self._counts[counter] += n
+        with _COUNT_LOCK:  # background builders record too
+            self._counts[counter] += n
 
     def stats(self) -> dict:
         """The counters as ``{name: int}`` (this process's unwritten counts included); the
@@ -203,7 +206,9 @@ class _BaseStore:
         out = dict.fromkeys(COUNTERS, 0)
         out.update({k: int(self._side.get(k, 0)) for k in list(self._side.iterkeys())
                     if isinstance(k, str) and not k.startswith(_USE)})
-        for k, n in self._counts.items():
+        with _COUNT_LOCK:
+            pending = list(self._counts.items())
+        for k, n in pending:
             out[k] = out.get(k, 0) + n
         return out
 
@@ -243,7 +248,8 @@ class _BaseStore:
         if keys is None:
             n = self._index.clear()
             self._side.clear()
-            self._counts.clear()
+            with _COUNT_LOCK:
+                self._counts.clear()
             self._nodes.clear()
             for folder in self._folders:
                 _empty_folder(folder)
