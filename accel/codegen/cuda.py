@@ -122,7 +122,7 @@ class CudaRenderer(CppRenderer):
         body, grid, block = self.render_kernel(nest, ir, vbufs)
         head = self.globals + [f'extern "C" __global__ void __launch_bounds__(1024) {kname}(const accel_bufs<{nb}> bf, '
                 f"const accel_scalars<{ns}> sc) {{",
-                "  __shared__ __align__(16) char smem[96 * 8];", "  (void)smem;"]
+                "  __shared__ __align__(16) char smem[128 * 8];", "  (void)smem;"]
         for i, b in enumerate(ir.buffers):
             q = "" if i in written else "const "
             t = self.ctype(b.dtype)
