@@ -232,12 +232,13 @@ template <typename T> struct ShiftedMoments {
   }
 };
 
-/* Block mode: each warp's shifted sums moved to the shift of its first lane that has
- * values (a shuffle, no shared memory) and summed by a butterfly; the warps' sums then
- * moved to the first such warp's shift and merged in warp order by every thread (``scratch``: 128
- * values of T). Every thread gets the same bits. Two barriers a reduction: on the H100 a
- * [16384, 4096] residual-add + LayerNorm kernel 282 -> 277 us against the earlier block-wide
- * shift (thread 0's, shared through memory: four barriers). */
+/* Block mode (blockDim.x a multiple of 32, every thread calling): each warp's shifted
+ * sums moved to the shift of its first lane that has values (a shuffle, no shared memory)
+ * and summed by a butterfly; the warps' sums then moved to the first such warp's shift and
+ * merged in warp order by every thread (``scratch``: 128 values of T), so every thread gets
+ * the same bits. Two barriers a reduction: on the H100 a [16384, 4096] residual-add +
+ * LayerNorm kernel 282 -> 277 us against the earlier block-wide shift (thread 0's, shared
+ * through memory: four barriers). */
 template <typename T> __device__ Moments<T> block_moments(const ShiftedMoments<T>& a, void* scratch) {
   T* s = reinterpret_cast<T*>(scratch);
   const unsigned has = __ballot_sync(0xffffffffu, a.n > T(0));
