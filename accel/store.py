@@ -107,6 +107,10 @@ class _BaseStore:
     _gc_age = 0.0  # object files younger than this (s) are never collected
     _exit_hook = False  # touch() registered to run at exit
 
+    def __init__(self):
+        self._touched: dict = {}  # key -> (last use, sha256), written by touch()
+        self._counts = collections.Counter()  # record()'s counts, written by touch()
+
     def put(self, key: str, artifact: bytes, meta: dict) -> Entry:
         """Store ``artifact`` (shared library bytes) and ``meta`` (JSON-able) under ``key``: one
         atomic index write, then the object file. Adds ``created`` (epoch s), ``size`` (bytes) and
@@ -352,8 +356,7 @@ class Store(_BaseStore):
         d = os.path.abspath(os.path.expanduser(directory or config.cache_dir()))
         mb = config.flag("ACCEL_CACHE_SIZE_MB") if size_limit_mb is None else size_limit_mb
         self.location, self.size_limit_bytes = d, int(mb * 2**20)
-        self._touched: dict = {}  # key -> (last use, sha256), written by touch()
-        self._counts = collections.Counter()  # record()'s counts, written by touch()
+        super().__init__()
         _secure_dir(d)
         self._folders = self._objects, self._locks = os.path.join(d, "objects"), os.path.join(d, "locks")
         try:
@@ -506,8 +509,7 @@ class MemoryStore(_BaseStore):
     def __init__(self, size_limit_mb: int | None = None):
         mb = config.flag("ACCEL_CACHE_SIZE_MB") if size_limit_mb is None else size_limit_mb
         self.size_limit_bytes = int(mb * 2**20)
-        self._touched: dict = {}  # key -> (last use, sha256), written by touch()
-        self._counts = collections.Counter()  # record()'s counts, written by touch()
+        super().__init__()
         self._objects = tempfile.mkdtemp(prefix="accel-store-")
         self._folders, self.location = (self._objects,), f"memory ({self._objects})"
         self._index, self._side = _DictCache(self.size_limit_bytes), _DictCache()
