@@ -31,7 +31,7 @@ from . import config
 
 log = logging.getLogger("accel")
 
-__all__ = ["empty_strided", "empty_cache", "pool_stats", "tune_allocator", "MIN_BLOCK"]
+__all__ = ["empty_strided", "empty_cache", "pool_stats", "set_capacity", "tune_allocator", "MIN_BLOCK"]
 
 #: smallest output (bytes) taken from the pool: below it glibc's heap reuses freed memory
 MIN_BLOCK = 1 << 20
@@ -44,6 +44,7 @@ _lock = threading.Lock()
 _blocks: OrderedDict = OrderedDict()  # id(block) -> _Block, oldest first
 _by_size: dict = {}  # nbytes -> [_Block, ...]
 _held = 0  # bytes of every block in the pool, in use or free
+_cap = None  # most bytes held (ACCEL_CPU_POOL_MB as of the last enable); None: not read yet
 
 
 def _after_fork_in_child() -> None:
@@ -111,13 +112,18 @@ def empty_strided(shape, stride, dtype: torch.dtype, nbytes: int, device=None) -
     global _held
     if device is not None and device.type != "cpu":
         return torch.empty_strided(shape, stride, dtype=dtype, device=device)
-    cap = config.flag("ACCEL_CPU_POOL_MB") << 20
+    cap = _cap if _cap is not None else set_capacity(config.flag("ACCEL_CPU_POOL_MB"))
     if nbytes < MIN_BLOCK or cap <= 0:
         return torch.empty_strided(shape, stride, dtype=dtype)
     with _lock:
-        for b in _by_size.get(nbytes, ()):
+        same = _by_size.get(nbytes, ())
+        for i, b in enumerate(same):
             if b.free():
                 if b.own():
+                    # to the back: the blocks handed out longest ago, the likeliest free,
+                    # come first, so a search usually ends at the first block it tries
+                    del same[i]
+                    same.append(b)
                     return _empty(0, dtype=dtype).set_(b.storage, 0, shape, stride)
                 _drop(b)
                 break
@@ -133,6 +139,16 @@ def empty_strided(shape, stride, dtype: torch.dtype, nbytes: int, device=None) -
             _by_size.setdefault(nbytes, []).append(b)
             _held += nbytes
         return t
+
+
+def set_capacity(mib: int) -> int:
+    """Hold at most ``mib`` MiB of blocks from now on (``ACCEL_CPU_POOL_MB``, which every
+    :func:`accel.enable` reads: a lookup of the environment at each allocation cost more
+    than the rest of it); 0 turns the pool off. Returns the capacity in bytes. Free blocks
+    over a lowered capacity are released at the next allocation that needs room."""
+    global _cap
+    _cap = mib << 20
+    return _cap
 
 
 def _drop(b: _Block) -> None:
@@ -171,7 +187,7 @@ def pool_stats() -> dict:
     with _lock:
         free = sum(b.nbytes for b in _blocks.values() if b.free())
         return {"blocks": len(_blocks), "held_bytes": _held, "free_bytes": free,
-                "capacity_bytes": config.flag("ACCEL_CPU_POOL_MB") << 20}
+                "capacity_bytes": _cap if _cap is not None else config.flag("ACCEL_CPU_POOL_MB") << 20}
 
 
 # -- glibc --------------------------------------------------------------------------------

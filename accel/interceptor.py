@@ -312,6 +312,7 @@ def enable() -> None:
         return
     if cfg["ACCEL_MALLOC_TUNING"]:
         allocator.tune_allocator()
+    allocator.set_capacity(cfg["ACCEL_CPU_POOL_MB"])
     cls = _DynamoSafeAccelMode if "torch._dynamo" in sys.modules and not _DYNAMO_SKIPS else AccelMode
     mode = st.spare.pop() if st.spare and type(st.spare[-1]) is cls else cls()
     mode.cap = cfg["ACCEL_MAX_REGION"]
