@@ -112,7 +112,7 @@ FLAGS = {
         Flag("ACCEL_CPU_POOL_MB", 1024, _parse_int(0),
              "Most MiB of reused blocks (in use or free) kept for regions' large CPU "
              "outputs, so that a fresh output does not page-fault; 0 turns the pool off. "
-             "accel.empty_cache() releases the free ones."),
+             "accel.empty_cache() releases the free ones. Read at each enable."),
         Flag("ACCEL_MALLOC_TUNING", True, _parse_bool,
              "Keep freed memory in glibc's heap (no mmap for large blocks, no trimming), so "
              "fresh outputs do not page-fault; set once, for the whole process, at the first "
