@@ -208,9 +208,11 @@ def test_inplace_write_beside_overlapping_reads_runs_a_kernel(x):
 
 
 def test_failed_output_allocation_runs_the_call_eagerly(x):
-    """A call whose output cannot be allocated (4 TiB here) is not recorded: it runs
-    eagerly, which raises eager's own error, and the pending region stays whole."""
-    big = torch.ones(1).expand(1 << 20, 1 << 20)
+    """A call whose output cannot be allocated (4 PiB here: more than a 64-bit process's
+    address space, so it fails whatever the kernel's overcommit policy; 4 TiB was handed
+    out, and then filled, on a machine with ``vm.overcommit_memory=1``) is not recorded:
+    it runs eagerly, which raises eager's own error, and the pending region stays whole."""
+    big = torch.ones(1).expand(1 << 25, 1 << 25)
     with pytest.raises(RuntimeError) as eager_error:
         big * 2
     with accel.eager():
