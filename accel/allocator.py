@@ -112,7 +112,7 @@ def empty_strided(shape, stride, dtype: torch.dtype, nbytes: int, device=None) -
     global _held
     if device is not None and device.type != "cpu":
         return torch.empty_strided(shape, stride, dtype=dtype, device=device)
-    cap = _cap if _cap is not None else set_capacity(config.flag("ACCEL_CPU_POOL_MB"))
+    cap = _cap if _cap is not None else _capacity()
     if nbytes < MIN_BLOCK or cap <= 0:
         return torch.empty_strided(shape, stride, dtype=dtype)
     with _lock:
@@ -151,6 +151,11 @@ def set_capacity(mib: int) -> int:
     return _cap
 
 
+def _capacity() -> int:
+    """The capacity in bytes, read from the environment where no enable has set it."""
+    return set_capacity(config.flag("ACCEL_CPU_POOL_MB"))
+
+
 def _drop(b: _Block) -> None:
     global _held
     del _blocks[id(b)]
@@ -187,7 +192,7 @@ def pool_stats() -> dict:
     with _lock:
         free = sum(b.nbytes for b in _blocks.values() if b.free())
         return {"blocks": len(_blocks), "held_bytes": _held, "free_bytes": free,
-                "capacity_bytes": _cap if _cap is not None else config.flag("ACCEL_CPU_POOL_MB") << 20}
+                "capacity_bytes": _cap if _cap is not None else _capacity()}
 
 
 # -- glibc --------------------------------------------------------------------------------
