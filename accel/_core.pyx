@@ -309,6 +309,15 @@ cdef object _bool = torch.bool
 cdef object _empty_strided = torch.empty_strided
 cdef object _device = torch.device
 cdef object _CPU = torch.device("cpu")
+cdef object _f16 = torch.float16, _bf16 = torch.bfloat16
+cdef bint _cuda_half = False
+
+
+def set_cuda_half(bint on):
+    """Whether regions on CUDA devices take float16/bfloat16 tensors (``ACCEL_CUDA_HALF``,
+    set at each enable); off, such calls run eagerly."""
+    global _cuda_half
+    _cuda_half = on
 cdef tuple _CONST_TYPES = (bool, int, float, str, type(None), torch.dtype, torch.device,
                            torch.memory_format, torch.layout, tuple)
 cdef int _TENSOR = TENSOR, _SCALAR = SCALAR
@@ -388,6 +397,8 @@ cdef class RegionCore:
             return
         dtype = t.dtype
         if dtype not in DTYPES:
+            raise Deferred("dtype")
+        if (dtype is _f16 or dtype is _bf16) and not _cuda_half and d is not _CPU:
             raise Deferred("dtype")
         if self.outs:
             p = _data_ptr(t)
@@ -515,6 +526,8 @@ cdef class RegionCore:
                 else:
                     r = _empty_strided(meta[0], meta[1], dtype=meta[2])
             else:
+                if (meta[2] is _f16 or meta[2] is _bf16) and not _cuda_half:
+                    raise Deferred("dtype")
                 r = _empty_strided(meta[0], meta[1], dtype=meta[2], device=self.device)
         self.out_ids[id(r)] = i
         self.outs.append(r)

@@ -14,6 +14,15 @@ from .ops import DTYPES, NOT_DEFERRABLE, SCALAR, TENSOR, Deferred, OpSpec
 
 _data_ptr = torch._C.TensorBase.data_ptr
 _CPU = torch.device("cpu")
+_HALF = (torch.float16, torch.bfloat16)
+_cuda_half = False
+
+
+def set_cuda_half(on: bool) -> None:
+    """Whether regions on CUDA devices take float16/bfloat16 tensors (``ACCEL_CUDA_HALF``,
+    set at each enable); off, such calls run eagerly."""
+    global _cuda_half
+    _cuda_half = bool(on)
 _untyped_storage = torch._C.TensorBase.untyped_storage
 _storage_use_count = torch._C._storage_Use_Count
 _TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
@@ -64,7 +73,7 @@ class RegionCore:
         i = self.out_ids.get(id(t))
         if i is not None and self.outs[i] is t:
             return ("o", i), ("o", i)
-        if t.dtype not in DTYPES:
+        if t.dtype not in DTYPES or (t.dtype in _HALF and not _cuda_half and d is not _CPU):
             raise Deferred("dtype")
         if self.outs:
             p = _data_ptr(t)
@@ -170,6 +179,8 @@ class RegionCore:
         if self.ahead is not None and i < len(self.ahead) and self.ahead_meta[i] is meta:
             t, self.ahead[i] = self.ahead[i], None  # allocated when the kernel was launched ahead
         if t is None:
+            if dtype in _HALF and not _cuda_half and self.device is not None and self.device is not _CPU:
+                raise Deferred("dtype")
             t = empty_strided(shape, stride, dtype, nbytes, self.device)
         self.out_ids[id(t)] = i
         self.outs.append(t)

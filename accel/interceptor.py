@@ -18,7 +18,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import allocator, config
 from .ops import VIEW_OPS, fusible_ops
-from .region import Deferred, Region
+from .region import Deferred, Region, set_cuda_half
 
 log = logging.getLogger("accel")
 
@@ -313,6 +313,7 @@ def enable() -> None:
     if cfg["ACCEL_MALLOC_TUNING"]:
         allocator.tune_allocator()
     allocator.set_capacity(cfg["ACCEL_CPU_POOL_MB"])
+    set_cuda_half(cfg["ACCEL_CUDA_HALF"])
     cls = _DynamoSafeAccelMode if "torch._dynamo" in sys.modules and not _DYNAMO_SKIPS else AccelMode
     mode = st.spare.pop() if st.spare and type(st.spare[-1]) is cls else cls()
     mode.cap = cfg["ACCEL_MAX_REGION"]

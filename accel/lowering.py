@@ -27,6 +27,12 @@ import torch.fx as fx
 prims = torch.ops.prims
 aten = torch.ops.aten
 
+#: 16-bit floats are storage only in the IR: a value of one is a ``load`` or a ``cast``;
+#: every op on them is computed in float32 and its result rounded back, op by op, as
+#: ATen's kernels compute Half and BFloat16 (opmath float32; see ``_Lowerer.mk``).
+HALF = (torch.float16, torch.bfloat16)
+_F32 = torch.float32
+
 
 class LoweringError(Exception):
     """The graph uses an op or pattern the loop IR does not express (region runs eagerly)."""
@@ -202,6 +208,17 @@ class _Lowerer:
         return len(self.sizes) - 1
 
     def mk(self, op, dtype, *args) -> Expr:
+        if op != "cast":
+            if op == "reduce":  # (kind, bodies, vars, which): the bodies are operands
+                kind, bodies, rv, which = args
+                if any(b.dtype in HALF for b in bodies):
+                    args = (kind, tuple(self.cast(b, _F32) if b.dtype in HALF else b for b in bodies),
+                            rv, which)
+            elif any(isinstance(a, Expr) and a.dtype in HALF for a in args):
+                args = tuple(self.cast(a, _F32) if isinstance(a, Expr) and a.dtype in HALF else a
+                             for a in args)
+            if dtype in HALF and op != "load":  # computed in float32, rounded once per op
+                return self.cast(self.mk(op, _F32, *args), dtype)
         e = Expr(op, dtype, tuple(args))
         return self.exprs.setdefault(e, e)
 
@@ -255,6 +272,8 @@ class _Lowerer:
         return tuple(xi), rv
 
     def reduce(self, kind, x, dims, idx, acc_dtype, which=0, index=False) -> Expr:
+        if acc_dtype in HALF:  # a max, min or arg reduction of 16-bit floats: compared in float32
+            acc_dtype = _F32
         xi, rv = self.reduce_vars(x, dims, idx)
         body = self.cast(self.value(x, xi), acc_dtype)
         n = 1
@@ -344,7 +363,7 @@ class _Lowerer:
         if t in (aten.max.default, aten.min.default):  # all elements
             x = n.args[0]
             kind = "amax" if t is aten.max.default else "amin"
-            return self.reduce(kind, x, range(x.meta["val"].dim()), idx, dtype)
+            return self.cast(self.reduce(kind, x, range(x.meta["val"].dim()), idx, dtype), dtype)
         if ns == "accel" and name == "var_mean":
             x, dims, correction = n.args
             xd = x.meta["val"].dtype
@@ -403,7 +422,8 @@ class _Lowerer:
         is_value = n.target in (aten.max.dim, aten.min.dim) and which == 0
         kind = "argmax" if n.target in (aten.argmax.default, aten.max.dim) else "argmin"
         xd = x.meta["val"].dtype
-        return self.reduce(kind, x, dims, idx, xd, which=0 if is_value else 1, index=True)
+        r = self.reduce(kind, x, dims, idx, xd, which=0 if is_value else 1, index=True)
+        return self.cast(r, xd) if is_value else r
 
     def at(self, n: fx.Node, idx, shape) -> Expr:
         """``n`` evaluated at the index ``idx`` of a store of ``shape`` (``n`` broadcasts to it)."""

@@ -27,8 +27,10 @@ class Deferred(Exception):
     """Internal: a call cannot join the region; ``args[0]`` says why (``"alias"``: it reads
     a view of a pending output, so flush and retry)."""
 
-#: dtypes whose results accel computes; float16/bfloat16/complex stay eager (v0).
-DTYPES = frozenset({torch.float32, torch.float64, torch.int32, torch.int64, torch.bool})
+#: dtypes whose results accel computes (16-bit floats kept in memory, computed in float32:
+#: see lowering.HALF); complex and the other integer widths stay eager.
+DTYPES = frozenset({torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32,
+                    torch.int64, torch.bool})
 
 #: ops that run eagerly without flushing: they create views, metadata or new tensors
 #: (factories, filled with constants or left empty), and read no tensor's data.
@@ -84,6 +86,10 @@ _LOWERED = ("argmax", "argmin", "max.dim", "min.dim", "max", "min")
 #: ops that eager refuses to run on integer tensors with a zero divisor, raising at the call;
 #: a kernel cannot raise there, so on integer (and bool) results they run eagerly.
 INTEGER_DIVISION = frozenset({"div", "floor_divide", "remainder", "fmod"})
+#: composite ops whose torch._decomp decomposition rounds 16-bit floats at other steps than
+#: eager's kernel does (eager's CPU binary_cross_entropy_with_logits rounds log_sigmoid,
+#: the weight product and the difference separately): at float16/bfloat16 they run eagerly
+EAGER_AT_HALF = frozenset({"binary_cross_entropy_with_logits"})
 
 #: pointwise-tagged ops accel does not take: no useful decomposition, or non-numeric results.
 _DENY = {"equal", "polygamma", "polygamma_", "_conj_physical", "angle", "rrelu",

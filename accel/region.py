@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from . import config
-from .ops import DTYPES, INTEGER_DIVISION, NOT_DEFERRABLE, Deferred, OpSpec
+from .ops import DTYPES, EAGER_AT_HALF, INTEGER_DIVISION, NOT_DEFERRABLE, Deferred, OpSpec
 
 if config.flag("ACCEL_PURE_PYTHON"):
     from . import _core_py as native
@@ -28,9 +28,11 @@ else:
         logging.getLogger("accel").warning("accel._core unavailable (%s); using pure Python", _e)
         from . import _core_py as native
 RegionCore = native.RegionCore
+set_cuda_half = native.set_cuda_half
 
 log = logging.getLogger("accel")
 
+_HALF = (torch.float16, torch.bfloat16)
 _data_ptr = torch._C.TensorBase.data_ptr  # the real one: Tensor.data_ptr is an escape hook
 _untyped_storage = torch._C.TensorBase.untyped_storage  # likewise
 
@@ -208,9 +210,10 @@ class Region(RegionCore):
         Raises (the call then runs eagerly, which raises the user-facing error if any):
             Exception: the meta function rejects the call; a result is not a tensor of a
                 dtype in ``DTYPES``; it is an integer division (eager raises on a zero
-                divisor at the call, a kernel could not); it writes in place into a tensor
-                whose elements overlap (eager refuses); or eager's CPU kernel rejects it
-                where the meta function does not (:meth:`_probe`).
+                divisor at the call, a kernel could not); an op of ``EAGER_AT_HALF`` on
+                16-bit floats; it writes in place into a tensor whose elements overlap
+                (eager refuses); eager's kernel rejects it where the meta function does
+                not, or returns other dtypes than it (:meth:`_probe`).
         """
         margs, mkw = self.meta_args(targs, tkw)
         res = func(*margs, **mkw)
@@ -221,6 +224,8 @@ class Region(RegionCore):
             raise Deferred("result type")
         if func._opname.rstrip("_") in INTEGER_DIVISION and not results[0].dtype.is_floating_point:
             raise Deferred("integer division")
+        if func._opname in EAGER_AT_HALF and any(r is not None and r.dtype in _HALF for r in results):
+            raise Deferred("16-bit float rounding unlike eager's")
         writes = [ref for ref in _written(spec, targs, tkw) if ref[0] in ("x", "o")]
         for ref in writes:
             if ref[0] == "x" and torch._debug_has_internal_overlap(self.ext[ref[1]]) == 1:
@@ -230,25 +235,35 @@ class Region(RegionCore):
             outs, ret = (), writes[0]
         else:
             outs, ret = tuple(None if r is None else _meta_of(r) for r in results), None
-        self._probe(func, targs, tkw)
+        got = self._probe(func, targs, tkw)
+        got = tuple(got) if isinstance(got, (tuple, list)) else (got,)
+        if any(isinstance(g, torch.Tensor) and isinstance(r, torch.Tensor) and g.dtype != r.dtype
+               for g, r in zip(got, results)):
+            # the meta function disagrees with this device's kernel (CPU layer norm of
+            # bfloat16 returns its mean and rstd in bfloat16, the meta function in float32)
+            raise Deferred("result dtype differs from eager's")
         return outs, ret, multi, writes_ext
 
-    def _probe(self, func, targs, tkw) -> None:
+    def _probe(self, func, targs, tkw):
         """Run the call eagerly on stand-in tensors of the same dtypes and ranks (and the
         real scalars), so that checks only eager's CPU kernel makes (``abs`` of a bool
         tensor, a float ``alpha`` with bool tensors) raise here, at the call, as in eager.
         The stand-ins have at most 2 elements per dim; where the op checks sizes (layer
         norm's ``normalized_shape``) a second try uses the real sizes and strides.
 
+        Returns:
+            eager's result on the stand-ins (its dtypes are checked against the meta
+            function's).
+
         Raises:
             Exception: whatever eager raises.
         """
         try:
-            self._run_probe(func, targs, tkw, small=True)
+            return self._run_probe(func, targs, tkw, small=True)
         except Exception:  # noqa: BLE001 - maybe only the small sizes: try the real ones
-            self._run_probe(func, targs, tkw, small=False)
+            return self._run_probe(func, targs, tkw, small=False)
 
-    def _run_probe(self, func, targs, tkw, small: bool) -> None:
+    def _run_probe(self, func, targs, tkw, small: bool):
         device = self.device or "cpu"
 
         def arg(r):
@@ -271,7 +286,7 @@ class Region(RegionCore):
         kwargs = {k: arg(r) for k, r in tkw.items()}
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            func(*args, **kwargs)
+            return func(*args, **kwargs)
 
     # -- flush -----------------------------------------------------------------------
     def ext_overlap(self) -> bool:

@@ -379,12 +379,19 @@ def test_cuda_reduction_modes_render():
     assert "accel::grid_reduce" in src and "__device__ unsigned int accel_region_t_k0_count = 0;" in src
 
 
+_BUILDS = [(n, torch.float32) for n in sorted(WORKLOADS)] + [
+    (n, dt) for dt in (torch.bfloat16, torch.float16)
+    for n in ("chain", "softmax", "layer_norm", "column_sum", "full_sum", "argmax")]
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc")
-@pytest.mark.parametrize("name", sorted(WORKLOADS))
-def test_every_kernel_mode_builds_a_cubin_with_its_planned_kernels(name, fresh_store, monkeypatch, tmp_path):
+@pytest.mark.parametrize("name,dtype", _BUILDS, ids=[f"{n}-{str(d)[6:]}" for n, d in _BUILDS])
+def test_every_kernel_mode_builds_a_cubin_with_its_planned_kernels(name, dtype, fresh_store, monkeypatch,
+                                                                   tmp_path):
     """Each workload's module compiles with accel's nvcc flags (for Hopper: no GPU needed)
-    and its cubin holds every kernel the launch plan names. The loop IR is the one the CPU
-    pipeline lowers for the same calls."""
+    and its cubin holds every kernel the launch plan names, in float32 and, for some, the
+    16-bit floats (their 4-element vector variants included). The loop IR is the one the
+    CPU pipeline lowers for the same calls."""
     import subprocess
 
     from accel.build import INCLUDE_DIR, NVCCFLAGS
@@ -400,7 +407,7 @@ def test_every_kernel_mode_builds_a_cubin_with_its_planned_kernels(name, fresh_s
 
     monkeypatch.setattr(CppRenderer, "render", render)
     shapes = {"full_sum": (1 << 17,), "column_sums_split": (4096, 64)}  # grid mode; split columns
-    x = _x(*shapes.get(name, (256, 512)), device="cpu")
+    x = _x(*shapes.get(name, (256, 512)), device="cpu").to(dtype)
     _run(WORKLOADS[name], x)
     assert modules
     for k, (src, launches) in enumerate(modules):

@@ -23,7 +23,10 @@ from torch.testing._internal.opinfo.core import BinaryUfuncInfo, UnaryUfuncInfo
 
 import accel
 
-DTYPES = (torch.float32, torch.float64, torch.int32, torch.int64, torch.bool)
+DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64,
+          torch.bool)
+#: 16-bit floats: their pointwise samples also carry a float64 reference (see _oracle)
+HALF = (torch.float16, torch.bfloat16)
 MAX_SAMPLES = 8
 
 #: (device, pytest marks): every suite runs on each; CUDA skips cleanly without a GPU
@@ -185,11 +188,22 @@ class Job:
         return f"{self.kind} {_dtname(self.dtype)} sample {self.idx}"
 
 
+def _f64_reference(fn, s, inplace=False):
+    """The call with every floating tensor of the sample in float64 (for ``_oracle``)."""
+    def reference():
+        x, args, kwargs = _cast_tree((s.input, s.args, s.kwargs), torch.float64)
+        r = fn(x, *args, **kwargs)
+        return (True, r) if inplace else r
+    return reference
+
+
 def _functional_job(op, dtype, i, s):
     def prepare():
         return lambda: op.op(s.input, *s.args, **s.kwargs)
     j = Job("functional", dtype, i, s, prepare)
     j.snapshot = _clone_tree((s.input, s.args, s.kwargs))
+    if dtype in HALF:
+        j.reference = _f64_reference(op.op, s)
     return j
 
 
@@ -203,7 +217,10 @@ def _inplace_job(op, dtype, i, s):
             r = fn(x, *s.args, **s.kwargs)
             return (r is x, x)
         return call
-    return Job("inplace", dtype, i, s, prepare)
+    j = Job("inplace", dtype, i, s, prepare)
+    if dtype in HALF:
+        j.reference = _f64_reference(fn, s, inplace=True)
+    return j
 
 
 def _out_job(op, dtype, i, s, shape, rdt):
@@ -294,6 +311,8 @@ def _cast_tree(x, dtype):
         return x.detach().to(dtype) if x.is_floating_point() else x
     if isinstance(x, (list, tuple)):
         return type(x)(_cast_tree(v, dtype) for v in x)
+    if isinstance(x, dict):
+        return {k: _cast_tree(v, dtype) for k, v in x.items()}
     return x
 
 
@@ -301,8 +320,10 @@ def _oracle(j):
     """What accel's outcome must match: eager's, unless the job has a float64 ``reference``
     and eager's own result is outside the default tolerance of it -- an ill-conditioned
     sample whose float32 rounding eager amplifies (layer norm of one element: 1/sqrt(eps)
-    times an FMA's rounding) -- in which case the float64 result rounded to the sample's
-    dtype, with the same default tolerance."""
+    times an FMA's rounding), or a 16-bit float kernel of eager's that rounds an
+    intermediate to float16 (CPU ``add`` with ``alpha`` rounds ``alpha * other`` first,
+    two ulps off the correctly rounded sum) -- in which case the float64 result rounded to
+    the sample's dtype, with the same default tolerance."""
     if j.reference is None or j.expected[0] != "ok":
         return j.expected
     ref = ("ok", _cast_tree(j.reference(), j.dtype))

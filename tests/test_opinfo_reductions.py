@@ -24,7 +24,7 @@ import torch
 from torch.testing._internal.common_methods_invocations import op_db
 
 import accel
-from test_opinfo import (DEVICES, DTYPES, Job, _check_case, _dtname, _opid, _outcome, _samples,
+from test_opinfo import (DEVICES, DTYPES, HALF, Job, _check_case, _dtname, _opid, _outcome, _samples,
                          _tensors, assert_same, run_jobs)
 
 # eager's own warning for var/std with correction >= the number of elements
@@ -45,7 +45,7 @@ NAMES = (
 #: samples per (op, dtype). The forward jobs of an op share one region; each backward job
 #: is a region of its own (``autograd.grad`` flushes), that is one compile (~0.5 s)
 FWD_SAMPLES = 6
-BWD_SAMPLES = {torch.float32: 3, torch.float64: 2}
+BWD_SAMPLES = {torch.float32: 3, torch.float64: 2, torch.float16: 2, torch.bfloat16: 2}
 
 
 def _selected():
@@ -91,7 +91,15 @@ def _forward_job(op, dtype, i, s):
         def call():
             return (op.op(inp, *args, **kw), list(_tensors((inp, args, kw))))
         return call
-    return Job("forward", dtype, i, s, prepare)
+
+    def reference():  # 16-bit floats: the same call in float64 (test_opinfo._oracle)
+        inp, args, kw = _replicate(_to_double((s.input, s.args, s.kwargs)))
+        return (op.op(inp, *args, **kw), list(_tensors((inp, args, kw))))
+
+    j = Job("forward", dtype, i, s, prepare)
+    if dtype in HALF:
+        j.reference = reference
+    return j
 
 
 def _diff_outputs(out):
@@ -126,7 +134,7 @@ def _backward_job(op, dtype, i, s):
         return (out, torch.autograd.grad(loss, xs, allow_unused=True))
 
     j = Job("backward", dtype, i, s, prepare)
-    if dtype == torch.float32:
+    if dtype == torch.float32 or dtype in HALF:
         j.reference = reference
     return j
 

@@ -11,7 +11,7 @@ from typing import Dict, List
 
 import torch
 
-from ..lowering import Expr
+from ..lowering import HALF, Expr
 
 
 class CodegenError(Exception):
@@ -29,7 +29,8 @@ class CStyle:
 
     types: Dict[torch.dtype, str] = {torch.float32: "float", torch.float64: "double",
                                      torch.int32: "int32_t", torch.int64: "int64_t",
-                                     torch.bool: "bool"}
+                                     torch.bool: "bool", torch.float16: "accel::f16",
+                                     torch.bfloat16: "accel::bf16"}
     fn = "accel::"
     ops: Dict[str, object] = {
         "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})",
@@ -75,6 +76,8 @@ class CStyle:
             raise CodegenError(f"dtype {dtype}") from None
 
     def const(self, v, dtype) -> str:
+        if dtype in HALF:  # the lowering keeps 16-bit floats to loads, casts and stores
+            raise CodegenError(f"a {dtype} constant")
         t = self.ctype(dtype)
         if dtype == torch.bool:
             return "true" if v else "false"
@@ -88,6 +91,16 @@ class CStyle:
         return f"{t}(INT64_C({int(v)}))"
 
     def cast(self, x: str, src, dst) -> str:
+        """``x`` of dtype ``src`` converted to ``dst`` as torch converts (16-bit floats by
+        way of float32, as c10::Half and c10::BFloat16 do, and rounded to nearest even)."""
+        if src in HALF:
+            x, src = f"{self.fn}{'bf16' if src == torch.bfloat16 else 'f16'}_to_float({x})", torch.float32
+            if dst == torch.float32:
+                return x
+        if dst in HALF:
+            if src != torch.float32:
+                x = f"static_cast<float>({x})"
+            return f"{self.fn}float_to_{'bf16' if dst == torch.bfloat16 else 'f16'}({x})"
         if dst == torch.bool:
             return f"({x} != 0)"
         return f"static_cast<{self.ctype(dst)}>({x})"
@@ -96,6 +109,8 @@ class CStyle:
         entry = self.table.get(e.op)
         if entry is None:
             raise CodegenError(f"no rendering for {e.op}")
+        if e.dtype in HALF or any(isinstance(a, Expr) and a.dtype in HALF for a in e.args):
+            raise CodegenError(f"{e.op} on a 16-bit float (the lowering computes it in float32)")
         if isinstance(entry, dict):
             first = next(a for a in e.args if isinstance(a, Expr)) if e.op != "where" else e.args[1]
             d = first.dtype

@@ -32,6 +32,8 @@ from .cpp import ARG, SIMPLE, CppRenderer, _Group, _Scope, _subst
 #: iterations each thread takes per tile (independent loads in flight).
 BLOCK = 256
 ILP = 4
+#: dtypes moved as vectors of VEC elements (16 bytes; 8 for the 16-bit floats)
+VEC_TYPES = (torch.float32, torch.int32, torch.float16, torch.bfloat16)
 #: elementwise kernels with 16-byte accesses: elements per vector, vectors per thread a tile.
 VEC = 4
 VEC_ILP = 2
@@ -135,8 +137,8 @@ class CudaRenderer(CppRenderer):
         return head + body + ["}", ""], grid, block
 
     def _vector_buffers(self, nest: Nest, ir: LoopIR) -> frozenset:
-        """Buffers an elementwise nest can move as 16-byte vectors of 4 elements: float32 and
-        int32 read or written contiguously along the innermost loop (its size a multiple
+        """Buffers an elementwise nest can move as vectors of 4 elements (:data:`VEC_TYPES`)
+        read or written contiguously along the innermost loop (its size a multiple
         of 4, every other stride too, so each thread's 4 elements are one aligned vector).
         Empty where any access strays from that: a reduction, another stride along the
         innermost loop, a store that does not vary along it, a buffer both read and
@@ -158,7 +160,7 @@ class CudaRenderer(CppRenderer):
             if c not in (0, 1) or (buf in stored and addr != stored[buf]):
                 return frozenset()
             if c == 1 and all(cv % VEC == 0 for v, cv in addr.terms if v != inner) \
-                    and ir.buffers[buf].dtype in (torch.float32, torch.int32):
+                    and ir.buffers[buf].dtype in VEC_TYPES:
                 vbufs.add(buf)
         if any(st.addr.coeff(inner) != 1 for st in nest.stores):
             return frozenset()
@@ -166,8 +168,8 @@ class CudaRenderer(CppRenderer):
 
     def _row_vector_buffers(self, nest: Nest, ir: LoopIR) -> frozenset:
         """Buffers a row kernel (as just rendered: :attr:`elems` set) can move as 16-byte
-        vectors, each thread taking 4 neighbouring elements of the row at a time: float32
-        and int32 buffers read only in the row's loops, contiguously along each (a loop per
+        vectors, each thread taking 4 neighbouring elements of the row at a time:
+        :data:`VEC_TYPES` buffers read only in the row's loops, contiguously along each (a loop per
         reduction over the whole row, and the loop over the row), or written only in the
         loop over the row, contiguously; every other stride a multiple of 4. Empty where
         the row's length is not a multiple of 4 or a reduction runs over another domain."""
@@ -188,7 +190,7 @@ class CudaRenderer(CppRenderer):
 
         def access(buf, addr, scope):
             r = loop_var.get(id(scope))
-            if r is not None and addr.coeff(r) == 1 and ir.buffers[buf].dtype in (torch.float32, torch.int32) \
+            if r is not None and addr.coeff(r) == 1 and ir.buffers[buf].dtype in VEC_TYPES \
                     and all(c % VEC == 0 for u, c in addr.terms if u != r):
                 ok.add(buf)
             else:

@@ -14,6 +14,7 @@
 #include <limits>
 #include <type_traits>
 #include "accel/kernel.h"
+#include "accel/half.h"
 #include "accel/libm_names.h"
 
 #define ACCEL_VEC(ret, name, ...) ret name(__VA_ARGS__) noexcept __attribute__((simd("notinbranch")));

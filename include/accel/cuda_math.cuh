@@ -13,6 +13,7 @@
 #include <limits>
 #include <type_traits>
 #include "accel/kernel.h"
+#include "accel/half.h"
 #include "accel/libm_names.h"
 
 /* A CUDA kernel's arguments, passed by value (the kernel ABI, accel/kernel.h): the N buffer
@@ -93,11 +94,13 @@ __device__ T block_reduce(T v, F f, void* scratch) {
   return warp_partials(s, nw, f);
 }
 
-/* 16-byte vectors of 4-byte elements (elementwise kernels' aligned loads and stores);
- * ``lane`` with a constant index after unrolling stays in registers. */
+/* Vectors of 4 elements (elementwise and row kernels' aligned loads and stores): 16 bytes
+ * of 4-byte elements, 8 of 16-bit floats; ``lane`` with a constant index after unrolling
+ * stays in registers. */
 template <typename T> struct vec4 {};
 template <> struct vec4<float> { using type = float4; };
 template <> struct vec4<int32_t> { using type = int4; };
+template <> struct vec4<uint16_t> { using type = ushort4; };  /* bf16, f16 */
 template <typename T> using vec4_t = typename vec4<T>::type;
 template <typename V> __device__ __forceinline__ auto lane(const V& a, int v) {
   return v == 0 ? a.x : v == 1 ? a.y : v == 2 ? a.z : a.w;

@@ -1,0 +1,64 @@
+/* 16-bit floats for generated kernels (CPU and CUDA alike): storage types and their exact
+ * conversions to and from float32. Kernels never compute in them: every value is widened
+ * to float32, computed on, and rounded back after each op, as ATen's kernels do (their
+ * "opmath" type for Half and BFloat16 is float).
+ *
+ * The conversions are c10's, bit for bit: c10/util/BFloat16.h (round_to_nearest_even; NaN
+ * becomes 0x7FC0) and c10/util/Half.h (fp16_ieee_from_fp32_value, fp16_ieee_to_fp32_value,
+ * from Marat Dukhan's FP16 library), written with integer and float operations only, so a
+ * compiler vectorizes them without F16C or AVX512-BF16 instructions.
+ */
+#ifndef ACCEL_HALF_H
+#define ACCEL_HALF_H
+#include <stdint.h>
+#include <string.h>
+
+#ifdef __CUDACC__
+#define ACCEL_HALF_FN __host__ __device__ __forceinline__
+#else
+#define ACCEL_HALF_FN static inline
+#endif
+
+namespace accel {
+
+/* The bits of a torch.bfloat16 / torch.float16 value. Plain integers, not structs: gcc
+ * vectorizes loops over integer locals, where a struct local under `omp simd` becomes an
+ * aggregate copy it does not. */
+typedef uint16_t bf16;
+typedef uint16_t f16;
+
+ACCEL_HALF_FN uint32_t f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+ACCEL_HALF_FN float f32_from_bits(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+
+ACCEL_HALF_FN float bf16_to_float(bf16 v) { return f32_from_bits((uint32_t)v << 16); }
+
+ACCEL_HALF_FN bf16 float_to_bf16(float f) {
+  const uint32_t u = f32_bits(f);
+  const uint32_t r = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+  return (bf16)(f != f ? 0x7FC0u : r);
+}
+
+ACCEL_HALF_FN float f16_to_float(f16 v) {
+  const uint32_t w = (uint32_t)v << 16;
+  const uint32_t sign = w & 0x80000000u;
+  const uint32_t two_w = w + w;
+  const float normalized = f32_from_bits((two_w >> 4) + (0xE0u << 23)) * 0x1.0p-112f;
+  const float denormalized = f32_from_bits((two_w >> 17) | (126u << 23)) - 0.5f;
+  return f32_from_bits(sign | (two_w < (1u << 27) ? f32_bits(denormalized) : f32_bits(normalized)));
+}
+
+ACCEL_HALF_FN f16 float_to_f16(float f) {
+  float base = ((f < 0 ? -f : f) * 0x1.0p+112f) * 0x1.0p-110f;
+  const uint32_t w = f32_bits(f);
+  const uint32_t shl1_w = w + w;
+  const uint32_t sign = w & 0x80000000u;
+  uint32_t bias = shl1_w & 0xFF000000u;
+  bias = bias < 0x71000000u ? 0x71000000u : bias;
+  base = f32_from_bits((bias >> 1) + 0x07800000u) + base;
+  const uint32_t bits = f32_bits(base);
+  const uint32_t nonsign = ((bits >> 13) & 0x00007C00u) + (bits & 0x00000FFFu);
+  return (f16)((sign >> 16) | (shl1_w > 0xFF000000u ? 0x7E00u : nonsign));
+}
+
+}  // namespace accel
+#endif /* ACCEL_HALF_H */

@@ -1,0 +1,184 @@
+"""16-bit floats (float16, bfloat16) in regions, on CPU and CUDA.
+
+Kernels keep 16-bit floats in memory only: each op widens its operands to float32,
+computes, and rounds its result back, as ATen's kernels do (their opmath type), so most
+results are bit-identical to eager's. Conversions must be exact (c10's rounding, bit for
+bit, NaN aside); workloads must match eager within ``assert_close``'s defaults for the
+dtype. The OpInfo suites (test_opinfo*.py) cover every pointwise op and reduction at these
+dtypes too.
+"""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import accel
+
+HALF = [torch.float16, torch.bfloat16]
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                 reason="no CUDA device"))]
+
+
+@pytest.fixture(autouse=True)
+def _cuda_half(monkeypatch):
+    """16-bit floats on CUDA run as kernels only with ACCEL_CUDA_HALF=1 (off by default)."""
+    monkeypatch.setenv("ACCEL_CUDA_HALF", "1")
+
+
+def _run(fn, *args):
+    accel.reset_stats()
+    with accel.eager():
+        out = fn(*args)
+    return out, accel.stats()
+
+
+def _same_bits(a, b):
+    """Equal bit patterns, where every NaN counts as the same NaN (its payload is not
+    specified: c10's scalar and vector conversions differ there)."""
+    assert a.dtype == b.dtype and a.shape == b.shape
+    nan = a.isnan()
+    assert torch.equal(nan, b.isnan())
+    ints = {2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+    ia, ib = a.view(ints), b.view(ints)
+    bad = (ia != ib) & ~nan
+    assert not bad.any(), f"{int(bad.sum())} differ, first at {a[bad][:4]} vs {b[bad][:4]}"
+
+
+def _float32_patterns(device):
+    """float32 values that exercise rounding to 16 bits: random bit patterns over the
+    whole range (normals, subnormals, infinities, NaNs), halfway ties of both 16-bit
+    formats, values near their largest finite and smallest subnormal."""
+    g = torch.Generator().manual_seed(0)
+    bits = torch.randint(-(1 << 31), 1 << 31, (1 << 16,), generator=g, dtype=torch.int64)
+    rand = bits.to(torch.int32).view(torch.float32)
+    base = torch.randn(4096, generator=g)
+    ties_bf16 = ((base.view(torch.int32) & ~0xFFFF) | 0x8000).view(torch.float32)
+    ties_f16 = ((base.view(torch.int32) & ~0x1FFF) | 0x1000).view(torch.float32)
+    edges = torch.tensor([0.0, -0.0, 65504.0, 65519.99, 65520.0, -65520.0, 6e-8, 3e-8, 2.9e-8,
+                          6.1e-5, 6.09e-5, 3.4e38, 3.39e38, float("inf"), -float("inf"),
+                          float("nan"), 1e-40, -1e-45, 1.0 + 2 ** -8, 1.0 + 2 ** -11])
+    return torch.cat([rand, ties_bf16, ties_f16, edges]).to(device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+def test_conversions_are_exact(dtype, device):
+    """float32/float64/int64/bool -> 16 bits and back, bit for bit as eager."""
+    x = _float32_patterns(device)
+    cases = [
+        (lambda x: x.to(dtype), x),
+        (lambda x: x.double().mul(1.0).to(dtype), x),  # float64 -> 16 bits (via float32, as c10)
+        (lambda h: h.to(torch.float32) * 1.0, x.to(dtype)),
+        (lambda h: h.to(torch.float64) + 0.0, x.to(dtype)),
+        (lambda h: h.to(torch.float16 if dtype == torch.bfloat16 else torch.bfloat16), x.to(dtype)),
+        (lambda i: i.to(dtype), torch.arange(-70000, 70000, 7, device=device)),
+        (lambda b: b.to(dtype), x > 0),
+        (lambda h: (h * 1).to(torch.int32), x.nan_to_num().clamp(-30000, 30000).to(dtype)),
+    ]
+    all_bits = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16).view(dtype)
+    cases.append((lambda h: h.float() + 0.0, all_bits.to(device)))  # every 16-bit pattern
+    for fn, arg in cases:
+        expected = fn(arg)
+        actual, st = _run(fn, arg)
+        assert st["kernel_runs"] >= 1 and st["eager_replays"] == 0, st
+        if expected.is_floating_point():
+            _same_bits(actual, expected)
+        else:
+            assert torch.equal(actual, expected)
+
+
+WORKLOADS = {
+    "chain": lambda x, r, w, b: torch.sin(x) * torch.exp(-x * x) + 0.5 * torch.tanh(x),
+    "bias_gelu": lambda x, r, w, b: F.gelu(x + b, approximate="tanh"),
+    "add_layer_norm": lambda x, r, w, b: F.layer_norm(x + r, [x.shape[-1]], w, b),
+    "softmax": lambda x, r, w, b: torch.softmax(x * 0.125, -1),
+    "log_softmax": lambda x, r, w, b: torch.log_softmax(x, 0),
+    "rms_norm": lambda x, r, w, b: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w,
+    "reductions": lambda x, r, w, b: (x.sum(0), x.mean(-1), x.amax(0), x.argmin(-1), x.var(0),
+                                      torch.logsumexp(x, -1), x.max(0), (x > 0).any(-1)),
+    "mixed": lambda x, r, w, b: (x.float() * r.float() + 1).to(x.dtype) - x * b,
+    "in_place": lambda x, r, w, b: x.clone().mul_(2).add_(r, alpha=0.5).clamp_(-1, 1),
+    "silu_sigmoid": lambda x, r, w, b: F.silu(x) * torch.sigmoid(r),
+}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("name", sorted(WORKLOADS))
+def test_workloads_match_eager(name, dtype, device):
+    g = torch.Generator().manual_seed(1)
+    x, r = (torch.randn(64, 512, generator=g).to(device, dtype) for _ in range(2))
+    w, b = (torch.randn(512, generator=g).to(device, dtype) for _ in range(2))
+    expected = WORKLOADS[name](x, r, w, b)
+    actual, st = _run(WORKLOADS[name], x, r, w, b)
+    assert st["kernel_runs"] >= 1 and st["eager_replays"] == 0 and st["compile_failures"] == 0, st
+    torch.testing.assert_close(actual, expected, equal_nan=True)
+
+
+class _Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2, self.ln = torch.nn.Linear(128, 512), torch.nn.Linear(512, 128), torch.nn.LayerNorm(128)
+
+    def forward(self, x):
+        return self.ln(x + self.fc2(F.gelu(self.fc1(x), approximate="tanh")))
+
+
+def _close_or_closer(actual, expected, reference):
+    """``actual`` within the default tolerance of eager's ``expected``, or, for a tensor
+    where eager itself is outside it of the float64 ``reference`` (a bfloat16 sum over
+    hundreds of rounded terms), within it of the reference."""
+    for n in expected:
+        try:
+            torch.testing.assert_close(actual[n], expected[n], msg=lambda m: f"{n}: {m}")
+        except AssertionError:
+            ref = reference[n].to(expected[n].dtype)
+            try:
+                torch.testing.assert_close(expected[n], ref)
+            except AssertionError:
+                torch.testing.assert_close(actual[n], ref, msg=lambda m: f"{n} against float64: {m}")
+            else:
+                raise
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bfloat16_training_step_matches_eager(device):
+    """An MLP block in bfloat16, forward and backward: loss and every gradient as eager's
+    (or, where eager's bfloat16 rounding puts it outside the tolerance of the float64
+    step, as the float64 step's)."""
+    import copy
+
+    torch.manual_seed(0)
+    m = _Block().to(device, torch.bfloat16)
+    x = torch.randn(256, 128, device=device, dtype=torch.bfloat16)
+    target = torch.randn(256, 128, device=device)
+
+    def step(m, x, t=target):
+        m.zero_grad(set_to_none=True)
+        loss = (m(x).to(t.dtype) * t).mean()
+        loss.backward()
+        return {"loss": loss.detach(), **{n: p.grad for n, p in m.named_parameters()}}
+
+    ma, md = copy.deepcopy(m), copy.deepcopy(m).double()
+    expected = step(m, x)
+    actual, st = _run(step, ma, x)
+    assert st["kernel_runs"] >= 3 and st["eager_replays"] == 0, st
+    reference = step(md, x.double(), target.double())
+    _close_or_closer(actual, expected, reference)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+def test_cuda_half_runs_eagerly_by_default(dtype, monkeypatch):
+    """Without ACCEL_CUDA_HALF, calls on CUDA float16/bfloat16 tensors, and calls that would
+    make one, run eagerly; float32 still runs as kernels."""
+    monkeypatch.delenv("ACCEL_CUDA_HALF")
+    x = torch.randn(64, 512, device="cuda")
+    # the float32 product still runs as a kernel, flushed before the cast runs eagerly
+    for fn, arg, kernels in ((lambda h: h * 2 + 1, x.to(dtype), 0),
+                             (lambda f: (f * 2).to(dtype), x, 1)):
+        expected = fn(arg)
+        actual, st = _run(fn, arg)
+        torch.testing.assert_close(actual, expected)
+        assert st["kernel_runs"] == kernels, st
+    _, st = _run(lambda f: f * 2 + 1, x)
+    assert st["kernel_runs"] == 1, st
