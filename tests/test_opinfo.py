@@ -28,6 +28,7 @@ DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int
 #: 16-bit floats: their pointwise samples also carry a float64 reference (see _oracle)
 HALF = (torch.float16, torch.bfloat16)
 MAX_SAMPLES = 8
+HALF_SAMPLES = 4  # (their kernels are float32's but for the loads and stores: fewer samples)
 
 #: (device, pytest marks): every suite runs on each; CUDA skips cleanly without a GPU
 DEVICES = [("cpu", ()), ("cuda", (pytest.mark.skipif(not torch.cuda.is_available(),
@@ -98,7 +99,7 @@ def _samples(op, dtype, cap=MAX_SAMPLES, requires_grad=False, device="cpu"):
     s = list(op.sample_inputs(device, dtype, requires_grad=requires_grad))
     if len(s) > cap:
         n = len(s)
-        s = [s[i] for i in sorted({round(k * (n - 1) / (cap - 1)) for k in range(cap)})]
+        s = [s[i] for i in sorted({round(k * (n - 1) / max(cap - 1, 1)) for k in range(cap)})]
     return s
 
 
@@ -188,12 +189,13 @@ class Job:
         return f"{self.kind} {_dtname(self.dtype)} sample {self.idx}"
 
 
-def _f64_reference(fn, s, inplace=False):
-    """The call with every floating tensor of the sample in float64 (for ``_oracle``)."""
+def _f64_reference(fn, s, pair=False):
+    """The call with every floating tensor of the sample in float64 (for ``_oracle``);
+    ``pair``: as the in-place and out= jobs return it, ``(True, result)``."""
     def reference():
         x, args, kwargs = _cast_tree((s.input, s.args, s.kwargs), torch.float64)
         r = fn(x, *args, **kwargs)
-        return (True, r) if inplace else r
+        return (True, r) if pair else r
     return reference
 
 
@@ -219,7 +221,7 @@ def _inplace_job(op, dtype, i, s):
         return call
     j = Job("inplace", dtype, i, s, prepare)
     if dtype in HALF:
-        j.reference = _f64_reference(fn, s, inplace=True)
+        j.reference = _f64_reference(fn, s, pair=True)
     return j
 
 
@@ -231,13 +233,16 @@ def _out_job(op, dtype, i, s, shape, rdt):
             r = op.op(s.input, *s.args, **s.kwargs, out=o)
             return (r is o, o)
         return call
-    return Job("out", dtype, i, s, prepare)
+    j = Job("out", dtype, i, s, prepare)
+    if dtype in HALF:
+        j.reference = _f64_reference(op.op, s, pair=True)
+    return j
 
 
 def _make_jobs(op, device="cpu"):
     jobs = []
     for dt in _dtypes(op, device):
-        samples = _samples(op, dt, device=device)
+        samples = _samples(op, dt, HALF_SAMPLES if dt in HALF else MAX_SAMPLES, device=device)
         for i, s in enumerate(samples):
             jobs.append(_functional_job(op, dt, i, s))
             if op.inplace_variant is not None and isinstance(s.input, torch.Tensor):

@@ -44,8 +44,8 @@ NAMES = (
 )
 #: samples per (op, dtype). The forward jobs of an op share one region; each backward job
 #: is a region of its own (``autograd.grad`` flushes), that is one compile (~0.5 s)
-FWD_SAMPLES = 6
-BWD_SAMPLES = {torch.float32: 3, torch.float64: 2, torch.float16: 2, torch.bfloat16: 2}
+FWD_SAMPLES = {torch.float16: 3, torch.bfloat16: 3}  # 6 for the other dtypes
+BWD_SAMPLES = {torch.float32: 3, torch.float64: 2, torch.float16: 1, torch.bfloat16: 1}
 
 
 def _selected():
@@ -153,7 +153,7 @@ def _make_jobs(op, device="cpu"):
     jobs = []
     for dt in _dtypes(op, device):
         jobs += [_forward_job(op, dt, i, s)
-                 for i, s in enumerate(_samples(op, dt, FWD_SAMPLES, device=device))]
+                 for i, s in enumerate(_samples(op, dt, FWD_SAMPLES.get(dt, 6), device=device))]
     for dt in _grad_dtypes(op, device):
         for i, s in enumerate(_samples(op, dt, BWD_SAMPLES[dt], requires_grad=True, device=device)):
             j = _backward_job(op, dt, i, s)
