@@ -5,7 +5,8 @@ which maps aten ops to ``torch._refs`` and ``prims``). accel writes no op semant
 Runtime scalars are traced as *sentinels*: unusual values that are then turned back into
 scalar placeholders. Tracing twice with two sentinel sets and comparing the graphs proves
 that no scalar was folded into another constant or steered a branch; if one was, the
-region is compiled with its scalar values in the key instead (``TraceResult.specialized``).
+region runs eagerly (``TraceError``). Scalars an op's decomposition folds that way are
+keyed by value instead (``ops._VALUE_SPECIALIZED``).
 """
 from __future__ import annotations
 

@@ -56,8 +56,13 @@ _EXTRA = (aten._to_copy.default, aten.copy_.default, aten.fill_.Scalar, aten.zer
 
 #: scalar arguments whose *value* eager specializes on (e.g. pow(x, 2) is x*x, pow(x, 0.5)
 #: is sqrt, a vector norm's order picks its formula, a variance's correction its divisor):
-#: they are part of the key, never runtime arguments.
-_VALUE_SPECIALIZED = {"pow": {"exponent", "self"}, "float_power": {"exponent", "self"},
+#: they are part of the key, never runtime arguments. elu's scalars (selu's fixed
+#: constants) and logit's eps are folded into other constants by their decompositions
+#: (``alpha * scale``, ``1 - eps``), which a runtime scalar cannot be traced through.
+_VALUE_SPECIALIZED = {"elu": {"alpha", "scale", "input_scale"},
+                      "elu_backward": {"alpha", "scale", "input_scale"},
+                      "logit": {"eps"}, "logit_backward": {"eps"},
+                      "pow": {"exponent", "self"}, "float_power": {"exponent", "self"},
                       "round": {"decimals"}, "linalg_vector_norm": {"ord"},
                       **{n: {"correction"} for n in ("var", "std", "var_mean", "std_mean")},
                       "smooth_l1_loss": {"beta"}, "smooth_l1_loss_backward": {"beta"},

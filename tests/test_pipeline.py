@@ -377,3 +377,28 @@ def test_random_chains_with_every_eligible_store_streamed(tmp_path):
                        capture_output=True, text=True, env=env, timeout=1200)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert " passed" in r.stdout
+
+
+@pytest.mark.parametrize("name,fn", [
+    ("selu", lambda x, a: torch.nn.functional.selu(x)),
+    ("elu", lambda x, a: torch.nn.functional.elu(x, alpha=a)),
+    ("logit", lambda x, a: torch.logit(torch.sigmoid(x), eps=a / 100)),
+])
+def test_scalars_folded_by_decompositions_are_keyed_by_value(name, fn):
+    """elu's alpha/scale/input_scale (selu's constants) and logit's eps are folded into
+    other constants by their decompositions, so they are keyed by value: the regions run
+    as kernels (they used to fail to trace and run eagerly), and a new value compiles a
+    new kernel that is right for it."""
+    import accel
+
+    x = torch.randn(64, requires_grad=True)
+    for a in (0.7, 1.3):
+        expected = fn(x, a)
+        (gx,) = torch.autograd.grad(expected.sum(), x)
+        accel.reset_stats()
+        with accel.eager():
+            actual = fn(x, a)
+            (ga,) = torch.autograd.grad(actual.sum(), x)
+        st = accel.stats()
+        assert st["compile_failures"] == 0 and st["eager_replays"] == 0 and st["kernel_runs"] >= 1, st
+        torch.testing.assert_close((actual, ga), (expected, gx))
