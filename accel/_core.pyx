@@ -318,6 +318,8 @@ def set_cuda_half(bint on):
     set at each enable); off, such calls run eagerly."""
     global _cuda_half
     _cuda_half = on
+
+
 cdef tuple _CONST_TYPES = (bool, int, float, str, type(None), torch.dtype, torch.device,
                            torch.memory_format, torch.layout, tuple)
 cdef int _TENSOR = TENSOR, _SCALAR = SCALAR

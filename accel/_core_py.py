@@ -10,11 +10,13 @@ import sys
 import torch
 
 from .allocator import empty_strided
-from .ops import DTYPES, NOT_DEFERRABLE, SCALAR, TENSOR, Deferred, OpSpec
+from .ops import DTYPES, HALF, NOT_DEFERRABLE, SCALAR, TENSOR, Deferred, OpSpec
 
 _data_ptr = torch._C.TensorBase.data_ptr
 _CPU = torch.device("cpu")
-_HALF = (torch.float16, torch.bfloat16)
+_untyped_storage = torch._C.TensorBase.untyped_storage
+_storage_use_count = torch._C._storage_Use_Count
+_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 _cuda_half = False
 
 
@@ -23,9 +25,8 @@ def set_cuda_half(on: bool) -> None:
     set at each enable); off, such calls run eagerly."""
     global _cuda_half
     _cuda_half = bool(on)
-_untyped_storage = torch._C.TensorBase.untyped_storage
-_storage_use_count = torch._C._storage_Use_Count
-_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
+
+
 _CONST_TYPES = (bool, int, float, str, type(None), torch.dtype, torch.device,
                 torch.memory_format, torch.layout, tuple)
 
@@ -73,7 +74,7 @@ class RegionCore:
         i = self.out_ids.get(id(t))
         if i is not None and self.outs[i] is t:
             return ("o", i), ("o", i)
-        if t.dtype not in DTYPES or (t.dtype in _HALF and not _cuda_half and d is not _CPU):
+        if t.dtype not in DTYPES or (t.dtype in HALF and not _cuda_half and d is not _CPU):
             raise Deferred("dtype")
         if self.outs:
             p = _data_ptr(t)
@@ -179,7 +180,7 @@ class RegionCore:
         if self.ahead is not None and i < len(self.ahead) and self.ahead_meta[i] is meta:
             t, self.ahead[i] = self.ahead[i], None  # allocated when the kernel was launched ahead
         if t is None:
-            if dtype in _HALF and not _cuda_half and self.device is not None and self.device is not _CPU:
+            if dtype in HALF and not _cuda_half and self.device is not None and self.device is not _CPU:
                 raise Deferred("dtype")
             t = empty_strided(shape, stride, dtype, nbytes, self.device)
         self.out_ids[id(t)] = i

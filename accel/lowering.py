@@ -24,13 +24,14 @@ from typing import Dict, FrozenSet, List, Sequence, Tuple
 import torch
 import torch.fx as fx
 
+from .ops import HALF
+
 prims = torch.ops.prims
 aten = torch.ops.aten
 
-#: 16-bit floats are storage only in the IR: a value of one is a ``load`` or a ``cast``;
-#: every op on them is computed in float32 and its result rounded back, op by op, as
-#: ATen's kernels compute Half and BFloat16 (opmath float32; see ``_Lowerer.mk``).
-HALF = (torch.float16, torch.bfloat16)
+#: 16-bit floats (``ops.HALF``) are storage only in the IR: a value of one is a ``load`` or
+#: a ``cast``; every op on them is computed in float32 and its result rounded back, op by
+#: op, as ATen's kernels compute Half and BFloat16 (opmath float32; see ``_Lowerer.mk``).
 _F32 = torch.float32
 
 

@@ -31,6 +31,7 @@ class Deferred(Exception):
 #: see lowering.HALF); complex and the other integer widths stay eager.
 DTYPES = frozenset({torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32,
                     torch.int64, torch.bool})
+HALF = (torch.float16, torch.bfloat16)
 
 #: ops that run eagerly without flushing: they create views, metadata or new tensors
 #: (factories, filled with constants or left empty), and read no tensor's data.

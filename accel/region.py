@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from . import config
-from .ops import DTYPES, EAGER_AT_HALF, INTEGER_DIVISION, NOT_DEFERRABLE, Deferred, OpSpec
+from .ops import DTYPES, EAGER_AT_HALF, HALF, INTEGER_DIVISION, NOT_DEFERRABLE, Deferred, OpSpec
 
 if config.flag("ACCEL_PURE_PYTHON"):
     from . import _core_py as native
@@ -32,7 +32,6 @@ set_cuda_half = native.set_cuda_half
 
 log = logging.getLogger("accel")
 
-_HALF = (torch.float16, torch.bfloat16)
 _data_ptr = torch._C.TensorBase.data_ptr  # the real one: Tensor.data_ptr is an escape hook
 _untyped_storage = torch._C.TensorBase.untyped_storage  # likewise
 
@@ -224,7 +223,7 @@ class Region(RegionCore):
             raise Deferred("result type")
         if func._opname.rstrip("_") in INTEGER_DIVISION and not results[0].dtype.is_floating_point:
             raise Deferred("integer division")
-        if func._opname in EAGER_AT_HALF and any(r is not None and r.dtype in _HALF for r in results):
+        if func._opname in EAGER_AT_HALF and any(r is not None and r.dtype in HALF for r in results):
             raise Deferred("16-bit float rounding unlike eager's")
         writes = [ref for ref in _written(spec, targs, tkw) if ref[0] in ("x", "o")]
         for ref in writes:

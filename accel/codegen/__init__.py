@@ -11,7 +11,8 @@ from typing import Dict, List
 
 import torch
 
-from ..lowering import HALF, Expr
+from ..lowering import Expr
+from ..ops import HALF
 
 
 class CodegenError(Exception):
