@@ -310,7 +310,7 @@ cdef object _empty_strided = torch.empty_strided
 cdef object _device = torch.device
 cdef object _CPU = torch.device("cpu")
 cdef object _f16 = torch.float16, _bf16 = torch.bfloat16
-cdef bint _cuda_half = False
+cdef bint _cuda_half = True
 
 
 def set_cuda_half(bint on):

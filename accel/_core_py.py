@@ -17,7 +17,7 @@ _CPU = torch.device("cpu")
 _untyped_storage = torch._C.TensorBase.untyped_storage
 _storage_use_count = torch._C._storage_Use_Count
 _TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
-_cuda_half = False
+_cuda_half = True
 
 
 def set_cuda_half(on: bool) -> None:

@@ -107,10 +107,9 @@ FLAGS = {
              "records the rest of the region; kept only if the region ends as predicted with "
              "the same inputs, scalars and liveness, run again otherwise. cuda: on GPUs; "
              "all: on CPUs as well (no faster there; for testing); off."),
-        Flag("ACCEL_CUDA_HALF", False, _parse_bool,
-             "Run float16/bfloat16 regions on CUDA GPUs as kernels (off: eagerly). Their "
-             "kernels build and share the CPU backend's tested conversions, but have not yet "
-             "run on a GPU: off until they have. Read at each enable."),
+        Flag("ACCEL_CUDA_HALF", True, _parse_bool,
+             "Run float16/bfloat16 regions on CUDA GPUs as kernels (off: eagerly, an escape "
+             "hatch). Read at each enable."),
         Flag("ACCEL_PURE_PYTHON", False, _parse_bool,
              "Use the pure-Python twin of the Cython core (debugging; slower)."),
         Flag("ACCEL_CPU_POOL_MB", 1024, _parse_int(0),

@@ -115,7 +115,10 @@ def check(name: str, label: str, out, ref, detail: bool = False, exact=None) -> 
     ``exact``: the same computation in float64 (nested like ``ref``). Where eager's own
     result is outside the default tolerance of it (float32 rounding in a long reduction,
     e.g. a bias gradient summed over thousands of rows), that, rounded to ``out``'s dtypes,
-    is the oracle instead, with the same tolerance: "yes (float64 oracle)"."""
+    is the oracle instead, with the same tolerance: "yes (float64 oracle)"; where neither
+    eager's nor ``out`` is within it (a gradient summed over 8192 rows of cancelling
+    terms), ``out`` passes if no tensor of it is farther from the float64 result (greatest
+    absolute difference) than eager's: "yes (as near float64 as eager)"."""
     try:
         torch.testing.assert_close(out, ref)
         return "yes"
@@ -131,8 +134,33 @@ def check(name: str, label: str, out, ref, detail: bool = False, exact=None) -> 
                 return "yes (float64 oracle)"
             except (AssertionError, TypeError, ValueError) as e:
                 err = e
+            if _no_farther(out, ref, exact):
+                return "yes (as near float64 as eager)"
     print(f"{label} differs from eager on {name}: {err}", file=sys.stderr)
     return "MISMATCH" + (f" ({_mismatch_detail(str(err))})" if detail else "")
+
+
+def _no_farther(out, ref, exact) -> bool:
+    """Whether every floating tensor of ``out`` is at most as far from ``exact`` (greatest
+    absolute difference, in float64) as its counterpart in ``ref``, and every other leaf
+    equals ``ref``'s (nested alike: torch.utils._pytree)."""
+    from torch.utils._pytree import tree_flatten
+
+    (lo, so), (lr, sr), (le, se) = (tree_flatten(t) for t in (out, ref, exact))
+    if so != sr or sr != se:
+        return False
+    for o, r, e in zip(lo, lr, le):
+        if not isinstance(o, torch.Tensor) or not o.is_floating_point():
+            if not (torch.equal(o, r) if isinstance(o, torch.Tensor) else o == r):
+                return False
+            continue
+        if o.shape != r.shape or o.dtype != r.dtype:
+            return False
+        e = e.to(o.device, torch.float64)
+        d_out, d_ref = ((t.double() - e).abs().max().item() if t.numel() else 0.0 for t in (o, r))
+        if not d_out <= d_ref:  # NaN: not
+            return False
+    return True
 
 
 def _close(a, b) -> bool:

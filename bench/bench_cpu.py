@@ -143,13 +143,20 @@ def _three(model):
     return copy.deepcopy(model), copy.deepcopy(model), copy.deepcopy(model)
 
 
-def _mlp():
+def mlp_model(d: int = D, hidden: int = HIDDEN) -> MLPBlock:
+    """The benchmarks' MLP block (seed 0), its LayerNorm's weight and bias random: with
+    ones / zeros, ``out.sum()`` would be ~0 and its input gradients ~0 (rounding noise, no
+    tolerance can compare them)."""
     torch.manual_seed(0)
-    m = MLPBlock()
-    with torch.no_grad():  # LayerNorm's ones/zeros would make out.sum()'s input grads ~0
+    m = MLPBlock(d, hidden)
+    with torch.no_grad():
         m.norm.weight.normal_(1.0, 0.5)
         m.norm.bias.normal_(0.0, 0.5)
-    return m, _randn(BATCH, D, seed=1)
+    return m
+
+
+def _mlp():
+    return mlp_model(), _randn(BATCH, D, seed=1)
 
 
 def mlp_fwd_spec() -> Spec:

@@ -16,8 +16,6 @@ nvcc --version | tail -1 | tee -a "$OUT/env.txt"
 # build the Cython core in place (the machine's own Python and compiler)
 python3 setup.py -q build_ext --inplace 2>&1 | tail -3
 export PYTHONPATH="$PWD:${PYTHONPATH:-}"
-# float16/bfloat16 regions on CUDA are off by default until this suite has passed with them
-export ACCEL_CUDA_HALF="${ACCEL_CUDA_HALF:-1}"
 python3 -m pytest -q -x -p no:cacheprovider -n 12 tests/test_cuda.py tests/test_chains.py \
   tests/test_opinfo_reductions.py tests/test_opinfo.py tests/test_interceptor.py tests/test_pipeline.py \
   tests/test_half.py -k "cuda or engine_thread" ${GPU_TEST_ARGS:-} 2>&1 | tee "$OUT/tests.log" | tail -30

@@ -326,8 +326,39 @@ def test_cuda_row_kernels_have_a_vector_variant(shape, vector):
     if vector:
         assert r.launches[0]["vector"]["buffers"] == [0, 1]
         kv = src[src.index("accel_region_t_k0v("):]
-        assert kv.count("reinterpret_cast<const accel::vec4_t<float>*>(b0") == 1  # one pass reads
+        assert kv.count("reinterpret_cast<const accel::vec_t<float, 4>*>(b0") == 1  # one pass reads
         assert "b0[" not in kv
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_cuda_elementwise_vectors_are_16_bytes(dtype, tmp_path):
+    """Elementwise vector variants move 16 bytes a thread at a time: 4 float32 or 8 16-bit
+    floats, each vector loaded and stored whole (one vector access in nvcc's PTX). Row
+    kernels keep 4 elements a vector."""
+    import subprocess
+
+    from accel.build import INCLUDE_DIR, NVCCFLAGS
+
+    ctype = {torch.float32: "float", torch.bfloat16: "accel::bf16", torch.float16: "accel::f16"}[dtype]
+    x = torch.empty(64, 4096, dtype=dtype)
+    meta = [((64, 4096), (4096, 1), dtype)]
+    sm = _lowered([(aten._softmax.default, (("x", 0), ("c", 1), ("c", False)), {}, 1)], [x], meta, (0,))
+    pw = _lowered([(aten.mul.Tensor, (("x", 0), ("x", 0)), {}, 1)], [x], meta, (0,))
+    for ir, width in ((sm, 4), (pw, 4 if dtype == torch.float32 else 8)):
+        r = CudaRenderer()
+        src = r.render(ir, "accel_region_t")
+        assert r.launches[0]["vector"]["buffers"] == [0, 1]
+        assert f"accel::vec_t<{ctype}, {width}>" in src[src.index("accel_region_t_k0v("):]
+    assert r.launches[0]["vector"]["grid"] == [-(-64 * 4096 // (256 * width * 2)), 1, 1]
+    if shutil.which("nvcc") is None:
+        return
+    (tmp_path / "m.cu").write_text(src)
+    subprocess.run(["nvcc", *NVCCFLAGS, "-arch", "sm_90a", "-ptx", "-I", INCLUDE_DIR, str(tmp_path / "m.cu"),
+                    "-o", str(tmp_path / "m.ptx")], check=True, capture_output=True, timeout=300)
+    ptx = (tmp_path / "m.ptx").read_text()
+    ptx_v = ptx[ptx.index(".entry accel_region_t_k0v"):]
+    accesses = [ln.split()[0] for ln in ptx_v.splitlines() if "ld.global" in ln or "st.global" in ln]
+    assert accesses and all(".v4." in a for a in accesses), accesses
 
 
 def test_cuda_rows_with_moments_take_more_values_a_thread():

@@ -18,12 +18,6 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.i
                                                                  reason="no CUDA device"))]
 
 
-@pytest.fixture(autouse=True)
-def _cuda_half(monkeypatch):
-    """16-bit floats on CUDA run as kernels only with ACCEL_CUDA_HALF=1 (off by default)."""
-    monkeypatch.setenv("ACCEL_CUDA_HALF", "1")
-
-
 def _run(fn, *args):
     accel.reset_stats()
     with accel.eager():
@@ -168,10 +162,10 @@ def test_bfloat16_training_step_matches_eager(device):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 @pytest.mark.parametrize("dtype", HALF, ids=str)
-def test_cuda_half_runs_eagerly_by_default(dtype, monkeypatch):
-    """Without ACCEL_CUDA_HALF, calls on CUDA float16/bfloat16 tensors, and calls that would
+def test_cuda_half_off_runs_eagerly(dtype, monkeypatch):
+    """With ACCEL_CUDA_HALF=0, calls on CUDA float16/bfloat16 tensors, and calls that would
     make one, run eagerly; float32 still runs as kernels."""
-    monkeypatch.delenv("ACCEL_CUDA_HALF")
+    monkeypatch.setenv("ACCEL_CUDA_HALF", "0")
     x = torch.randn(64, 512, device="cuda")
     # the float32 product still runs as a kernel, flushed before the cast runs eagerly
     for fn, arg, kernels in ((lambda h: h * 2 + 1, x.to(dtype), 0),

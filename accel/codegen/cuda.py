@@ -32,10 +32,13 @@ from .cpp import ARG, SIMPLE, CppRenderer, _Group, _Scope, _subst
 #: iterations each thread takes per tile (independent loads in flight).
 BLOCK = 256
 ILP = 4
-#: dtypes moved as vectors of VEC elements (16 bytes; 8 for the 16-bit floats)
+#: dtypes moved as vectors of VEC elements (16 bytes; 8 for the 16-bit floats), or of
+#: VEC16 16-bit floats (16 bytes) where a kernel moves only those
 VEC_TYPES = (torch.float32, torch.int32, torch.float16, torch.bfloat16)
 #: elementwise kernels with 16-byte accesses: elements per vector, vectors per thread a tile.
 VEC = 4
+VEC16 = 8
+_HALF_TYPES = (torch.float16, torch.bfloat16)
 VEC_ILP = 2
 #: most threads per block of a row kernel, and most values of a row one thread keeps in
 #: registers between the row's loops (longer rows are read again).
@@ -83,6 +86,7 @@ class CudaRenderer(CppRenderer):
     row_caching = False  # a row's values come back from L1/L2
     stream_stores = False  # (CPU only)
     vec = None  # in a vector tile: load Expr -> its vector's name
+    vw = VEC  # elements a vector
     row_vec = frozenset()  # a row kernel's vector variant: the buffers moved as vectors
     vec_stores: Dict[int, str] = {}
 
@@ -106,7 +110,7 @@ class CudaRenderer(CppRenderer):
             text, grid, block = self._kernel(kname, nest, ir, written, None)
             kernels += text
             launch = {"kernel": kname, "grid": _dim3(grid), "block": _dim3(block)}
-            vbufs = self._vector_buffers(nest, ir)
+            vbufs = self._vector_width(nest, ir)
             if vbufs:  # 16-byte loads and stores where every such pointer is aligned
                 text, vgrid, vblock = self._kernel(kname + "v", nest, ir, written, vbufs)
                 kernels += text
@@ -136,6 +140,20 @@ class CudaRenderer(CppRenderer):
                         f"{self.cast(f'sc.v[{j}].{field_}', src, dtype)};")
         return head + body + ["}", ""], grid, block
 
+    def _vector_width(self, nest: Nest, ir: LoopIR) -> frozenset:
+        """The buffers ``nest``'s vector variant moves (see :meth:`_vector_buffers`), and its
+        width in :attr:`vw`: in an elementwise kernel, 16 bytes of 16-bit floats (8) where
+        every such buffer holds them and the same buffers qualify at that width; else 4
+        (row kernels: their reads are scalar, see :meth:`_rhs`; 16-byte stores measured no
+        faster there)."""
+        self.vw = VEC
+        vbufs = self._vector_buffers(nest, ir)
+        if vbufs and self.elems is None and all(ir.buffers[b].dtype in _HALF_TYPES for b in vbufs):
+            self.vw = VEC16
+            if self._vector_buffers(nest, ir) != vbufs:
+                self.vw = VEC
+        return vbufs
+
     def _vector_buffers(self, nest: Nest, ir: LoopIR) -> frozenset:
         """Buffers an elementwise nest can move as vectors of 4 elements (:data:`VEC_TYPES`)
         read or written contiguously along the innermost loop (its size a multiple
@@ -149,7 +167,7 @@ class CudaRenderer(CppRenderer):
         if not nest.vars:
             return frozenset()
         inner = nest.vars[-1]
-        if ir.sizes[inner] % VEC:
+        if ir.sizes[inner] % self.vw:
             return frozenset()
         loads = [x for sc in self.nest_scopes for k, x in sc.items if k == "expr" and x.op == "load"]
         access = [(x.args[0], x.args[1]) for x in loads] + [(st.buf, st.addr) for st in nest.stores]
@@ -159,7 +177,7 @@ class CudaRenderer(CppRenderer):
             c = addr.coeff(inner)
             if c not in (0, 1) or (buf in stored and addr != stored[buf]):
                 return frozenset()
-            if c == 1 and all(cv % VEC == 0 for v, cv in addr.terms if v != inner) \
+            if c == 1 and all(cv % self.vw == 0 for v, cv in addr.terms if v != inner) \
                     and ir.buffers[buf].dtype in VEC_TYPES:
                 vbufs.add(buf)
         if any(st.addr.coeff(inner) != 1 for st in nest.stores):
@@ -176,7 +194,7 @@ class CudaRenderer(CppRenderer):
         if self.mode != "block" or self.elems is None:
             return frozenset()
         v, n = nest.vars[-1], ir.sizes[nest.vars[-1]]
-        if n % VEC or -(-self.elems // VEC) * VEC > ROW_REGISTERS:
+        if n % self.vw or -(-self.elems // self.vw) * self.vw > ROW_REGISTERS:
             return frozenset()
         outer, inner = self.nest_scopes[-2], self.nest_scopes[-1]
         loop_var = {id(inner): v}
@@ -191,7 +209,7 @@ class CudaRenderer(CppRenderer):
         def access(buf, addr, scope):
             r = loop_var.get(id(scope))
             if r is not None and addr.coeff(r) == 1 and ir.buffers[buf].dtype in VEC_TYPES \
-                    and all(c % VEC == 0 for u, c in addr.terms if u != r):
+                    and all(c % self.vw == 0 for u, c in addr.terms if u != r):
                 ok.add(buf)
             else:
                 bad.add(buf)
@@ -221,7 +239,7 @@ class CudaRenderer(CppRenderer):
             self.mode = "thread"
             if vbufs:
                 self._vector_tiles(order, n, nest, vbufs, out)
-                return out, min(-(-n // (BLOCK * VEC * VEC_ILP)), MAX_GRID), BLOCK
+                return out, min(-(-n // (BLOCK * self.vw * VEC_ILP)), MAX_GRID), BLOCK
             self._tiles(order, n, 0, out, "  ")
             return out, min(-(-n // (BLOCK * ILP)), MAX_GRID), BLOCK
         lvl = max(levels)
@@ -245,10 +263,10 @@ class CudaRenderer(CppRenderer):
         elems = -(-longest // self.threads)
         if elems <= ROW_REGISTERS and len(inner) == 1:  # a row kernel: the row in registers
             if vbufs:  # 4 neighbouring elements a thread at a time
-                elems = -(-elems // VEC) * VEC
+                elems = -(-elems // self.vw) * self.vw
                 self.row_vec = vbufs
                 for b in sorted({st.buf for st in nest.stores} & vbufs):
-                    out.append(f"  accel::vec4_t<{self.ctype(ir.buffers[b].dtype)}> w{b};")
+                    out.append(f"  {self._vec(b)} w{b};")
             self.elems = elems
             self._plan_row_cache(inner[0], self.nest_scopes[-2], self.nest_scopes[-1], "j")
             self._plan_load_cache(inner[0], self.nest_scopes[-2], self.nest_scopes[-1])
@@ -305,11 +323,11 @@ class CudaRenderer(CppRenderer):
         inner = order[-1]
         t, f = f"tile{self.ntemp}", f"f{self.ntemp}"
         self.ntemp += 1
-        per = BLOCK * VEC * VEC_ILP
+        per = BLOCK * self.vw * VEC_ILP
         out.append(f"  for (int64_t {t} = blockIdx.x; {t} < {-(-n // per)}; {t} += gridDim.x) {{")
         out.append("    #pragma unroll")
         out.append(f"    for (int u = 0; u < {VEC_ILP}; ++u) {{")
-        out.append(f"      const int64_t {f} = ({t} * {BLOCK * VEC_ILP} + u * {BLOCK} + threadIdx.x) * {VEC};")
+        out.append(f"      const int64_t {f} = ({t} * {BLOCK * VEC_ILP} + u * {BLOCK} + threadIdx.x) * {self.vw};")
         out.append(f"      if ({f} < {n}) {{")
         ind = "        "
         self._decompose(f, order, out, ind)
@@ -324,7 +342,7 @@ class CudaRenderer(CppRenderer):
                     if key not in seen:
                         seen[key] = f"v{self.ntemp}"
                         self.ntemp += 1
-                        t4 = f"accel::vec4_t<{self.ctype(self.ir.buffers[x.args[0]].dtype)}>"
+                        t4 = self._vec(x.args[0])
                         out.append(f"{ind}const {t4} {seen[key]} = *reinterpret_cast<const {t4}*>"
                                    f"(b{x.args[0]} + {self._addr(x.args[1], base)});")
                     self.vec[x] = seen[key]
@@ -333,17 +351,17 @@ class CudaRenderer(CppRenderer):
             if st.buf in vbufs:
                 stores[st.buf] = f"w{self.ntemp}"
                 self.ntemp += 1
-                out.append(f"{ind}accel::vec4_t<{self.ctype(self.ir.buffers[st.buf].dtype)}> {stores[st.buf]};")
+                out.append(f"{ind}{self._vec(st.buf)} {stores[st.buf]};")
         self.vec_stores = stores
         out.append(f"{ind}#pragma unroll")
-        out.append(f"{ind}for (int v = 0; v < {VEC}; ++v) {{")
+        out.append(f"{ind}for (int v = 0; v < {self.vw}; ++v) {{")
         out.append(f"{ind}  const int64_t i{inner} = ib{inner} + v;")
         for sc in self.nest_scopes:
             self._emit_items(sc, out, ind + "  ")
         out.append(f"{ind}}}")
         for st in nest.stores:
             if st.buf in vbufs:
-                t4 = f"accel::vec4_t<{self.ctype(self.ir.buffers[st.buf].dtype)}>"
+                t4 = self._vec(st.buf)
                 out.append(f"{ind}*reinterpret_cast<{t4}*>(b{st.buf} + {self._addr(st.addr, base)}) = "
                            f"{stores[st.buf]};")
         out += ["      }", "    }", "  }"]
@@ -359,13 +377,17 @@ class CudaRenderer(CppRenderer):
         if self.vec and e in self.vec:
             return f"accel::lane({self.vec[e]}, v)"
         if self.row_vec and e.op == "load" and e.args[0] in self.row_vec:
-            # the vector holding element j % 4 (after unrolling, one load per vector)
-            return (f"accel::lane(*reinterpret_cast<const {self._vec4(e.args[0])}*>(b{e.args[0]} + "
+            # element j % 4 of its vector, read through the pointer: nvcc narrows each
+            # such read to a scalar load of the one element. Loading each vector whole
+            # into a register variable (at its first element) gave one vector load per
+            # vector but slower kernels on the H100 (bench/README.md, sixth round)
+            return (f"accel::lane(*reinterpret_cast<const {self._vec(e.args[0])}*>(b{e.args[0]} + "
                     f"{self._addr(e.args[1])} - (j & 3)), j & 3)")
         return super()._rhs(e, scope)
 
-    def _vec4(self, buf: int) -> str:
-        return f"accel::vec4_t<{self.ctype(self.ir.buffers[buf].dtype)}>"
+    def _vec(self, buf: int) -> str:
+        """The C++ type of a vector of :attr:`vw` elements of buffer ``buf``."""
+        return f"accel::vec_t<{self.ctype(self.ir.buffers[buf].dtype)}, {self.vw}>"
 
     def _grid_fits(self, order, rsize) -> bool:
         """Grid mode: a full reduction (no loops outside it) of at least ``GRID_MIN``
@@ -529,7 +551,7 @@ class CudaRenderer(CppRenderer):
             return f"accel::lane_ref({self.vec_stores[st.buf]}, v) = {self._name(st.value, scope)};"
         if self.row_vec and st.buf in self.row_vec:  # the vector is written with its last element
             return (f"accel::lane_ref(w{st.buf}, j & 3) = {self._name(st.value, scope)}; "
-                    f"if ((j & 3) == 3) *reinterpret_cast<{self._vec4(st.buf)}*>(b{st.buf} + "
+                    f"if ((j & 3) == 3) *reinterpret_cast<{self._vec(st.buf)}*>(b{st.buf} + "
                     f"{self._addr(st.addr)} - 3) = w{st.buf};")
         guard = {"block": "if (threadIdx.x == 0) ", "grid": "if (threadIdx.x == 0) ",
                  "col": "if (threadIdx.y == 0) "}.get(self.mode, "")

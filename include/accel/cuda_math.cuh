@@ -94,20 +94,25 @@ __device__ T block_reduce(T v, F f, void* scratch) {
   return warp_partials(s, nw, f);
 }
 
-/* Vectors of 4 elements (elementwise and row kernels' aligned loads and stores): 16 bytes
- * of 4-byte elements, 8 of 16-bit floats; ``lane`` with a constant index after unrolling
- * stays in registers. */
-template <typename T> struct vec4 {};
-template <> struct vec4<float> { using type = float4; };
-template <> struct vec4<int32_t> { using type = int4; };
-template <> struct vec4<uint16_t> { using type = ushort4; };  /* bf16, f16 */
-template <typename T> using vec4_t = typename vec4<T>::type;
+/* Vectors (elementwise and row kernels' aligned loads and stores): vec_t<T, 4> is 16 bytes
+ * of 4-byte elements or 8 of 16-bit floats, vec_t<uint16_t, 8> 16 bytes of 16-bit floats
+ * (elementwise kernels). ``lane``/``lane_ref`` with a constant index after unrolling stay
+ * in registers. */
+struct __align__(16) u16x8 { uint16_t v[8]; };
+template <typename T, int N> struct vec {};
+template <> struct vec<float, 4> { using type = float4; };
+template <> struct vec<int32_t, 4> { using type = int4; };
+template <> struct vec<uint16_t, 4> { using type = ushort4; };  /* bf16, f16 */
+template <> struct vec<uint16_t, 8> { using type = u16x8; };
+template <typename T, int N> using vec_t = typename vec<T, N>::type;
 template <typename V> __device__ __forceinline__ auto lane(const V& a, int v) {
   return v == 0 ? a.x : v == 1 ? a.y : v == 2 ? a.z : a.w;
 }
 template <typename V> __device__ __forceinline__ auto& lane_ref(V& a, int v) {
   return v == 0 ? a.x : v == 1 ? a.y : v == 2 ? a.z : a.w;
 }
+__device__ __forceinline__ uint16_t lane(const u16x8& a, int v) { return a.v[v]; }
+__device__ __forceinline__ uint16_t& lane_ref(u16x8& a, int v) { return a.v[v]; }
 
 /* Grid mode: every thread of every block calls this with its own ``v``; the
  * block that finishes last gets true and ``v`` combined over the partials in block order
