@@ -25,6 +25,7 @@ from typing import Dict, List
 import torch
 
 from ..lowering import Expr, LoopIR, Nest
+from ..ops import HALF
 from . import CodegenError
 from .cpp import ARG, SIMPLE, CppRenderer, _Group, _Scope, _subst
 
@@ -38,7 +39,6 @@ VEC_TYPES = (torch.float32, torch.int32, torch.float16, torch.bfloat16)
 #: elementwise kernels with 16-byte accesses: elements per vector, vectors per thread a tile.
 VEC = 4
 VEC16 = 8
-_HALF_TYPES = (torch.float16, torch.bfloat16)
 VEC_ILP = 2
 #: most threads per block of a row kernel, and most values of a row one thread keeps in
 #: registers between the row's loops (longer rows are read again).
@@ -148,7 +148,7 @@ class CudaRenderer(CppRenderer):
         faster there)."""
         self.vw = VEC
         vbufs = self._vector_buffers(nest, ir)
-        if vbufs and self.elems is None and all(ir.buffers[b].dtype in _HALF_TYPES for b in vbufs):
+        if vbufs and self.elems is None and all(ir.buffers[b].dtype in HALF for b in vbufs):
             self.vw = VEC16
             if self._vector_buffers(nest, ir) != vbufs:
                 self.vw = VEC
