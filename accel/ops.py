@@ -27,10 +27,10 @@ class Deferred(Exception):
     """Internal: a call cannot join the region; ``args[0]`` says why (``"alias"``: it reads
     a view of a pending output, so flush and retry)."""
 
-#: dtypes whose results accel computes (16-bit floats kept in memory, computed in float32:
-#: see lowering.HALF); complex and the other integer widths stay eager.
+#: dtypes whose results accel computes; complex and the other integer widths stay eager.
 DTYPES = frozenset({torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32,
                     torch.int64, torch.bool})
+#: the 16-bit floats: kept in memory, computed in float32 (see lowering's ``_Lowerer.mk``).
 HALF = (torch.float16, torch.bfloat16)
 
 #: ops that run eagerly without flushing: they create views, metadata or new tensors

@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 
 import accel
+from accel.ops import HALF
 
-HALF = [torch.float16, torch.bfloat16]
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
                                                                  reason="no CUDA device"))]
 

@@ -22,11 +22,10 @@ from torch.testing._internal.common_methods_invocations import op_db
 from torch.testing._internal.opinfo.core import BinaryUfuncInfo, UnaryUfuncInfo
 
 import accel
+from accel.ops import HALF  # 16-bit floats: their samples also carry a float64 reference (_oracle)
 
 DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64,
           torch.bool)
-#: 16-bit floats: their pointwise samples also carry a float64 reference (see _oracle)
-HALF = (torch.float16, torch.bfloat16)
 MAX_SAMPLES = 8
 HALF_SAMPLES = 4  # (their kernels are float32's but for the loads and stores: fewer samples)
 

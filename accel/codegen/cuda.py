@@ -34,7 +34,7 @@ from .cpp import ARG, SIMPLE, CppRenderer, _Group, _Scope, _subst
 BLOCK = 256
 ILP = 4
 #: dtypes moved as vectors of VEC elements (16 bytes; 8 for the 16-bit floats), or of
-#: VEC16 16-bit floats (16 bytes) where a kernel moves only those
+#: VEC16 16-bit floats (16 bytes) where an elementwise kernel moves only those
 VEC_TYPES = (torch.float32, torch.int32, torch.float16, torch.bfloat16)
 #: elementwise kernels with 16-byte accesses: elements per vector, vectors per thread a tile.
 VEC = 4
@@ -155,9 +155,10 @@ class CudaRenderer(CppRenderer):
         return vbufs
 
     def _vector_buffers(self, nest: Nest, ir: LoopIR) -> frozenset:
-        """Buffers an elementwise nest can move as vectors of 4 elements (:data:`VEC_TYPES`)
-        read or written contiguously along the innermost loop (its size a multiple
-        of 4, every other stride too, so each thread's 4 elements are one aligned vector).
+        """Buffers an elementwise nest can move as vectors of :attr:`vw` elements
+        (:data:`VEC_TYPES`) read or written contiguously along the innermost loop (its size
+        a multiple of ``vw``, every other stride too, so each thread's elements are one
+        aligned vector).
         Empty where any access strays from that: a reduction, another stride along the
         innermost loop, a store that does not vary along it, a buffer both read and
         written at different addresses."""
@@ -194,7 +195,7 @@ class CudaRenderer(CppRenderer):
         if self.mode != "block" or self.elems is None:
             return frozenset()
         v, n = nest.vars[-1], ir.sizes[nest.vars[-1]]
-        if n % self.vw or -(-self.elems // self.vw) * self.vw > ROW_REGISTERS:
+        if n % VEC or -(-self.elems // VEC) * VEC > ROW_REGISTERS:
             return frozenset()
         outer, inner = self.nest_scopes[-2], self.nest_scopes[-1]
         loop_var = {id(inner): v}
@@ -209,7 +210,7 @@ class CudaRenderer(CppRenderer):
         def access(buf, addr, scope):
             r = loop_var.get(id(scope))
             if r is not None and addr.coeff(r) == 1 and ir.buffers[buf].dtype in VEC_TYPES \
-                    and all(c % self.vw == 0 for u, c in addr.terms if u != r):
+                    and all(c % VEC == 0 for u, c in addr.terms if u != r):
                 ok.add(buf)
             else:
                 bad.add(buf)
@@ -263,7 +264,7 @@ class CudaRenderer(CppRenderer):
         elems = -(-longest // self.threads)
         if elems <= ROW_REGISTERS and len(inner) == 1:  # a row kernel: the row in registers
             if vbufs:  # 4 neighbouring elements a thread at a time
-                elems = -(-elems // self.vw) * self.vw
+                elems = -(-elems // VEC) * VEC
                 self.row_vec = vbufs
                 for b in sorted({st.buf for st in nest.stores} & vbufs):
                     out.append(f"  {self._vec(b)} w{b};")
