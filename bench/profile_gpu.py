@@ -122,7 +122,8 @@ def launch_timeline(names=("chain", "rmsnorm", "softmax", "add_ln"), calls: int 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--only", default="chain,rmsnorm,gpt2_train")
+    p.add_argument("--only", help="workloads, comma-separated (default: chain,rmsnorm,gpt2_train; "
+                   "with --timeline chain,rmsnorm,softmax,add_ln)")
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--host", action="store_true", help="host costs only")
     p.add_argument("--cprofile", action="store_true", help="also the host's hottest functions")
@@ -130,12 +131,12 @@ def main(argv=None) -> int:
                    help="only when each backend's work reaches the GPU within a call")
     a = p.parse_args(argv)
     if a.timeline:
-        launch_timeline()
+        launch_timeline(*([a.only.split(",")] if a.only else []))
         return 0
     host_costs()
     if a.host:
         return 0
-    for name, label, f, spec in _warmed(a.only.split(","), 3):
+    for name, label, f, spec in _warmed((a.only or "chain,rmsnorm,gpt2_train").split(","), 3):
         ts = []
         for _ in range(20):
             t0 = time.perf_counter()

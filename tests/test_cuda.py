@@ -331,45 +331,58 @@ def test_cuda_row_kernels_have_a_vector_variant(shape, vector):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
-def test_cuda_elementwise_vectors_are_16_bytes(dtype, tmp_path):
-    """Elementwise vector variants move 16 bytes a thread at a time: 4 float32 or 8 16-bit
-    floats, each vector loaded and stored whole (one vector access in nvcc's PTX). Row
-    kernels keep 4 elements a vector."""
+def test_cuda_vectors_are_16_bytes(dtype, tmp_path):
+    """Vector variants move 16 bytes a thread at a time: 4 float32 or 8 16-bit floats, each
+    vector loaded and stored whole (one vector access in nvcc's PTX), in elementwise and in
+    row kernels (a row kernel reads each vector once, at its first lane, into a register)."""
     import subprocess
 
     from accel.build import INCLUDE_DIR, NVCCFLAGS
 
     ctype = {torch.float32: "float", torch.bfloat16: "accel::bf16", torch.float16: "accel::f16"}[dtype]
+    width = 4 if dtype == torch.float32 else 8
     x = torch.empty(64, 4096, dtype=dtype)
     meta = [((64, 4096), (4096, 1), dtype)]
     sm = _lowered([(aten._softmax.default, (("x", 0), ("c", 1), ("c", False)), {}, 1)], [x], meta, (0,))
     pw = _lowered([(aten.mul.Tensor, (("x", 0), ("x", 0)), {}, 1)], [x], meta, (0,))
-    for ir, width in ((sm, 4), (pw, 4 if dtype == torch.float32 else 8)):
+    for k, (ir, vectors) in enumerate(((sm, 4096 // width), (pw, 64 * 4096 // width))):
         r = CudaRenderer()
         src = r.render(ir, "accel_region_t")
-        assert r.launches[0]["vector"]["buffers"] == [0, 1]
-        assert f"accel::vec_t<{ctype}, {width}>" in src[src.index("accel_region_t_k0v("):]
-    assert r.launches[0]["vector"]["grid"] == [-(-64 * 4096 // (256 * width * 2)), 1, 1]
-    if shutil.which("nvcc") is None:
-        return
-    (tmp_path / "m.cu").write_text(src)
-    subprocess.run(["nvcc", *NVCCFLAGS, "-arch", "sm_90a", "-ptx", "-I", INCLUDE_DIR, str(tmp_path / "m.cu"),
-                    "-o", str(tmp_path / "m.ptx")], check=True, capture_output=True, timeout=300)
-    ptx = (tmp_path / "m.ptx").read_text()
-    ptx_v = ptx[ptx.index(".entry accel_region_t_k0v"):]
-    accesses = [ln.split()[0] for ln in ptx_v.splitlines() if "ld.global" in ln or "st.global" in ln]
-    assert accesses and all(".v4." in a for a in accesses), accesses
+        launch = r.launches[0]
+        assert launch["vector"]["buffers"] == [0, 1]
+        kv = src[src.index("accel_region_t_k0v("):]
+        assert f"accel::vec_t<{ctype}, {width}>" in kv
+        if k == 0:  # a row of 4096 on 512 threads (float32) or 256 (16-bit), 2 vectors each
+            assert launch["vector"]["block"][0] * 2 == vectors
+            assert kv.count("accel::load_once(") == 1 and "b0[" not in kv
+        else:
+            assert launch["vector"]["grid"] == [-(-vectors // (256 * 2)), 1, 1]
+        if shutil.which("nvcc") is None:
+            continue
+        (tmp_path / "m.cu").write_text(src)
+        subprocess.run(["nvcc", *NVCCFLAGS, "-arch", "sm_90a", "-ptx", "-I", INCLUDE_DIR, str(tmp_path / "m.cu"),
+                        "-o", str(tmp_path / "m.ptx")], check=True, capture_output=True, timeout=300)
+        ptx = (tmp_path / "m.ptx").read_text()
+        ptx_v = ptx[ptx.index(".entry accel_region_t_k0v"):]
+        accesses = [ln.split()[0] for ln in ptx_v.splitlines() if "ld.global" in ln or "st.global" in ln]
+        assert accesses and all(".v4." in a for a in accesses), accesses
+        if k == 0:  # one load and one store per vector of the thread's row share
+            assert len(accesses) == 4, accesses
 
 
 def test_cuda_rows_with_moments_take_more_values_a_thread():
     """A softmax row of 4096 runs on 512 threads (8 values each); a layer norm row of 4096,
-    whose block reduction merges mean and variance, on 256 (16 values each)."""
+    whose block reduction merges mean and variance, on 256 (16 values each); rows of 16-bit
+    floats take twice as many values a thread (the same bytes)."""
     x, w = torch.empty(64, 4096), torch.empty(4096)
     meta = [((64, 4096), (4096, 1), torch.float32)]
     sm = _lowered([(aten._softmax.default, (("x", 0), ("c", 1), ("c", False)), {}, 1)], [x], meta, (0,))
     ln = _lowered([(aten.native_layer_norm.default, (("x", 0), ("c", [4096]), ("x", 1), ("x", 1), ("c", 1e-5)), {}, 3)],
                   [x, w], meta + [((64, 1), (1, 1), torch.float32)] * 2, (0,))
-    for ir, threads in ((sm, 512), (ln, 256)):
+    xh = x.to(torch.bfloat16)
+    smh = _lowered([(aten._softmax.default, (("x", 0), ("c", 1), ("c", False)), {}, 1)], [xh],
+                   [((64, 4096), (4096, 1), torch.bfloat16)], (0,))
+    for ir, threads in ((sm, 512), (ln, 256), (smh, 256)):
         r = CudaRenderer()
         src = r.render(ir, "accel_region_t")
         assert r.launches[0]["block"] == [threads, 1, 1]

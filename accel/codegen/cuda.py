@@ -51,6 +51,11 @@ ROW_REGISTERS = 16
 #: -> 0.271 ms on the H100; softmax, whose rows keep two arrays in registers, got slower).
 ROW_ELEMS = 8
 ROW_ELEMS_MOMENTS = 16
+#: rows whose every buffer holds 16-bit floats: each thread takes this many times the
+#: elements above (and may keep as many more in registers), the same bytes as a float32
+#: row (softmax f16 on [16384, 4096]: 0.119 -> 0.093 ms on the H100, RMSNorm bf16 0.100 ->
+#: 0.093, together with their 16-byte vectors)
+ROW_HALF_SCALE = 2
 #: full reductions at least this long run over many blocks (grid mode).
 GRID_MIN = 1 << 16
 #: column mode (reductions along a strided dimension): results per block, and most rows of
@@ -84,6 +89,7 @@ class CudaRenderer(CppRenderer):
 
     prefix = '#include "accel/cuda_math.cuh"\n'
     row_caching = False  # a row's values come back from L1/L2
+    cache_across_reductions = False  # (row kernels: registers; not measured on the GPU)
     stream_stores = False  # (CPU only)
     vec = None  # in a vector tile: load Expr -> its vector's name
     vw = VEC  # elements a vector
@@ -142,13 +148,11 @@ class CudaRenderer(CppRenderer):
 
     def _vector_width(self, nest: Nest, ir: LoopIR) -> frozenset:
         """The buffers ``nest``'s vector variant moves (see :meth:`_vector_buffers`), and its
-        width in :attr:`vw`: in an elementwise kernel, 16 bytes of 16-bit floats (8) where
-        every such buffer holds them and the same buffers qualify at that width; else 4
-        (row kernels: their reads are scalar, see :meth:`_rhs`; 16-byte stores measured no
-        faster there)."""
+        width in :attr:`vw`: 16 bytes of 16-bit floats (8) where every such buffer holds
+        them and the same buffers qualify at that width; else 4."""
         self.vw = VEC
         vbufs = self._vector_buffers(nest, ir)
-        if vbufs and self.elems is None and all(ir.buffers[b].dtype in HALF for b in vbufs):
+        if vbufs and all(ir.buffers[b].dtype in HALF for b in vbufs):
             self.vw = VEC16
             if self._vector_buffers(nest, ir) != vbufs:
                 self.vw = VEC
@@ -186,16 +190,16 @@ class CudaRenderer(CppRenderer):
         return frozenset(vbufs)
 
     def _row_vector_buffers(self, nest: Nest, ir: LoopIR) -> frozenset:
-        """Buffers a row kernel (as just rendered: :attr:`elems` set) can move as 16-byte
-        vectors, each thread taking 4 neighbouring elements of the row at a time:
+        """Buffers a row kernel (as just rendered: :attr:`elems` set) can move as vectors of
+        :attr:`vw`, each thread taking that many neighbouring elements of the row at a time:
         :data:`VEC_TYPES` buffers read only in the row's loops, contiguously along each (a loop per
         reduction over the whole row, and the loop over the row), or written only in the
-        loop over the row, contiguously; every other stride a multiple of 4. Empty where
-        the row's length is not a multiple of 4 or a reduction runs over another domain."""
+        loop over the row, contiguously; every other stride a multiple of ``vw``. Empty where
+        the row's length is not a multiple of ``vw`` or a reduction runs over another domain."""
         if self.mode != "block" or self.elems is None:
             return frozenset()
-        v, n = nest.vars[-1], ir.sizes[nest.vars[-1]]
-        if n % VEC or -(-self.elems // VEC) * VEC > ROW_REGISTERS:
+        v, n, w = nest.vars[-1], ir.sizes[nest.vars[-1]], self.vw
+        if n % w or -(-self.elems // w) * w > self.row_limit:
             return frozenset()
         outer, inner = self.nest_scopes[-2], self.nest_scopes[-1]
         loop_var = {id(inner): v}
@@ -210,7 +214,7 @@ class CudaRenderer(CppRenderer):
         def access(buf, addr, scope):
             r = loop_var.get(id(scope))
             if r is not None and addr.coeff(r) == 1 and ir.buffers[buf].dtype in VEC_TYPES \
-                    and all(c % VEC == 0 for u, c in addr.terms if u != r):
+                    and all(c % w == 0 for u, c in addr.terms if u != r):
                 ok.add(buf)
             else:
                 bad.add(buf)
@@ -235,6 +239,7 @@ class CudaRenderer(CppRenderer):
         self.elems = None
         self.vec = None
         self.row_vec = frozenset()
+        self.row_regs, self.row_decls = {}, []  # row kernels' vector registers (_rhs)
         if not levels:  # elementwise
             n = self._size(order)
             self.mode = "thread"
@@ -259,20 +264,32 @@ class CudaRenderer(CppRenderer):
         longest = max(self._size(inner), rsize, 1)
         moments = any(k == "group" and g.members[0].args[0] == "welford"
                       for sc in self.nest_scopes for k, g in sc.items)
-        per = -(-longest // (ROW_ELEMS_MOMENTS if moments else ROW_ELEMS))  # threads a row
+        scale = ROW_HALF_SCALE if self._half_row(nest, ir) else 1
+        per = -(-longest // ((ROW_ELEMS_MOMENTS if moments else ROW_ELEMS) * scale))  # threads a row
         self.threads = max(32, min(ROW_THREADS, 1 << (per - 1).bit_length()))
+        self.row_limit = ROW_REGISTERS * scale
         elems = -(-longest // self.threads)
-        if elems <= ROW_REGISTERS and len(inner) == 1:  # a row kernel: the row in registers
-            if vbufs:  # 4 neighbouring elements a thread at a time
-                elems = -(-elems // VEC) * VEC
+        if elems <= self.row_limit and len(inner) == 1:  # a row kernel: the row in registers
+            if vbufs:  # vw neighbouring elements a thread at a time
+                elems = -(-elems // self.vw) * self.vw
                 self.row_vec = vbufs
+                self.row_vars = {inner[0]} | {g.rvars[0] for k, g in self.nest_scopes[-2].items if k == "group"}
                 for b in sorted({st.buf for st in nest.stores} & vbufs):
                     out.append(f"  {self._vec(b)} w{b};")
             self.elems = elems
             self._plan_row_cache(inner[0], self.nest_scopes[-2], self.nest_scopes[-1], "j")
             self._plan_load_cache(inner[0], self.nest_scopes[-2], self.nest_scopes[-1])
+        at = len(out)
         self._block_loop(order, n_out, lvl, out)
+        out[at:at] = self.row_decls
         return out, min(n_out, MAX_GRID), self.threads
+
+    def _half_row(self, nest: Nest, ir: LoopIR) -> bool:
+        """Every buffer ``nest`` loads or stores holds 16-bit floats."""
+        bufs = {st.buf for st in nest.stores}
+        for sc in list(self.nest_scopes) + list(self.group_scope.values()):
+            bufs |= {x.args[0] for k, x in sc.items if k == "expr" and x.op == "load"}
+        return bool(bufs) and all(ir.buffers[b].dtype in HALF for b in bufs)
 
     def _plan_load_cache(self, v: int, outer: _Scope, inner: _Scope) -> None:
         """Row kernels: an element the row's first loop loads (softmax's max, layer norm's
@@ -378,12 +395,20 @@ class CudaRenderer(CppRenderer):
         if self.vec and e in self.vec:
             return f"accel::lane({self.vec[e]}, v)"
         if self.row_vec and e.op == "load" and e.args[0] in self.row_vec:
-            # element j % 4 of its vector, read through the pointer: nvcc narrows each
-            # such read to a scalar load of the one element. Loading each vector whole
-            # into a register variable (at its first element) gave one vector load per
-            # vector but slower kernels on the H100 (bench/README.md, sixth round)
-            return (f"accel::lane(*reinterpret_cast<const {self._vec(e.args[0])}*>(b{e.args[0]} + "
-                    f"{self._addr(e.args[1])} - (j & 3)), j & 3)")
+            # element j % vw of its vector, read whole into a register at its first lane:
+            # one vector load (read through the pointer, nvcc narrowed it to a scalar load
+            # per element: softmax f16 0.120 -> 0.093 ms, add+LayerNorm bf16 0.153 -> 0.136
+            # on the H100 with the wider rows; float32 rows alike)
+            m, sh, t, a = self.vw - 1, self.vw.bit_length() - 1, self._vec(e.args[0]), e.args[1]
+            r = next(v for v, c in a.terms if c == 1 and v in self.row_vars)
+            first = f"(threadIdx.x + (j >> {sh}) * {self.threads}) * {self.vw}"  # alike for every lane
+            ptr = f"reinterpret_cast<const {t}*>(b{e.args[0]} + {self._addr(a, {r: first})})"
+            reg = self.row_regs.get((e.args[0], ptr))
+            if reg is None:
+                reg = self.row_regs[(e.args[0], ptr)] = f"rv{self.ntemp}"
+                self.ntemp += 1
+                self.row_decls.append(f"  {t} {reg}[{self.elems // self.vw}];")
+            return f"accel::lane(accel::load_once({reg}[j >> {sh}], {ptr}, (j & {m}) == 0), j & {m})"
         return super()._rhs(e, scope)
 
     def _vec(self, buf: int) -> str:
@@ -490,11 +515,17 @@ class CudaRenderer(CppRenderer):
         if self.elems is not None:
             open_lines.append(f"{ind}#pragma unroll")
             open_lines.append(f"{ind}for (int j = 0; j < {self.elems}; ++j) {{")
-            if self.row_vec:  # the vector variant: element j % 4 of the thread's (j / 4)th vector
-                open_lines.append(f"{ind}  const int64_t {f} = (threadIdx.x + (j >> 2) * {self.threads}) * {VEC} + (j & 3);")
+            if self.row_vec:  # the vector variant: element j % vw of the thread's (j / vw)th vector
+                sh = self.vw.bit_length() - 1
+                base = f"(threadIdx.x + (j >> {sh}) * {self.threads}) * {self.vw}"
+                open_lines.append(f"{ind}  const int64_t {f} = {base} + (j & {self.vw - 1});")
+                guard = f"{base} < {n}"  # n % vw == 0: a vector's elements are in or out together
             else:
                 open_lines.append(f"{ind}  const int64_t {f} = threadIdx.x + j * {self.threads};")
-            open_lines.append(f"{ind}  if ({f} < {n}) {{")
+                guard = f"{f} < {n}"
+            # no guard where the threads' elements cover the row exactly: the unrolled lanes
+            # of a vector then share its load (a guard per element keeps a load per element)
+            open_lines.append(f"{ind}  if ({'true' if self.elems * self.threads == n else guard}) {{")
             return f
         open_lines.append(f"{ind}for (int64_t {f} = threadIdx.x; {f} < {n}; {f} += blockDim.x) {{")
         open_lines.append(f"{ind}  {{")
@@ -551,9 +582,10 @@ class CudaRenderer(CppRenderer):
         if self.vec is not None and st.buf in self.vec_stores:
             return f"accel::lane_ref({self.vec_stores[st.buf]}, v) = {self._name(st.value, scope)};"
         if self.row_vec and st.buf in self.row_vec:  # the vector is written with its last element
-            return (f"accel::lane_ref(w{st.buf}, j & 3) = {self._name(st.value, scope)}; "
-                    f"if ((j & 3) == 3) *reinterpret_cast<{self._vec(st.buf)}*>(b{st.buf} + "
-                    f"{self._addr(st.addr)} - 3) = w{st.buf};")
+            m = self.vw - 1
+            return (f"accel::lane_ref(w{st.buf}, j & {m}) = {self._name(st.value, scope)}; "
+                    f"if ((j & {m}) == {m}) *reinterpret_cast<{self._vec(st.buf)}*>(b{st.buf} + "
+                    f"{self._addr(st.addr)} - {m}) = w{st.buf};")
         guard = {"block": "if (threadIdx.x == 0) ", "grid": "if (threadIdx.x == 0) ",
                  "col": "if (threadIdx.y == 0) "}.get(self.mode, "")
         return guard + super()._store(st, scope)

@@ -113,6 +113,22 @@ template <typename V> __device__ __forceinline__ auto& lane_ref(V& a, int v) {
 }
 __device__ __forceinline__ uint16_t lane(const u16x8& a, int v) { return a.v[v]; }
 __device__ __forceinline__ uint16_t& lane_ref(u16x8& a, int v) { return a.v[v]; }
+/* A whole vector read through the read-only data path (``__ldg``): one 8- or 16-byte
+ * load that nvcc neither narrows to the lane it is used for nor repeats for each lane
+ * (row kernels read their buffers this way; they never write what they read). */
+template <typename V> __device__ __forceinline__ V load_vec(const V* p) {
+  static_assert(sizeof(V) == 16 || sizeof(V) == 8, "8- or 16-byte vectors");
+  V r;
+  if constexpr (sizeof(V) == 16) *reinterpret_cast<uint4*>(&r) = __ldg(reinterpret_cast<const uint4*>(p));
+  else *reinterpret_cast<uint2*>(&r) = __ldg(reinterpret_cast<const uint2*>(p));
+  return r;
+}
+/* ``reg``, first loaded from ``p`` where ``first`` (a row kernel's unrolled lanes: the
+ * vector's first lane loads it, the others read the register). */
+template <typename V> __device__ __forceinline__ const V& load_once(V& reg, const V* p, bool first) {
+  if (first) reg = load_vec(p);
+  return reg;
+}
 
 /* Grid mode: every thread of every block calls this with its own ``v``; the
  * block that finishes last gets true and ``v`` combined over the partials in block order
