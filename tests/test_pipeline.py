@@ -171,6 +171,35 @@ def test_column_sums_with_row_operands_accumulate_a_vector_of_columns():
     assert "256 * i" in inner and "#pragma omp simd" in inner
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_row_kernel_keeps_computed_values_between_its_loops(dtype):
+    """A 16-bit softmax of ``x * 0.125``: its max loop keeps the rounded product in a row
+    array and its sum loop reads it there (each 16-bit rounding costs gcc about 20 vector
+    operations on the CPU); the sum loop keeps exp(v - max) for the output loop. A 16-bit
+    layer norm of ``x + r`` keeps the rounded sum (not the float one, rounded again).
+    (Recomputations left dead in the source are gcc's to drop.)"""
+    ct = {torch.float16: "f16", torch.bfloat16: "bf16"}[dtype]
+    x, r = torch.empty(64, 1024, dtype=dtype), torch.empty(64, 1024, dtype=dtype)
+    meta = [((64, 1024), (1024, 1), dtype)] * 2
+    calls = [(aten.mul.Tensor, (("x", 0), ("s", 0)), {}, 1),
+             (aten._softmax.default, (("o", 0), ("c", -1), ("c", False)), {}, 1)]
+    src = _kernel_source(calls, [x], meta, (1,), "f")
+    loops = src.split("#pragma omp simd")[1:]  # max, sum of exp, output
+    assert len(loops) == 3
+    assert re.search(r"c\d+\[i\d+\] = t\d+;", loops[0]) and f"accel::{ct}_to_float(t" in loops[0]
+    assert re.search(r"const float t\d+ = c\d+\[i\d+\];", loops[1])  # the rounded product, read
+    assert re.search(r"const float t\d+ = c\d+\[i\d+\];", loops[2])  # exp(v - max), read
+    calls = [(aten.add.Tensor, (("x", 0), ("x", 1)), {}, 1),
+             (aten.native_layer_norm.default, (("o", 0), ("c", [1024]), ("c", None), ("c", None), ("c", 1e-5)), {}, 3)]
+    meta = [((64, 1024), (1024, 1), dtype)] * 2 + [((64, 1), (1, 1), dtype)] * 2
+    src = _kernel_source(calls, [x, r], meta, (1,), ())
+    last = src.split("#pragma omp simd")[-1]  # x - mean, x the kept rounded sum
+    assert re.search(r"const float (t\d+) = c\d+\[i\d+\];\n\s*const float t\d+ = \(\1 - ", last), last
+    first = src.split("#pragma omp simd")[1]  # the sum, rounded and widened, is what is kept
+    assert re.search(rf"(t\d+) = accel::float_to_{ct}\(t\d+\);\n\s*const float (t\d+) = accel::{ct}_to_float\(\1\);"
+                     rf"(.|\n)*c\d+\[i\d+\] = \2;", first), first
+
+
 def test_lowering_rejects_read_after_inplace_write():
     # x.add_(1) then y.add_(x): the second nest would read x after the first wrote it
     x, y = torch.empty(8), torch.empty(4, 8)

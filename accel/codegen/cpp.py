@@ -145,11 +145,20 @@ def _category(e: Expr) -> str:
     return kind + repr(e.args[1])  # blocked and arg kinds: one group per body
 
 
+def _trivial(x: Expr) -> bool:
+    """A load, constant or scalar, or casts of one: cheaper to compute again than to keep
+    (a cast of computed values, a 16-bit rounding of a sum, is worth keeping)."""
+    while x.op == "cast":
+        x = x.args[0]
+    return x.op in ("load", "const", "scalar")
+
+
 class CppRenderer(CStyle):
     """Renders a :class:`LoopIR` as a C++ translation unit for gcc/clang with OpenMP."""
 
     prefix = '#include "accel/cpu_math.h"\n'
     row_caching = True  # keep a row's values in a stack array between its loops
+    cache_across_reductions = True  # ... also between two reductions' loops
     stream_stores = True  # write outputs larger than the cache with streaming stores
     launches = None  # how to launch what render() returned (CUDA); a CPU region is a call
 
@@ -237,32 +246,44 @@ class CppRenderer(CStyle):
 
     def _plan_row_cache(self, v: int, outer: _Scope, inner: _Scope, index: str = "") -> None:
         """Row kernels: a value a reduction loop computes for each element of the row and
-        the loop over the row computes again (softmax's exp(x - max), layer norm's x + r)
-        is kept in a stack array by the first and read by the second."""
+        a later loop over the row computes again (softmax's exp(x - max), layer norm's
+        x + r; with :attr:`cache_across_reductions`, also a later reduction's loop:
+        softmax's rounded 16-bit ``x * scale`` in its max and its sum) is kept in an array
+        by the first and read by the other."""
         n = self.ir.sizes[v]
         if n > ROW_CACHE_MAX:
             return
         offer: Dict[Expr, tuple] = {}  # innermost Expr -> (group, the same value there)
+        names: Dict[tuple, str] = {}  # (group id, Expr) -> its array
+
+        def consume(scope: _Scope, r: int, roots) -> None:  # what it computes again
+            seen, todo = set(), list(roots)
+            while todo and offer:
+                y = todo.pop()
+                if y in seen or y.op == "reduce":
+                    continue
+                seen.add(y)
+                g, x = offer.get(_subst(y, r, v), (None, None))
+                if g is None:
+                    todo += [a for a in y.args if isinstance(a, Expr)]
+                    continue
+                name = names.get((id(g), x))
+                if name is None:
+                    name = names[(id(g), x)] = f"c{self.ntemp}"
+                    self.ntemp += 1
+                    self.row_cache.setdefault(id(g), []).append((x, name))
+                self.cached[(id(scope), y)] = f"{name}[{index or f'i{r}'}]"
+
         for kind, g in outer.items:
-            if kind == "group" and len(g.rvars) == 1 and self.ir.sizes[g.rvars[0]] == n:
-                r = g.rvars[0]
-                for k, x in self.group_scope[id(g)].items:
-                    if k == "expr" and x.op not in ("load", "cast", "const", "scalar"):
-                        offer.setdefault(_subst(x, r, v), (g, x))
-        seen, todo = set(), [st.value for k, st in inner.items if k == "store"]
-        while todo:  # what the row's loop still computes, reading offered values
-            y = todo.pop()
-            if y in seen or y.op == "reduce":
+            if kind != "group" or len(g.rvars) != 1 or self.ir.sizes[g.rvars[0]] != n:
                 continue
-            seen.add(y)
-            if y in offer:
-                g, x = offer[y]
-                name = f"c{self.ntemp}"
-                self.ntemp += 1
-                self.row_cache.setdefault(id(g), []).append((x, name))
-                self.cached[(id(inner), y)] = f"{name}[{index or f'i{v}'}]"
-                continue
-            todo += [a for a in y.args if isinstance(a, Expr)]
+            scope, r = self.group_scope[id(g)], g.rvars[0]
+            if self.cache_across_reductions:
+                consume(scope, r, [b for e in g.members for b in e.args[1]])
+            for k, x in scope.items:
+                if k == "expr" and not _trivial(x) and (id(scope), x) not in self.cached:
+                    offer.setdefault(_subst(x, r, v), (g, x))
+        consume(inner, v, [st.value for k, st in inner.items if k == "store"])
 
     def _level(self, fv) -> int:
         try:
