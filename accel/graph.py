@@ -56,14 +56,10 @@ def _sentinels(scalar_types: Sequence[str], which: int) -> List[Any]:
     return [-v if t.endswith("-") else v for v, t in zip(vals, scalar_types)]
 
 
-def _region_fn(calls, n_ext, n_out_slots, live_idx, scalars, out_dtypes=None):
+def _region_fn(calls, n_ext, n_out_slots, live_idx, scalars):
     def fn(*ext):
         outs: List[Any] = [None] * n_out_slots
-
-        def new(i, t):  # an output eager returns in another dtype than the decomposition
-            outs[i] = t if out_dtypes is None or t.dtype == out_dtypes[i] else t.to(out_dtypes[i])
-
-        run_calls(calls, ext, outs, scalars, new)
+        run_calls(calls, ext, outs, scalars, outs.__setitem__)
         return tuple(outs[i] for i in live_idx)
 
     return fn
@@ -76,13 +72,13 @@ def _decompositions():
     return decomposition_table
 
 
-def _trace(calls, ext_examples, n_out_slots, live_idx, scalars, out_dtypes=None) -> fx.GraphModule:
+def _trace(calls, ext_examples, n_out_slots, live_idx, scalars) -> fx.GraphModule:
     from torch.fx.experimental.proxy_tensor import make_fx
     from torch.func import functionalize
 
     from torch.utils._python_dispatch import _disable_current_modes
 
-    fn = _region_fn(calls, len(ext_examples), n_out_slots, live_idx, scalars, out_dtypes)
+    fn = _region_fn(calls, len(ext_examples), n_out_slots, live_idx, scalars)
     try:
         with _disable_current_modes():
             return make_fx(functionalize(fn, remove="mutations_and_views"),
@@ -108,7 +104,7 @@ def _match(a, b, sa, sb, uses):
     return type(a) is type(b) and a == b
 
 
-def trace_region(calls, ext_examples, n_out_slots, live_idx, scalar_types, out_dtypes=None) -> TraceResult:
+def trace_region(calls, ext_examples, n_out_slots, live_idx, scalar_types) -> TraceResult:
     """Trace a region's calls into a prims graph with scalar placeholders.
 
     Args:
@@ -119,18 +115,15 @@ def trace_region(calls, ext_examples, n_out_slots, live_idx, scalar_types, out_d
         n_out_slots: number of region outputs; live_idx: the ones the graph returns.
         scalar_types: per runtime scalar ``"f"`` (float) or ``"i"`` (int), suffixed ``"-"``
             for a negative value (``"+"`` or nothing: positive), as in the region key.
-        out_dtypes: each region output's dtype as eager returns it, where that differs
-            from the decomposition's (CPU layer norm's bfloat16 mean and rstd): the
-            traced value is converted to it (rounded), as eager's kernel stores it.
 
     Raises:
         TraceError: tracing failed, or a scalar is used in a way the sentinels cannot prove
             value-independent (the caller then runs the region eagerly).
     """
     sa, sb = _sentinels(scalar_types, 0), _sentinels(scalar_types, 1)
-    ga = _trace(calls, ext_examples, n_out_slots, live_idx, sa, out_dtypes)
+    ga = _trace(calls, ext_examples, n_out_slots, live_idx, sa)
     if scalar_types:
-        gb = _trace(calls, ext_examples, n_out_slots, live_idx, sb, out_dtypes)
+        gb = _trace(calls, ext_examples, n_out_slots, live_idx, sb)
         na, nb = list(ga.graph.nodes), list(gb.graph.nodes)
         if len(na) != len(nb):
             raise TraceError("scalar value changes the traced graph")
