@@ -176,3 +176,39 @@ def test_cuda_half_off_runs_eagerly(dtype, monkeypatch):
         assert st["kernel_runs"] == kernels, st
     _, st = _run(lambda f: f * 2 + 1, x)
     assert st["kernel_runs"] == 1, st
+
+
+def _cpu_flags() -> set:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((set(l.split(":", 1)[1].split()) for l in f if l.startswith("flags")), set())
+    except OSError:
+        return set()
+
+
+@pytest.mark.skipif(not {"avx2", "f16c"} <= _cpu_flags() or "avx512f" in _cpu_flags(),
+                    reason="float16 conversions use F16C on x86 CPUs with AVX2 and F16C, no AVX-512")
+def test_cpu_float16_conversions_vectorize_with_f16c(tmp_path):
+    """On this CPU a float16 kernel's loop converts 8 values at a time with F16C: gcc
+    calls the 8-lane AVX2 variants include/accel/half.h defines (test_conversions_are_exact
+    checks their bits through kernels)."""
+    import os
+    import subprocess
+    import sys
+
+    from accel.build import CXXFLAGS, INCLUDE_DIR
+    from accel.codegen.cpp import CppRenderer
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from test_pipeline import _lowered
+
+    x = torch.empty(64, 1024, dtype=torch.float16)
+    meta = [((64, 1024), (1024, 1), torch.float16)]
+    ir = _lowered([(torch.ops.aten.mul.Tensor, (("x", 0), ("s", 0)), {}, 1)], [x], meta, (0,), ["f"])
+    (tmp_path / "k.cpp").write_text(CppRenderer().render(ir, "accel_region_t"))
+    flags = [f for f in CXXFLAGS if f not in ("-shared", "-fPIC")]
+    subprocess.run(["g++", *flags, "-S", "-I", INCLUDE_DIR, str(tmp_path / "k.cpp"), "-o", str(tmp_path / "k.s")],
+                   check=True, capture_output=True, timeout=120)
+    asm = (tmp_path / "k.s").read_text()
+    assert "_ZGVdN8v_accel_f16c_h2f" in asm and "_ZGVdN8v_accel_f16c_f2h" in asm
+    assert "vcvtph2ps\t%xmm" in asm and "vcvtps2ph\t$8, %ymm" in asm

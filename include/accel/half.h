@@ -10,6 +10,14 @@
  * they are the conversion instructions c10 itself uses there (`__float2half`,
  * `__half2float`, and `__float2bfloat16` from sm_80 on): one instruction each, the same bits
  * as eager's CUDA kernels.
+ *
+ * float16 on an x86 CPU with AVX2 and F16C (and no AVX-512, whose vector ABI differs): the
+ * F16C instructions ATen's vectorized CPU kernels convert with (vcvtph2ps; vcvtps2ph,
+ * round to nearest even: eager's bits, NaN payloads included). gcc vectorizes no F16C
+ * conversion itself (12: only with AVX512-FP16), so each is a function declared
+ * `omp declare simd` whose 8-lane AVX2 variant (the x86-64 vector function ABI's
+ * `_ZGVdN8v_` name, which the vectorizer calls) is written here with the F16C builtins
+ * (gcc's, not <immintrin.h>, which costs every kernel 0.4 s to compile).
  */
 #ifndef ACCEL_HALF_H
 #define ACCEL_HALF_H
@@ -47,9 +55,48 @@ ACCEL_HALF_FN bf16 float_to_bf16(float f) {
 #endif
 }
 
+#if !defined(__CUDACC__) && defined(__AVX2__) && defined(__F16C__) && !defined(__AVX512F__)
+#define ACCEL_F16C 1
+typedef int accel_v8si __attribute__((vector_size(32)));
+typedef short accel_v8hi __attribute__((vector_size(16)));
+typedef unsigned short accel_v8hu __attribute__((vector_size(16)));
+typedef float accel_v8sf __attribute__((vector_size(32)));
+typedef float accel_v4sf __attribute__((vector_size(16)));
+}  // namespace accel
+extern "C" {
+#pragma omp declare simd simdlen(8) notinbranch
+__attribute__((const, nothrow)) float accel_f16c_h2f(int h);
+#pragma omp declare simd simdlen(8) notinbranch
+__attribute__((const, nothrow)) int accel_f16c_f2h(float f);
+__attribute__((visibility("hidden"))) accel::accel_v8sf _ZGVdN8v_accel_f16c_h2f(accel::accel_v8si h) {
+  return __builtin_ia32_vcvtph2ps256(__builtin_convertvector(h, accel::accel_v8hi));
+}
+__attribute__((visibility("hidden"))) accel::accel_v8si _ZGVdN8v_accel_f16c_f2h(accel::accel_v8sf f) {
+  return __builtin_convertvector((accel::accel_v8hu)__builtin_ia32_vcvtps2ph256(f, 8), accel::accel_v8si);
+}
+__attribute__((visibility("hidden"), used)) float accel_f16c_h2f_1(int h) {
+  const accel::accel_v8hi v = {(short)h};
+  return __builtin_ia32_vcvtph2ps(v)[0];
+}
+__attribute__((visibility("hidden"), used)) int accel_f16c_f2h_1(float f) {
+  const accel::accel_v4sf v = {f};
+  return (unsigned short)__builtin_ia32_vcvtps2ph(v, 8)[0];
+}
+}
+/* the scalar entry points, defined where the compiler does not see it (a definition it
+ * saw would make it build its own vector variants from the scalar body) */
+__asm__(".globl accel_f16c_h2f\n.hidden accel_f16c_h2f\n.type accel_f16c_h2f, @function\n"
+        "accel_f16c_h2f: jmp accel_f16c_h2f_1\n"
+        ".globl accel_f16c_f2h\n.hidden accel_f16c_f2h\n.type accel_f16c_f2h, @function\n"
+        "accel_f16c_f2h: jmp accel_f16c_f2h_1\n");
+namespace accel {
+#endif
+
 ACCEL_HALF_FN float f16_to_float(f16 v) {
 #ifdef __CUDA_ARCH__
   return __half2float(__ushort_as_half(v));
+#elif defined(ACCEL_F16C)
+  return accel_f16c_h2f(v);
 #else
   const uint32_t w = (uint32_t)v << 16;
   const uint32_t sign = w & 0x80000000u;
@@ -63,6 +110,8 @@ ACCEL_HALF_FN float f16_to_float(f16 v) {
 ACCEL_HALF_FN f16 float_to_f16(float f) {
 #ifdef __CUDA_ARCH__
   return __half_as_ushort(__float2half(f));
+#elif defined(ACCEL_F16C)
+  return (f16)accel_f16c_f2h(f);
 #else
   float base = ((f < 0 ? -f : f) * 0x1.0p+112f) * 0x1.0p-110f;
   const uint32_t w = f32_bits(f);
