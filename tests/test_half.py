@@ -190,8 +190,8 @@ def _cpu_flags() -> set:
                     reason="float16 conversions use F16C on x86 CPUs with AVX2 and F16C, no AVX-512")
 def test_cpu_float16_conversions_vectorize_with_f16c(tmp_path):
     """On this CPU a float16 kernel's loop converts 8 values at a time with F16C: gcc
-    calls the 8-lane AVX2 variants include/accel/half.h defines (test_conversions_are_exact
-    checks their bits through kernels)."""
+    calls the 8-lane AVX2 variants include/accel/half.h defines, a rounding read back as
+    float32 among them (test_conversions_are_exact checks their bits through kernels)."""
     import os
     import subprocess
     import sys
@@ -204,11 +204,13 @@ def test_cpu_float16_conversions_vectorize_with_f16c(tmp_path):
 
     x = torch.empty(64, 1024, dtype=torch.float16)
     meta = [((64, 1024), (1024, 1), torch.float16)]
-    ir = _lowered([(torch.ops.aten.mul.Tensor, (("x", 0), ("s", 0)), {}, 1)], [x], meta, (0,), ["f"])
+    calls = [(torch.ops.aten.mul.Tensor, (("x", 0), ("s", 0)), {}, 1),  # rounded, read by the add
+             (torch.ops.aten.add.Tensor, (("o", 0), ("x", 0)), {}, 1)]
+    ir = _lowered(calls, [x], meta * 2, (1,), ["f"])
     (tmp_path / "k.cpp").write_text(CppRenderer().render(ir, "accel_region_t"))
     flags = [f for f in CXXFLAGS if f not in ("-shared", "-fPIC")]
     subprocess.run(["g++", *flags, "-S", "-I", INCLUDE_DIR, str(tmp_path / "k.cpp"), "-o", str(tmp_path / "k.s")],
                    check=True, capture_output=True, timeout=120)
     asm = (tmp_path / "k.s").read_text()
-    assert "_ZGVdN8v_accel_f16c_h2f" in asm and "_ZGVdN8v_accel_f16c_f2h" in asm
+    assert all(f"_ZGVdN8v_accel_f16c_{f}" in asm for f in ("h2f", "f2h", "round"))
     assert "vcvtph2ps\t%xmm" in asm and "vcvtps2ph\t$8, %ymm" in asm

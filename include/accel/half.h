@@ -68,11 +68,16 @@ extern "C" {
 __attribute__((const, nothrow)) float accel_f16c_h2f(int h);
 #pragma omp declare simd simdlen(8) notinbranch
 __attribute__((const, nothrow)) int accel_f16c_f2h(float f);
+#pragma omp declare simd simdlen(8) notinbranch
+__attribute__((const, nothrow)) float accel_f16c_round(float f);
 __attribute__((visibility("hidden"))) accel::accel_v8sf _ZGVdN8v_accel_f16c_h2f(accel::accel_v8si h) {
   return __builtin_ia32_vcvtph2ps256(__builtin_convertvector(h, accel::accel_v8hi));
 }
 __attribute__((visibility("hidden"))) accel::accel_v8si _ZGVdN8v_accel_f16c_f2h(accel::accel_v8sf f) {
   return __builtin_convertvector((accel::accel_v8hu)__builtin_ia32_vcvtps2ph256(f, 8), accel::accel_v8si);
+}
+__attribute__((visibility("hidden"))) accel::accel_v8sf _ZGVdN8v_accel_f16c_round(accel::accel_v8sf f) {
+  return __builtin_ia32_vcvtph2ps256(__builtin_ia32_vcvtps2ph256(f, 8));
 }
 __attribute__((visibility("hidden"), used)) float accel_f16c_h2f_1(int h) {
   const accel::accel_v8hi v = {(short)h};
@@ -82,13 +87,19 @@ __attribute__((visibility("hidden"), used)) int accel_f16c_f2h_1(float f) {
   const accel::accel_v4sf v = {f};
   return (unsigned short)__builtin_ia32_vcvtps2ph(v, 8)[0];
 }
+__attribute__((visibility("hidden"), used)) float accel_f16c_round_1(float f) {
+  const accel::accel_v4sf v = {f};
+  return __builtin_ia32_vcvtph2ps(__builtin_ia32_vcvtps2ph(v, 8))[0];
+}
 }
 /* the scalar entry points, defined where the compiler does not see it (a definition it
  * saw would make it build its own vector variants from the scalar body) */
 __asm__(".globl accel_f16c_h2f\n.hidden accel_f16c_h2f\n.type accel_f16c_h2f, @function\n"
         "accel_f16c_h2f: jmp accel_f16c_h2f_1\n"
         ".globl accel_f16c_f2h\n.hidden accel_f16c_f2h\n.type accel_f16c_f2h, @function\n"
-        "accel_f16c_f2h: jmp accel_f16c_f2h_1\n");
+        "accel_f16c_f2h: jmp accel_f16c_f2h_1\n"
+        ".globl accel_f16c_round\n.hidden accel_f16c_round\n.type accel_f16c_round, @function\n"
+        "accel_f16c_round: jmp accel_f16c_round_1\n");
 namespace accel {
 #endif
 
@@ -123,6 +134,16 @@ ACCEL_HALF_FN f16 float_to_f16(float f) {
   const uint32_t bits = f32_bits(base);
   const uint32_t nonsign = ((bits >> 13) & 0x00007C00u) + (bits & 0x00000FFFu);
   return (f16)((sign >> 16) | (shl1_w > 0xFF000000u ? 0x7E00u : nonsign));
+#endif
+}
+
+/* f rounded to float16 and widened back (an op's 16-bit result read by the next op): one
+ * call on the F16C path, where the two conversions would be two */
+ACCEL_HALF_FN float f16_round(float f) {
+#if defined(ACCEL_F16C) && !defined(__CUDA_ARCH__)
+  return accel_f16c_round(f);
+#else
+  return f16_to_float(float_to_f16(f));
 #endif
 }
 
