@@ -145,12 +145,13 @@ def _category(e: Expr) -> str:
     return kind + repr(e.args[1])  # blocked and arg kinds: one group per body
 
 
-def _trivial(x: Expr) -> bool:
+def _trivial(x: Expr, widened_f16: bool = False) -> bool:
     """A load, constant or scalar, or casts of one: cheaper to compute again than to keep
-    (a cast of computed values, a 16-bit rounding of a sum, is worth keeping, and so is a
-    float16 value widened: CPU log_softmax f16 [8192, 1024] 7.0 -> 5.8 ms)."""
+    (a cast of computed values, a 16-bit rounding of a sum, is worth keeping; with
+    ``widened_f16``, so is a float16 value widened, a call on the CPU: log_softmax f16
+    [8192, 1024] 7.0 -> 5.8 ms)."""
     while x.op == "cast":
-        if x.args[0].dtype == torch.float16:  # a float16 conversion is a call (F16C) or ~10 ops
+        if widened_f16 and x.args[0].dtype == torch.float16:
             return False
         x = x.args[0]
     return x.op in ("load", "const", "scalar")
@@ -162,6 +163,7 @@ class CppRenderer(CStyle):
     prefix = '#include "accel/cpu_math.h"\n'
     row_caching = True  # keep a row's values in a stack array between its loops
     cache_across_reductions = True  # ... also between two reductions' loops
+    keep_widened_f16 = True  # ... and float16 values widened (see _trivial)
     stream_stores = True  # write outputs larger than the cache with streaming stores
     launches = None  # how to launch what render() returned (CUDA); a CPU region is a call
 
@@ -284,7 +286,7 @@ class CppRenderer(CStyle):
             if self.cache_across_reductions:
                 consume(scope, r, [b for e in g.members for b in e.args[1]])
             for k, x in scope.items:
-                if k == "expr" and not _trivial(x) and (id(scope), x) not in self.cached:
+                if k == "expr" and not _trivial(x, self.keep_widened_f16) and (id(scope), x) not in self.cached:
                     offer.setdefault(_subst(x, r, v), (g, x))
         consume(inner, v, [st.value for k, st in inner.items if k == "store"])
 
