@@ -145,7 +145,7 @@ def _category(e: Expr) -> str:
     return kind + repr(e.args[1])  # blocked and arg kinds: one group per body
 
 
-def _trivial(x: Expr, widened_f16: bool = False) -> bool:
+def _trivial(x: Expr, widened_f16: bool) -> bool:
     """A load, constant or scalar, or casts of one: cheaper to compute again than to keep
     (a cast of computed values, a 16-bit rounding of a sum, is worth keeping; with
     ``widened_f16``, so is a float16 value widened, a call on the CPU: log_softmax f16

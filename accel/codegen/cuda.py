@@ -402,8 +402,7 @@ class CudaRenderer(CppRenderer):
             # on the H100 with the wider rows; float32 rows alike)
             m, sh, t, a = self.vw - 1, self.vw.bit_length() - 1, self._vec(e.args[0]), e.args[1]
             r = next(v for v, c in a.terms if c == 1 and v in self.row_vars)
-            first = f"(threadIdx.x + (j >> {sh}) * {self.threads}) * {self.vw}"  # alike for every lane
-            ptr = f"reinterpret_cast<const {t}*>(b{e.args[0]} + {self._addr(a, {r: first})})"
+            ptr = f"reinterpret_cast<const {t}*>(b{e.args[0]} + {self._addr(a, {r: self._row_vec_first()})})"
             reg = self.row_regs.get((e.args[0], ptr))
             if reg is None:
                 reg = self.row_regs[(e.args[0], ptr)] = f"rv{self.ntemp}"
@@ -517,8 +516,7 @@ class CudaRenderer(CppRenderer):
             open_lines.append(f"{ind}#pragma unroll")
             open_lines.append(f"{ind}for (int j = 0; j < {self.elems}; ++j) {{")
             if self.row_vec:  # the vector variant: element j % vw of the thread's (j / vw)th vector
-                sh = self.vw.bit_length() - 1
-                base = f"(threadIdx.x + (j >> {sh}) * {self.threads}) * {self.vw}"
+                base = self._row_vec_first()
                 open_lines.append(f"{ind}  const int64_t {f} = {base} + (j & {self.vw - 1});")
                 guard = f"{base} < {n}"  # n % vw == 0: a vector's elements are in or out together
             else:
@@ -531,6 +529,11 @@ class CudaRenderer(CppRenderer):
         open_lines.append(f"{ind}for (int64_t {f} = threadIdx.x; {f} < {n}; {f} += blockDim.x) {{")
         open_lines.append(f"{ind}  {{")
         return f
+
+    def _row_vec_first(self) -> str:
+        """A row kernel's vector variant: the row index of the first element of the vector
+        holding element ``j`` of the thread's share (the same expression for its lanes)."""
+        return f"(threadIdx.x + (j >> {self.vw.bit_length() - 1}) * {self.threads}) * {self.vw}"
 
     def _decompose(self, flat: str, vars_, out: List[str], ind: str) -> None:
         rest = flat

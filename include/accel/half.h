@@ -140,7 +140,7 @@ ACCEL_HALF_FN f16 float_to_f16(float f) {
 /* f rounded to float16 and widened back (an op's 16-bit result read by the next op): one
  * call on the F16C path, where the two conversions would be two */
 ACCEL_HALF_FN float f16_round(float f) {
-#if defined(ACCEL_F16C) && !defined(__CUDA_ARCH__)
+#ifdef ACCEL_F16C
   return accel_f16c_round(f);
 #else
   return f16_to_float(float_to_f16(f));
