@@ -5,6 +5,11 @@ import pytest
 
 # One store for the whole test session (unless a test points ACCEL_CACHE_DIR elsewhere).
 os.environ.setdefault("ACCEL_CACHE_DIR", os.path.join(tempfile.mkdtemp(prefix="accel-test-"), "store"))
+# Under pytest-xdist each worker gets a store of its own: tests read the store's counters
+# (hits, compiles), which another worker's kernels would move.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["ACCEL_CACHE_DIR"] = os.path.join(
+        os.environ["ACCEL_CACHE_DIR"], os.environ["PYTEST_XDIST_WORKER"])
 
 
 @pytest.fixture

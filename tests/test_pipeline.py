@@ -295,12 +295,14 @@ def test_region_with_more_buffers_than_the_core_keeps_on_its_stack(device):
 def test_exp_at_the_ends_of_its_range(device):
     """exp in a kernel (accel::exp on the CPU) where it overflows, underflows to subnormals
     and zero, and on inf, -inf and NaN: eager's results, zeros, infinities and NaNs
-    exactly; subnormals within 1 ulp of eager's (no flush to zero)."""
+    exactly; subnormals within 1 ulp of eager's (no flush to zero). Both sides of the
+    bounds where accel::exp selects 0 or inf, in the vector loop and its scalar tail."""
     import accel
 
     ends = [float("nan"), float("inf"), float("-inf"), 88.72283, 88.7229, 89.0, 1e30, -1e30,
-            -87.3, -87.4, -95.0, -100.0, -103.9, -104.0, -200.0, 0.0, -0.0, 1.0, -1.0]
-    x = torch.tensor(ends * 8, device=device)
+            -87.3, -87.4, -95.0, -100.0, -103.9, -104.0, -200.0, 0.0, -0.0, 1.0, -1.0,
+            99.9, 100.0, 100.1, -103.99, -104.01, 3.4e38, -3.4e38, 2.2e9, -2.2e9]
+    x = torch.tensor(ends * 9, device=device)[:-1]  # not a whole number of vectors
     accel.reset_stats()
     with accel.eager():
         got = torch.exp(x * 1.0)
