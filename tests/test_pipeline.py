@@ -176,18 +176,29 @@ def test_row_kernel_keeps_computed_values_between_its_loops(dtype):
     """A 16-bit softmax of ``x * 0.125``: its max loop keeps the rounded product in a row
     array and its sum loop reads it there (each 16-bit rounding costs gcc about 20 vector
     operations on the CPU); the sum loop keeps exp(v - max) for the output loop. A 16-bit
-    layer norm of ``x + r`` keeps the rounded sum (not the float one, rounded again); a
-    float16 rounding read back as float32 is one ``f16_round``. (Recomputations left dead
-    in the source are gcc's to drop.)"""
+    layer norm of ``x + r`` keeps the rounded sum (not the float one, rounded again). In
+    float16 the row's conversions are whole-row passes (F16C vectors, no call in a loop):
+    the input rows widened before the first loop, the kept product computed by a loop of
+    its own and rounded in place, the output narrowed after the last loop. (Recomputations
+    left dead in the source are gcc's to drop.)"""
     ct = {torch.float16: "f16", torch.bfloat16: "bf16"}[dtype]
+    half = dtype == torch.float16
     x, r = torch.empty(64, 1024, dtype=dtype), torch.empty(64, 1024, dtype=dtype)
     meta = [((64, 1024), (1024, 1), dtype)] * 2
     calls = [(aten.mul.Tensor, (("x", 0), ("s", 0)), {}, 1),
              (aten._softmax.default, (("o", 0), ("c", -1), ("c", False)), {}, 1)]
     src = _kernel_source(calls, [x], meta, (1,), "f")
-    loops = src.split("#pragma omp simd")[1:]  # max, sum of exp, output
-    assert len(loops) == 3
-    assert re.search(r"c\d+\[i\d+\] = t\d+;", loops[0]) and f"accel::{ct}_to_float(t" in loops[0]
+    head, *loops = src.split("#pragma omp simd")  # [the product,] max, sum of exp, output
+    assert len(loops) == 3 + half
+    if half:
+        assert re.search(r"accel::f16_widen_row\(&b0\[1024 \* i0\], (w\d+), 1024\);", head)
+        assert re.search(r"(c\d+)\[i\d+\] = t\d+;\n\s*}\n\s*accel::f16_round_row\(\1, 1024\);", loops[0])
+        assert "f16_to_float" not in src and "float_to_f16(t" in loops[-1]  # (dead there)
+        assert re.search(r"(o\d+)\[i\d+\] = t\d+;\n\s*}\n\s*accel::f16_narrow_row\(\1, &b1\[1024 \* i0\], 1024\);",
+                         loops[-1])
+        loops = loops[1:]
+    else:
+        assert re.search(r"c\d+\[i\d+\] = t\d+;", loops[0]) and f"accel::{ct}_to_float(t" in loops[0]
     assert re.search(r"const float t\d+ = c\d+\[i\d+\];", loops[1])  # the rounded product, read
     assert re.search(r"const float t\d+ = c\d+\[i\d+\];", loops[2])  # exp(v - max), read
     calls = [(aten.add.Tensor, (("x", 0), ("x", 1)), {}, 1),
@@ -197,9 +208,12 @@ def test_row_kernel_keeps_computed_values_between_its_loops(dtype):
     last = src.split("#pragma omp simd")[-1]  # x - mean, x the kept rounded sum
     assert re.search(r"const float (t\d+) = c\d+\[i\d+\];\n\s*const float t\d+ = \(\1 - ", last), last
     first = src.split("#pragma omp simd")[1]  # the sum, rounded and widened, is what is kept
-    rounded = (r"accel::f16_round\(t\d+\)" if dtype == torch.float16  # one conversion call
-               else r"accel::bf16_to_float\(t\d+\)")
-    assert re.search(rf"const float (t\d+) = {rounded};(.|\n)*c\d+\[i\d+\] = \1;", first), first
+    if half:  # the float sum, kept, then rounded in place
+        assert re.search(r"const float (t\d+) = \(t\d+ \+ t\d+\);(.|\n)*(c\d+)\[i\d+\] = \1;\n\s*}\n"
+                         r"\s*accel::f16_round_row\(\3, 1024\);", first), first
+    else:
+        rounded = r"accel::bf16_to_float\(t\d+\)"
+        assert re.search(rf"const float (t\d+) = {rounded};(.|\n)*c\d+\[i\d+\] = \1;", first), first
 
 
 def test_lowering_rejects_read_after_inplace_write():

@@ -157,6 +157,12 @@ def _trivial(x: Expr, widened_f16: bool) -> bool:
     return x.op in ("load", "const", "scalar")
 
 
+def _f16_round(x: Expr) -> bool:
+    """``x`` is a float32 value rounded to float16 and read back as float32."""
+    return (x.op == "cast" and x.dtype == torch.float32 and x.args[0].op == "cast"
+            and x.args[0].dtype == torch.float16 and x.args[0].args[0].dtype == torch.float32)
+
+
 class CppRenderer(CStyle):
     """Renders a :class:`LoopIR` as a C++ translation unit for gcc/clang with OpenMP."""
 
@@ -164,6 +170,7 @@ class CppRenderer(CStyle):
     row_caching = True  # keep a row's values in a stack array between its loops
     cache_across_reductions = True  # ... also between two reductions' loops
     keep_widened_f16 = True  # ... and float16 values widened (see _trivial)
+    f16_row_passes = True  # a row's float16 conversions as whole-row passes (_plan_f16_rows)
     stream_stores = True  # write outputs larger than the cache with streaming stores
     launches = None  # how to launch what render() returned (CUDA); a CPU region is a call
 
@@ -223,8 +230,11 @@ class CppRenderer(CStyle):
             target.items.append(("store", st))
         self.row_cache: Dict[int, list] = {}  # group id -> [(Expr, array name)]
         self.cached: Dict[tuple, str] = {}  # (id(scope), Expr) -> where to read it there instead
+        self.narrowed: Dict[int, tuple] = {}  # id(store) -> (float array, row start Addr, loop var)
         if order and self.row_caching:
             self._plan_row_cache(order[-1], scopes[-2], scopes[-1])
+            if self.f16_row_passes:
+                self._plan_f16_rows(order[-1], scopes[-2], scopes[-1])
         self.streamed = self._plan_streams(nest) if self.stream_stores else {}
         self.streaming: Optional[str] = None  # the block variable while emitting a streamed block
 
@@ -242,7 +252,7 @@ class CppRenderer(CStyle):
         read = {e.args[0] for n in self.ir.nests for st in n.stores
                 for e in walk(st.value, set()) if e.op == "load"}
         stores = [st for k, st in inner.items if k == "store"
-                  and st.addr.coeff(v) == 1 and st.buf not in read]
+                  and st.addr.coeff(v) == 1 and st.buf not in read and id(st) not in self.narrowed]
         limit = STREAM_MIN_BYTES if STREAM_MIN_BYTES is not None else llc_bytes() * 3 // 4
         n = self._size(nest.vars)
         if not stores or n * sum(self.ir.buffers[st.buf].dtype.itemsize for st in stores) < limit:
@@ -289,6 +299,61 @@ class CppRenderer(CStyle):
                 if k == "expr" and not _trivial(x, self.keep_widened_f16) and (id(scope), x) not in self.cached:
                     offer.setdefault(_subst(x, r, v), (g, x))
         consume(inner, v, [st.value for k, st in inner.items if k == "store"])
+
+    def _plan_f16_rows(self, v: int, outer: _Scope, inner: _Scope) -> None:
+        """Row kernels: the float16 conversions of a row as whole-row passes (``accel::
+        f16_widen_row`` / ``f16_round_row`` / ``f16_narrow_row``, explicit F16C vectors)
+        rather than element by element inside vectorized loops, where each is a call of a
+        vector variant and gcc spills the loop's live vectors around it. A float16 row
+        read contiguously is widened into a stack array before the row's first loop; a
+        rounded value a reduction loop keeps for later loops (softmax's ``x * 0.125``) is
+        computed by a loop of its own, rounded in place, then read (see
+        :meth:`_emit_group`); the row's float16 output, contiguous and not read by the
+        kernel, is computed into an array and narrowed after the row's loop."""
+        n = self.ir.sizes[v]
+        if n > ROW_CACHE_MAX or n < 8 or any(k == "group" for k, _ in inner.items):
+            return
+        loops = [(inner, v)] + [(self.group_scope[id(g)], g.rvars[0]) for k, g in outer.items
+                                if k == "group" and len(g.rvars) == 1 and self.ir.sizes[g.rvars[0]] == n]
+
+        def row_start(addr: Addr, r: int) -> Optional[Addr]:
+            if addr.coeff(r) != 1 or any(var != r and var not in outer.bound for var, _ in addr.terms):
+                return None
+            return Addr(tuple(t for t in addr.terms if t[0] != r))
+
+        widened: Dict[tuple, str] = {}
+        passes: List[tuple] = []
+        for scope, r in loops:
+            for k, x in scope.items:
+                if not (k == "expr" and x.op == "cast" and x.dtype == torch.float32
+                        and x.args[0].op == "load" and x.args[0].dtype == torch.float16
+                        and (id(scope), x) not in self.cached):
+                    continue
+                buf, addr = x.args[0].args
+                start = row_start(addr, r)
+                if start is None:
+                    continue
+                name = widened.get((buf, start))
+                if name is None:
+                    name = widened[(buf, start)] = f"w{self.ntemp}"
+                    self.ntemp += 1
+                    passes.append(("raw", f"float {name}[{n}];"))
+                    passes.append(("raw", f"accel::f16_widen_row(&b{buf}[{self._addr(start)}], {name}, {n});"))
+                self.cached[(id(scope), x)] = f"{name}[i{r}]"
+        outer.items[:0] = passes
+        if len(self.nest_scopes) < 3:  # a one-loop nest: its loop is chunked across threads
+            return
+        read = {e.args[0] for nest in self.ir.nests for st in nest.stores
+                for e in walk(st.value, set()) if e.op == "load"}
+        for k, st in inner.items:
+            x = st.value if k == "store" else None
+            if (x is not None and x.op == "cast" and x.dtype == torch.float16
+                    and x.args[0].dtype == torch.float32 and st.buf not in read
+                    and self.ir.buffers[st.buf].dtype == torch.float16):
+                start = row_start(st.addr, v)
+                if start is not None:
+                    self.narrowed[id(st)] = (f"o{self.ntemp}", start, v)
+                    self.ntemp += 1
 
     def _level(self, fv) -> int:
         try:
@@ -392,8 +457,7 @@ class CppRenderer(CStyle):
             return f"(int64_t)({self._addr(e.args[0])})"
         if e.op == "cast":
             a = e.args[0]
-            if (e.dtype == torch.float32 and a.dtype == torch.float16 and a.op == "cast"
-                    and a.args[0].dtype == torch.float32):  # float32 rounded to float16 and back
+            if _f16_round(e):  # float32 rounded to float16 and back
                 return f"{self.fn}f16_round({self._name(a.args[0], scope)})"
             return self.cast(self._name(a, scope), a.dtype, e.dtype)
         return self.op(e, [self._name(a, scope) if isinstance(a, Expr) else repr(a) for a in e.args])
@@ -405,6 +469,8 @@ class CppRenderer(CStyle):
             if kind == "expr":
                 rhs = self.cached.get((id(scope), x)) or self._rhs(x, scope)
                 out.append(f"{ind}const {self.ctype(x.dtype)} {scope.names[x]} = {rhs};")
+            elif kind == "raw":
+                out.append(ind + x)
             elif kind == "group":
                 self._emit_group(x, scope, out, ind)
         for kind, x in scope.items:
@@ -415,6 +481,9 @@ class CppRenderer(CStyle):
         """The statement writing store ``st`` (into its block array where it is streamed)."""
         if self.streaming and id(st) in self.streamed:
             return f"{self.streamed[id(st)]}[{self.streaming}_k] = {self._name(st.value, scope)};"
+        if id(st) in self.narrowed:  # the float32 value; narrowed after the loop
+            name, _, v = self.narrowed[id(st)]
+            return f"{name}[i{v}] = {self._name(st.value.args[0], scope)};"
         return f"b{st.buf}[{self._addr(st.addr)}] = {self._name(st.value, scope)};"
 
     def _simd_loop(self, j: int, lo: str, hi: str, out: List[str], ind: str, nest: Nest) -> None:
@@ -481,7 +550,12 @@ class CppRenderer(CStyle):
             out.append(f"{ind}  accel::stream_fence();")
             out.append(f"{ind}}}")
             return
+        narrowed = [(self.narrowed[id(st)], st) for k, st in self.nest_scopes[j + 1].items
+                    if k == "store" and id(st) in self.narrowed] if innermost else []
+        out += [f"{ind}float {name}[{n}];" for (name, _, _), _ in narrowed]
         self._emit_loop(j, out, ind, nest, parallel, innermost, simd, "omp parallel for schedule(static)")
+        out += [f"{ind}accel::f16_narrow_row({name}, &b{st.buf}[{self._addr(start)}], {n});"
+                for (name, start, _), st in narrowed]
 
     def _emit_loop(self, j, out, ind, nest, parallel, innermost, simd, par_pragma) -> None:
         v = nest.vars[j]
@@ -589,14 +663,27 @@ class CppRenderer(CStyle):
         tag = f"r{id(g) % 100000}_{self.ntemp}"
         self.ntemp += 1
         body_lines: List[str] = []
-        for x, name in self.row_cache.get(id(g), ()):
+        kept = self.row_cache.get(id(g), [])
+        for x, name in kept:
             out.append(f"{ind}{self.ctype(x.dtype)} {name}[{self.ir.sizes[rv[0]]}];")
+        rounded = [(x, name) for x, name in kept if _f16_round(x)] if self.f16_row_passes else []
+        if rounded and len(rv) == 1 and not any(k == "group" for k, _ in inner.items):
+            # kept float16 roundings: a loop of their own computes them unrounded, one pass
+            # rounds the row (see _plan_f16_rows), the reduction's loop reads them
+            lines: List[str] = []
+            self._emit_items(inner, lines, "")
+            lines += [f"{name}[i{rv[0]}] = {self._name(x.args[0].args[0], inner)};" for x, name in rounded]
+            self._loops(rv, lines, out, ind, "simd", None)
+            out += [f"{ind}accel::f16_round_row({name}, {self.ir.sizes[rv[0]]});" for _, name in rounded]
+            for x, name in rounded:
+                self.cached[(id(inner), x)] = f"{name}[i{rv[0]}]"
+            kept = [(x, name) for x, name in kept if (x, name) not in rounded]
         _emit_items = self._emit_items
 
         def emit_inner(sc, lines, ind_):
             _emit_items(sc, lines, ind_)
             if sc is inner:
-                lines += [f"{name}[i{rv[0]}] = {inner.names[x]};" for x, name in self.row_cache.get(id(g), ())]
+                lines += [f"{name}[i{rv[0]}] = {inner.names[x]};" for x, name in kept]
         self._emit_items = emit_inner
         if kind in SIMPLE:
             accs, clauses, updates, fixes = {}, {}, [], []

@@ -91,6 +91,7 @@ class CudaRenderer(CppRenderer):
     row_caching = False  # a row's values come back from L1/L2
     cache_across_reductions = False  # (row kernels: registers; not measured on the GPU)
     keep_widened_f16 = False  # (one instruction here; the row's loads are kept already)
+    f16_row_passes = False  # (conversions are single instructions in device code)
     stream_stores = False  # (CPU only)
     vec = None  # in a vector tile: load Expr -> its vector's name
     vw = VEC  # elements a vector

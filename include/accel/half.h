@@ -147,5 +147,52 @@ ACCEL_HALF_FN float f16_round(float f) {
 #endif
 }
 
+#ifndef __CUDACC__
+/* Whole rows at once, for CPU row kernels (a row of at most a few thousand values, in a
+ * stack array): widen n float16 values, round n float32 values to float16 and back, narrow
+ * n float32 values. With F16C these are explicit 8-lane conversions: inside a vectorized
+ * loop each conversion is a call of its vector variant, around which gcc spills the loop's
+ * live vectors (softmax(x * 0.125) of float16 [8192, 1024]: 6.5 -> 4.9 ms with the row's
+ * conversions done here). The same bits as the element-wise functions above. */
+static inline void f16_widen_row(const f16* src, float* dst, int64_t n) {
+  int64_t i = 0;
+#ifdef ACCEL_F16C
+  for (; i + 8 <= n; i += 8) {
+    accel_v8hi h;
+    memcpy(&h, src + i, 16);
+    const accel_v8sf f = __builtin_ia32_vcvtph2ps256(h);
+    memcpy(dst + i, &f, 32);
+  }
+#endif
+  for (; i < n; ++i) dst[i] = f16_to_float(src[i]);
+}
+
+static inline void f16_round_row(float* x, int64_t n) {
+  int64_t i = 0;
+#ifdef ACCEL_F16C
+  for (; i + 8 <= n; i += 8) {
+    accel_v8sf f;
+    memcpy(&f, x + i, 32);
+    f = __builtin_ia32_vcvtph2ps256(__builtin_ia32_vcvtps2ph256(f, 8));
+    memcpy(x + i, &f, 32);
+  }
+#endif
+  for (; i < n; ++i) x[i] = f16_round(x[i]);
+}
+
+static inline void f16_narrow_row(const float* src, f16* dst, int64_t n) {
+  int64_t i = 0;
+#ifdef ACCEL_F16C
+  for (; i + 8 <= n; i += 8) {
+    accel_v8sf f;
+    memcpy(&f, src + i, 32);
+    const accel_v8hi h = __builtin_ia32_vcvtps2ph256(f, 8);
+    memcpy(dst + i, &h, 16);
+  }
+#endif
+  for (; i < n; ++i) dst[i] = float_to_f16(src[i]);
+}
+#endif
+
 }  // namespace accel
 #endif /* ACCEL_HALF_H */
