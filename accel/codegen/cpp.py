@@ -231,6 +231,8 @@ class CppRenderer(CStyle):
         self.row_cache: Dict[int, list] = {}  # group id -> [(Expr, array name)]
         self.cached: Dict[tuple, str] = {}  # (id(scope), Expr) -> where to read it there instead
         self.narrowed: Dict[int, tuple] = {}  # id(store) -> (float array, row start Addr, loop var)
+        self.read_bufs = {e.args[0] for n in ir.nests for st in n.stores  # buffers the kernel reads
+                          for e in walk(st.value, set()) if e.op == "load"}
         if order and self.row_caching:
             self._plan_row_cache(order[-1], scopes[-2], scopes[-1])
             if self.f16_row_passes:
@@ -249,10 +251,8 @@ class CppRenderer(CStyle):
         if any(k == "group" or (k == "expr" and x.op not in CHEAP_OPS
                                 and (id(inner), x) not in self.cached) for k, x in inner.items):
             return {}
-        read = {e.args[0] for n in self.ir.nests for st in n.stores
-                for e in walk(st.value, set()) if e.op == "load"}
-        stores = [st for k, st in inner.items if k == "store"
-                  and st.addr.coeff(v) == 1 and st.buf not in read and id(st) not in self.narrowed]
+        stores = [st for k, st in inner.items if k == "store" and st.addr.coeff(v) == 1
+                  and st.buf not in self.read_bufs and id(st) not in self.narrowed]
         limit = STREAM_MIN_BYTES if STREAM_MIN_BYTES is not None else llc_bytes() * 3 // 4
         n = self._size(nest.vars)
         if not stores or n * sum(self.ir.buffers[st.buf].dtype.itemsize for st in stores) < limit:
@@ -343,12 +343,10 @@ class CppRenderer(CStyle):
         outer.items[:0] = passes
         if len(self.nest_scopes) < 3:  # a one-loop nest: its loop is chunked across threads
             return
-        read = {e.args[0] for nest in self.ir.nests for st in nest.stores
-                for e in walk(st.value, set()) if e.op == "load"}
         for k, st in inner.items:
             x = st.value if k == "store" else None
             if (x is not None and x.op == "cast" and x.dtype == torch.float16
-                    and x.args[0].dtype == torch.float32 and st.buf not in read
+                    and x.args[0].dtype == torch.float32 and st.buf not in self.read_bufs
                     and self.ir.buffers[st.buf].dtype == torch.float16):
                 start = row_start(st.addr, v)
                 if start is not None:
