@@ -234,9 +234,9 @@ class CppRenderer(CStyle):
         self.read_bufs = {e.args[0] for n in ir.nests for st in n.stores  # buffers the kernel reads
                           for e in walk(st.value, set()) if e.op == "load"}
         if order and self.row_caching:
-            self._plan_row_cache(order[-1], scopes[-2], scopes[-1])
-            if self.f16_row_passes:
+            if self.f16_row_passes:  # first: a widened row is then not kept again
                 self._plan_f16_rows(order[-1], scopes[-2], scopes[-1])
+            self._plan_row_cache(order[-1], scopes[-2], scopes[-1])
         self.streamed = self._plan_streams(nest) if self.stream_stores else {}
         self.streaming: Optional[str] = None  # the block variable while emitting a streamed block
 
@@ -305,7 +305,8 @@ class CppRenderer(CStyle):
         f16_widen_row`` / ``f16_round_row`` / ``f16_narrow_row``, explicit F16C vectors)
         rather than element by element inside vectorized loops, where each is a call of a
         vector variant and gcc spills the loop's live vectors around it. A float16 row
-        read contiguously is widened into a stack array before the row's first loop; a
+        read contiguously is widened into a stack array before the row's first loop (so
+        the row cache, planned after this, does not keep a copy of it); a
         rounded value a reduction loop keeps for later loops (softmax's ``x * 0.125``) is
         computed by a loop of its own, rounded in place, then read (see
         :meth:`_emit_group`); the row's float16 output, contiguous and not read by the
