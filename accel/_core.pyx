@@ -341,8 +341,15 @@ cdef class RegionCore:
     cdef public list ahead, ahead_meta  # outputs allocated ahead (speculation), by index
     cdef bint _float_ok, _int_ok
     cdef Py_ssize_t _lo, _hi
+    cdef unsigned char _pending  # 1 while calls are recorded: read by the dispatch filter
+
+    def pending_address(self):
+        """The address of the byte that is 1 while the region has recorded calls, 0 after
+        :meth:`clear` (accel.dispatch binds the thread's dispatch filter to it)."""
+        return <size_t>&self._pending
 
     def clear(self, root):
+        self._pending = 0
         self.node = root
         self.ext = []
         self.ext_ids = {}
@@ -496,6 +503,7 @@ cdef class RegionCore:
             raise
         self.node = node
         self.calls.append((func, tuple(targs), tkw, node.n_new))
+        self._pending = 1
         if node.writes_ext:
             self.mutates_ext = True
         return res

@@ -34,7 +34,16 @@ _CONST_TYPES = (bool, int, float, str, type(None), torch.dtype, torch.device,
 class RegionCore:
     """The recording half of a region (see :class:`accel.region.Region`)."""
 
+    _pending = None  # a ctypes byte, 1 while calls are recorded (made at the first clear)
+
+    def pending_address(self):
+        """The address of the byte that is 1 while the region has recorded calls."""
+        return ctypes.addressof(self._pending)
+
     def clear(self, root):
+        if self._pending is None:
+            self._pending = ctypes.c_uint8(0)
+        self._pending.value = 0
         self.node = root
         self.ext = []
         self.ext_ids = {}
@@ -169,6 +178,7 @@ class RegionCore:
             raise
         self.node = node
         self.calls.append((func, tuple(targs), tkw, node.n_new))
+        self._pending.value = 1
         if node.writes_ext:
             self.mutates_ext = True
         return res

@@ -128,11 +128,20 @@ def _toolchain(device: str):
         if path is None:
             raise BuildError(f"CUDA compiler {nvcc!r} not found (set ACCEL_NVCC)")
         return path, NVCCFLAGS + ["-arch", cuda_arch()], [], ".cu", cuda_arch()
+    return _cxx(), CXXFLAGS, LIBS, ".cpp", cpu_isa()
+
+
+def _cxx() -> str:
+    """The C++ compiler's path (``$ACCEL_CXX``).
+
+    Raises:
+        BuildError: it cannot be found.
+    """
     cxx = config.flag("ACCEL_CXX")
     path = _which(cxx)
     if path is None:
         raise BuildError(f"C++ compiler {cxx!r} not found (set ACCEL_CXX)")
-    return path, CXXFLAGS, LIBS, ".cpp", cpu_isa()
+    return path
 
 
 def compiler_key(device: str = "cpu") -> str:
@@ -155,15 +164,26 @@ def build(source: str, name: str, device: str = "cpu") -> bytes:
             compile that ran past ``ACCEL_COMPILE_TIMEOUT`` seconds (it is killed).
     """
     path, flags, libs, suffix, _ = _toolchain(device)
+    out = ".cubin" if device == "cuda" else ".so"
+    return _run(path, source, name + suffix, name + out,
+                lambda src, lib: [path, *flags, "-I", INCLUDE_DIR, src, "-o", lib, *libs])
+
+
+def _run(path: str, source: str, src_name: str, lib_name: str, command) -> bytes:
+    """Write ``source`` to ``src_name`` in a fresh directory, run ``command(src, lib)``
+    (the argv of compiler ``path``) under ``ACCEL_COMPILE_TIMEOUT``; the bytes of ``lib``.
+
+    Raises:
+        BuildError: as :func:`build`.
+    """
     timeout = config.flag("ACCEL_COMPILE_TIMEOUT")
     with tempfile.TemporaryDirectory(prefix="accel-build-") as d:
-        src = os.path.join(d, name + suffix)
-        lib = os.path.join(d, name + (".cubin" if device == "cuda" else ".so"))
+        src = os.path.join(d, src_name)
+        lib = os.path.join(d, lib_name)
         with open(src, "w") as f:
             f.write(source)
-        cmd = [path, *flags, "-I", INCLUDE_DIR, src, "-o", lib, *libs]
         try:
-            out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+            out = subprocess.run(command(src, lib), capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired as e:
             raise BuildError(f"compile timed out after {timeout} s") from e
         except OSError as e:
@@ -173,3 +193,48 @@ def build(source: str, name: str, device: str = "cpu") -> bytes:
                              f"{(out.stderr or out.stdout)[-4000:]}")
         with open(lib, "rb") as f:
             return f.read()
+
+
+def _torch_extension_flags() -> list:
+    """Flags that build a shared library against the running torch and Python (as
+    ``torch.utils.cpp_extension`` builds one: its C++ standard and C++ ABI; torch's and
+    Python's headers; c10 and torch_cpu, found at run time through an rpath)."""
+    import sysconfig
+
+    import torch
+
+    root = os.path.dirname(torch.__file__)
+    lib = os.path.join(root, "lib")
+    return ["-O2", "-std=c++20", "-fPIC", "-shared", "-w",
+            f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+            "-I", os.path.join(root, "include"), "-I", sysconfig.get_paths()["include"],
+            "-L", lib, f"-Wl,-rpath,{lib}", "-lc10", "-ltorch_cpu"]
+
+
+def torch_extension_key() -> str:
+    """Compiler identity, flags, torch build and Python ABI, for the store key of a
+    library built by :func:`build_torch_extension`.
+
+    Raises:
+        BuildError: the compiler cannot be found.
+    """
+    import sysconfig
+
+    import torch
+
+    path = _cxx()
+    return (f"{_identity(path)}|{' '.join(_torch_extension_flags())}|torch {torch.__version__}"
+            f" {torch.version.git_version}|{sysconfig.get_config_var('SOABI')}")
+
+
+def build_torch_extension(source: str, name: str) -> bytes:
+    """Compile C++ ``source`` that uses torch's C++ API (and Python's C API) into a shared
+    library for this process's torch and Python; its bytes.
+
+    Raises:
+        BuildError: as :func:`build`.
+    """
+    path = _cxx()
+    flags = _torch_extension_flags()
+    return _run(path, source, name + ".cpp", name + ".so",
+                lambda src, lib: [path, src, "-o", lib, *flags])

@@ -110,6 +110,11 @@ FLAGS = {
         Flag("ACCEL_CUDA_HALF", True, _parse_bool,
              "Run float16/bfloat16 regions on CUDA GPUs as kernels (off: eagerly, an escape "
              "hatch). Read at each enable."),
+        Flag("ACCEL_DISPATCH_FILTER", True, _parse_bool,
+             "Run the aten calls accel passes through unchanged (matmuls, views, ... while "
+             "no region is pending) in C++, past its dispatch mode: a torch extension built "
+             "in the background at first use and kept in the store. 0: every call crosses "
+             "into Python."),
         Flag("ACCEL_PURE_PYTHON", False, _parse_bool,
              "Use the pure-Python twin of the Cython core (debugging; slower)."),
         Flag("ACCEL_CPU_POOL_MB", 1024, _parse_int(0),

@@ -16,7 +16,7 @@ import threading
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from . import allocator, config
+from . import allocator, config, dispatch
 from .ops import VIEW_OPS, fusible_ops
 from .region import Deferred, Region, set_cuda_half
 
@@ -32,6 +32,9 @@ class _State(threading.local):
         self.modes = []
         self.spare = []  # exited modes of this thread, for reuse
         self.worker = None  # a _Worker, on an autograd engine thread that recorded
+        self.bound = False  # the dispatch filter reads this thread's region's pending byte
+        self.filtered = False  # accel included the dispatch filter's key on this thread
+        self.filter_was = False  # whether it was included before
 
 
 _state = _State()
@@ -69,6 +72,23 @@ def _flush_region(region) -> None:
     finally:
         region.reset()
         region.busy = False
+    if dispatch.building:  # a background build of the filter: use it once it is loaded
+        _filter_on(_state)
+
+
+def _filter_on(st) -> None:
+    """Include the dispatch filter's key on this thread where accel is enabled here and
+    the filter is loaded (see :mod:`accel.dispatch`)."""
+    if st.depth and not st.filtered and dispatch.loaded():
+        _bind(st)
+        st.filter_was = dispatch.set_included(True)
+        st.filtered = True
+
+
+def _bind(st) -> None:
+    if not st.bound:
+        dispatch.bind(st.region)
+        st.bound = True
 
 
 _EAGER = object()
@@ -190,6 +210,8 @@ class AccelMode(TorchDispatchMode):
         w = st.worker
         if w is None:
             w = st.worker = _Worker(st.region)
+        if not st.bound and dispatch._lib is not None:
+            _bind(st)
         with w.lock:
             region = w.region
             if spec is not None and not w.queued and not w.queue_final_callback():
@@ -323,6 +345,8 @@ def enable() -> None:
     st.modes.append(mode)
     st.depth += 1
     _install_hooks()
+    dispatch.start()
+    _filter_on(st)
 
 
 def disable() -> None:
@@ -343,6 +367,9 @@ def disable() -> None:
         mode.__exit__(None, None, None)
         st.depth -= 1
         st.spare.append(mode)  # the thread's next enable at this depth takes it again
+        if st.depth == 0 and st.filtered:
+            dispatch.set_included(st.filter_was)
+            st.filtered = False
 
 
 @contextlib.contextmanager

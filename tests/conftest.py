@@ -12,6 +12,16 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
         os.environ["ACCEL_CACHE_DIR"], os.environ["PYTEST_XDIST_WORKER"])
 
 
+@pytest.fixture(scope="session", autouse=True)
+def dispatch_filter():
+    """Build (or load) the dispatch filter before the first test, so that every test runs
+    with it, as a process does once the store has it (accel.dispatch)."""
+    import accel.dispatch
+
+    accel.dispatch.wait()
+    yield
+
+
 @pytest.fixture
 def fresh_store(tmp_path, monkeypatch):
     """A new, empty on-disk store for one test."""

@@ -1,0 +1,217 @@
+"""The dispatch filter: C++ that runs past the interceptor's dispatch mode the aten calls
+the mode would only pass through unchanged (``include/accel/dispatch_filter.cpp`` says
+which, and why this is the same as the mode's path).
+
+A dispatch mode's crossing into Python and back costs about 10-30 µs a call; in a model's
+training step most calls are matmuls, views and other ops accel never defers, made while
+no region is pending. The filter is a boxed fallback on a mode dispatch key above
+autograd, included in the thread's dispatch key set while accel is enabled; per call it
+costs what boxing the arguments costs (well under a microsecond).
+
+It is a torch C++ extension built at run time against the installed torch and Python
+(as ``torch.utils.cpp_extension`` builds one: the same C++ standard and ABI), kept in the
+store under a key naming the compiler, torch's build and Python's ABI, and loaded with
+ctypes. A process that misses it builds it in the background (about 7 s on the 2-core
+dev machine); until it is loaded every call takes the mode's path, as it does where the
+filter cannot be built or registered (warned once, stored as a negative entry) and under
+``ACCEL_DISPATCH_FILTER=0``.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import threading
+import time
+from typing import Optional, Tuple
+
+from . import build, config
+
+log = logging.getLogger("accel")
+
+__all__ = ["SOURCE", "store_key", "start", "loaded", "wait", "set_included", "bind", "counts"]
+
+SOURCE = os.path.join(build.INCLUDE_DIR, "accel", "dispatch_filter.cpp")
+
+_lock = threading.Lock()
+_lib = None  # the loaded library, its fallback registered
+_future = None  # its background build
+_off: Optional[str] = None  # why the filter is not used, once that is decided
+building = False  # a background build is in flight or done and not loaded yet
+
+
+def _source() -> str:
+    with open(SOURCE) as f:
+        return f.read()
+
+
+def store_key() -> str:
+    """The filter's store key: a hash of its source, the compiler and flags, torch's build
+    and Python's ABI.
+
+    Raises:
+        BuildError: the C++ compiler cannot be found.
+        OSError: the source cannot be read.
+    """
+    from .store import STORE_VERSION
+
+    parts = {"store": STORE_VERSION, "dispatch_filter": hashlib.sha256(_source().encode()).hexdigest(),
+             "toolchain": build.torch_extension_key()}
+    return hashlib.sha256(repr(sorted(parts.items())).encode()).hexdigest()
+
+
+def _build(key: str, store):
+    """Under the store's compile lock: the filter's entry, built and stored unless another
+    process stored it meanwhile; a failure is stored as a negative entry."""
+    import torch
+
+    with store.compile_lock(key):
+        entry = store.get(key)
+        if entry is not None:
+            return entry
+        t0 = time.perf_counter()
+        source = _source()
+        try:
+            artifact = build.build_torch_extension(source, "accel_dispatch_filter")
+        except Exception as e:  # noqa: BLE001 - any failure: the mode's path
+            reason = f"{type(e).__name__}: {e}"
+            store.put_negative(key, reason, {"readable": "dispatch filter"})
+            return store.get(key)
+        dt = time.perf_counter() - t0
+        log.info("built the dispatch filter in %.2f s", dt)
+        return store.put(key, artifact, {"readable": f"dispatch filter (torch {torch.__version__})",
+                                         "source": source, "compile_time_s": dt})
+
+
+def start() -> None:
+    """Find the filter in the store and load it, or start building it in the background
+    (once per process; called at each enable). Never raises: a problem is warned about
+    once and leaves every call on the mode's path."""
+    global _future, _off, building
+    if _lib is not None or _off is not None or _future is not None:
+        return
+    with _lock:
+        if _lib is not None or _off is not None or _future is not None:
+            return
+        if not config.flag("ACCEL_DISPATCH_FILTER"):
+            _off = "ACCEL_DISPATCH_FILTER=0"
+            return
+        from .runtime import _pool, get_store
+
+        try:
+            store = get_store()
+            key = store_key()
+            entry = store.get(key)
+        except Exception as e:  # noqa: BLE001 - no compiler, a broken store
+            _give_up(f"{type(e).__name__}: {e}")
+            return
+        if entry is not None:
+            _load(entry)
+            return
+        _future = _pool().submit(_build, key, store)
+        building = True
+
+
+def _give_up(reason: str) -> None:
+    global _off, building
+    from .interceptor import warn_once
+
+    _off, building = reason, False
+    warn_once(("dispatch filter", reason[:80]), "accel: no dispatch filter (%s); every aten "
+              "call crosses into Python", reason.splitlines()[0][:300])
+
+
+def _load(entry) -> None:
+    """dlopen the filter's library and register its fallback (caller holds ``_lock``)."""
+    global _lib, building
+    if entry is None or entry.negative:
+        _give_up(entry.reason if entry is not None else "not built")
+        return
+    import torch
+
+    from .interceptor import AccelMode, _DynamoSafeAccelMode
+    from .ops import VIEW_OPS, fusible_ops
+
+    try:
+        lib = ctypes.CDLL(entry.path, mode=ctypes.RTLD_LOCAL)
+        lib.accel_filter_register.restype = ctypes.c_char_p
+        lib.accel_filter_register.argtypes = [ctypes.c_char_p, ctypes.c_char_p,
+                                              ctypes.c_void_p, ctypes.c_void_p]
+        lib.accel_filter_include.restype = ctypes.c_int
+        lib.accel_filter_include.argtypes = [ctypes.c_int]
+        lib.accel_filter_bind.argtypes = [ctypes.c_void_p]
+        lib.accel_filter_counts.argtypes = [ctypes.POINTER(ctypes.c_uint64)]
+        deferrable = "\n".join(_name(op) for op in fusible_ops()).encode()
+        views = "\n".join(_name(op) for op in VIEW_OPS).encode()
+        err = lib.accel_filter_register(deferrable, views, id(AccelMode), id(_DynamoSafeAccelMode))
+    except (OSError, AttributeError) as e:
+        _give_up(f"{type(e).__name__}: {e}")
+        return
+    if err:
+        _give_up(err.decode(errors="replace"))
+        return
+    _lib, building = lib, False
+    log.info("dispatch filter loaded (torch %s)", torch.__version__)
+
+
+def _name(op) -> str:
+    """``aten::add.Tensor`` for ``torch.ops.aten.add.Tensor`` (``aten::view`` for a default
+    overload), as the dispatcher names operators."""
+    s = op._schema
+    return f"{s.name}.{s.overload_name}" if s.overload_name else s.name
+
+
+def loaded() -> bool:
+    """True if the filter is loaded; loads a background build that has finished."""
+    if _lib is not None:
+        return True
+    fut = _future
+    if fut is None or not fut.done() or _off is not None:
+        return False
+    with _lock:
+        if _lib is None and _off is None:
+            try:
+                _load(fut.result())
+            except Exception as e:  # noqa: BLE001 - a broken store
+                _give_up(f"{type(e).__name__}: {e}")
+    return _lib is not None
+
+
+def wait(timeout: Optional[float] = None) -> bool:
+    """Start the filter if need be and wait for its build, at most ``timeout`` seconds;
+    True if it is loaded (tests and benchmarks use this to measure the steady state)."""
+    start()
+    fut = _future
+    if fut is not None and _lib is None:
+        from concurrent.futures import wait as wait_futures
+
+        wait_futures([fut], timeout=timeout)
+    return loaded()
+
+
+def set_included(on: bool) -> bool:
+    """Include the filter's dispatch key in the calling thread's key set, or not; whether
+    it was included. Needs :func:`loaded`."""
+    return bool(_lib.accel_filter_include(1 if on else 0))
+
+
+def bind(region) -> None:
+    """Point the calling thread's filter at ``region``'s pending byte (which the region
+    sets while it has calls and clears at flush). The region must outlive the binding:
+    a thread binds its own region, which lives as long as the thread."""
+    _lib.accel_filter_bind(region.pending_address())
+
+
+def counts() -> Tuple[int, int]:
+    """The calling thread's filter counts: (calls run past the mode, calls passed on)."""
+    if _lib is None:
+        return 0, 0
+    out = (ctypes.c_uint64 * 2)()
+    _lib.accel_filter_counts(out)
+    return out[0], out[1]
+
+
+def off_reason() -> Optional[str]:
+    """Why the filter is not used (None while it is, or still may be)."""
+    return _off
