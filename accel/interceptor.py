@@ -340,12 +340,12 @@ def enable() -> None:
     mode = st.spare.pop() if st.spare and type(st.spare[-1]) is cls else cls()
     mode.cap = cfg["ACCEL_MAX_REGION"]
     mode.ahead = cfg["ACCEL_LAUNCH_AHEAD"]
+    dispatch.start()  # outside the mode: loading it from the store is not the program's work
     flush()  # calls recorded by an outer mode belong before this one
     mode.__enter__()
     st.modes.append(mode)
     st.depth += 1
     _install_hooks()
-    dispatch.start()
     _filter_on(st)
 
 
