@@ -195,25 +195,14 @@ def _run(path: str, source: str, src_name: str, lib_name: str, command) -> bytes
             return f.read()
 
 
-def _torch_extension_flags() -> list:
-    """Flags that build a shared library against the running torch and Python (as
-    ``torch.utils.cpp_extension`` builds one: its C++ standard and C++ ABI; torch's and
-    Python's headers; c10 and torch_cpu, found at run time through an rpath)."""
-    import sysconfig
-
-    import torch
-
-    root = os.path.dirname(torch.__file__)
-    lib = os.path.join(root, "lib")
-    return ["-O2", "-std=c++20", "-fPIC", "-shared", "-w",
-            f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
-            "-I", os.path.join(root, "include"), "-I", sysconfig.get_paths()["include"],
-            "-L", lib, f"-Wl,-rpath,{lib}", "-lc10", "-ltorch_cpu"]
+#: compiler flags of a torch C++ extension (torch.utils.cpp_extension's C++ standard)
+TORCH_EXTENSION_FLAGS = ["-O2", "-std=c++20", "-fPIC", "-shared", "-w"]
 
 
 def torch_extension_key() -> str:
-    """Compiler identity, flags, torch build and Python ABI, for the store key of a
-    library built by :func:`build_torch_extension`.
+    """Compiler identity, flags, torch build, its C++ ABI and Python's ABI: the store key
+    part of a library built by :func:`build_torch_extension` (without importing
+    ``torch.utils.cpp_extension``, which a build needs and a look-up must not pay for).
 
     Raises:
         BuildError: the compiler cannot be found.
@@ -222,19 +211,31 @@ def torch_extension_key() -> str:
 
     import torch
 
-    path = _cxx()
-    return (f"{_identity(path)}|{' '.join(_torch_extension_flags())}|torch {torch.__version__}"
-            f" {torch.version.git_version}|{sysconfig.get_config_var('SOABI')}")
+    return (f"{_identity(_cxx())}|{' '.join(TORCH_EXTENSION_FLAGS)}|torch {torch.__version__} "
+            f"{torch.version.git_version} cxx11abi={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
+            f"|{sysconfig.get_config_var('SOABI')}")
 
 
 def build_torch_extension(source: str, name: str) -> bytes:
     """Compile C++ ``source`` that uses torch's C++ API (and Python's C API) into a shared
-    library for this process's torch and Python; its bytes.
+    library for this process's torch and Python, as ``torch.utils.cpp_extension`` builds an
+    extension (its include and library paths, C++ ABI), linking c10 and torch_cpu through
+    an rpath; its bytes.
 
     Raises:
         BuildError: as :func:`build`.
     """
+    import sysconfig
+
+    import torch
+    from torch.utils import cpp_extension
+
     path = _cxx()
-    flags = _torch_extension_flags()
+    flags = [*TORCH_EXTENSION_FLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"]
+    for inc in [*cpp_extension.include_paths(), sysconfig.get_paths()["include"]]:
+        flags += ["-I", inc]
+    for lib in cpp_extension.library_paths():
+        flags += ["-L", lib, f"-Wl,-rpath,{lib}"]
+    flags += ["-lc10", "-ltorch_cpu"]
     return _run(path, source, name + ".cpp", name + ".so",
                 lambda src, lib: [path, src, "-o", lib, *flags])

@@ -30,7 +30,8 @@ from . import build, config
 
 log = logging.getLogger("accel")
 
-__all__ = ["SOURCE", "store_key", "start", "loaded", "wait", "set_included", "bind", "counts"]
+__all__ = ["SOURCE", "store_key", "start", "active", "loaded", "wait", "set_included", "bind",
+           "counts", "off_reason"]
 
 SOURCE = os.path.join(build.INCLUDE_DIR, "accel", "dispatch_filter.cpp")
 
@@ -160,6 +161,11 @@ def _name(op) -> str:
     overload), as the dispatcher names operators."""
     s = op._schema
     return f"{s.name}.{s.overload_name}" if s.overload_name else s.name
+
+
+def active() -> bool:
+    """True if the filter is loaded (no other work: for the dispatch path)."""
+    return _lib is not None
 
 
 def loaded() -> bool:

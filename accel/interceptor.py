@@ -210,7 +210,7 @@ class AccelMode(TorchDispatchMode):
         w = st.worker
         if w is None:
             w = st.worker = _Worker(st.region)
-        if not st.bound and dispatch._lib is not None:
+        if not st.bound and dispatch.active():
             _bind(st)
         with w.lock:
             region = w.region

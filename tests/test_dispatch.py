@@ -221,6 +221,6 @@ def test_a_failed_build_leaves_the_mode_path(tmp_path):
 def test_a_new_process_loads_it_from_the_store():
     """The session's store holds the filter (conftest waited for it): a new process loads
     it at its first enable, with no build and no wait."""
-    code = CHECK.replace('print("loaded"', 'assert dispatch._lib is not None\nprint("loaded"')
+    code = CHECK.replace('print("loaded"', 'assert dispatch.active()\nprint("loaded"')
     r = _run(code, {})
     assert r.returncode == 0 and "loaded True" in r.stdout, r.stderr
