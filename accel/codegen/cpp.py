@@ -519,12 +519,14 @@ class CppRenderer(CStyle):
         out.append(f"{ind}}}")
 
     def _work(self, nest: Nest) -> int:
-        n = 1
-        for v in nest.vars:
-            n *= self.ir.sizes[v]
-        groups = [x for s in self.nest_scopes for k, x in s.items if k == "group"]
-        r = max((self._size(g.rvars) for g in groups), default=1)
-        return n * max(r, 1)
+        """Iterations the nest runs: its loops', plus each reduction group's, computed once
+        per iteration of the loops that bind it (a row kernel's statistics once per row)."""
+        n = self._size(nest.vars)
+        for d, scope in enumerate(self.nest_scopes):
+            for k, g in scope.items:
+                if k == "group":
+                    n += self._size(nest.vars[:d]) * self._size(g.rvars)
+        return n
 
     def _size(self, vs) -> int:
         n = 1
