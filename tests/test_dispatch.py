@@ -127,6 +127,26 @@ def test_tensor_subclass_arguments_reach_their_dispatch():
     close(y.b, a.b @ b)
 
 
+def test_functorch_transforms_inside_accel():
+    """vmap and grad (functorch's mode keys sit below the filter's): eager's results."""
+    torch.manual_seed(0)
+    x, w = torch.randn(5, 8), torch.randn(8, 3)
+
+    def f(v):
+        return (torch.sin(v) @ w).tanh().sum()
+
+    def run():
+        return (torch.vmap(lambda v: torch.sin(v) @ w)(x), torch.func.grad(f)(x[0]),
+                torch.func.vmap(torch.func.grad(f))(x))
+
+    want = run()
+    with accel.eager():
+        fast0, _ = dispatch.counts()
+        got = run()
+        assert dispatch.counts()[0] > fast0
+    close(got, want)
+
+
 def test_calls_inside_a_passed_call_run_eagerly():
     """An op the filter passes runs with the mode's keys excluded, as inside the mode's
     ``__torch_dispatch__``: what its kernel computes is not deferred (here the kernel reads
