@@ -196,10 +196,11 @@ def wait(timeout: Optional[float] = None) -> bool:
     return loaded()
 
 
-def set_included(on: bool) -> bool:
-    """Include the filter's dispatch key in the calling thread's key set, or not; whether
-    it was included. Needs :func:`loaded`."""
-    return bool(_lib.accel_filter_include(1 if on else 0))
+def set_included(on: bool) -> None:
+    """Include the filter's dispatch key in the calling thread's key set, or not (only
+    accel includes it: at its outermost enable on a thread, until the matching disable).
+    Needs :func:`loaded`."""
+    _lib.accel_filter_include(1 if on else 0)
 
 
 def bind(region) -> None:

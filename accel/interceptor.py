@@ -34,7 +34,6 @@ class _State(threading.local):
         self.worker = None  # a _Worker, on an autograd engine thread that recorded
         self.bound = False  # the dispatch filter reads this thread's region's pending byte
         self.filtered = False  # accel included the dispatch filter's key on this thread
-        self.filter_was = False  # whether it was included before
 
 
 _state = _State()
@@ -81,7 +80,7 @@ def _filter_on(st) -> None:
     the filter is loaded (see :mod:`accel.dispatch`)."""
     if st.depth and not st.filtered and dispatch.loaded():
         _bind(st)
-        st.filter_was = dispatch.set_included(True)
+        dispatch.set_included(True)
         st.filtered = True
 
 
@@ -368,7 +367,7 @@ def disable() -> None:
         st.depth -= 1
         st.spare.append(mode)  # the thread's next enable at this depth takes it again
         if st.depth == 0 and st.filtered:
-            dispatch.set_included(st.filter_was)
+            dispatch.set_included(False)
             st.filtered = False
 
 

@@ -62,7 +62,7 @@ def main(argv=None) -> int:
     def without_filter():
         with accel.eager():
             if dispatch.loaded():
-                dispatch.set_included(False)  # restored at the context's exit
+                dispatch.set_included(False)  # for this context (its exit leaves it out too)
             train_step(models[3], ids, labels)
 
     fns = {"eager": eager, "no-op TorchDispatchMode": noop, "accel": with_filter,
