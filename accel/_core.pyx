@@ -325,31 +325,73 @@ cdef tuple _CONST_TYPES = (bool, int, float, str, type(None), torch.dtype, torch
 cdef int _TENSOR = TENSOR, _SCALAR = SCALAR
 cdef Py_ssize_t _MIN_BLOCK = MIN_BLOCK
 cdef str _FPOS = "f+", _FNEG = "f-", _IPOS = "i+", _INEG = "i-"
+# how record() took an argument (RegionCore.last_call): the dispatch filter reads these
+cdef int _NEW_EXT = 0, _RUNTIME = 1, _CONSTANT = 2
+
+
+cdef extern from "accel/region_view.h":
+    enum: ACCEL_VIEW_MAX
+    ctypedef struct accel_region_view:
+        unsigned char pending, replay, busy, first
+        int n_calls, cap, n_ext, n_out
+        void* node
+        void* region
+        Py_ssize_t lo, hi
+        void* ext[ACCEL_VIEW_MAX]
+        void* out[ACCEL_VIEW_MAX]
+        Py_ssize_t out_base[ACCEL_VIEW_MAX]
 
 
 cdef class RegionCore:
     """The recording half of a region (see accel.region.Region): builds the per-call key,
-    steps the trie and allocates the deferred outputs."""
+    steps the trie and allocates the deferred outputs.
+
+    ``view`` (include/accel/region_view.h) mirrors what accel's dispatch filter reads: the
+    pending byte, the trie node, and the TensorImpl of each external input and output;
+    the filter records a call it has seen recorded here before through :meth:`_replay`,
+    as :meth:`record` would (``last_call`` tells it how a call was recorded).
+    """
 
     cdef public object node
     cdef public list ext, outs, out_meta, scalars, calls
     cdef public dict ext_ids, out_ids
     cdef public set out_bases
     cdef public object lo, hi
-    cdef public bint mutates_ext, busy
+    cdef public bint mutates_ext
     cdef public object device  # the region's torch.device (None: not decided yet)
     cdef public list ahead, ahead_meta  # outputs allocated ahead (speculation), by index
+    cdef public tuple last_call  # (parent node, node, call, plan) of the latest record()
     cdef bint _float_ok, _int_ok
-    cdef Py_ssize_t _lo, _hi
-    cdef unsigned char _pending  # 1 while calls are recorded: read by the dispatch filter
+    cdef list _plan
+    cdef accel_region_view view
+
+    property busy:
+        """Inside flush, replay or a meta evaluation: calls pass through."""
+        def __get__(self):
+            return self.view.busy != 0
+
+        def __set__(self, bint on):
+            self.view.busy = on
 
     def pending_address(self):
-        """The address of the byte that is 1 while the region has recorded calls, 0 after
-        :meth:`clear` (accel.dispatch binds the thread's dispatch filter to it)."""
-        return <size_t>&self._pending
+        """The address of the region's view (include/accel/region_view.h), whose first byte
+        is 1 while the region has recorded calls, 0 after :meth:`clear` (accel.dispatch
+        binds the thread's dispatch filter to it)."""
+        self.view.region = <void*>self
+        return <size_t>&self.view
+
+    def set_replay(self, bint on, int cap, int first=0):
+        """Let the dispatch filter record calls into this region (on its owner thread), up
+        to a region of ``cap`` calls (the interceptor flushes at ``cap``); ``first``: a
+        region's first call too (include/accel/region_view.h)."""
+        self.view.replay = on
+        self.view.cap = cap
+        self.view.first = first
 
     def clear(self, root):
-        self._pending = 0
+        self.view.pending = 0
+        self.view.n_calls = self.view.n_ext = self.view.n_out = 0
+        self.view.node = <void*>root
         self.node = root
         self.ext = []
         self.ext_ids = {}
@@ -359,14 +401,15 @@ cdef class RegionCore:
         self.out_meta = []
         self.scalars = []
         self.calls = []
-        self._lo = sys.maxsize
-        self._hi = 0
-        self.lo = self._lo
+        self.view.lo = sys.maxsize
+        self.view.hi = 0
+        self.lo = sys.maxsize
         self.hi = 0
         self.mutates_ext = False
         self.device = None
         self.ahead = None
         self.ahead_meta = None
+        self.last_call = None
 
     def __len__(self):
         return len(self.calls)
@@ -384,7 +427,16 @@ cdef class RegionCore:
         # the start of t's storage is a pending output's (every view shares its storage)
         return (p - <Py_ssize_t>t.storage_offset() * <Py_ssize_t>t.element_size()) in self.out_bases
 
-    cdef _tensor_sig(self, t, list key, list tmpl):
+    cdef _add_ext(self, t):
+        cdef Py_ssize_t j = len(self.ext)
+        self.ext.append(t)
+        self.ext_ids[id(t)] = j
+        if j < ACCEL_VIEW_MAX:
+            self.view.ext[j] = <void*><size_t>t._cdata
+        self.view.n_ext = j + 1
+        return j
+
+    cdef _tensor_sig(self, t, list key, list tmpl, where):
         cdef Py_ssize_t p
         if t.layout is not _strided:
             raise Deferred("tensor kind")
@@ -411,26 +463,26 @@ cdef class RegionCore:
             raise Deferred("dtype")
         if self.outs:
             p = _data_ptr(t)
-            if self._lo <= p < self._hi and self._aliases_pending(t, p):
+            if self.view.lo <= p < self.view.hi and self._aliases_pending(t, p):
                 raise Deferred("alias")
         j = self.ext_ids.get(id(t))
         if j is None or self.ext[j] is not t:
-            j = len(self.ext)
-            self.ext.append(t)
-            self.ext_ids[id(t)] = j
+            j = self._add_ext(t)
+            self._plan.append((where, _NEW_EXT, None))
         key.append(("x", j, dtype, tuple(t.shape), t.stride(), t.storage_offset(), d))
         tmpl.append(("x", j))
 
-    cdef _arg(self, int kind, v, list key, list tmpl):
+    cdef _arg(self, int kind, v, list key, list tmpl, where):
         tv = type(v)
         if kind == _TENSOR and (tv is _Tensor or tv is _Parameter):
-            self._tensor_sig(v, key, tmpl)
+            self._tensor_sig(v, key, tmpl, where)
         elif (kind == _TENSOR or kind == _SCALAR) and v and v == v and (
                 (tv is float and self._float_ok) or (tv is int and self._int_ok)):
             # nonzero numbers are runtime arguments; their sign is part of the key
             key.append((_FNEG if v < 0 else _FPOS) if tv is float else (_INEG if v < 0 else _IPOS))
             tmpl.append(("s", len(self.scalars)))
             self.scalars.append(v)
+            self._plan.append((where, _RUNTIME, None))
         else:
             if tv is list:
                 v = tuple(v)
@@ -441,6 +493,8 @@ cdef class RegionCore:
                     self.device = v
                 elif v != self.device:
                     raise Deferred("device")
+            if tv is float or tv is int:  # the filter checks the value of such a constant
+                self._plan.append((where, _CONSTANT, v))
             if tv is float and v != v:
                 v = "nan"
             key.append(v)
@@ -464,12 +518,13 @@ cdef class RegionCore:
                 self._float_ok = False
                 if v.dtype is _bool:
                     self._int_ok = False
+        self._plan = []
         try:
             key = [func]
             targs = []
             tkw = {}
             for i in range(n):
-                self._arg(pos[i], args[i], key, targs)
+                self._arg(pos[i], args[i], key, targs, i)
             if kwargs:
                 kw = spec.kw
                 for name, v in kwargs.items():
@@ -478,7 +533,7 @@ cdef class RegionCore:
                         raise Deferred("keyword")
                     key.append(name)
                     t = []
-                    self._arg(kind, v, key, t)
+                    self._arg(kind, v, key, t, name)
                     tkw[name] = t[0]
             k = tuple(key)
             node = self.node.children.get(k)
@@ -489,6 +544,44 @@ cdef class RegionCore:
         except Deferred:
             self._rollback(n_ext, n_sc, len(self.outs))
             raise
+        parent = self.node
+        call = (func, tuple(targs), tkw, node.n_new)
+        res = self._emit(node, call, n_ext, n_sc)
+        self.last_call = (parent, node, call, self._plan)
+        return res
+
+    def _replay(self, node, tuple call, tuple new_ext, tuple scalars, device):
+        """Record a call the dispatch filter has matched to trie child ``node`` of the
+        current node: as :meth:`record` did for a call with the same key (``call`` is the
+        call it recorded, ``device`` the region's device after it), given the call's new
+        external inputs and its runtime scalars in the order :meth:`record` took them.
+        Returns the call's result.
+
+        Raises:
+            Deferred: a new external input is of a type or dtype the region does not take
+                now; the region is left as it was (the call then takes the usual path).
+        """
+        cdef Py_ssize_t n_ext = len(self.ext), n_sc = len(self.scalars)
+        try:
+            for t in new_ext:
+                tt = type(t)
+                if tt is not _Tensor and tt is not _Parameter:
+                    raise Deferred("argument type")
+                dtype = t.dtype
+                if (dtype is _f16 or dtype is _bf16) and not _cuda_half and not t.is_cpu:
+                    raise Deferred("dtype")
+                self._add_ext(t)
+            self.scalars.extend(scalars)
+            if self.device is None:
+                self.device = device
+        except BaseException:
+            self._rollback(n_ext, n_sc, len(self.outs))
+            raise
+        return self._emit(node, call, n_ext, n_sc)
+
+    cdef _emit(self, node, tuple call, Py_ssize_t n_ext, Py_ssize_t n_sc):
+        """Allocate the outputs of a call recorded as ``call`` at trie child ``node`` and step
+        to it; on failure (out of memory, say) the call is not recorded."""
         ret = node.ret
         n_out = len(self.outs)
         try:
@@ -498,12 +591,14 @@ cdef class RegionCore:
                 res = self._alloc(node.outs[0])
             else:
                 res = tuple([None if m is None else self._alloc(m) for m in node.outs])
-        except BaseException:  # out of memory, say: the call is not recorded
+        except BaseException:
             self._rollback(n_ext, n_sc, n_out)
             raise
         self.node = node
-        self.calls.append((func, tuple(targs), tkw, node.n_new))
-        self._pending = 1
+        self.view.node = <void*>node
+        self.calls.append(call)
+        self.view.n_calls += 1
+        self.view.pending = 1
         if node.writes_ext:
             self.mutates_ext = True
         return res
@@ -520,6 +615,8 @@ cdef class RegionCore:
             self.out_bases.discard(_data_ptr(t))
         del self.outs[n_out:]
         del self.out_meta[n_out:]
+        self.view.n_ext = n_ext
+        self.view.n_out = n_out
         if not self.calls:
             self.device = None
 
@@ -544,11 +641,15 @@ cdef class RegionCore:
         self.out_meta.append(meta)
         p = _data_ptr(r)
         self.out_bases.add(p)
-        if p < self._lo:
-            self._lo = p
+        if i < ACCEL_VIEW_MAX:
+            self.view.out[i] = <void*><size_t>r._cdata
+            self.view.out_base[i] = p
+        self.view.n_out = i + 1
+        if p < self.view.lo:
+            self.view.lo = p
             self.lo = p
         e = p + <Py_ssize_t>meta[3]
-        if e > self._hi:
-            self._hi = e
+        if e > self.view.hi:
+            self.view.hi = e
             self.hi = e
         return r

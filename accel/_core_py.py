@@ -34,16 +34,23 @@ _CONST_TYPES = (bool, int, float, str, type(None), torch.dtype, torch.device,
 class RegionCore:
     """The recording half of a region (see :class:`accel.region.Region`)."""
 
-    _pending = None  # a ctypes byte, 1 while calls are recorded (made at the first clear)
+    # the region's view for the dispatch filter (include/accel/region_view.h), made at the
+    # first clear: byte 0 is 1 while calls are recorded; byte 1 (replay) stays 0, so the
+    # filter reads nothing else and never records into this region itself
+    _view = None
 
     def pending_address(self):
-        """The address of the byte that is 1 while the region has recorded calls."""
-        return ctypes.addressof(self._pending)
+        """The address of the region's view, whose first byte is 1 while the region has
+        recorded calls."""
+        return ctypes.addressof(self._view)
+
+    def set_replay(self, on, cap, first=0):
+        """The native core's switch for the filter's recording (this core has none)."""
 
     def clear(self, root):
-        if self._pending is None:
-            self._pending = ctypes.c_uint8(0)
-        self._pending.value = 0
+        if self._view is None:
+            self._view = (ctypes.c_uint8 * 16)()
+        self._view[0] = 0
         self.node = root
         self.ext = []
         self.ext_ids = {}
@@ -178,7 +185,7 @@ class RegionCore:
             raise
         self.node = node
         self.calls.append((func, tuple(targs), tkw, node.n_new))
-        self._pending.value = 1
+        self._view[0] = 1
         if node.writes_ext:
             self.mutates_ext = True
         return res

@@ -219,8 +219,8 @@ def torch_extension_key() -> str:
 def build_torch_extension(source: str, name: str) -> bytes:
     """Compile C++ ``source`` that uses torch's C++ API (and Python's C API) into a shared
     library for this process's torch and Python, as ``torch.utils.cpp_extension`` builds an
-    extension (its include and library paths, C++ ABI), linking c10 and torch_cpu through
-    an rpath; its bytes.
+    extension (its include and library paths, C++ ABI; accel's headers), linking c10,
+    torch_cpu and torch_python through an rpath; its bytes.
 
     Raises:
         BuildError: as :func:`build`.
@@ -232,10 +232,10 @@ def build_torch_extension(source: str, name: str) -> bytes:
 
     path = _cxx()
     flags = [*TORCH_EXTENSION_FLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"]
-    for inc in [*cpp_extension.include_paths(), sysconfig.get_paths()["include"]]:
+    for inc in [INCLUDE_DIR, *cpp_extension.include_paths(), sysconfig.get_paths()["include"]]:
         flags += ["-I", inc]
     for lib in cpp_extension.library_paths():
         flags += ["-L", lib, f"-Wl,-rpath,{lib}"]
-    flags += ["-lc10", "-ltorch_cpu"]
+    flags += ["-lc10", "-ltorch_cpu", "-ltorch_python"]
     return _run(path, source, name + ".cpp", name + ".so",
                 lambda src, lib: [path, src, "-o", lib, *flags])

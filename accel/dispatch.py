@@ -34,6 +34,8 @@ __all__ = ["SOURCE", "store_key", "start", "active", "loaded", "wait", "set_incl
            "counts", "off_reason"]
 
 SOURCE = os.path.join(build.INCLUDE_DIR, "accel", "dispatch_filter.cpp")
+#: the header it shares with the region core
+VIEW_HEADER = os.path.join(build.INCLUDE_DIR, "accel", "region_view.h")
 
 _lock = threading.Lock()
 _lib = None  # the loaded library, its fallback registered
@@ -57,7 +59,9 @@ def store_key() -> str:
     """
     from .store import STORE_VERSION
 
-    parts = {"store": STORE_VERSION, "dispatch_filter": hashlib.sha256(_source().encode()).hexdigest(),
+    with open(VIEW_HEADER) as f:
+        text = _source() + f.read()
+    parts = {"store": STORE_VERSION, "dispatch_filter": hashlib.sha256(text.encode()).hexdigest(),
              "toolchain": build.torch_extension_key()}
     return hashlib.sha256(repr(sorted(parts.items())).encode()).hexdigest()
 
@@ -131,21 +135,25 @@ def _load(entry) -> None:
         return
     import torch
 
-    from .interceptor import AccelMode, _DynamoSafeAccelMode
+    from .interceptor import AccelMode, _DynamoSafeAccelMode, flush
     from .ops import VIEW_OPS, fusible_ops
+    from .region import RegionCore
 
     try:
         lib = ctypes.CDLL(entry.path, mode=ctypes.RTLD_LOCAL)
         lib.accel_filter_register.restype = ctypes.c_char_p
         lib.accel_filter_register.argtypes = [ctypes.c_char_p, ctypes.c_char_p,
-                                              ctypes.c_void_p, ctypes.c_void_p]
+                                              ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                              ctypes.c_void_p]
         lib.accel_filter_include.restype = ctypes.c_int
         lib.accel_filter_include.argtypes = [ctypes.c_int]
         lib.accel_filter_bind.argtypes = [ctypes.c_void_p]
         lib.accel_filter_counts.argtypes = [ctypes.POINTER(ctypes.c_uint64)]
         deferrable = "\n".join(_name(op) for op in fusible_ops()).encode()
         views = "\n".join(_name(op) for op in VIEW_OPS).encode()
-        err = lib.accel_filter_register(deferrable, views, id(AccelMode), id(_DynamoSafeAccelMode))
+        replay = getattr(RegionCore, "_replay", None)  # the native core's (the twin: never called)
+        err = lib.accel_filter_register(deferrable, views, id(AccelMode), id(_DynamoSafeAccelMode),
+                                        id(replay), id(flush))
     except (OSError, AttributeError) as e:
         _give_up(f"{type(e).__name__}: {e}")
         return
@@ -204,19 +212,21 @@ def set_included(on: bool) -> None:
 
 
 def bind(region) -> None:
-    """Point the calling thread's filter at ``region``'s pending byte (which the region
-    sets while it has calls and clears at flush). The region must outlive the binding:
-    a thread binds its own region, which lives as long as the thread."""
+    """Point the calling thread's filter at ``region``'s view (its pending byte, which the
+    region sets while it has calls and clears at flush, and what the filter needs to
+    record calls into it; include/accel/region_view.h). The region must outlive the
+    binding: a thread binds its own region, which lives as long as the thread."""
     _lib.accel_filter_bind(region.pending_address())
 
 
-def counts() -> Tuple[int, int]:
-    """The calling thread's filter counts: (calls run past the mode, calls passed on)."""
+def counts() -> Tuple[int, int, int]:
+    """The calling thread's filter counts: (calls run past the mode, calls passed on to
+    it, calls the filter recorded into the thread's region itself)."""
     if _lib is None:
-        return 0, 0
-    out = (ctypes.c_uint64 * 2)()
+        return 0, 0, 0
+    out = (ctypes.c_uint64 * 3)()
     _lib.accel_filter_counts(out)
-    return out[0], out[1]
+    return out[0], out[1], out[2]
 
 
 def off_reason() -> Optional[str]:

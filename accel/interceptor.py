@@ -77,11 +77,20 @@ def _flush_region(region) -> None:
 
 def _filter_on(st) -> None:
     """Include the dispatch filter's key on this thread where accel is enabled here and
-    the filter is loaded (see :mod:`accel.dispatch`)."""
+    the filter is loaded (see :mod:`accel.dispatch`), and let it record calls into the
+    thread's region, up to the innermost mode's region size cap."""
     if st.depth and not st.filtered and dispatch.loaded():
         _bind(st)
         dispatch.set_included(True)
         st.filtered = True
+    if st.filtered:
+        _set_replay(st, st.modes[-1])
+
+
+def _set_replay(st, mode) -> None:
+    # a first call where _first_call would not launch a kernel ahead
+    first = {"off": 2, "cuda": 1}.get(mode.ahead, 0)
+    st.region.set_replay(True, mode.cap, first)
 
 
 def _bind(st) -> None:
@@ -369,6 +378,9 @@ def disable() -> None:
         if st.depth == 0 and st.filtered:
             dispatch.set_included(False)
             st.filtered = False
+            st.region.set_replay(False, 0)
+        elif st.filtered:  # the outer mode's cap
+            _set_replay(st, next(m for m in reversed(st.modes) if m is not None))
 
 
 @contextlib.contextmanager

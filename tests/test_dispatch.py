@@ -38,10 +38,10 @@ def test_plain_calls_skip_the_mode(seen):
     a, b = torch.randn(16, 8), torch.randn(8, 4)
     table, idx = torch.randn(10, 3), torch.tensor([1, 2])
     with accel.eager():
-        fast0, _ = dispatch.counts()
+        fast0 = dispatch.counts()[0]
         y = a @ b
         e = torch.embedding(table, idx)
-        fast1, _ = dispatch.counts()
+        fast1 = dispatch.counts()[0]
     assert fast1 - fast0 == 2
     assert torch.ops.aten.mm.default not in seen
     assert torch.ops.aten.embedding.default not in seen
@@ -54,10 +54,102 @@ def test_a_pending_region_is_flushed_before_a_plain_call(seen):
     with accel.eager():
         y = torch.sin(x) * 2
         assert len(_state.region.calls) == 2
-        z = y @ w  # reads y: the mode must flush the region first
+        fast0 = dispatch.counts()[0]
+        z = y @ w  # reads y: the filter flushes the region first, then runs it past the mode
         assert len(_state.region.calls) == 0
-    assert torch.ops.aten.mm.default in seen
+        assert dispatch.counts()[0] == fast0 + 1
+    assert torch.ops.aten.mm.default not in seen
     close(z, (torch.sin(x) * 2) @ w)
+
+
+def test_an_error_in_the_filters_flush_propagates(monkeypatch):
+    """A flush that fails inside the filter raises the flush's own Python exception at the
+    call, as it does on the mode's path."""
+    from accel import runtime
+
+    def fail(region):
+        raise ValueError("accel test: this flush fails")
+
+    x = torch.randn(8, 8)
+    with accel.eager():
+        y = torch.sin(x)
+        monkeypatch.setattr(runtime, "execute", fail)
+        with pytest.raises(ValueError, match="this flush fails"):
+            y @ x
+        monkeypatch.undo()
+        z = torch.cos(x) @ x
+    close(z, torch.cos(x) @ x)
+
+
+def _recorded():
+    return dispatch.counts()[2]
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device"))])
+def test_repeated_calls_are_recorded_by_the_filter(device, seen):
+    """A call recorded before from the same trie node is recorded again by the filter, in
+    C++, without reaching the mode; runtime scalars (positional, keyword, wrapped Python
+    numbers), constants the key holds by value, defaults and argument wiring as the
+    interceptor keys them. Every result is eager's. (On CUDA a region's first call takes
+    the mode's path, which may launch the region's kernel ahead.)"""
+    torch.manual_seed(0)
+    a, b = torch.randn(8, 16, device=device), torch.randn(8, 16, device=device)
+    i = torch.arange(-6, 6, dtype=torch.int64, device=device)
+
+    def program(x, y, s, k, e, same, alpha):
+        u = torch.sin(x) * s  # a runtime scalar
+        v = torch.pow(u, e)  # an exponent: a constant, keyed by value
+        w = torch.add(v, y, alpha=alpha) if alpha is not None else torch.add(v, y)
+        p = x * x if same else x * y  # one input twice, or two
+        q = (i + k) * 3  # int: 0 is a constant, others runtime scalars
+        return (w + p).sum(-1), torch.nn.functional.gelu(w, approximate="tanh"), q
+
+    cases = [(0.5, 3, 2.0, True, None), (0.5, 3, 2.0, True, None), (-1.5, 0, 3.0, False, 2),
+             (2.0, -4, 2.0, True, 2), (0.25, 3, 3.0, False, None), (2.0, 5, 2.0, False, 0.5),
+             (-1.0, 0, 3.0, True, 2)]
+    want = [program(a, b, *c) for c in cases]
+    got = []
+    with accel.eager():
+        for c in cases:
+            got.append(program(a, b, *c))
+            accel.flush()
+    for g, w, c in zip(got, want, cases):
+        close(g, w, msg=str(c))
+    seen.clear()
+    with accel.eager():
+        r0 = _recorded()
+        again = program(a, b, *cases[0])
+    first = 1 if device == "cuda" else 0
+    assert _recorded() - r0 >= 8 - first  # every deferred call
+    assert sum(f in dispatch_ops() for f in seen) == first, seen
+    close(again, want[0])
+
+
+def dispatch_ops():
+    from accel.ops import fusible_ops
+
+    return fusible_ops()
+
+
+def test_the_filter_records_only_what_the_mode_would(seen):
+    """Where the interceptor would not defer a call (an input that is a view of a pending
+    output, a tensor subclass, a dtype it does not take), the filter's recording leaves it
+    to the mode, whose results are eager's."""
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    x = torch.randn(6, 6)
+    xi = torch.randint(-3, 3, (6, 6), dtype=torch.int16)
+    for _ in range(2):
+        with accel.eager():
+            y = torch.exp(x)
+            z = y.t() * 2  # reads a view of a pending output: flush, then record
+            c = torch.abs(xi) + 1  # int16: eager
+            t = TwoTensor(torch.sin(x), torch.cos(x)) + 1
+        close(z, torch.exp(x).t() * 2)
+        assert c.dtype == torch.int16 and torch.equal(c, torch.abs(xi) + 1)
+        assert isinstance(t, TwoTensor)
+        close(t.a, torch.sin(x) + 1)
 
 
 def test_views_of_pending_outputs_stay_views(seen):
@@ -141,7 +233,7 @@ def test_functorch_transforms_inside_accel():
 
     want = run()
     with accel.eager():
-        fast0, _ = dispatch.counts()
+        fast0 = dispatch.counts()[0]
         got = run()
         assert dispatch.counts()[0] > fast0
     close(got, want)
@@ -162,7 +254,7 @@ def test_calls_inside_a_passed_call_run_eagerly():
     lib.impl("plus_one_sum", plus_one_sum, "CPU")
     x = torch.arange(6, dtype=torch.float32)
     with accel.eager():
-        fast0, _ = dispatch.counts()
+        fast0 = dispatch.counts()[0]
         s = torch.ops.accel_test_dispatch.plus_one_sum(x)
         assert dispatch.counts()[0] > fast0
     assert s.item() == 21.0

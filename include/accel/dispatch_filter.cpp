@@ -20,13 +20,33 @@
 // CompositeImplicitAutograd ops (whose parts the interceptor must see, as it does below
 // autograd), always take the usual path.
 //
+// Recording calls in C++. A call the interceptor would defer is, once the same call (op,
+// argument wiring, dtypes, shapes, strides, which arguments are runtime scalars) has been
+// recorded from the same trie node before, recorded here without crossing into Python.
+// It has to happen where the mode sees the call, below autograd: the filter sends such a
+// call on with the Python key taken out of its key set and the `Fake` key put in, so that
+// after autograd (and ADInplaceOrView) it lands on this library's second fallback, just
+// below the Python key. There the call's key is built from the stack
+// (include/accel/region_view.h mirrors the region's inputs and outputs) and looked up among
+// the trie edges the interceptor has taken; a hit calls the region core's _replay
+// (accel/_core.pyx), which records the call as record() did, given the call's new inputs
+// and runtime scalars. Every other call goes on to the Python key (put back), as it would
+// have, and the edge it takes is learnt from the core's `last_call`. The key refines the
+// interceptor's: equal keys here mean equal keys there, except for numbers, which are
+// keyed by class (type, zero, NaN, sign, at the schema's default or not) and checked
+// against the values the interceptor took as constants.
+//
 // torch has no dispatch key reserved for modes outside it; TESTING_ONLY_GenericMode is
 // a mode key above autograd that no part of torch registers a kernel for (only the
 // dispatcher's own C++ tests do; accel checks that no fallback is registered before it
-// registers its own).
+// registers its own). `Fake`, torchdistx's out-of-tree key just below Python, is likewise
+// unused by torch itself: accel checks it the same way.
 //
 // Built at run time against the installed torch (accel/dispatch.py) and kept in the store.
 #include <Python.h>
+
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/python_variable.h>
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
@@ -34,12 +54,16 @@
 #include <torch/library.h>
 
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <sstream>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
+#include <vector>
+
+#include "accel/region_view.h"
 
 namespace {
 
@@ -48,19 +72,28 @@ using c10::DispatchKeySet;
 using c10::OperatorHandle;
 
 constexpr DispatchKey kFilterKey = DispatchKey::TESTING_ONLY_GenericMode;
+constexpr DispatchKey kRecordKey = DispatchKey::Fake;  // below autograd, just below Python
 const DispatchKeySet kBypass({DispatchKey::Python, DispatchKey::PythonTLSSnapshot, kFilterKey});
+const DispatchKeySet kPython(DispatchKey::Python);
+const DispatchKeySet kRecord(kRecordKey);
 
-enum Kind : uint8_t { kMode = 0, kView = 1, kPlain = 2 };
+// kMode: composite ops (the mode's path); kDefer: ops the interceptor may defer (the
+// mode's path, or recorded here); kView, kPlain: run past the mode where they can
+enum Kind : uint8_t { kMode = 0, kView = 1, kPlain = 2, kDefer = 3 };
 
 std::mutex g_mu;  // guards the tables below
 std::unordered_set<std::string> g_deferrable, g_views;  // "aten::add.Tensor", "aten::view"
 std::unordered_map<OperatorHandle, uint8_t> g_kinds;  // filled on each op's first call
 PyTypeObject* g_mode_types[2] = {nullptr, nullptr};  // accel's dispatch mode classes
-std::unique_ptr<torch::Library> g_library;
+std::unique_ptr<torch::Library> g_library, g_record_library;
 
-// the calling thread's region: nonzero while it has pending calls (null: not bound yet)
-thread_local const volatile uint8_t* t_pending = nullptr;
-thread_local uint64_t t_counts[2] = {0, 0};  // calls run past the mode, calls passed on
+// the calling thread's region (null: not bound yet); its first byte is nonzero while it
+// has pending calls
+thread_local accel_region_view* t_view = nullptr;
+// calls run past the mode, calls passed on, calls recorded here
+thread_local uint64_t t_counts[3] = {0, 0, 0};
+PyObject* g_replay = nullptr;  // RegionCore._replay (unbound)
+PyObject* g_flush = nullptr;   // accel.interceptor.flush
 
 std::string full_name(const c10::OperatorName& n) {
   return n.overload_name.empty() ? n.name : n.name + "." + n.overload_name;
@@ -72,8 +105,9 @@ uint8_t kind_of(const OperatorHandle& op) {
   if (it != g_kinds.end()) return it->second;
   std::string name = full_name(op.operator_name());
   uint8_t k = kPlain;
-  if (g_deferrable.count(name) ||
-      op.hasKernelForDispatchKey(DispatchKey::CompositeImplicitAutograd)) {
+  if (g_deferrable.count(name)) {
+    k = kDefer;
+  } else if (op.hasKernelForDispatchKey(DispatchKey::CompositeImplicitAutograd)) {
     k = kMode;
   } else if (g_views.count(name)) {
     k = kView;
@@ -106,20 +140,434 @@ bool only_accel(const OperatorHandle& op, const torch::jit::Stack& stack) {
   return true;
 }
 
+// The region may take a call recorded here: its owner thread, calls pending or a first
+// call it may record (one the interceptor would launch a kernel ahead at takes the mode's
+// path), not busy, not at its size cap.
+bool can_record(const accel_region_view* v) {
+  return v != nullptr && v->replay && (v->pending || v->first) && !v->busy && v->n_calls + 1 < v->cap &&
+         v->n_ext < ACCEL_VIEW_MAX - 64 && v->n_out < ACCEL_VIEW_MAX - 64;
+}
+
+// Flush the calling thread's pending region, as the mode does before a call it does not
+// defer (its calls run eagerly inside, past the mode). Returns whether nothing is pending
+// now; an exception from the flush propagates as the Python exception it is.
+bool flush_region() {
+  PyGILState_STATE gil = PyGILState_Ensure();
+  PyObject* r;
+  {
+    c10::impl::ExcludeDispatchKeyGuard guard(kBypass);
+    r = PyObject_CallNoArgs(g_flush);
+  }
+  if (r == nullptr) {
+    python_error err;
+    err.persist();
+    PyGILState_Release(gil);
+    throw err;
+  }
+  Py_DECREF(r);
+  PyGILState_Release(gil);
+  return t_view->pending == 0;
+}
+
 void filter(const OperatorHandle& op, DispatchKeySet ks, torch::jit::Stack* stack) {
   ks = ks.remove(kFilterKey);
   if (ks.has(DispatchKey::Python)) {
     uint8_t kind = kind_of(op);
-    if ((kind == kView || (kind == kPlain && t_pending != nullptr && *t_pending == 0)) &&
+    const accel_region_view* v = t_view;
+    if ((kind == kView || (kind == kPlain && v != nullptr && v->pending == 0)) &&
         only_accel(op, *stack)) {
       ++t_counts[0];
       c10::impl::ExcludeDispatchKeyGuard guard(kBypass);
       op.redispatchBoxed(ks - kBypass, stack);
       return;
     }
+    if (kind == kPlain && v != nullptr && v->pending && v->replay && !v->busy &&
+        only_accel(op, *stack) && flush_region()) {
+      ++t_counts[0];  // flushed here, as the mode would have, then past it
+      c10::impl::ExcludeDispatchKeyGuard guard(kBypass);
+      op.redispatchBoxed(ks - kBypass, stack);
+      return;
+    }
+    if (kind == kDefer && can_record(v) && only_accel(op, *stack)) {
+      ++t_counts[1];
+      op.redispatchBoxed((ks - kPython) | kRecord, stack);  // to record(), after autograd
+      return;
+    }
   }
   ++t_counts[1];
   op.redispatchBoxed(ks, stack);
+}
+
+// -- recording ------------------------------------------------------------------------
+// Key entries: a tag, then the entry's values.
+enum Tag : int64_t {
+  kTensorOut = 1, kTensorExt, kUndefined, kWrapped, kNone, kBool, kInt, kNumber, kString,
+  kIntList, kDoubleList, kBoolList, kDevice, kKwargCount
+};
+
+// How record() took an argument (accel/_core.pyx: _NEW_EXT, _RUNTIME, _CONSTANT).
+enum Took : int { kNewExt = 0, kRuntime = 1, kConstant = 2 };
+
+struct Check {
+  int pos;
+  bool is_int;
+  int64_t i;
+  double d;
+};
+
+// A trie edge the interceptor took: from `parent`, the call recorded as `call`, to
+// `child`; the stack positions of its new external inputs and runtime scalars (in
+// record()'s order) and the numbers it took as constants. Strong references: edges live
+// as long as the process (so do trie nodes).
+struct Edge {
+  PyObject* child;
+  PyObject* call;
+  PyObject* device;  // the region's device after the call (a torch.device, or None)
+  bool cpu;          // it is the CPU (or None)
+  std::vector<int> new_ext, runtime;
+  std::vector<Check> constants;
+};
+
+struct KeyHash {
+  size_t operator()(const std::vector<int64_t>& k) const noexcept {
+    uint64_t h = 1469598103934665603ull;
+    for (int64_t x : k) h = (h ^ static_cast<uint64_t>(x)) * 1099511628211ull;
+    return static_cast<size_t>(h);
+  }
+};
+
+std::mutex g_edges_mu;
+std::unordered_map<std::vector<int64_t>, std::unique_ptr<Edge>, KeyHash> g_edges;
+
+// A number's class: what the interceptor's key and its choice between a runtime scalar
+// and a constant depend on, besides the value of a constant.
+int64_t number_class(double d) { return d != d ? 3 : d == 0 ? 0 : d < 0 ? 2 : 1; }
+
+bool number_like(const c10::Argument& a) {
+  c10::TypePtr t = a.type();
+  if (t->kind() == c10::TypeKind::OptionalType) t = t->castRaw<c10::OptionalType>()->getElementType();
+  auto k = t->kind();
+  return k == c10::TypeKind::NumberType || k == c10::TypeKind::FloatType;
+}
+
+// torch's own test of a default argument (parseIValuesToPyArgsKwargs: a positional
+// argument at its default after which all are at theirs, or a keyword-only one at its
+// default, is not passed to the mode).
+bool is_default(const c10::Argument& a, const c10::IValue& v) {
+  return a.default_value().has_value() && *a.default_value() == v;
+}
+
+bool wrapped_value(const at::Tensor& t, double* d, int64_t* i, int* type) {
+  switch (t.scalar_type()) {
+    case at::ScalarType::Double: *d = *t.const_data_ptr<double>(); *type = 0; return true;
+    case at::ScalarType::Long: *i = *t.const_data_ptr<int64_t>(); *type = 1; return true;
+    case at::ScalarType::Bool: *i = *t.const_data_ptr<bool>(); *type = 2; return true;
+    default: return false;
+  }
+}
+
+// The key of a call to `op` from the region's current node (false: an argument the key
+// cannot take, or one that reads a pending output through a view, which the interceptor
+// must see). Fills `fresh` with the TensorImpls of inputs new to the region, in order.
+bool make_key(const OperatorHandle& op, const torch::jit::Stack& stack, const accel_region_view* v,
+              std::vector<int64_t>* key, std::vector<const c10::TensorImpl*>* fresh) {
+  const auto& args = op.schema().arguments();
+  size_t n = args.size(), base = stack.size() - n;
+  key->clear();
+  fresh->clear();
+  key->push_back(reinterpret_cast<intptr_t>(v->node));
+  key->push_back(reinterpret_cast<intptr_t>(&op.schema()));
+  for (size_t a = 0; a < n; ++a) {
+    const c10::IValue& x = stack[base + a];
+    if (x.isTensor()) {
+      const at::Tensor& t = x.toTensor();
+      if (!t.defined()) {
+        key->push_back(kUndefined);
+        continue;
+      }
+      const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+      if (impl->is_wrapped_number()) {
+        double d = 0;
+        int64_t i = 0;
+        int type = 0;
+        if (!wrapped_value(t, &d, &i, &type)) return false;
+        key->insert(key->end(), {kWrapped, type, type == 2 ? i : number_class(type ? double(i) : d)});
+        continue;
+      }
+      int j = -1;
+      for (int o = 0; o < v->n_out; ++o) {
+        if (v->out[o] == impl) { j = o; break; }
+      }
+      if (j >= 0) {
+        key->insert(key->end(), {kTensorOut, j});
+        continue;
+      }
+      if (t.layout() != at::kStrided || !(t.is_cpu() || t.is_cuda()) || !impl->has_storage()) {
+        return false;
+      }
+      if (v->n_out > 0) {
+        intptr_t p = reinterpret_cast<intptr_t>(t.const_data_ptr());
+        if (v->lo <= p && p < v->hi) {
+          intptr_t b = p - t.storage_offset() * static_cast<intptr_t>(t.element_size());
+          for (int o = 0; o < v->n_out; ++o) {
+            if (v->out_base[o] == b) return false;
+          }
+        }
+      }
+      for (int e = 0; e < v->n_ext; ++e) {
+        if (v->ext[e] == impl) { j = e; break; }
+      }
+      if (j < 0) {
+        for (size_t f = 0; f < fresh->size(); ++f) {
+          if ((*fresh)[f] == impl) { j = v->n_ext + static_cast<int>(f); break; }
+        }
+      }
+      if (j < 0) {
+        j = v->n_ext + static_cast<int>(fresh->size());
+        fresh->push_back(impl);
+      }
+      key->insert(key->end(), {kTensorExt, j, static_cast<int64_t>(t.scalar_type()),
+                               static_cast<int64_t>(t.device().type()), t.device().index(),
+                               t.dim(), t.storage_offset()});
+      for (int64_t s : t.sizes()) key->push_back(s);
+      for (int64_t s : t.strides()) key->push_back(s);
+    } else if (x.isNone()) {
+      key->push_back(kNone);
+    } else if (x.isBool()) {
+      key->insert(key->end(), {kBool, x.toBool()});
+    } else if (x.isDouble()) {
+      key->insert(key->end(), {kNumber, 0, number_class(x.toDouble()), is_default(args[a], x)});
+    } else if (x.isInt()) {
+      if (number_like(args[a])) {
+        key->insert(key->end(), {kNumber, 1, number_class(double(x.toInt())), is_default(args[a], x)});
+      } else {
+        key->insert(key->end(), {kInt, x.toInt()});
+      }
+    } else if (x.isString()) {
+      const std::string& s = x.toStringRef();
+      key->insert(key->end(), {kString, static_cast<int64_t>(s.size())});
+      for (unsigned char c : s) key->push_back(c);
+    } else if (x.isIntList()) {
+      key->push_back(kIntList);
+      auto l = x.toIntList();
+      key->push_back(static_cast<int64_t>(l.size()));
+      for (int64_t e : l) key->push_back(e);
+    } else if (x.isDoubleList()) {
+      key->push_back(kDoubleList);
+      auto l = x.toDoubleList();
+      key->push_back(static_cast<int64_t>(l.size()));
+      for (double e : l) {
+        int64_t bits;
+        std::memcpy(&bits, &e, sizeof bits);
+        key->push_back(bits);
+      }
+    } else if (x.isBoolList()) {
+      key->push_back(kBoolList);
+      auto l = x.toBoolList();
+      key->push_back(static_cast<int64_t>(l.size()));
+      for (bool e : l) key->push_back(e);
+    } else if (x.isDevice()) {
+      key->insert(key->end(), {kDevice, static_cast<int64_t>(x.toDevice().type()), x.toDevice().index()});
+    } else {
+      return false;  // SymInt, Generator, complex, lists of tensors, ...
+    }
+  }
+  return true;
+}
+
+// A number argument as the Python object the mode would have been given.
+PyObject* number_object(const c10::IValue& x) {
+  if (x.isDouble()) return PyFloat_FromDouble(x.toDouble());
+  if (x.isInt()) return PyLong_FromLongLong(x.toInt());
+  if (x.isTensor()) {
+    double d = 0;
+    int64_t i = 0;
+    int type = 0;
+    if (wrapped_value(x.toTensor(), &d, &i, &type)) {
+      return type == 0 ? PyFloat_FromDouble(d) : type == 1 ? PyLong_FromLongLong(i) : PyBool_FromLong(i);
+    }
+  }
+  PyErr_SetString(PyExc_TypeError, "accel: not a number");
+  return nullptr;
+}
+
+bool same_number(const c10::IValue& x, const Check& c) {
+  double d = 0;
+  int64_t i = 0;
+  int type = 0;
+  if (x.isDouble()) return !c.is_int && x.toDouble() == c.d;
+  if (x.isInt()) return c.is_int && x.toInt() == c.i;
+  if (x.isTensor() && wrapped_value(x.toTensor(), &d, &i, &type) && type != 2) {
+    return type == 0 ? !c.is_int && d == c.d : c.is_int && i == c.i;
+  }
+  return false;
+}
+
+// Record the call through `e` (the GIL held). False: the region did not take it (nothing
+// changed; the mode's path decides).
+bool record_edge(const Edge& e, accel_region_view* v, torch::jit::Stack* stack, size_t n) {
+  size_t base = stack->size() - n;
+  for (const Check& c : e.constants) {
+    const c10::IValue& x = (*stack)[base + c.pos];
+    if (x.isDouble() && x.toDouble() != x.toDouble()) continue;  // NaN: keyed by class
+    if (!same_number(x, c)) return false;
+  }
+  PyObject* exts = PyTuple_New(static_cast<Py_ssize_t>(e.new_ext.size()));
+  PyObject* scalars = exts ? PyTuple_New(static_cast<Py_ssize_t>(e.runtime.size())) : nullptr;
+  bool ok = scalars != nullptr;
+  for (size_t k = 0; ok && k < e.new_ext.size(); ++k) {
+    PyObject* t = THPVariable_Wrap((*stack)[base + e.new_ext[k]].toTensor());
+    ok = t != nullptr;
+    if (ok) PyTuple_SET_ITEM(exts, k, t);
+  }
+  for (size_t k = 0; ok && k < e.runtime.size(); ++k) {
+    PyObject* s = number_object((*stack)[base + e.runtime[k]]);
+    ok = s != nullptr;
+    if (ok) PyTuple_SET_ITEM(scalars, k, s);
+  }
+  PyObject* res = nullptr;
+  if (ok) {
+    // as inside the mode's __torch_dispatch__: the calls it makes (allocating outputs) run
+    // eagerly, past the mode and the filter
+    c10::impl::ExcludeDispatchKeyGuard guard(kBypass);
+    PyObject* argv[] = {static_cast<PyObject*>(v->region), e.child, e.call, exts, scalars, e.device};
+    res = PyObject_Vectorcall(g_replay, argv, 6, nullptr);
+  }
+  Py_XDECREF(exts);
+  Py_XDECREF(scalars);
+  if (res == nullptr) {
+    PyErr_Clear();  // the mode's path raises what there is to raise
+    return false;
+  }
+  torch::jit::drop(*stack, n);
+  if (PyTuple_Check(res)) {
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(res); ++k) {
+      PyObject* r = PyTuple_GET_ITEM(res, k);
+      stack->emplace_back(r == Py_None ? at::Tensor() : THPVariable_Unpack(r));
+    }
+  } else {
+    stack->emplace_back(THPVariable_Unpack(res));
+  }
+  Py_DECREF(res);
+  return true;
+}
+
+// After the mode recorded a call whose key is `key`: keep the edge it took (the GIL held).
+void learn(const OperatorHandle& op, std::vector<int64_t>&& key, const void* parent,
+           accel_region_view* v) {
+  PyObject* last = PyObject_GetAttrString(static_cast<PyObject*>(v->region), "last_call");
+  if (last == nullptr) {
+    PyErr_Clear();
+    return;
+  }
+  auto edge = std::make_unique<Edge>();
+  bool ok = PyTuple_Check(last) && PyTuple_GET_SIZE(last) == 4 &&
+            PyTuple_GET_ITEM(last, 0) == parent && PyTuple_GET_ITEM(last, 1) == v->node &&
+            PyList_Check(PyTuple_GET_ITEM(last, 3));
+  const auto& args = op.schema().arguments();
+  if (ok) {
+    PyObject* plan = PyTuple_GET_ITEM(last, 3);
+    for (Py_ssize_t k = 0; ok && k < PyList_GET_SIZE(plan); ++k) {
+      PyObject* p = PyList_GET_ITEM(plan, k);
+      ok = PyTuple_Check(p) && PyTuple_GET_SIZE(p) == 3;
+      if (!ok) break;
+      PyObject* where = PyTuple_GET_ITEM(p, 0);
+      long took = PyLong_AsLong(PyTuple_GET_ITEM(p, 1));
+      int pos = -1;
+      if (PyLong_Check(where)) {
+        pos = static_cast<int>(PyLong_AsLong(where));
+      } else if (PyUnicode_Check(where)) {
+        const char* name = PyUnicode_AsUTF8(where);
+        for (size_t a = 0; name && a < args.size(); ++a) {
+          if (args[a].name() == name) pos = static_cast<int>(a);
+        }
+      }
+      ok = pos >= 0 && pos < static_cast<int>(args.size());
+      if (!ok) break;
+      if (took == kNewExt) {
+        edge->new_ext.push_back(pos);
+      } else if (took == kRuntime) {
+        edge->runtime.push_back(pos);
+      } else {
+        PyObject* value = PyTuple_GET_ITEM(p, 2);
+        Check c{pos, static_cast<bool>(PyLong_Check(value)), 0, 0.0};
+        if (c.is_int) {
+          c.i = PyLong_AsLongLong(value);
+        } else {
+          c.d = PyFloat_AsDouble(value);
+        }
+        edge->constants.push_back(c);
+      }
+    }
+  }
+  PyObject* device = ok ? PyObject_GetAttrString(static_cast<PyObject*>(v->region), "device") : nullptr;
+  ok = ok && device != nullptr;
+  if (ok) {
+    edge->device = device;  // the reference taken
+    edge->cpu = device == Py_None;
+    if (!edge->cpu) {
+      PyObject* type = PyObject_GetAttrString(device, "type");
+      edge->cpu = type != nullptr && PyUnicode_Check(type) && PyUnicode_CompareWithASCIIString(type, "cpu") == 0;
+      Py_XDECREF(type);
+    }
+  }
+  if (ok && !PyErr_Occurred()) {
+    edge->child = PyTuple_GET_ITEM(last, 1);
+    edge->call = PyTuple_GET_ITEM(last, 2);
+    Py_INCREF(edge->child);
+    Py_INCREF(edge->call);
+    std::lock_guard<std::mutex> guard(g_edges_mu);
+    g_edges.emplace(std::move(key), std::move(edge));  // already there (another thread): kept
+  } else {
+    Py_XDECREF(device);
+  }
+  PyErr_Clear();
+  Py_DECREF(last);
+}
+
+const Edge* find_edge(const std::vector<int64_t>& key) {
+  std::lock_guard<std::mutex> guard(g_edges_mu);
+  auto it = g_edges.find(key);
+  return it == g_edges.end() ? nullptr : it->second.get();
+}
+
+// The fallback below autograd for the calls the filter sends here (see the top of the
+// file); `ks`, with the Python key put back, is the mode's path.
+void record(const OperatorHandle& op, DispatchKeySet ks, torch::jit::Stack* stack) {
+  ks = ks.remove(kRecordKey) | kPython;
+  accel_region_view* v = t_view;
+  thread_local std::vector<int64_t> key;
+  thread_local std::vector<const c10::TensorImpl*> fresh;
+  if (!can_record(v) || !make_key(op, *stack, v, &key, &fresh)) {
+    op.redispatchBoxed(ks, stack);
+    return;
+  }
+  const Edge* e = find_edge(key);
+  size_t n = op.schema().arguments().size();
+  if (e != nullptr && !v->pending && !(v->first == 2 || (v->first == 1 && e->cpu))) {
+    op.redispatchBoxed(ks, stack);  // a first call the interceptor may launch a kernel ahead at
+    return;
+  }
+  if (e != nullptr) {
+    PyGILState_STATE gil = PyGILState_Ensure();
+    bool done = record_edge(*e, v, stack, n);
+    PyGILState_Release(gil);
+    if (done) {
+      ++t_counts[2];
+      return;
+    }
+    op.redispatchBoxed(ks, stack);
+    return;
+  }
+  std::vector<int64_t> mine(key);
+  const void* parent = v->node;
+  int32_t before = v->n_calls;
+  op.redispatchBoxed(ks, stack);
+  if (v->n_calls == before + 1 && v->node != parent) {
+    PyGILState_STATE gil = PyGILState_Ensure();
+    learn(op, std::move(mine), parent, v);
+    PyGILState_Release(gil);
+  }
 }
 
 void split_lines(const char* text, std::unordered_set<std::string>* out) {
@@ -138,7 +586,8 @@ extern "C" {
 // deferrable / views: op names ("aten::add.Tensor"), one per line; mode_type_a/b: the
 // interceptor's mode classes (type objects).
 const char* accel_filter_register(const char* deferrable, const char* views,
-                                  void* mode_type_a, void* mode_type_b) {
+                                  void* mode_type_a, void* mode_type_b, void* replay,
+                                  void* flush) {
   static std::string error;
   std::lock_guard<std::mutex> guard(g_mu);
   g_deferrable.clear();
@@ -148,15 +597,29 @@ const char* accel_filter_register(const char* deferrable, const char* views,
   split_lines(views, &g_views);
   g_mode_types[0] = static_cast<PyTypeObject*>(mode_type_a);
   g_mode_types[1] = static_cast<PyTypeObject*>(mode_type_b);
+  if (g_replay == nullptr) {
+    g_replay = static_cast<PyObject*>(replay);
+    g_flush = static_cast<PyObject*>(flush);
+    Py_INCREF(g_replay);
+    Py_INCREF(g_flush);
+  }
   if (g_library) return "";
-  if (c10::Dispatcher::singleton().hasBackendFallbackForDispatchKey(kFilterKey)) {
+  auto& dispatcher = c10::Dispatcher::singleton();
+  if (dispatcher.hasBackendFallbackForDispatchKey(kFilterKey)) {
     return "another library registered a fallback for TESTING_ONLY_GenericMode";
+  }
+  if (dispatcher.hasBackendFallbackForDispatchKey(kRecordKey)) {
+    return "another library registered a fallback for Fake";
   }
   try {
     auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, "_", kFilterKey,
                                                 __FILE__, __LINE__);
     lib->fallback(torch::CppFunction::makeFromBoxedFunction<&filter>());
+    auto rec = std::make_unique<torch::Library>(torch::Library::IMPL, "_", kRecordKey,
+                                                __FILE__, __LINE__);
+    rec->fallback(torch::CppFunction::makeFromBoxedFunction<&record>());
     g_library = std::move(lib);
+    g_record_library = std::move(rec);
   } catch (const std::exception& e) {
     error = e.what();
     return error.c_str();
@@ -172,13 +635,13 @@ int accel_filter_include(int on) {
   return was;
 }
 
-// The calling thread's pending flag (a byte its region sets while it has calls).
-void accel_filter_bind(const volatile uint8_t* pending) { t_pending = pending; }
+// The calling thread's region (include/accel/region_view.h).
+void accel_filter_bind(accel_region_view* view) { t_view = view; }
 
-// The calling thread's counts: [0] calls run past the mode, [1] calls passed on.
+// The calling thread's counts: [0] calls run past the mode, [1] calls passed on, [2] calls
+// recorded by the filter.
 void accel_filter_counts(uint64_t* out) {
-  out[0] = t_counts[0];
-  out[1] = t_counts[1];
+  for (int k = 0; k < 3; ++k) out[k] = t_counts[k];
 }
 
 }  // extern "C"

@@ -1,0 +1,41 @@
+// The part of a thread's pending region that accel's dispatch filter reads (and extends,
+// when it records a call itself): kept by the region core (accel/_core.pyx) alongside its
+// Python lists, read by include/accel/dispatch_filter.cpp.
+//
+// A region whose `replay` byte is 0 is only ever read at offset 0 (`pending`): the
+// pure-Python core binds a zeroed 16-byte buffer in its place.
+#ifndef ACCEL_REGION_VIEW_H
+#define ACCEL_REGION_VIEW_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// Mirrored external inputs and outputs per region; past it the filter leaves the region's
+// calls to the interceptor.
+#define ACCEL_VIEW_MAX 512
+
+typedef struct accel_region_view {
+  volatile uint8_t pending;  // 1 while the region has recorded calls
+  uint8_t replay;            // the filter may record calls into it (its owner thread)
+  uint8_t busy;              // flushing or evaluating a call: calls pass through
+  uint8_t first;             // it may record a region's first call: 0 never, 1 where the
+                             // region runs on the CPU, 2 always (as ACCEL_LAUNCH_AHEAD allows)
+  int32_t n_calls;           // recorded calls
+  int32_t cap;               // the interceptor flushes a region of this many calls
+  int32_t n_ext, n_out;      // external inputs, outputs (entries below ACCEL_VIEW_MAX valid)
+  void* node;                // PyObject*: the region's trie node (borrowed)
+  void* region;              // PyObject*: the region core itself (borrowed)
+  intptr_t lo, hi;           // addresses spanned by the outputs' storage
+  void* ext[ACCEL_VIEW_MAX];            // TensorImpl* of each external input
+  void* out[ACCEL_VIEW_MAX];            // TensorImpl* of each output
+  intptr_t out_base[ACCEL_VIEW_MAX];    // data address of each output
+} accel_region_view;
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif  // ACCEL_REGION_VIEW_H
