@@ -336,6 +336,7 @@ cdef extern from "accel/region_view.h":
         int n_calls, cap, n_ext, n_out
         void* node
         void* region
+        void* replay_fn
         Py_ssize_t lo, hi
         void* ext[ACCEL_VIEW_MAX]
         void* out[ACCEL_VIEW_MAX]
@@ -363,6 +364,7 @@ cdef class RegionCore:
     cdef public tuple last_call  # (parent node, node, call, plan) of the latest record()
     cdef bint _float_ok, _int_ok
     cdef list _plan
+    cdef object _replay_fn
     cdef accel_region_view view
 
     property busy:
@@ -380,11 +382,14 @@ cdef class RegionCore:
         self.view.region = <void*>self
         return <size_t>&self.view
 
-    def set_replay(self, bint on, int cap, int first=0):
-        """Let the dispatch filter record calls into this region (on its owner thread), up
-        to a region of ``cap`` calls (the interceptor flushes at ``cap``); ``first``: a
-        region's first call too (include/accel/region_view.h)."""
-        self.view.replay = on
+    def set_replay(self, bint on, int cap, int first=0, fn=None):
+        """Let the dispatch filter record calls into this region, up to a region of ``cap``
+        calls (the interceptor flushes at ``cap``); ``first``: a region's first call too;
+        ``fn``: what it calls instead of :meth:`_replay` (with the same arguments, the
+        region left out), as on autograd's device threads (include/accel/region_view.h)."""
+        self._replay_fn = fn
+        self.view.replay_fn = <void*>fn
+        self.view.replay = (2 if fn is not None else 1) if on else 0
         self.view.cap = cap
         self.view.first = first
 

@@ -31,7 +31,7 @@ from . import build, config
 log = logging.getLogger("accel")
 
 __all__ = ["SOURCE", "store_key", "start", "active", "loaded", "wait", "set_included", "bind",
-           "counts", "off_reason"]
+           "counts", "recorded", "off_reason"]
 
 SOURCE = os.path.join(build.INCLUDE_DIR, "accel", "dispatch_filter.cpp")
 #: the header it shares with the region core
@@ -149,6 +149,7 @@ def _load(entry) -> None:
         lib.accel_filter_include.argtypes = [ctypes.c_int]
         lib.accel_filter_bind.argtypes = [ctypes.c_void_p]
         lib.accel_filter_counts.argtypes = [ctypes.POINTER(ctypes.c_uint64)]
+        lib.accel_filter_recorded.restype = ctypes.c_uint64
         deferrable = "\n".join(_name(op) for op in fusible_ops()).encode()
         views = "\n".join(_name(op) for op in VIEW_OPS).encode()
         replay = getattr(RegionCore, "_replay", None)  # the native core's (the twin: never called)
@@ -227,6 +228,12 @@ def counts() -> Tuple[int, int, int]:
     out = (ctypes.c_uint64 * 3)()
     _lib.accel_filter_counts(out)
     return out[0], out[1], out[2]
+
+
+def recorded() -> int:
+    """Calls the filter recorded into a region itself, on every thread of the process
+    (autograd's device threads included)."""
+    return 0 if _lib is None else _lib.accel_filter_recorded()
 
 
 def off_reason() -> Optional[str]:

@@ -87,10 +87,13 @@ def _filter_on(st) -> None:
         _set_replay(st, st.modes[-1])
 
 
+#: ACCEL_LAUNCH_AHEAD -> which first calls of a region the dispatch filter may record:
+#: those _first_call would not launch a kernel ahead at (include/accel/region_view.h)
+_FIRST = {"off": 2, "cuda": 1}
+
+
 def _set_replay(st, mode) -> None:
-    # a first call where _first_call would not launch a kernel ahead
-    first = {"off": 2, "cuda": 1}.get(mode.ahead, 0)
-    st.region.set_replay(True, mode.cap, first)
+    st.region.set_replay(True, mode.cap, _FIRST.get(mode.ahead, 0))
 
 
 def _bind(st) -> None:
@@ -158,6 +161,21 @@ class _Worker:
         self.lock = threading.RLock()
         self.queued = False  # a final callback is queued
         self.stream = None  # the CUDA stream the backward ran on
+        self.replay_fn = self.replay
+
+    def replay(self, node, call, new_ext, scalars, device):
+        """The dispatch filter's recording of a call into this region (see
+        ``RegionCore._replay``), under the lock, queuing the final callback first as
+        :meth:`AccelMode._worker_dispatch` does.
+
+        Raises:
+            Deferred: outside a backward pass, or the region is being flushed; the call
+                then takes the mode's path.
+        """
+        with self.lock:
+            if self.region.busy or (not self.queued and not self.queue_final_callback()):
+                raise Deferred("not in a backward pass")
+            return self.region._replay(node, call, new_ext, scalars, device)
 
     def queue_final_callback(self) -> bool:
         try:
@@ -220,6 +238,8 @@ class AccelMode(TorchDispatchMode):
             w = st.worker = _Worker(st.region)
         if not st.bound and dispatch.active():
             _bind(st)
+        if st.bound:
+            st.region.set_replay(True, self.cap, _FIRST.get(self.ahead, 0), w.replay_fn)
         with w.lock:
             region = w.region
             if spec is not None and not w.queued and not w.queue_final_callback():

@@ -53,6 +53,7 @@
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <torch/library.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -92,6 +93,7 @@ std::unique_ptr<torch::Library> g_library, g_record_library;
 thread_local accel_region_view* t_view = nullptr;
 // calls run past the mode, calls passed on, calls recorded here
 thread_local uint64_t t_counts[3] = {0, 0, 0};
+std::atomic<uint64_t> g_recorded{0};  // calls recorded here, on every thread
 PyObject* g_replay = nullptr;  // RegionCore._replay (unbound)
 PyObject* g_flush = nullptr;   // accel.interceptor.flush
 
@@ -431,7 +433,11 @@ bool record_edge(const Edge& e, accel_region_view* v, torch::jit::Stack* stack, 
     // eagerly, past the mode and the filter
     c10::impl::ExcludeDispatchKeyGuard guard(kBypass);
     PyObject* argv[] = {static_cast<PyObject*>(v->region), e.child, e.call, exts, scalars, e.device};
-    res = PyObject_Vectorcall(g_replay, argv, 6, nullptr);
+    if (v->replay == 2) {  // the region's stand-in for _replay (argv[0] left out)
+      res = PyObject_Vectorcall(static_cast<PyObject*>(v->replay_fn), argv + 1, 5, nullptr);
+    } else {
+      res = PyObject_Vectorcall(g_replay, argv, 6, nullptr);
+    }
   }
   Py_XDECREF(exts);
   Py_XDECREF(scalars);
@@ -554,6 +560,7 @@ void record(const OperatorHandle& op, DispatchKeySet ks, torch::jit::Stack* stac
     PyGILState_Release(gil);
     if (done) {
       ++t_counts[2];
+      g_recorded.fetch_add(1, std::memory_order_relaxed);
       return;
     }
     op.redispatchBoxed(ks, stack);
@@ -643,5 +650,8 @@ void accel_filter_bind(accel_region_view* view) { t_view = view; }
 void accel_filter_counts(uint64_t* out) {
   for (int k = 0; k < 3; ++k) out[k] = t_counts[k];
 }
+
+// Calls recorded by the filter on every thread.
+uint64_t accel_filter_recorded() { return g_recorded.load(std::memory_order_relaxed); }
 
 }  // extern "C"

@@ -19,7 +19,9 @@ extern "C" {
 
 typedef struct accel_region_view {
   volatile uint8_t pending;  // 1 while the region has recorded calls
-  uint8_t replay;            // the filter may record calls into it (its owner thread)
+  uint8_t replay;            // the filter may record calls into it: 1 through the core's
+                             // _replay (its owner thread), 2 through `replay_fn` (autograd's
+                             // device thread, whose region is shared with a final callback)
   uint8_t busy;              // flushing or evaluating a call: calls pass through
   uint8_t first;             // it may record a region's first call: 0 never, 1 where the
                              // region runs on the CPU, 2 always (as ACCEL_LAUNCH_AHEAD allows)
@@ -28,6 +30,7 @@ typedef struct accel_region_view {
   int32_t n_ext, n_out;      // external inputs, outputs (entries below ACCEL_VIEW_MAX valid)
   void* node;                // PyObject*: the region's trie node (borrowed)
   void* region;              // PyObject*: the region core itself (borrowed)
+  void* replay_fn;           // PyObject*: where replay is 2, _replay's stand-in (borrowed)
   intptr_t lo, hi;           // addresses spanned by the outputs' storage
   void* ext[ACCEL_VIEW_MAX];            // TensorImpl* of each external input
   void* out[ACCEL_VIEW_MAX];            // TensorImpl* of each output
