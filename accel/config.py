@@ -111,8 +111,9 @@ FLAGS = {
              "Run float16/bfloat16 regions on CUDA GPUs as kernels (off: eagerly, an escape "
              "hatch). Read at each enable."),
         Flag("ACCEL_DISPATCH_FILTER", True, _parse_bool,
-             "Run the aten calls accel passes through unchanged (matmuls, views, ... while "
-             "no region is pending) in C++, past its dispatch mode: a torch extension built "
+             "Run in C++, past accel's dispatch mode, the aten calls it passes through "
+             "unchanged (matmuls, views, ...; a pending region flushed first), and record "
+             "there the deferred calls recorded the same way before: a torch extension built "
              "in the background at first use and kept in the store. 0: every call crosses "
              "into Python."),
         Flag("ACCEL_PURE_PYTHON", False, _parse_bool,

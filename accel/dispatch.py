@@ -1,12 +1,17 @@
-"""The dispatch filter: C++ that runs past the interceptor's dispatch mode the aten calls
-the mode would only pass through unchanged (``include/accel/dispatch_filter.cpp`` says
-which, and why this is the same as the mode's path).
+"""The dispatch filter: C++ that does what the interceptor's dispatch mode would do with a
+call, where it can tell: it runs past the mode the calls the mode would only pass through
+unchanged (flushing a pending region first, as the mode would), and records into the
+thread's region the deferred calls the mode has recorded the same way before
+(``include/accel/dispatch_filter.cpp`` says which, and why this is the same as the mode's
+path).
 
 A dispatch mode's crossing into Python and back costs about 10-30 µs a call; in a model's
-training step most calls are matmuls, views and other ops accel never defers, made while
-no region is pending. The filter is a boxed fallback on a mode dispatch key above
-autograd, included in the thread's dispatch key set while accel is enabled; per call it
-costs what boxing the arguments costs (well under a microsecond).
+training step most calls are matmuls, views and other ops accel never defers, and most
+deferred calls repeat the previous step's. The filter is a boxed fallback on a mode
+dispatch key above autograd, included in the thread's dispatch key set while accel is
+enabled (per call it costs what boxing the arguments costs, well under a microsecond),
+and a second fallback just below the Python key, which only the calls the filter sends
+there reach (below autograd, where the mode sees them).
 
 It is a torch C++ extension built at run time against the installed torch and Python
 (as ``torch.utils.cpp_extension`` builds one: the same C++ standard and ABI), kept in the

@@ -345,3 +345,38 @@ def test_a_new_process_loads_it_from_the_store():
     code = CHECK.replace('print("loaded"', 'assert dispatch.active()\nprint("loaded"')
     r = _run(code, {})
     assert r.returncode == 0 and "loaded True" in r.stdout, r.stderr
+
+
+def test_a_failed_recording_takes_the_modes_path():
+    """Where the region does not take a call the filter records (here: the recording
+    raises), the call takes the mode's path, whose result is eager's; an interrupt
+    (KeyboardInterrupt) is raised at the call, as on the mode's path."""
+    from accel import interceptor
+
+    x = torch.randn(8)
+
+    def program():
+        return (torch.sin(x) + 1) * 2
+
+    def failing(*args):
+        raise RuntimeError("accel test: this recording fails")
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    with accel.eager():
+        for _ in range(2):  # the filter learns the program's calls
+            program()
+            accel.flush()
+        r0 = _recorded()
+        try:
+            _state.region.set_replay(True, 256, 1, failing)
+            y = program()
+            accel.flush()
+            assert _recorded() == r0
+            _state.region.set_replay(True, 256, 1, interrupted)
+            with pytest.raises(KeyboardInterrupt):
+                program()
+        finally:
+            interceptor._set_replay(_state, _state.modes[-1])
+    close(y, program())

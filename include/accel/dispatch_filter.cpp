@@ -442,6 +442,11 @@ bool record_edge(const Edge& e, accel_region_view* v, torch::jit::Stack* stack, 
   Py_XDECREF(exts);
   Py_XDECREF(scalars);
   if (res == nullptr) {
+    if (!PyErr_ExceptionMatches(PyExc_Exception)) {  // KeyboardInterrupt, say: raised here
+      python_error err;
+      err.persist();
+      throw err;
+    }
     PyErr_Clear();  // the mode's path raises what there is to raise
     return false;
   }
@@ -556,7 +561,13 @@ void record(const OperatorHandle& op, DispatchKeySet ks, torch::jit::Stack* stac
   }
   if (e != nullptr) {
     PyGILState_STATE gil = PyGILState_Ensure();
-    bool done = record_edge(*e, v, stack, n);
+    bool done;
+    try {
+      done = record_edge(*e, v, stack, n);
+    } catch (...) {
+      PyGILState_Release(gil);
+      throw;
+    }
     PyGILState_Release(gil);
     if (done) {
       ++t_counts[2];
