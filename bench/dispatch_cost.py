@@ -86,6 +86,16 @@ def main(argv=None) -> int:
         ts.sort()
         med = statistics.median(ts)
         print(f"| {k} | {med:.2f} | {ts[len(ts) // 4]:.2f} | {e / med:.2f}x |")
+    if loaded:
+        r0, c0 = dispatch.recorded(), dispatch.counts()
+        with_filter()
+        sync()
+        c1 = dispatch.counts()
+        past, on, rec = (b - a for a, b in zip(c0, c1))
+        print(f"\nOne accel step, the filter on the calling thread: {past} calls run past the mode, "
+              f"{on} passed on to it or to the filter's recording, {rec} recorded by the filter; "
+              f"recorded on every thread (autograd's device thread included): "
+              f"{dispatch.recorded() - r0}")
     return 0
 
 
