@@ -268,6 +268,14 @@ bool wrapped_value(const at::Tensor& t, double* d, int64_t* i, int* type) {
   }
 }
 
+// A key entry for a sequence: its tag, its length, its elements as integers.
+template <typename Seq, typename ToInt>
+void push_list(std::vector<int64_t>* key, int64_t tag, const Seq& seq, ToInt to_int) {
+  key->push_back(tag);
+  key->push_back(static_cast<int64_t>(seq.size()));
+  for (auto e : seq) key->push_back(to_int(e));
+}
+
 // The key of a call to `op` from the region's current node (false: an argument the key
 // cannot take, or one that reads a pending output through a view, which the interceptor
 // must see). Fills `fresh` with the TensorImpls of inputs new to the region, in order.
@@ -346,28 +354,17 @@ bool make_key(const OperatorHandle& op, const torch::jit::Stack& stack, const ac
         key->insert(key->end(), {kInt, x.toInt()});
       }
     } else if (x.isString()) {
-      const std::string& s = x.toStringRef();
-      key->insert(key->end(), {kString, static_cast<int64_t>(s.size())});
-      for (unsigned char c : s) key->push_back(c);
+      push_list(key, kString, x.toStringRef(), [](unsigned char c) { return int64_t{c}; });
     } else if (x.isIntList()) {
-      key->push_back(kIntList);
-      auto l = x.toIntList();
-      key->push_back(static_cast<int64_t>(l.size()));
-      for (int64_t e : l) key->push_back(e);
+      push_list(key, kIntList, x.toIntList(), [](int64_t e) { return e; });
     } else if (x.isDoubleList()) {
-      key->push_back(kDoubleList);
-      auto l = x.toDoubleList();
-      key->push_back(static_cast<int64_t>(l.size()));
-      for (double e : l) {
+      push_list(key, kDoubleList, x.toDoubleList(), [](double e) {
         int64_t bits;
         std::memcpy(&bits, &e, sizeof bits);
-        key->push_back(bits);
-      }
+        return bits;
+      });
     } else if (x.isBoolList()) {
-      key->push_back(kBoolList);
-      auto l = x.toBoolList();
-      key->push_back(static_cast<int64_t>(l.size()));
-      for (bool e : l) key->push_back(e);
+      push_list(key, kBoolList, x.toBoolList(), [](bool e) { return int64_t{e}; });
     } else if (x.isDevice()) {
       key->insert(key->end(), {kDevice, static_cast<int64_t>(x.toDevice().type()), x.toDevice().index()});
     } else {
