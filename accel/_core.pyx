@@ -357,7 +357,6 @@ cdef class RegionCore:
     cdef public list ext, outs, out_meta, scalars, calls
     cdef public dict ext_ids, out_ids
     cdef public set out_bases
-    cdef public object lo, hi
     cdef public bint mutates_ext
     cdef public object device  # the region's torch.device (None: not decided yet)
     cdef public list ahead, ahead_meta  # outputs allocated ahead (speculation), by index
@@ -408,8 +407,6 @@ cdef class RegionCore:
         self.calls = []
         self.view.lo = sys.maxsize
         self.view.hi = 0
-        self.lo = sys.maxsize
-        self.hi = 0
         self.mutates_ext = False
         self.device = None
         self.ahead = None
@@ -652,9 +649,7 @@ cdef class RegionCore:
         self.view.n_out = i + 1
         if p < self.view.lo:
             self.view.lo = p
-            self.lo = p
         e = p + <Py_ssize_t>meta[3]
         if e > self.view.hi:
             self.view.hi = e
-            self.hi = e
         return r

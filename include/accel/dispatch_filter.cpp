@@ -154,7 +154,7 @@ bool can_record(const accel_region_view* v) {
 // defer (its calls run eagerly inside, past the mode). Returns whether nothing is pending
 // now; an exception from the flush propagates as the Python exception it is.
 bool flush_region() {
-  PyGILState_STATE gil = PyGILState_Ensure();
+  pybind11::gil_scoped_acquire gil;
   PyObject* r;
   {
     c10::impl::ExcludeDispatchKeyGuard guard(kBypass);
@@ -163,11 +163,9 @@ bool flush_region() {
   if (r == nullptr) {
     python_error err;
     err.persist();
-    PyGILState_Release(gil);
     throw err;
   }
   Py_DECREF(r);
-  PyGILState_Release(gil);
   return t_view->pending == 0;
 }
 
@@ -176,16 +174,11 @@ void filter(const OperatorHandle& op, DispatchKeySet ks, torch::jit::Stack* stac
   if (ks.has(DispatchKey::Python)) {
     uint8_t kind = kind_of(op);
     const accel_region_view* v = t_view;
-    if ((kind == kView || (kind == kPlain && v != nullptr && v->pending == 0)) &&
-        only_accel(op, *stack)) {
+    // a plain call with a region pending: flushed here first, as the mode would have
+    bool plain = kind == kPlain && v != nullptr && (!v->pending || (v->replay && !v->busy));
+    if ((kind == kView || plain) && only_accel(op, *stack) &&
+        (kind == kView || !v->pending || flush_region())) {
       ++t_counts[0];
-      c10::impl::ExcludeDispatchKeyGuard guard(kBypass);
-      op.redispatchBoxed(ks - kBypass, stack);
-      return;
-    }
-    if (kind == kPlain && v != nullptr && v->pending && v->replay && !v->busy &&
-        only_accel(op, *stack) && flush_region()) {
-      ++t_counts[0];  // flushed here, as the mode would have, then past it
       c10::impl::ExcludeDispatchKeyGuard guard(kBypass);
       op.redispatchBoxed(ks - kBypass, stack);
       return;
@@ -204,7 +197,7 @@ void filter(const OperatorHandle& op, DispatchKeySet ks, torch::jit::Stack* stac
 // Key entries: a tag, then the entry's values.
 enum Tag : int64_t {
   kTensorOut = 1, kTensorExt, kUndefined, kWrapped, kNone, kBool, kInt, kNumber, kString,
-  kIntList, kDoubleList, kBoolList, kDevice, kKwargCount
+  kIntList, kDoubleList, kBoolList, kDevice
 };
 
 // How record() took an argument (accel/_core.pyx: _NEW_EXT, _RUNTIME, _CONSTANT).
@@ -557,15 +550,11 @@ void record(const OperatorHandle& op, DispatchKeySet ks, torch::jit::Stack* stac
     return;
   }
   if (e != nullptr) {
-    PyGILState_STATE gil = PyGILState_Ensure();
     bool done;
-    try {
+    {
+      pybind11::gil_scoped_acquire gil;
       done = record_edge(*e, v, stack, n);
-    } catch (...) {
-      PyGILState_Release(gil);
-      throw;
     }
-    PyGILState_Release(gil);
     if (done) {
       ++t_counts[2];
       g_recorded.fetch_add(1, std::memory_order_relaxed);
@@ -579,9 +568,8 @@ void record(const OperatorHandle& op, DispatchKeySet ks, torch::jit::Stack* stac
   int32_t before = v->n_calls;
   op.redispatchBoxed(ks, stack);
   if (v->n_calls == before + 1 && v->node != parent) {
-    PyGILState_STATE gil = PyGILState_Ensure();
+    pybind11::gil_scoped_acquire gil;
     learn(op, std::move(mine), parent, v);
-    PyGILState_Release(gil);
   }
 }
 
