@@ -332,7 +332,7 @@ cdef int _NEW_EXT = 0, _RUNTIME = 1, _CONSTANT = 2
 cdef extern from "accel/region_view.h":
     enum: ACCEL_VIEW_MAX
     ctypedef struct accel_region_view:
-        unsigned char pending, replay, busy, first
+        unsigned char pending, replay, busy
         int n_calls, cap, n_ext, n_out
         void* node
         void* region
@@ -363,7 +363,7 @@ cdef class RegionCore:
     cdef public tuple last_call  # (parent node, node, call, plan) of the latest record()
     cdef bint _float_ok, _int_ok
     cdef list _plan
-    cdef object _replay_fn
+    cdef object _replay_fn, _on_first
     cdef accel_region_view view
 
     property busy:
@@ -381,16 +381,18 @@ cdef class RegionCore:
         self.view.region = <void*>self
         return <size_t>&self.view
 
-    def set_replay(self, bint on, int cap, int first=0, fn=None):
+    def set_replay(self, bint on, int cap, fn=None, on_first=None):
         """Let the dispatch filter record calls into this region, up to a region of ``cap``
-        calls (the interceptor flushes at ``cap``); ``first``: a region's first call too;
-        ``fn``: what it calls instead of :meth:`_replay` (with the same arguments, the
-        region left out), as on autograd's device threads (include/accel/region_view.h)."""
+        calls (the interceptor flushes at ``cap``); ``fn``: what it calls instead of
+        :meth:`_replay` (with the same arguments, the region left out), as on autograd's
+        device threads (include/accel/region_view.h); ``on_first(region)``: called by
+        :meth:`_replay` after it recorded a region's first call (where the interceptor may
+        launch the region's kernel ahead)."""
         self._replay_fn = fn
+        self._on_first = on_first
         self.view.replay_fn = <void*>fn
         self.view.replay = (2 if fn is not None else 1) if on else 0
         self.view.cap = cap
-        self.view.first = first
 
     def clear(self, root):
         self.view.pending = 0
@@ -579,7 +581,10 @@ cdef class RegionCore:
         except BaseException:
             self._rollback(n_ext, n_sc, len(self.outs))
             raise
-        return self._emit(node, call, n_ext, n_sc)
+        res = self._emit(node, call, n_ext, n_sc)
+        if self.view.n_calls == 1 and self._on_first is not None:
+            self._on_first(self)
+        return res
 
     cdef _emit(self, node, tuple call, Py_ssize_t n_ext, Py_ssize_t n_sc):
         """Allocate the outputs of a call recorded as ``call`` at trie child ``node`` and step

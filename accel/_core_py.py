@@ -44,7 +44,7 @@ class RegionCore:
         recorded calls."""
         return ctypes.addressof(self._view)
 
-    def set_replay(self, on, cap, first=0, fn=None):
+    def set_replay(self, on, cap, fn=None, on_first=None):
         """The native core's switch for the filter's recording (this core has none)."""
 
     def clear(self, root):

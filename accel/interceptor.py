@@ -19,6 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from . import allocator, config, dispatch
 from .ops import VIEW_OPS, fusible_ops
 from .region import Deferred, Region, set_cuda_half
+from .runtime import execute, speculate
 
 log = logging.getLogger("accel")
 
@@ -63,8 +64,6 @@ def flush() -> None:
 def _flush_region(region) -> None:
     if region.busy or not region.calls:
         return
-    from .runtime import execute
-
     region.busy = True
     try:
         execute(region)
@@ -87,13 +86,8 @@ def _filter_on(st) -> None:
         _set_replay(st, st.modes[-1])
 
 
-#: ACCEL_LAUNCH_AHEAD -> which first calls of a region the dispatch filter may record:
-#: those _first_call would not launch a kernel ahead at (include/accel/region_view.h)
-_FIRST = {"off": 2, "cuda": 1}
-
-
 def _set_replay(st, mode) -> None:
-    st.region.set_replay(True, mode.cap, _FIRST.get(mode.ahead, 0))
+    st.region.set_replay(True, mode.cap, None, mode.on_first)
 
 
 def _bind(st) -> None:
@@ -130,6 +124,28 @@ def _record(mode, region, func, spec, args, kwargs):
     return out
 
 
+_IS_CUDA: dict = {}
+
+
+def _first_hook(mode):
+    """What the dispatch filter calls (through the region core) after it recorded a
+    region's first call itself: :func:`_first_call` where it may launch a kernel ahead."""
+    if mode.ahead == "off":
+        return None
+    if mode.ahead == "all":
+        return functools.partial(_first_call, mode)
+
+    def on_first(region):  # "cuda": CPU regions need no call
+        d = region.device
+        cuda = _IS_CUDA.get(d)
+        if cuda is None:  # (a device's .type builds a string: slower than this lookup)
+            cuda = _IS_CUDA[d] = d is not None and d.type == "cuda"
+        if cuda:
+            _first_call(mode, region)
+
+    return on_first
+
+
 def _first_call(mode, region) -> None:
     """A region's first call: where its kernel may be launched ahead (``ACCEL_LAUNCH_AHEAD``;
     see :func:`accel.runtime.speculate`)."""
@@ -140,8 +156,6 @@ def _first_call(mode, region) -> None:
     region.first_n_ext = len(region.ext)
     pred = node.predict
     if pred is not None and pred.count >= pred.need:
-        from .runtime import speculate
-
         try:
             speculate(region, pred)
         except Exception as e:  # noqa: BLE001 - (out of memory, say) the flush runs it as usual
@@ -215,6 +229,7 @@ class AccelMode(TorchDispatchMode):
         self.table, self.views = _op_ids()
         self.cap = config.flag("ACCEL_MAX_REGION")
         self.ahead = config.flag("ACCEL_LAUNCH_AHEAD")
+        self.on_first = None
         self.owner = threading.get_ident()
         self.region = _state.region  # the owner thread's
 
@@ -239,7 +254,7 @@ class AccelMode(TorchDispatchMode):
         if not st.bound and dispatch.active():
             _bind(st)
         if st.bound:
-            st.region.set_replay(True, self.cap, _FIRST.get(self.ahead, 0), w.replay_fn)
+            st.region.set_replay(True, self.cap, w.replay_fn, self.on_first)
         with w.lock:
             region = w.region
             if spec is not None and not w.queued and not w.queue_final_callback():
@@ -368,6 +383,7 @@ def enable() -> None:
     mode = st.spare.pop() if st.spare and type(st.spare[-1]) is cls else cls()
     mode.cap = cfg["ACCEL_MAX_REGION"]
     mode.ahead = cfg["ACCEL_LAUNCH_AHEAD"]
+    mode.on_first = _first_hook(mode)
     dispatch.start()  # outside the mode: loading it from the store is not the program's work
     flush()  # calls recorded by an outer mode belong before this one
     mode.__enter__()

@@ -46,11 +46,12 @@ class TrieNode:
     ``ret`` says which argument an in-place or ``out=`` call returns (``None`` for new
     tensors); ``writes_ext``: it writes an external input. ``kernels`` maps a liveness mask
     to the compiled region ending here; ``predict``, on a region's first call, how the last
-    regions that began with it ended (for launching their kernel ahead).
+    regions that began with it ended (for launching their kernel ahead); ``written``, once
+    a region ending here was flushed, the external inputs it writes (indices).
     """
 
     __slots__ = ("children", "outs", "ret", "multi", "n_new", "writes_ext", "kernels", "call",
-                 "parent", "depth", "digest", "predict")
+                 "parent", "depth", "digest", "predict", "written")
 
     def __init__(self, parent=None, call=None):
         self.children: Dict[tuple, TrieNode] = {}
@@ -61,6 +62,7 @@ class TrieNode:
         self.writes_ext = False
         self.kernels: Dict[tuple, Any] = {}
         self.predict = None  # regions starting here: how the last ones ended (runtime.Prediction)
+        self.written = None
         self.call = call
         self.parent = parent
         self.depth = 0 if parent is None else parent.depth + 1
@@ -291,11 +293,14 @@ class Region(RegionCore):
     def ext_overlap(self) -> bool:
         """True if an external input the region writes shares storage with another external
         input (external inputs that are only read may share it: ``x`` and ``x.t()``)."""
-        from .ops import fusible_ops
+        written = self.node.written  # the calls' wiring is the trie path's
+        if written is None:
+            from .ops import fusible_ops
 
-        table = fusible_ops()
-        written = {ref[1] for func, targs, tkw, _ in self.calls
-                   for ref in _written(table[func], targs, tkw) if ref[0] == "x"}
+            table = fusible_ops()
+            written = self.node.written = tuple(sorted(
+                {ref[1] for func, targs, tkw, _ in self.calls
+                 for ref in _written(table[func], targs, tkw) if ref[0] == "x"}))
         spans = []
         for t in self.ext:
             s = _untyped_storage(t)

@@ -12,7 +12,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import accel
-from accel import dispatch
+from accel import dispatch, interceptor
 from accel.interceptor import AccelMode, _state
 
 close = torch.testing.assert_close
@@ -65,15 +65,13 @@ def test_a_pending_region_is_flushed_before_a_plain_call(seen):
 def test_an_error_in_the_filters_flush_propagates(monkeypatch):
     """A flush that fails inside the filter raises the flush's own Python exception at the
     call, as it does on the mode's path."""
-    from accel import runtime
-
     def fail(region):
         raise ValueError("accel test: this flush fails")
 
     x = torch.randn(8, 8)
     with accel.eager():
         y = torch.sin(x)
-        monkeypatch.setattr(runtime, "execute", fail)
+        monkeypatch.setattr(interceptor, "execute", fail)
         with pytest.raises(ValueError, match="this flush fails"):
             y @ x
         monkeypatch.undo()
@@ -91,8 +89,7 @@ def test_repeated_calls_are_recorded_by_the_filter(device, seen):
     """A call recorded before from the same trie node is recorded again by the filter, in
     C++, without reaching the mode; runtime scalars (positional, keyword, wrapped Python
     numbers), constants the key holds by value, defaults and argument wiring as the
-    interceptor keys them. Every result is eager's. (On CUDA a region's first call takes
-    the mode's path, which may launch the region's kernel ahead.)"""
+    interceptor keys them. Every result is eager's."""
     torch.manual_seed(0)
     a, b = torch.randn(8, 16, device=device), torch.randn(8, 16, device=device)
     i = torch.arange(-6, 6, dtype=torch.int64, device=device)
@@ -120,10 +117,42 @@ def test_repeated_calls_are_recorded_by_the_filter(device, seen):
     with accel.eager():
         r0 = _recorded()
         again = program(a, b, *cases[0])
-    first = 1 if device == "cuda" else 0
-    assert _recorded() - r0 >= 8 - first  # every deferred call
-    assert sum(f in dispatch_ops() for f in seen) == first, seen
+    assert _recorded() - r0 >= 8  # every deferred call
+    assert not any(f in dispatch_ops() for f in seen), seen
     close(again, want[0])
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device"))])
+def test_first_call_recorded_by_the_filter_launches_ahead(device, seen, monkeypatch):
+    """A region's first call recorded by the filter launches the region's kernel ahead as
+    the mode's path would (``ACCEL_LAUNCH_AHEAD=all`` for the CPU): the mode sees none of
+    the calls, the kernels launched ahead are kept, and results are eager's, also when the
+    region then ends otherwise than predicted."""
+    monkeypatch.setenv("ACCEL_LAUNCH_AHEAD", "all")
+    x = torch.randn(64, 32, device=device)
+
+    def f(x, more):
+        y = torch.softmax(x * 0.125, -1)
+        return y * 2.0 if more else y
+
+    with accel.eager():
+        for more in (True, False, False, False, False):  # learnt by the filter, then predicted
+            y = f(x, more)  # alive at the flush, as below (the liveness mask is predicted too)
+            accel.flush()
+        seen.clear()
+        s0 = accel.stats()
+        got = []
+        for more in (False, False, True, False):
+            got.append(f(x, more))
+            accel.flush()
+        s1 = accel.stats()
+    assert not any(f in dispatch_ops() for f in seen), seen
+    for g, more in zip(got, (False, False, True, False)):
+        close(g, torch.softmax(x * 0.125, -1) * (2.0 if more else 1.0))
+    assert s1["speculative_launches"] - s0["speculative_launches"] >= 3
+    assert s1["speculative_hits"] - s0["speculative_hits"] >= 2
+    assert s1["speculative_misses"] - s0["speculative_misses"] >= 1
 
 
 def dispatch_ops():
@@ -315,7 +344,7 @@ def _run(code, env):
 
 CHECK = """
 import torch, accel
-from accel import dispatch
+from accel import dispatch, interceptor
 x = torch.randn(32, 32)
 with accel.eager():
     y = torch.sin(x) @ x
@@ -351,8 +380,6 @@ def test_a_failed_recording_takes_the_modes_path():
     """Where the region does not take a call the filter records (here: the recording
     raises), the call takes the mode's path, whose result is eager's; an interrupt
     (KeyboardInterrupt) is raised at the call, as on the mode's path."""
-    from accel import interceptor
-
     x = torch.randn(8)
 
     def program():
@@ -370,11 +397,11 @@ def test_a_failed_recording_takes_the_modes_path():
             accel.flush()
         r0 = _recorded()
         try:
-            _state.region.set_replay(True, 256, 1, failing)
+            _state.region.set_replay(True, 256, failing)
             y = program()
             accel.flush()
             assert _recorded() == r0
-            _state.region.set_replay(True, 256, 1, interrupted)
+            _state.region.set_replay(True, 256, interrupted)
             with pytest.raises(KeyboardInterrupt):
                 program()
         finally:

@@ -142,11 +142,11 @@ bool only_accel(const OperatorHandle& op, const torch::jit::Stack& stack) {
   return true;
 }
 
-// The region may take a call recorded here: its owner thread, calls pending or a first
-// call it may record (one the interceptor would launch a kernel ahead at takes the mode's
-// path), not busy, not at its size cap.
+// The region may take a call recorded here: its owner thread, not busy, not at its size
+// cap (a region's first call included: the core's _replay launches its kernel ahead where
+// the interceptor would).
 bool can_record(const accel_region_view* v) {
-  return v != nullptr && v->replay && (v->pending || v->first) && !v->busy && v->n_calls + 1 < v->cap &&
+  return v != nullptr && v->replay && !v->busy && v->n_calls + 1 < v->cap &&
          v->n_ext < ACCEL_VIEW_MAX - 64 && v->n_out < ACCEL_VIEW_MAX - 64;
 }
 
@@ -218,7 +218,6 @@ struct Edge {
   PyObject* child;
   PyObject* call;
   PyObject* device;  // the region's device after the call (a torch.device, or None)
-  bool cpu;          // it is the CPU (or None)
   std::vector<int> new_ext, runtime;
   std::vector<Check> constants;
 };
@@ -503,16 +502,8 @@ void learn(const OperatorHandle& op, std::vector<int64_t>&& key, const void* par
   }
   PyObject* device = ok ? PyObject_GetAttrString(static_cast<PyObject*>(v->region), "device") : nullptr;
   ok = ok && device != nullptr;
-  if (ok) {
-    edge->device = device;  // the reference taken
-    edge->cpu = device == Py_None;
-    if (!edge->cpu) {
-      PyObject* type = PyObject_GetAttrString(device, "type");
-      edge->cpu = type != nullptr && PyUnicode_Check(type) && PyUnicode_CompareWithASCIIString(type, "cpu") == 0;
-      Py_XDECREF(type);
-    }
-  }
   if (ok && !PyErr_Occurred()) {
+    edge->device = device;  // the reference taken
     edge->child = PyTuple_GET_ITEM(last, 1);
     edge->call = PyTuple_GET_ITEM(last, 2);
     Py_INCREF(edge->child);
@@ -545,10 +536,6 @@ void record(const OperatorHandle& op, DispatchKeySet ks, torch::jit::Stack* stac
   }
   const Edge* e = find_edge(key);
   size_t n = op.schema().arguments().size();
-  if (e != nullptr && !v->pending && !(v->first == 2 || (v->first == 1 && e->cpu))) {
-    op.redispatchBoxed(ks, stack);  // a first call the interceptor may launch a kernel ahead at
-    return;
-  }
   if (e != nullptr) {
     bool done;
     {

@@ -23,8 +23,6 @@ typedef struct accel_region_view {
                              // _replay (its owner thread), 2 through `replay_fn` (autograd's
                              // device thread, whose region is shared with a final callback)
   uint8_t busy;              // flushing or evaluating a call: calls pass through
-  uint8_t first;             // it may record a region's first call: 0 never, 1 where the
-                             // region runs on the CPU, 2 always (as ACCEL_LAUNCH_AHEAD allows)
   int32_t n_calls;           // recorded calls
   int32_t cap;               // the interceptor flushes a region of this many calls
   int32_t n_ext, n_out;      // external inputs, outputs (entries below ACCEL_VIEW_MAX valid)
