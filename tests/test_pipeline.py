@@ -171,6 +171,20 @@ def test_column_sums_with_row_operands_accumulate_a_vector_of_columns():
     assert "256 * i" in inner and "#pragma omp simd" in inner
 
 
+@pytest.mark.parametrize("n,threads,want", [(4096, 2, 2048), (1024, 2, 512), (3000, 2, 1504),
+                                           (20000, 2, 2016), (10, 2, 32), (4096, 1, 2048),
+                                           (256, 16, 32), (3000, 3, 1024)])
+def test_column_blocks_give_every_thread_the_same_work(n, threads, want):
+    """A column reduction's block of results: as few blocks as give each thread the same
+    number (longer runs of each row read), each at most VBLOCK_MAX, a multiple of VBLOCK."""
+    from accel.codegen.cpp import VBLOCK, VBLOCK_MAX, vertical_block
+
+    vb = vertical_block(n, threads)
+    assert vb == want and vb % VBLOCK == 0 and VBLOCK <= vb <= VBLOCK_MAX
+    blocks = -(-n // vb)
+    assert blocks <= threads or blocks % threads == 0 or n < threads * VBLOCK
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 def test_row_kernel_keeps_computed_values_between_its_loops(dtype):
     """A 16-bit softmax of ``x * 0.125``: its max loop keeps the rounded product in a row
