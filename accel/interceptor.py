@@ -117,41 +117,16 @@ def _record(mode, region, func, spec, args, kwargs):
         _flush_region(region)
         return _EAGER
     n = len(region.calls)
-    if n == 1 and mode.ahead != "off":
-        _first_call(mode, region)
+    if n == 1 and mode.on_first is not None:
+        mode.on_first(region)
     if n >= mode.cap:
         _flush_region(region)
     return out
 
 
-_IS_CUDA: dict = {}
-
-
-def _first_hook(mode):
-    """What the dispatch filter calls (through the region core) after it recorded a
-    region's first call itself: :func:`_first_call` where it may launch a kernel ahead."""
-    if mode.ahead == "off":
-        return None
-    if mode.ahead == "all":
-        return functools.partial(_first_call, mode)
-
-    def on_first(region):  # "cuda": CPU regions need no call
-        d = region.device
-        cuda = _IS_CUDA.get(d)
-        if cuda is None:  # (a device's .type builds a string: slower than this lookup)
-            cuda = _IS_CUDA[d] = d is not None and d.type == "cuda"
-        if cuda:
-            _first_call(mode, region)
-
-    return on_first
-
-
-def _first_call(mode, region) -> None:
+def _first_call(region) -> None:
     """A region's first call: where its kernel may be launched ahead (``ACCEL_LAUNCH_AHEAD``;
     see :func:`accel.runtime.speculate`)."""
-    d = region.device
-    if mode.ahead == "cuda" and (d is None or d.type != "cuda"):
-        return
     region.first = node = region.node
     region.first_n_ext = len(region.ext)
     pred = node.predict
@@ -161,6 +136,24 @@ def _first_call(mode, region) -> None:
         except Exception as e:  # noqa: BLE001 - (out of memory, say) the flush runs it as usual
             region.ahead = region.speculation = None
             log.debug("accel: no launch ahead (%s: %s)", type(e).__name__, e)
+
+
+_IS_CUDA: dict = {}
+
+
+def _first_call_on_gpu(region) -> None:
+    """:func:`_first_call` for a region on a GPU (``ACCEL_LAUNCH_AHEAD=cuda``)."""
+    d = region.device
+    cuda = _IS_CUDA.get(d)
+    if cuda is None:  # (a device's .type builds a string: slower than this lookup)
+        cuda = _IS_CUDA[d] = d is not None and d.type == "cuda"
+    if cuda:
+        _first_call(region)
+
+
+#: ACCEL_LAUNCH_AHEAD -> what runs after a region's first call is recorded, by the mode or
+#: by the dispatch filter (through the region core's _replay)
+_FIRST_HOOKS = {"off": None, "cuda": _first_call_on_gpu, "all": _first_call}
 
 
 class _Worker:
@@ -228,8 +221,7 @@ class AccelMode(TorchDispatchMode):
         super().__init__()
         self.table, self.views = _op_ids()
         self.cap = config.flag("ACCEL_MAX_REGION")
-        self.ahead = config.flag("ACCEL_LAUNCH_AHEAD")
-        self.on_first = None
+        self.on_first = _FIRST_HOOKS[config.flag("ACCEL_LAUNCH_AHEAD")]
         self.owner = threading.get_ident()
         self.region = _state.region  # the owner thread's
 
@@ -382,8 +374,7 @@ def enable() -> None:
     cls = _DynamoSafeAccelMode if "torch._dynamo" in sys.modules and not _DYNAMO_SKIPS else AccelMode
     mode = st.spare.pop() if st.spare and type(st.spare[-1]) is cls else cls()
     mode.cap = cfg["ACCEL_MAX_REGION"]
-    mode.ahead = cfg["ACCEL_LAUNCH_AHEAD"]
-    mode.on_first = _first_hook(mode)
+    mode.on_first = _FIRST_HOOKS[cfg["ACCEL_LAUNCH_AHEAD"]]
     dispatch.start()  # outside the mode: loading it from the store is not the program's work
     flush()  # calls recorded by an outer mode belong before this one
     mode.__enter__()
