@@ -344,7 +344,7 @@ def _run(code, env):
 
 CHECK = """
 import torch, accel
-from accel import dispatch, interceptor
+from accel import dispatch
 x = torch.randn(32, 32)
 with accel.eager():
     y = torch.sin(x) @ x
