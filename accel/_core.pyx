@@ -313,6 +313,33 @@ cdef object _f16 = torch.float16, _bf16 = torch.bfloat16
 cdef bint _cuda_half = True
 
 
+def kernel_ptrs(list ext, list outs, tuple live_idx, list scratch):
+    """A kernel's buffer addresses (ints): of the external inputs ``ext``, of the outputs
+    it writes (``outs`` at ``live_idx``), then of its ``scratch`` buffers."""
+    cdef list ptrs = [_data_ptr(t) for t in ext]
+    for i in live_idx:
+        ptrs.append(_data_ptr(outs[i]))
+    for t in scratch:
+        ptrs.append(_data_ptr(t))
+    return ptrs
+
+
+ctypedef object (*empty_strided_fn)(object, object, object, object)
+ctypedef object (*liveness_fn)(object)
+cdef empty_strided_fn _fast_empty = NULL
+cdef liveness_fn _fast_liveness = NULL
+
+
+def set_helpers(size_t empty_strided, size_t liveness):
+    """Use the dispatch filter's C++ helpers (include/accel/dispatch_filter.cpp; addresses,
+    0: none): ``accel_empty_strided`` allocates deferred outputs (``torch.empty_strided``
+    without the Python binding's argument parsing), ``accel_liveness`` computes
+    :meth:`RegionCore.liveness` (without a Python call per output)."""
+    global _fast_empty, _fast_liveness
+    _fast_empty = <empty_strided_fn>empty_strided
+    _fast_liveness = <liveness_fn>liveness
+
+
 def set_cuda_half(bint on):
     """Whether regions on CUDA devices take float16/bfloat16 tensors (``ACCEL_CUDA_HALF``,
     set at each enable); off, such calls run eagerly."""
@@ -341,6 +368,13 @@ cdef extern from "accel/region_view.h":
         void* ext[ACCEL_VIEW_MAX]
         void* out[ACCEL_VIEW_MAX]
         Py_ssize_t out_base[ACCEL_VIEW_MAX]
+
+
+cdef bint _live(t):
+    # references: the region's list and the argument (an output's storage object is the CPU pool's
+    # where it has one, else made here: one reference of the storage's either way)
+    return (Py_REFCNT(t) > 2 or t._use_count() > 1
+            or _storage_use_count(_untyped_storage(t)._cdata) > 2)
 
 
 cdef class RegionCore:
@@ -421,11 +455,15 @@ cdef class RegionCore:
     def liveness(self):
         """Which pending outputs are still observable (a tuple of bools): held by Python,
         by another TensorImpl (autograd's saved values, views) or sharing storage with one."""
-        cdef list live = []
-        for t in self.outs:  # references: self.outs and t
-            live.append(Py_REFCNT(t) > 2 or t._use_count() > 1
-                        or _storage_use_count(_untyped_storage(t)._cdata) > 2)
-        return tuple(live)
+        cdef tuple fast
+        cdef Py_ssize_t i
+        if _fast_liveness != NULL:
+            fast = _fast_liveness(self.outs)
+            if None not in fast:
+                return fast
+            return tuple([_live(self.outs[i]) if fast[i] is None else fast[i]
+                          for i in range(len(fast))])
+        return tuple([_live(t) for t in self.outs])
 
     cdef bint _aliases_pending(self, t, Py_ssize_t p):
         # the start of t's storage is a pending output's (every view shares its storage)
@@ -637,12 +675,17 @@ cdef class RegionCore:
             if self.device is None or self.device is _CPU:
                 if <Py_ssize_t>meta[3] >= _MIN_BLOCK:  # a reused block: no page faults
                     r = _pool_empty_strided(meta[0], meta[1], meta[2], meta[3])
+                elif _fast_empty != NULL:
+                    r = _fast_empty(meta[0], meta[1], meta[2], None)
                 else:
                     r = _empty_strided(meta[0], meta[1], dtype=meta[2])
             else:
                 if (meta[2] is _f16 or meta[2] is _bf16) and not _cuda_half:
                     raise Deferred("dtype")
-                r = _empty_strided(meta[0], meta[1], dtype=meta[2], device=self.device)
+                if _fast_empty != NULL:
+                    r = _fast_empty(meta[0], meta[1], meta[2], self.device)
+                else:
+                    r = _empty_strided(meta[0], meta[1], dtype=meta[2], device=self.device)
         self.out_ids[id(r)] = i
         self.outs.append(r)
         self.out_meta.append(meta)

@@ -20,6 +20,11 @@ _TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 _cuda_half = True
 
 
+def set_helpers(empty_strided: int, liveness: int) -> None:
+    """The native core's use of the dispatch filter's C++ helpers (see accel/_core.pyx);
+    the twin does without them."""
+
+
 def set_cuda_half(on: bool) -> None:
     """Whether regions on CUDA devices take float16/bfloat16 tensors (``ACCEL_CUDA_HALF``,
     set at each enable); off, such calls run eagerly."""
@@ -256,6 +261,12 @@ _KERNEL = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_void_p), ctypes
 def launch(fn: int, ptrs: list, scalars: list) -> int:
     """Call kernel ``fn`` with buffer addresses and runtime scalars; return its status."""
     return _KERNEL(fn)(*_args(ptrs, scalars))
+
+
+def kernel_ptrs(ext: list, outs: list, live_idx: tuple, scratch: list) -> list:
+    """A kernel's buffer addresses: the external inputs, the outputs it writes, scratch."""
+    return ([_data_ptr(t) for t in ext] + [_data_ptr(outs[i]) for i in live_idx]
+            + [_data_ptr(t) for t in scratch])
 
 
 def _args(ptrs: list, scalars: list):

@@ -107,6 +107,12 @@ FLAGS = {
              "records the rest of the region; kept only if the region ends as predicted with "
              "the same inputs, scalars and liveness, run again otherwise. cuda: on GPUs; "
              "all: on CPUs as well (no faster there; for testing); off."),
+        Flag("ACCEL_LAUNCH_AHEAD_MIN_MB", 64, _parse_int(0),
+             "Launch ahead only the kernels of regions that read and write at least this "
+             "many MiB: launching ahead costs the host about 30 us (predicting the region's "
+             "end at each flush, checking its inputs at the first call), more than a smaller "
+             "kernel runs on a GPU, so below it launching ahead only slows a host-bound "
+             "program. Read at each enable."),
         Flag("ACCEL_CUDA_HALF", True, _parse_bool,
              "Run float16/bfloat16 regions on CUDA GPUs as kernels (off: eagerly, an escape "
              "hatch). Read at each enable."),

@@ -166,6 +166,10 @@ def _load(entry) -> None:
     if err:
         _give_up(err.decode(errors="replace"))
         return
+    from .region import native
+
+    native.set_helpers(*(ctypes.cast(f, ctypes.c_void_p).value
+                         for f in (lib.accel_empty_strided, lib.accel_liveness)))
     _lib, building = lib, False
     log.info("dispatch filter loaded (torch %s)", torch.__version__)
 

@@ -19,7 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from . import allocator, config, dispatch
 from .ops import VIEW_OPS, fusible_ops
 from .region import Deferred, Region, set_cuda_half
-from .runtime import execute, speculate
+from .runtime import execute, set_launch_ahead_min, speculate
 
 log = logging.getLogger("accel")
 
@@ -371,6 +371,7 @@ def enable() -> None:
         allocator.tune_allocator()
     allocator.set_capacity(cfg["ACCEL_CPU_POOL_MB"])
     set_cuda_half(cfg["ACCEL_CUDA_HALF"])
+    set_launch_ahead_min(cfg["ACCEL_LAUNCH_AHEAD_MIN_MB"])
     cls = _DynamoSafeAccelMode if "torch._dynamo" in sys.modules and not _DYNAMO_SKIPS else AccelMode
     mode = st.spare.pop() if st.spare and type(st.spare[-1]) is cls else cls()
     mode.cap = cfg["ACCEL_MAX_REGION"]

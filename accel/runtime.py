@@ -74,6 +74,7 @@ class CompiledRegion:
     key: str
     scratch: Tuple[int, ...] = ()
     cuda: bool = False
+    traffic: int = -1  # bytes of its inputs and outputs (-1: not known yet; see _predict)
 
 
 def _prod(shape) -> int:
@@ -361,6 +362,14 @@ class Speculation:
 
 
 _MAX_NEED = 4096
+_ahead_min = 64 << 20  # ACCEL_LAUNCH_AHEAD_MIN_MB, in bytes
+
+
+def set_launch_ahead_min(mib: int) -> None:
+    """Launch ahead only kernels whose inputs and outputs span at least ``mib`` MiB
+    (``ACCEL_LAUNCH_AHEAD_MIN_MB``, read at each enable)."""
+    global _ahead_min
+    _ahead_min = mib << 20
 
 
 def _ext_meta(t) -> tuple:
@@ -429,8 +438,15 @@ def _mispredicted(region: Region, sp: Speculation) -> None:
 
 
 def _predict(region: Region, node: TrieNode, live, kern: CompiledRegion) -> None:
-    """Remember on the region's first trie node how it ended (see :class:`Prediction`)."""
+    """Remember on the region's first trie node how it ended (see :class:`Prediction`),
+    where its kernel is big enough to launch ahead (``ACCEL_LAUNCH_AHEAD_MIN_MB``)."""
     first = region.first
+    if kern.traffic < 0:  # the same for every region that runs it: its trie path is static
+        kern.traffic = (sum(t.nbytes for t in region.ext)
+                        + sum(region.out_meta[i][3] for i in kern.live_idx))
+    if kern.traffic < _ahead_min:
+        first.predict = None
+        return
     old = first.predict
     tail = [(weakref.ref(t), _ext_meta(t), _data_ptr(t), _untyped_storage(t).nbytes())
             for t in region.ext[region.first_n_ext:]]
@@ -442,11 +458,11 @@ def _predict(region: Region, node: TrieNode, live, kern: CompiledRegion) -> None
 def _kernel_ptrs(kern: CompiledRegion, region: Region, ext, outs) -> list:
     """The kernel's buffer addresses: the external inputs, the outputs it writes (of
     ``outs``, by index), then its scratch buffers."""
-    ptrs = [_data_ptr(t) for t in ext]
-    ptrs += [_data_ptr(outs[i]) for i in kern.live_idx]
-    if kern.scratch:
-        ptrs += [_data_ptr(t) for t in region.scratch_for(kern)]
-    return ptrs
+    return native.kernel_ptrs(ext, outs, kern.live_idx,
+                              region.scratch_for(kern) if kern.scratch else _NO_SCRATCH)
+
+
+_NO_SCRATCH: list = []
 
 
 def _launch(kern: CompiledRegion, region: Region, ptrs, scalars):

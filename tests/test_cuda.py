@@ -68,6 +68,7 @@ def test_results_of_kernels_launched_ahead_match_eager(name, device, monkeypatch
     call its kernel is launched ahead (on the CPU too, under ``ACCEL_LAUNCH_AHEAD=all``),
     and every result is eager's."""
     monkeypatch.setenv("ACCEL_LAUNCH_AHEAD", "all")
+    monkeypatch.setenv("ACCEL_LAUNCH_AHEAD_MIN_MB", "0")  # small tensors too
     fn = WORKLOADS[name]
     accel.reset_stats()
     # a shape per workload: workloads whose first calls agree (x + 1) would otherwise share
@@ -203,9 +204,10 @@ def _rms_w(x, w):
 
 
 @cuda
-def test_kernel_is_launched_ahead_without_host_synchronization():
+def test_kernel_is_launched_ahead_without_host_synchronization(monkeypatch):
     """By default (ACCEL_LAUNCH_AHEAD=cuda) a region seen twice ending alike has its kernel
     launched at its first call, and the flush keeps that result; never waiting for the GPU."""
+    monkeypatch.setenv("ACCEL_LAUNCH_AHEAD_MIN_MB", "0")  # small tensors too
     x, w = _x(96, 320), _x(320, seed=1)
     accel.reset_stats()
     for _ in range(3):
@@ -225,9 +227,10 @@ def test_kernel_is_launched_ahead_without_host_synchronization():
 
 
 @cuda
-def test_launch_ahead_on_another_stream_than_the_flush():
+def test_launch_ahead_on_another_stream_than_the_flush(monkeypatch):
     """The current stream changes between the launch ahead and the flush: the region runs
     again on the new stream, ordered after the launch ahead."""
+    monkeypatch.setenv("ACCEL_LAUNCH_AHEAD_MIN_MB", "0")  # small tensors too
     x, w = _x(96, 336), _x(336, seed=1)
     for _ in range(3):
         with accel.eager():

@@ -130,6 +130,7 @@ def test_first_call_recorded_by_the_filter_launches_ahead(device, seen, monkeypa
     the calls, the kernels launched ahead are kept, and results are eager's, also when the
     region then ends otherwise than predicted."""
     monkeypatch.setenv("ACCEL_LAUNCH_AHEAD", "all")
+    monkeypatch.setenv("ACCEL_LAUNCH_AHEAD_MIN_MB", "0")  # small tensors too
     x = torch.randn(64, 32, device=device)
 
     def f(x, more):
@@ -407,3 +408,69 @@ def test_a_failed_recording_takes_the_modes_path():
         finally:
             interceptor._set_replay(_state, _state.modes[-1])
     close(y, program())
+
+
+def _helpers():
+    """The filter's C++ helpers (include/accel/dispatch_filter.cpp) as Python callables,
+    and their addresses."""
+    lib = dispatch._lib
+    addrs = [ctypes.cast(f, ctypes.c_void_p).value for f in (lib.accel_empty_strided, lib.accel_liveness)]
+    obj = ctypes.py_object
+    return (ctypes.PYFUNCTYPE(obj, obj, obj, obj, obj)(addrs[0]), ctypes.PYFUNCTYPE(obj, obj)(addrs[1]),
+            addrs)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device"))])
+def test_the_filters_liveness_agrees_with_the_core(device):
+    """Which pending outputs a flush must write, as the core computes it with the filter's
+    ``accel_liveness`` (used once the filter is loaded) and without: outputs dead, held by
+    Python, saved by autograd, viewed; small ones and, on the CPU, output pool blocks
+    (held by the pool's storage object alone, or viewed too)."""
+    from accel.region import native
+
+    if native.__name__.endswith("_core_py"):
+        pytest.skip("the pure-Python core does without the helpers")
+    _, liveness, addrs = _helpers()
+    x = torch.randn(512, 1024, device=device)  # 2 MiB: pool-sized on the CPU
+    xg = x.clone().requires_grad_()
+    try:
+        with accel.eager():
+            held = []
+            for n in (8, 512):
+                torch.exp(x[:n] * 1.5)  # dead
+                held.append(torch.exp(x[:n] * 2.5))  # held by Python
+                held.append(torch.exp(xg[:n] * 3.5).sum())  # exp's result saved by autograd
+                held.append(torch.exp(x[:n] * 4.5)[1:])  # viewed
+            region = _state.region
+            assert len(region.outs) >= 16
+            native.set_helpers(addrs[0], 0)
+            expected = region.liveness()
+            native.set_helpers(*addrs)
+            assert region.liveness() == expected
+            assert expected.count(True) >= 8 and expected.count(False) >= 4, expected
+            fast = liveness(region.outs)
+            assert all(f is None or f == e for f, e in zip(fast, expected))
+    finally:
+        native.set_helpers(*addrs)
+
+
+def test_the_filters_allocator_matches_torch_and_raises_torchs_errors():
+    """``accel_empty_strided`` (the native core's output allocation once the filter is
+    loaded) gives what ``torch.empty_strided`` gives, and raises as it does."""
+    empty_strided, _, _ = _helpers()
+    devices = [None] + ([torch.device("cuda", 0)] if torch.cuda.is_available() else [])
+    for device in devices:
+        for dtype in (torch.float32, torch.float16, torch.int64, torch.bool):
+            want = torch.empty_strided((3, 5), (1, 3), dtype=dtype, device=device)
+            got = empty_strided((3, 5), (1, 3), dtype, device)
+            assert (got.shape, got.stride(), got.dtype, got.device) == (
+                want.shape, want.stride(), dtype, want.device)
+    with pytest.raises(TypeError):
+        empty_strided([3], (1,), torch.float32, None)
+    with pytest.raises(ValueError):
+        empty_strided((3,), (), torch.float32, None)
+    with pytest.raises(RuntimeError):
+        empty_strided((-1,), (1,), torch.float32, None)
+    with pytest.raises(RuntimeError):  # torch's out-of-memory error
+        empty_strided((1 << 62,), (1,), torch.uint8, None)

@@ -512,6 +512,7 @@ def _spec_stats():
 @pytest.fixture
 def ahead(monkeypatch):
     monkeypatch.setenv("ACCEL_LAUNCH_AHEAD", "all")
+    monkeypatch.setenv("ACCEL_LAUNCH_AHEAD_MIN_MB", "0")  # small tensors too
     accel.reset_stats()
 
 
@@ -634,6 +635,17 @@ def test_launch_ahead_failing_changes_nothing(ahead, monkeypatch):
     monkeypatch.setattr(accel.allocator, "empty_strided", no_memory)  # the launch's outputs
     _warm(x, w, 2)
     assert _spec_stats()[0] == launches and accel.stats()["eager_replays"] == 0
+
+
+@pytest.mark.parametrize("min_mb, launched", [(1, False), (0, True)])
+def test_launch_ahead_only_kernels_moving_enough_memory(ahead, monkeypatch, min_mb, launched):
+    """``ACCEL_LAUNCH_AHEAD_MIN_MB``: a region whose inputs and outputs span less than it
+    (here about 8 KiB) is never launched ahead; results are eager's either way."""
+    monkeypatch.setenv("ACCEL_LAUNCH_AHEAD_MIN_MB", str(min_mb))
+    x, w = torch.randn(40, 26), torch.randn(26)
+    _warm(x, w)
+    assert (_spec_stats()[0] > 0) == launched
+    assert accel.stats()["eager_replays"] == 0
 
 
 def test_launch_ahead_off(monkeypatch):

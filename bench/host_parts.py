@@ -1,0 +1,111 @@
+"""Where accel's host time goes in the demo's GPT-2 training step, per step: the flushes
+(of which the runtime's ``execute``, and of that the launches themselves and the
+predictions kept for launching ahead), the kernels launched ahead at regions' first calls,
+and the calls recorded on an autograd device thread (CUDA backward) -- each as µs a
+step and calls a step, next to the whole step's time under eager and accel.
+
+Each part is timed by wrapping the function with ``time.perf_counter`` (about 0.1 µs a
+call is the wrapper's own); parts nest (``execute`` is inside the flush).
+
+    python bench/host_parts.py [--device cpu|cuda] [--steps 30]
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import time
+
+import _common  # noqa: F401 - puts this checkout's accel first on sys.path
+import torch
+
+import accel
+from accel import dispatch, interceptor, runtime
+from accel.demo import build_model, make_batch
+
+_pc = time.perf_counter
+TIMES: dict = {}
+
+
+def _timed(name, fn):
+    def wrapper(*args, **kwargs):
+        t0 = _pc()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            acc = TIMES.setdefault(name, [0.0, 0])
+            acc[0] += _pc() - t0
+            acc[1] += 1
+
+    return wrapper
+
+
+def _wrap_parts() -> None:
+    """Time the parts (module globals and the worker's method, looked up at each call)."""
+    interceptor._flush_region = _timed("flush", interceptor._flush_region)
+    interceptor.execute = _timed("  execute", interceptor.execute)
+    runtime._launch = _timed("    launch", runtime._launch)
+    runtime._predict = _timed("    predict (for launching ahead)", runtime._predict)
+    interceptor.speculate = _timed("launch ahead at a first call", interceptor.speculate)
+    interceptor._Worker.replay = _timed("device thread: record a call", interceptor._Worker.replay)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--steps", type=int, default=30)
+    args = p.parse_args(argv)
+    dev = torch.device(args.device)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    base = build_model().to(dev)
+    ids, labels = (t.to(dev) for t in make_batch())
+    me, ma = copy.deepcopy(base), copy.deepcopy(base)
+    dispatch.wait()
+    _wrap_parts()
+
+    phases = {}
+
+    def step(model):
+        t0 = _pc()
+        model.zero_grad(set_to_none=True)
+        loss = model(ids, labels=labels).loss
+        t1 = _pc()
+        loss.backward()
+        return t0, t1
+
+    def eager():
+        t0, t1 = step(me)
+        sync()
+        phases.setdefault("eager", []).append((t1 - t0, _pc() - t1))
+
+    def with_accel():
+        with accel.eager():
+            t0, t1 = step(ma)
+        sync()
+        phases.setdefault("accel", []).append((t1 - t0, _pc() - t1))
+
+    for _ in range(5):
+        eager()
+        with_accel()
+    TIMES.clear()
+    phases.clear()
+    ts = {"eager": [], "accel": []}
+    for _ in range(args.steps):
+        for name, fn in (("eager", eager), ("accel", with_accel)):
+            t0 = _pc()
+            fn()
+            ts[name].append(_pc() - t0)
+    n = args.steps
+    print(f"GPT-2 step on {dev}: eager {statistics.median(ts['eager']) * 1e3:.3f} ms, "
+          f"accel {statistics.median(ts['accel']) * 1e3:.3f} ms (medians of {n})")
+    for name, ph in phases.items():
+        print(f"  {name}: forward {statistics.median(p[0] for p in ph) * 1e3:.3f} ms, backward "
+              f"(and the flush, synchronized) {statistics.median(p[1] for p in ph) * 1e3:.3f} ms")
+    print("| part | µs a step | calls a step | µs a call |\n|---|---|---|---|")
+    for name, (t, k) in TIMES.items():
+        print(f"| {name} | {t / n * 1e6:.0f} | {k / n:.1f} | {t / k * 1e6:.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
