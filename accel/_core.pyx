@@ -310,6 +310,9 @@ cdef object _empty_strided = torch.empty_strided
 cdef object _device = torch.device
 cdef object _CPU = torch.device("cpu")
 cdef object _f16 = torch.float16, _bf16 = torch.bfloat16
+# the cudaStream_t of a GPU's current stream (Inductor's get_raw_stream); None without CUDA
+cdef object _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+cdef list _NO_SCRATCH = []
 cdef bint _cuda_half = True
 
 
@@ -395,6 +398,11 @@ cdef class RegionCore:
     cdef public object device  # the region's torch.device (None: not decided yet)
     cdef public list ahead, ahead_meta  # outputs allocated ahead (speculation), by index
     cdef public tuple last_call  # (parent node, node, call, plan) of the latest record()
+    # launching ahead (accel.runtime): the first call's trie node, where the region predicts
+    # its end; how many external inputs the first call had; a kernel launched ahead
+    cdef public object first, speculation
+    cdef public Py_ssize_t first_n_ext
+    cdef object _root
     cdef bint _float_ok, _int_ok
     cdef list _plan
     cdef object _replay_fn, _on_first
@@ -429,6 +437,10 @@ cdef class RegionCore:
         self.view.cap = cap
 
     def clear(self, root):
+        """Start an empty region at trie node ``root``."""
+        self._root = root
+        self.first = self.speculation = None
+        self.first_n_ext = 0
         self.view.pending = 0
         self.view.n_calls = self.view.n_ext = self.view.n_out = 0
         self.view.node = <void*>root
@@ -451,6 +463,52 @@ cdef class RegionCore:
 
     def __len__(self):
         return len(self.calls)
+
+    def run_cached(self, dict stats, compiled_type, Py_ssize_t ahead_min, bint nodes_pending):
+        """Flush the region through its kernel where nothing else is to be done: the kernel
+        of its trie node and liveness mask is in memory (a ``compiled_type``: accel.runtime's
+        CompiledRegion) and needs no scratch buffers; nothing was launched ahead; no
+        external input is written; no trie metadata is waiting to be stored
+        (``nodes_pending``); and where the region recorded its first call for launching
+        ahead, its kernel is too small to be launched ahead (under ``ahead_min`` bytes).
+        That is accel.runtime.execute's path for such a region, without its Python calls.
+
+        Returns:
+            True: the kernel ran (on a GPU: was launched), ``stats`` counted it (flushes,
+            memory hits, kernel runs) and the region is empty. False: nothing changed
+            (the caller runs accel.runtime.execute), also where the launch failed.
+        """
+        cdef int status
+        if self.speculation is not None or self.mutates_ext or nodes_pending:
+            return False
+        node = self.node
+        kern = node.kernels.get(self.liveness())
+        if type(kern) is not compiled_type or kern.scratch:
+            return False
+        first = self.first
+        if first is not None:
+            traffic = kern.traffic
+            if traffic < 0 or traffic >= ahead_min:
+                return False
+        ptrs = kernel_ptrs(self.ext, self.outs, kern.live_idx, _NO_SCRATCH)
+        if kern.cuda:
+            if _raw_stream is None:
+                return False
+            dev = self.device.index
+            if dev is None:
+                dev = torch.cuda.current_device()
+            status = (<CudaKernel>kern.fn).launch(ptrs, self.scalars, _raw_stream(dev), dev)
+        else:
+            status = launch(kern.fn, ptrs, self.scalars)
+        if status != 0:
+            return False
+        if first is not None:
+            first.predict = None  # as runtime._predict, for a kernel this small
+        stats["flushes"] += 1
+        stats["memory_hits"] += 1
+        stats["kernel_runs"] += 1
+        self.clear(self._root)
+        return True
 
     def liveness(self):
         """Which pending outputs are still observable (a tuple of bools): held by Python,

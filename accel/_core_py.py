@@ -71,6 +71,13 @@ class RegionCore:
         self.device = None
         self.ahead = None  # outputs allocated ahead (speculation), by index
         self.ahead_meta = None
+        self.first = self.speculation = None  # launching ahead (see accel/_core.pyx)
+        self.first_n_ext = 0
+
+    def run_cached(self, stats, compiled_type, ahead_min, nodes_pending):
+        """The native core's flush of a region whose kernel is in memory (see
+        accel/_core.pyx); the twin leaves every flush to accel.runtime.execute."""
+        return False
 
     def __len__(self):
         return len(self.calls)

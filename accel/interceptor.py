@@ -16,10 +16,10 @@ import threading
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from . import allocator, config, dispatch
+from . import allocator, config, dispatch, runtime
 from .ops import VIEW_OPS, fusible_ops
-from .region import Deferred, Region, set_cuda_half
-from .runtime import execute, set_launch_ahead_min, speculate
+from .region import PENDING_NODES, Deferred, Region, set_cuda_half
+from .runtime import CompiledRegion, execute, set_launch_ahead_min, speculate
 
 log = logging.getLogger("accel")
 
@@ -64,12 +64,13 @@ def flush() -> None:
 def _flush_region(region) -> None:
     if region.busy or not region.calls:
         return
-    region.busy = True
-    try:
-        execute(region)
-    finally:
-        region.reset()
-        region.busy = False
+    if not region.run_cached(runtime.STATS, CompiledRegion, runtime._ahead_min, bool(PENDING_NODES)):
+        region.busy = True
+        try:
+            execute(region)
+        finally:
+            region.reset()
+            region.busy = False
     if dispatch.building:  # a background build of the filter: use it once it is loaded
         _filter_on(_state)
 

@@ -163,9 +163,6 @@ class Region(RegionCore):
     def reset(self):
         """Start an empty region at the trie root."""
         self.clear(ROOT)
-        self.first = None  # the first call's trie node, where the region predicts its end
-        self.first_n_ext = 0  # external inputs of the first call
-        self.speculation = None  # a kernel launched ahead (runtime.Speculation)
 
     def _resolve(self, ref):
         return self.outs[ref[1]] if ref[0] == "o" else self.ext[ref[1]]

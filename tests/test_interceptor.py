@@ -648,6 +648,46 @@ def test_launch_ahead_only_kernels_moving_enough_memory(ahead, monkeypatch, min_
     assert accel.stats()["eager_replays"] == 0
 
 
+def test_a_region_with_its_kernel_in_memory_skips_the_runtime(monkeypatch):
+    """Flushing a region whose kernel is in memory runs in the native core
+    (``RegionCore.run_cached``) without the runtime's ``execute``, counted alike; a region
+    that writes an external input, a first run, or a prediction to keep for launching
+    ahead takes ``execute``. Results are eager's either way."""
+    from accel import interceptor, runtime
+    from accel.region import native
+
+    calls = []
+    monkeypatch.setattr(interceptor, "execute", lambda region: (calls.append(1), runtime.execute(region)))
+    native_core = not native.__name__.endswith("_core_py")
+    x, w = torch.randn(40, 29), torch.randn(29)  # a shape of its own: no kernel in memory yet
+    for n in range(4):
+        calls.clear()
+        accel.reset_stats()
+        with accel.eager():
+            y = rms(x, w)
+        close(y, rms(x, w))
+        st = accel.stats()
+        assert st["kernel_runs"] == st["flushes"] == 1 and st["eager_replays"] == 0, st
+        assert len(calls) == (1 if n == 0 or not native_core else 0)
+    a = torch.randn(40, 29)
+    ref = a.clone().mul_(2).add_(1)
+    for n in range(3):
+        calls.clear()
+        b = a.clone()
+        with accel.eager():
+            b.mul_(2).add_(1)  # writes b, an input of the region
+        close(b, ref)
+        assert len(calls) == 1
+    monkeypatch.setenv("ACCEL_LAUNCH_AHEAD", "all")
+    monkeypatch.setenv("ACCEL_LAUNCH_AHEAD_MIN_MB", "0")
+    for n in range(3):
+        calls.clear()
+        with accel.eager():
+            y = rms(x, w)
+        close(y, rms(x, w))
+        assert len(calls) == 1  # the prediction is kept by execute
+
+
 def test_launch_ahead_off(monkeypatch):
     monkeypatch.setenv("ACCEL_LAUNCH_AHEAD", "off")
     accel.reset_stats()
