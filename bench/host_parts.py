@@ -5,7 +5,10 @@ and the calls recorded on an autograd device thread (CUDA backward) -- each as �
 step and calls a step, next to the whole step's time under eager and accel.
 
 Each part is timed by wrapping the function with ``time.perf_counter`` (about 0.1 µs a
-call is the wrapper's own); parts nest (``execute`` is inside the flush).
+call on the dev VM is the wrapper's own); parts nest (``execute`` is inside the flush).
+First, unwrapped, the host's time per iteration of a small loop: a five-call region on a
+[4, 8] tensor (``softmax(x * 0.125)``, ``+ 1``, ``tanh``, ``sum``), then a matmul that
+flushes it, eager and under accel (best of three medians).
 
     python bench/host_parts.py [--device cpu|cuda] [--steps 30]
 """
@@ -50,6 +53,36 @@ def _wrap_parts() -> None:
     interceptor._Worker.replay = _timed("device thread: record a call", interceptor._Worker.replay)
 
 
+def small_region_loop(dev, n: int = 2000) -> None:
+    """Print µs per iteration of the five-call region and its flushing matmul."""
+    x = torch.randn(4, 8, device=dev)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+
+    def body():
+        for _ in range(10):
+            torch.tanh(torch.softmax(x * 0.125, -1) + 1).sum(-1)
+            torch.mm(x.t(), x)
+
+    def with_accel():
+        with accel.eager():
+            body()
+
+    best = {}
+    for _ in range(3):
+        for name, fn in (("eager", body), ("accel", with_accel)):
+            fn()
+            sync()
+            ts = []
+            for _ in range(n // 10):
+                t0 = _pc()
+                fn()
+                ts.append(_pc() - t0)
+            sync()
+            best[name] = min(best.get(name, 1e9), statistics.median(ts) / 10 * 1e6)
+    print(f"five-call region + flushing matmul on {dev}: eager {best['eager']:.1f} µs, "
+          f"accel {best['accel']:.1f} µs an iteration")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cpu")
@@ -61,6 +94,7 @@ def main(argv=None) -> int:
     ids, labels = (t.to(dev) for t in make_batch())
     me, ma = copy.deepcopy(base), copy.deepcopy(base)
     dispatch.wait()
+    small_region_loop(dev)
     _wrap_parts()
 
     phases = {}
