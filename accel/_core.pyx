@@ -467,11 +467,13 @@ cdef class RegionCore:
     def run_cached(self, dict stats, compiled_type, Py_ssize_t ahead_min, bint nodes_pending):
         """Flush the region through its kernel where nothing else is to be done: the kernel
         of its trie node and liveness mask is in memory (a ``compiled_type``: accel.runtime's
-        CompiledRegion) and needs no scratch buffers; nothing was launched ahead; no
-        external input is written; no trie metadata is waiting to be stored
-        (``nodes_pending``); and where the region recorded its first call for launching
-        ahead, its kernel is too small to be launched ahead (under ``ahead_min`` bytes).
-        That is accel.runtime.execute's path for such a region, without its Python calls.
+        CompiledRegion); nothing was launched ahead; no external input the region writes
+        shares storage with another (``ext_overlap``); no trie metadata is waiting to be
+        stored (``nodes_pending``); and where the region recorded its first call for
+        launching ahead and writes no external input, its kernel is too small to be launched
+        ahead (under ``ahead_min`` bytes). Scratch buffers are the region's own
+        (``scratch_for``). That is accel.runtime.execute's path for such a region, without
+        its Python calls.
 
         Returns:
             True: the kernel ran (on a GPU: was launched), ``stats`` counted it (flushes,
@@ -479,18 +481,23 @@ cdef class RegionCore:
             (the caller runs accel.runtime.execute), also where the launch failed.
         """
         cdef int status
-        if self.speculation is not None or self.mutates_ext or nodes_pending:
+        if self.speculation is not None or nodes_pending:
             return False
         node = self.node
         kern = node.kernels.get(self.liveness())
-        if type(kern) is not compiled_type or kern.scratch:
+        if type(kern) is not compiled_type:
             return False
         first = self.first
-        if first is not None:
+        if self.mutates_ext:
+            if self.ext_overlap():
+                return False
+            first = None  # execute predicts nothing for a region writing its inputs
+        elif first is not None:
             traffic = kern.traffic
             if traffic < 0 or traffic >= ahead_min:
                 return False
-        ptrs = kernel_ptrs(self.ext, self.outs, kern.live_idx, _NO_SCRATCH)
+        ptrs = kernel_ptrs(self.ext, self.outs, kern.live_idx,
+                           self.scratch_for(kern) if kern.scratch else _NO_SCRATCH)
         if kern.cuda:
             if _raw_stream is None:
                 return False

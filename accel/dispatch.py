@@ -177,8 +177,7 @@ def _load(entry) -> None:
 def _name(op) -> str:
     """``aten::add.Tensor`` for ``torch.ops.aten.add.Tensor`` (``aten::view`` for a default
     overload), as the dispatcher names operators."""
-    s = op._schema
-    return f"{s.name}.{s.overload_name}" if s.overload_name else s.name
+    return op.name()  # OpOverload.name(): the schema's name, "." and a non-empty overload name
 
 
 def active() -> bool:

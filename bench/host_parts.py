@@ -83,10 +83,69 @@ def small_region_loop(dev, n: int = 2000) -> None:
           f"accel {best['accel']:.1f} µs an iteration")
 
 
+def op_costs(me, ma, ids, labels, sync, steps: int) -> int:
+    """Print the host's µs a step and a call of each aten op (top-level calls: an op's
+    own inner calls are inside its time), eager and accel, by the difference a step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    def eager():
+        me.zero_grad(set_to_none=True)
+        me(ids, labels=labels).loss.backward()
+        sync()
+
+    def with_accel():
+        with accel.eager():
+            ma.zero_grad(set_to_none=True)
+            ma(ids, labels=labels).loss.backward()
+        sync()
+
+    per = {}
+    for name, fn in (("eager", eager), ("accel", with_accel)):
+        for _ in range(5):
+            fn()
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            t0 = _pc()
+            for _ in range(steps):
+                fn()
+            wall = (_pc() - t0) / steps
+        ops, top = {}, []
+        for ev in prof.events():
+            if not ev.name.startswith("aten::"):
+                continue
+            top.append(ev)
+        top.sort(key=lambda e: (e.time_range.start, -e.time_range.end))
+        end = -1
+        for ev in top:  # top-level: not inside an earlier op's span (on the same thread)
+            key = (ev.thread, ev.name)
+            if ev.time_range.start < ops.get(("end", ev.thread), -1):
+                continue
+            ops[("end", ev.thread)] = ev.time_range.end
+            acc = ops.setdefault(ev.name, [0.0, 0])
+            acc[0] += ev.time_range.elapsed_us()
+            acc[1] += 1
+        per[name] = ({k: v for k, v in ops.items() if k[0] != "end"}, wall)
+    (e_ops, e_wall), (a_ops, a_wall) = per["eager"], per["accel"]
+    print(f"GPT-2 step under torch.profiler: eager {e_wall * 1e3:.3f} ms, accel {a_wall * 1e3:.3f} ms; "
+          f"top-level aten ops {sum(v[0] for v in e_ops.values()) / steps / 1e3:.3f} ms and "
+          f"{sum(v[0] for v in a_ops.values()) / steps / 1e3:.3f} ms a step")
+    rows = []
+    for k in set(e_ops) | set(a_ops):
+        (et, en), (at, an) = e_ops.get(k, (0.0, 0)), a_ops.get(k, (0.0, 0))
+        rows.append(((at - et) / steps, k, et / steps, en / steps, at / steps, an / steps))
+    rows.sort(key=lambda r: -abs(r[0]))
+    print("| op | eager µs a step | calls | µs a call | accel µs a step | calls | µs a call | accel - eager µs a step |")
+    print("|---|---|---|---|---|---|---|---|")
+    for d, k, et, en, at, an in rows[:30]:
+        print(f"| {k} | {et:.0f} | {en:.0f} | {et / en if en else 0:.1f} | {at:.0f} | {an:.0f} | "
+              f"{at / an if an else 0:.1f} | {d:+.0f} |")
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cpu")
     p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--ops", action="store_true", help="host µs per aten op, eager vs accel")
     args = p.parse_args(argv)
     dev = torch.device(args.device)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
@@ -94,6 +153,8 @@ def main(argv=None) -> int:
     ids, labels = (t.to(dev) for t in make_batch())
     me, ma = copy.deepcopy(base), copy.deepcopy(base)
     dispatch.wait()
+    if args.ops:
+        return op_costs(me, ma, ids, labels, sync, args.steps)
     small_region_loop(dev)
     _wrap_parts()
 

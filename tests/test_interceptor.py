@@ -650,9 +650,10 @@ def test_launch_ahead_only_kernels_moving_enough_memory(ahead, monkeypatch, min_
 
 def test_a_region_with_its_kernel_in_memory_skips_the_runtime(monkeypatch):
     """Flushing a region whose kernel is in memory runs in the native core
-    (``RegionCore.run_cached``) without the runtime's ``execute``, counted alike; a region
-    that writes an external input, a first run, or a prediction to keep for launching
-    ahead takes ``execute``. Results are eager's either way."""
+    (``RegionCore.run_cached``) without the runtime's ``execute``, counted alike, also where
+    it writes an external input or needs scratch buffers; a first run, a written input
+    sharing storage with another input (replayed eagerly), or a prediction to keep for
+    launching ahead takes ``execute``. Results are eager's either way."""
     from accel import interceptor, runtime
     from accel.region import native
 
@@ -677,7 +678,27 @@ def test_a_region_with_its_kernel_in_memory_skips_the_runtime(monkeypatch):
         with accel.eager():
             b.mul_(2).add_(1)  # writes b, an input of the region
         close(b, ref)
-        assert len(calls) == 1
+        assert len(calls) == (1 if n == 0 or not native_core else 0)
+    a = torch.randn(2, 29)
+    ref = a.clone()
+    ref[0].mul_(2).add_(ref[1])
+    for n in range(3):
+        calls.clear()
+        accel.reset_stats()
+        b = a.clone()
+        with accel.eager():
+            b[0].mul_(2).add_(b[1])  # writes b[0], b[1] shares its storage: replayed eagerly
+        close(b, ref)
+        assert len(calls) == 1 and accel.stats()["eager_replays"] == 1
+    x2 = torch.randn(40, 31)
+    for n in range(3):
+        calls.clear()
+        with accel.eager():
+            y = ((x2 - x2.mean(0)) ** 2).sum(1)  # the column means go to a scratch buffer
+        close(y, ((x2 - x2.mean(0)) ** 2).sum(1))
+        assert len(calls) == (1 if n == 0 or not native_core else 0)
+    from accel.region import ROOT
+    assert any(k.scratch for k in _kernels_under(ROOT) if isinstance(k, runtime.CompiledRegion))
     monkeypatch.setenv("ACCEL_LAUNCH_AHEAD", "all")
     monkeypatch.setenv("ACCEL_LAUNCH_AHEAD_MIN_MB", "0")
     for n in range(3):
@@ -686,6 +707,16 @@ def test_a_region_with_its_kernel_in_memory_skips_the_runtime(monkeypatch):
             y = rms(x, w)
         close(y, rms(x, w))
         assert len(calls) == 1  # the prediction is kept by execute
+
+
+def _kernels_under(node):
+    """Every kernel held by ``node`` and the trie nodes under it."""
+    todo, out = [node], []
+    while todo:
+        n = todo.pop()
+        out.extend(n.kernels.values())
+        todo.extend(n.children.values())
+    return out
 
 
 def test_launch_ahead_off(monkeypatch):
