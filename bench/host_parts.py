@@ -83,11 +83,7 @@ def small_region_loop(dev, n: int = 2000) -> None:
           f"accel {best['accel']:.1f} µs an iteration")
 
 
-def op_costs(me, ma, ids, labels, sync, steps: int) -> int:
-    """Print the host's µs a step and a call of each aten op (top-level calls: an op's
-    own inner calls are inside its time), eager and accel, by the difference a step."""
-    from torch.profiler import ProfilerActivity, profile
-
+def _steps(me, ma, ids, labels, sync):
     def eager():
         me.zero_grad(set_to_none=True)
         me(ids, labels=labels).loss.backward()
@@ -99,8 +95,61 @@ def op_costs(me, ma, ids, labels, sync, steps: int) -> int:
             ma(ids, labels=labels).loss.backward()
         sync()
 
+    return (("eager", eager), ("accel", with_accel))
+
+
+def _diff_table(per: dict, steps: int, label: str) -> None:
+    (e_ops, _), (a_ops, _) = per["eager"], per["accel"]
+    rows = []
+    for k in set(e_ops) | set(a_ops):
+        (et, en), (at, an) = e_ops.get(k, (0.0, 0)), a_ops.get(k, (0.0, 0))
+        rows.append(((at - et) / steps, k, et / steps, en / steps, at / steps, an / steps))
+    rows.sort(key=lambda r: -abs(r[0]))
+    print(f"| {label} | eager µs a step | calls | µs a call | accel µs a step | calls | µs a call "
+          "| accel - eager µs a step |\n|---|---|---|---|---|---|---|---|")
+    for d, k, et, en, at, an in rows[:30]:
+        print(f"| {k} | {et:.0f} | {en:.0f} | {et / en if en else 0:.1f} | {at:.0f} | {an:.0f} | "
+              f"{at / an if an else 0:.1f} | {d:+.0f} |")
+
+
+def py_costs(me, ma, ids, labels, sync, steps: int) -> int:
+    """Print the main thread's own time a step of each Python function and builtin
+    (cProfile), eager and accel, by the difference a step."""
+    import cProfile
+    import os
+    import pstats
+
     per = {}
-    for name, fn in (("eager", eager), ("accel", with_accel)):
+    for name, fn in _steps(me, ma, ids, labels, sync):
+        for _ in range(5):
+            fn()
+        pr = cProfile.Profile()
+        t0 = _pc()
+        pr.enable()
+        for _ in range(steps):
+            fn()
+        pr.disable()
+        wall = (_pc() - t0) / steps
+        st = pstats.Stats(pr).stats
+        ops = {}
+        for (file, line, func), (cc, nc, tt, ct, callers) in st.items():
+            k = f"{os.path.basename(file)}:{line}({func})" if file != "~" else func
+            acc = ops.setdefault(k, [0.0, 0])
+            acc[0] += tt * 1e6
+            acc[1] += nc
+        per[name] = (ops, wall)
+        print(f"{name}: {wall * 1e3:.3f} ms a step under cProfile")
+    _diff_table(per, steps, "function")
+    return 0
+
+
+def op_costs(me, ma, ids, labels, sync, steps: int) -> int:
+    """Print the host's µs a step and a call of each aten op (top-level calls: an op's
+    own inner calls are inside its time), eager and accel, by the difference a step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    per = {}
+    for name, fn in _steps(me, ma, ids, labels, sync):
         for _ in range(5):
             fn()
         with profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -108,36 +157,22 @@ def op_costs(me, ma, ids, labels, sync, steps: int) -> int:
             for _ in range(steps):
                 fn()
             wall = (_pc() - t0) / steps
-        ops, top = {}, []
-        for ev in prof.events():
-            if not ev.name.startswith("aten::"):
+        top = sorted((ev for ev in prof.events() if ev.name.startswith("aten::")),
+                     key=lambda e: (e.time_range.start, -e.time_range.end))
+        ops, ends = {}, {}
+        for ev in top:  # top-level: not inside an earlier op's span on the same thread
+            if ev.time_range.start < ends.get(ev.thread, -1):
                 continue
-            top.append(ev)
-        top.sort(key=lambda e: (e.time_range.start, -e.time_range.end))
-        end = -1
-        for ev in top:  # top-level: not inside an earlier op's span (on the same thread)
-            key = (ev.thread, ev.name)
-            if ev.time_range.start < ops.get(("end", ev.thread), -1):
-                continue
-            ops[("end", ev.thread)] = ev.time_range.end
+            ends[ev.thread] = ev.time_range.end
             acc = ops.setdefault(ev.name, [0.0, 0])
             acc[0] += ev.time_range.elapsed_us()
             acc[1] += 1
-        per[name] = ({k: v for k, v in ops.items() if k[0] != "end"}, wall)
+        per[name] = (ops, wall)
     (e_ops, e_wall), (a_ops, a_wall) = per["eager"], per["accel"]
     print(f"GPT-2 step under torch.profiler: eager {e_wall * 1e3:.3f} ms, accel {a_wall * 1e3:.3f} ms; "
           f"top-level aten ops {sum(v[0] for v in e_ops.values()) / steps / 1e3:.3f} ms and "
           f"{sum(v[0] for v in a_ops.values()) / steps / 1e3:.3f} ms a step")
-    rows = []
-    for k in set(e_ops) | set(a_ops):
-        (et, en), (at, an) = e_ops.get(k, (0.0, 0)), a_ops.get(k, (0.0, 0))
-        rows.append(((at - et) / steps, k, et / steps, en / steps, at / steps, an / steps))
-    rows.sort(key=lambda r: -abs(r[0]))
-    print("| op | eager µs a step | calls | µs a call | accel µs a step | calls | µs a call | accel - eager µs a step |")
-    print("|---|---|---|---|---|---|---|---|")
-    for d, k, et, en, at, an in rows[:30]:
-        print(f"| {k} | {et:.0f} | {en:.0f} | {et / en if en else 0:.1f} | {at:.0f} | {an:.0f} | "
-              f"{at / an if an else 0:.1f} | {d:+.0f} |")
+    _diff_table(per, steps, "op")
     return 0
 
 
@@ -146,6 +181,7 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="cpu")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--ops", action="store_true", help="host µs per aten op, eager vs accel")
+    p.add_argument("--cprofile", action="store_true", help="own time per Python function, eager vs accel")
     args = p.parse_args(argv)
     dev = torch.device(args.device)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
@@ -153,8 +189,8 @@ def main(argv=None) -> int:
     ids, labels = (t.to(dev) for t in make_batch())
     me, ma = copy.deepcopy(base), copy.deepcopy(base)
     dispatch.wait()
-    if args.ops:
-        return op_costs(me, ma, ids, labels, sync, args.steps)
+    if args.ops or args.cprofile:
+        return (op_costs if args.ops else py_costs)(me, ma, ids, labels, sync, args.steps)
     small_region_loop(dev)
     _wrap_parts()
 
