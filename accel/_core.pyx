@@ -766,3 +766,31 @@ cdef class RegionCore:
         if e > self.view.hi:
             self.view.hi = e
         return r
+
+
+cdef class WorkerReplay:
+    """What the dispatch filter calls instead of :meth:`RegionCore._replay` on an autograd
+    engine thread (``worker``: accel.interceptor's ``_Worker``, which owns ``region`` and
+    ``lock``): the same arguments and result, under the lock, once the worker has queued
+    its final callback for the backward pass.
+
+    Raises:
+        Deferred: outside a backward pass, or the region is being flushed; the call then
+            takes the mode's path.
+    """
+    cdef object worker, lock
+    cdef RegionCore region
+
+    def __init__(self, worker, RegionCore region, lock):
+        self.worker, self.region, self.lock = worker, region, lock
+
+    def __call__(self, node, tuple call, tuple new_ext, tuple scalars, device):
+        cdef RegionCore region = self.region
+        worker = self.worker
+        self.lock.acquire()
+        try:
+            if region.view.busy or (not worker.queued and not worker.queue_final_callback()):
+                raise Deferred("not in a backward pass")
+            return region._replay(node, call, new_ext, scalars, device)
+        finally:
+            self.lock.release()

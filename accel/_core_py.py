@@ -395,3 +395,22 @@ class CudaKernel:
         finally:
             if prev.value != ctx.value:
                 d.cuCtxSetCurrent(prev)
+
+
+class WorkerReplay:
+    """What the dispatch filter calls instead of ``RegionCore._replay`` on an autograd
+    engine thread (see accel/_core.pyx): under ``lock``, once ``worker`` queued its final
+    callback.
+
+    Raises:
+        Deferred: outside a backward pass, or the region is being flushed.
+    """
+
+    def __init__(self, worker, region, lock):
+        self.worker, self.region, self.lock = worker, region, lock
+
+    def __call__(self, node, call, new_ext, scalars, device):
+        with self.lock:
+            if self.region.busy or (not self.worker.queued and not self.worker.queue_final_callback()):
+                raise Deferred("not in a backward pass")
+            return self.region._replay(node, call, new_ext, scalars, device)

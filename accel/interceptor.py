@@ -18,7 +18,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import allocator, config, dispatch, runtime
 from .ops import VIEW_OPS, fusible_ops
-from .region import PENDING_NODES, Deferred, Region, set_cuda_half
+from .region import PENDING_NODES, Deferred, Region, native, set_cuda_half
 from .runtime import CompiledRegion, execute, set_launch_ahead_min, speculate
 
 log = logging.getLogger("accel")
@@ -169,21 +169,9 @@ class _Worker:
         self.lock = threading.RLock()
         self.queued = False  # a final callback is queued
         self.stream = None  # the CUDA stream the backward ran on
-        self.replay_fn = self.replay
-
-    def replay(self, node, call, new_ext, scalars, device):
-        """The dispatch filter's recording of a call into this region (see
-        ``RegionCore._replay``), under the lock, queuing the final callback first as
-        :meth:`AccelMode._worker_dispatch` does.
-
-        Raises:
-            Deferred: outside a backward pass, or the region is being flushed; the call
-                then takes the mode's path.
-        """
-        with self.lock:
-            if self.region.busy or (not self.queued and not self.queue_final_callback()):
-                raise Deferred("not in a backward pass")
-            return self.region._replay(node, call, new_ext, scalars, device)
+        # what the dispatch filter calls to record into the region (RegionCore._replay under
+        # the lock, once the final callback is queued; raises Deferred outside a backward)
+        self.replay_fn = native.WorkerReplay(self, region, self.lock)
 
     def queue_final_callback(self) -> bool:
         try:

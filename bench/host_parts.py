@@ -50,7 +50,13 @@ def _wrap_parts() -> None:
     runtime._launch = _timed("    launch", runtime._launch)
     runtime._predict = _timed("    predict (for launching ahead)", runtime._predict)
     interceptor.speculate = _timed("launch ahead at a first call", interceptor.speculate)
-    interceptor._Worker.replay = _timed("device thread: record a call", interceptor._Worker.replay)
+    init = interceptor._Worker.__init__
+
+    def worker_init(self, region):
+        init(self, region)
+        self.replay_fn = _timed("device thread: record a call", self.replay_fn)
+
+    interceptor._Worker.__init__ = worker_init
 
 
 def small_region_loop(dev, n: int = 2000) -> None:

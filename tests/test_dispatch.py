@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
 import torch
@@ -474,3 +475,52 @@ def test_the_filters_allocator_matches_torch_and_raises_torchs_errors():
         empty_strided((-1,), (1,), torch.float32, None)
     with pytest.raises(RuntimeError):  # torch's out-of-memory error
         empty_strided((1 << 62,), (1,), torch.uint8, None)
+
+
+def test_an_engine_thread_records_through_its_worker():
+    """On a thread that did not enable accel (as autograd's CUDA device thread, which
+    inherits the filter's key and the mode), the filter records a backward pass's calls
+    into that thread's region through its worker (``WorkerReplay``: the lock, the final
+    callback) once it has seen them; calls outside a backward pass run eagerly; gradients
+    are eager's and nothing is left pending, step after step."""
+    from accel.region import native
+
+    assert dispatch.wait(120)
+    torch.manual_seed(0)
+    x = torch.randn(48, 24, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(24, dtype=torch.float64, requires_grad=True)
+
+    def f(x, w):
+        return torch.nn.functional.layer_norm(torch.tanh(x * w), (24,)).sin()
+
+    f(x, w).square().sum().backward()
+    want = (x.grad.clone(), w.grad.clone())
+    mode = AccelMode()  # owned by this thread
+    steps, errors = [], []
+
+    def engine_thread():
+        try:
+            dispatch.set_included(True)
+            for _ in range(4):
+                x.grad = w.grad = None
+                r0 = dispatch.counts()[2]
+                with mode:
+                    y = f(x, w).square().sum()
+                    y.backward()
+                steps.append((dispatch.counts()[2] - r0, x.grad.clone(), w.grad.clone(),
+                               len(_state.region.calls)))
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+        finally:
+            dispatch.set_included(False)
+
+    t = threading.Thread(target=engine_thread)
+    t.start()
+    t.join()
+    assert not errors, errors
+    for recorded, gx, gw, left in steps:
+        close(gx, want[0])
+        close(gw, want[1])
+        assert left == 0
+    if not native.__name__.endswith("_core_py"):  # the twin's regions have no view to record into
+        assert steps[-1][0] > 0, [s[0] for s in steps]
