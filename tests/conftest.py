@@ -47,3 +47,23 @@ else:
         "accel-explore", max_examples=1000, deadline=None, database=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
     _hyp_settings.load_profile("accel-ci")
+
+
+@pytest.fixture
+def backward_case():
+    """A small backward pass for the engine-thread tests: ``(x, w, f, want)`` where
+    ``want`` holds eager's gradients of ``f(x, w).square().sum()`` for x and w (float64,
+    [48, 24] and [24]); their ``.grad`` are reset."""
+    import torch
+
+    torch.manual_seed(0)
+    x = torch.randn(48, 24, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(24, dtype=torch.float64, requires_grad=True)
+
+    def f(x, w):
+        return torch.nn.functional.layer_norm(torch.tanh(x * w), (24,)).sin()
+
+    f(x, w).square().sum().backward()
+    want = (x.grad.clone(), w.grad.clone())
+    x.grad = w.grad = None
+    return x, w, f, want

@@ -310,7 +310,7 @@ def test_training_step_gradients_match(device, seen):
     """Forward and backward (on CUDA, on autograd's device thread, which inherits the
     filter's key and binds its own region) give eager's gradients, step after step, and
     most calls never reach the mode (on CPU, where backward runs on the calling thread);
-    the filter records calls on both threads."""
+    the filter records calls on both threads (the pure-Python core: gradients only)."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32),
                                 torch.nn.Linear(32, 4)).to(device)
@@ -330,6 +330,10 @@ def test_training_step_gradients_match(device, seen):
         twin(x).square().mean().backward()
         for (n, p), q in zip(model.named_parameters(), twin.parameters()):
             close(p.grad, q.grad, msg=f"step {step}: {n}")
+    from accel.region import native
+
+    if native.__name__.endswith("_core_py"):  # the twin's regions have no view to record into
+        return
     assert on_main > 0
     if device == "cuda":  # backward's calls, on autograd's device thread
         assert recorded > on_main
@@ -477,7 +481,7 @@ def test_the_filters_allocator_matches_torch_and_raises_torchs_errors():
         empty_strided((1 << 62,), (1,), torch.uint8, None)
 
 
-def test_an_engine_thread_records_through_its_worker():
+def test_an_engine_thread_records_through_its_worker(backward_case):
     """On a thread that did not enable accel (as autograd's CUDA device thread, which
     inherits the filter's key and the mode), the filter records a backward pass's calls
     into that thread's region through its worker (``WorkerReplay``: the lock, the final
@@ -486,15 +490,7 @@ def test_an_engine_thread_records_through_its_worker():
     from accel.region import native
 
     assert dispatch.wait(120)
-    torch.manual_seed(0)
-    x = torch.randn(48, 24, dtype=torch.float64, requires_grad=True)
-    w = torch.randn(24, dtype=torch.float64, requires_grad=True)
-
-    def f(x, w):
-        return torch.nn.functional.layer_norm(torch.tanh(x * w), (24,)).sin()
-
-    f(x, w).square().sum().backward()
-    want = (x.grad.clone(), w.grad.clone())
+    x, w, f, want = backward_case
     mode = AccelMode()  # owned by this thread
     steps, errors = [], []
 

@@ -432,7 +432,7 @@ def test_new_process_with_warm_store_skips_meta_evaluation(fresh_store):
     assert not warm["dynamo"], "a warm process evaluated a call on meta tensors"
 
 
-def test_backward_on_an_engine_thread_is_fused_and_flushed():
+def test_backward_on_an_engine_thread_is_fused_and_flushed(backward_case):
     """CUDA backward runs on the autograd engine's device thread, which inherits the
     caller's mode. Here a thread that did not create the mode plays that part: the backward
     pass it runs is recorded into its own region and flushed by the engine's final
@@ -440,16 +440,7 @@ def test_backward_on_an_engine_thread_is_fused_and_flushed():
     eagerly."""
     from accel.interceptor import AccelMode
 
-    torch.manual_seed(0)
-    x = torch.randn(64, 32, dtype=torch.float64, requires_grad=True)
-    w = torch.randn(32, dtype=torch.float64, requires_grad=True)
-
-    def f(x, w):
-        return torch.nn.functional.layer_norm(torch.tanh(x * w), (32,)).sin()
-
-    f(x, w).square().sum().backward()
-    want = (x.grad.clone(), w.grad.clone())
-    x.grad = w.grad = None
+    x, w, f, want = backward_case
     mode = AccelMode()  # owned by this thread
     accel.reset_stats()
     seen = {}
