@@ -10,7 +10,13 @@ First, unwrapped, the host's time per iteration of a small loop: a five-call reg
 [4, 8] tensor (``softmax(x * 0.125)``, ``+ 1``, ``tanh``, ``sum``), then a matmul that
 flushes it, eager and under accel (best of three medians).
 
-    python bench/host_parts.py [--device cpu|cuda] [--steps 30]
+``--ops`` instead: the host's µs a step and a call of each top-level aten op
+(torch.profiler's CPU time, an op's own recording or flush included; the profiler adds a
+few µs a call on both sides), eager and accel side by side, the largest differences
+first. ``--cprofile``: the same for each Python function and builtin's own time
+(cProfile; a builtin's includes the C++ below it, not the Python it calls back).
+
+    python bench/host_parts.py [--device cpu|cuda] [--steps 30] [--ops | --cprofile]
 """
 from __future__ import annotations
 
@@ -119,8 +125,9 @@ def _diff_table(per: dict, steps: int, label: str) -> None:
 
 
 def py_costs(me, ma, ids, labels, sync, steps: int) -> int:
-    """Print the main thread's own time a step of each Python function and builtin
-    (cProfile), eager and accel, by the difference a step."""
+    """Print the own time a step of each Python function and builtin (cProfile: on Python
+    3.12 and later, every thread's, autograd's device thread included), eager and accel,
+    by the difference a step."""
     import cProfile
     import os
     import pstats
