@@ -298,6 +298,7 @@ import sys
 import torch
 from accel.allocator import MIN_BLOCK, empty_strided as _pool_empty_strided
 from accel.ops import DTYPES, NOT_DEFERRABLE, SCALAR, TENSOR, Deferred
+from accel._core_py import ext_overlap as _ext_overlap_py
 
 cdef object _data_ptr = torch._C.TensorBase.data_ptr
 cdef object _untyped_storage = torch._C.TensorBase.untyped_storage
@@ -329,18 +330,22 @@ def kernel_ptrs(list ext, list outs, tuple live_idx, list scratch):
 
 ctypedef object (*empty_strided_fn)(object, object, object, object)
 ctypedef object (*liveness_fn)(object)
+ctypedef object (*overlap_fn)(object, object)
 cdef empty_strided_fn _fast_empty = NULL
 cdef liveness_fn _fast_liveness = NULL
+cdef overlap_fn _fast_overlap = NULL
 
 
-def set_helpers(size_t empty_strided, size_t liveness):
+def set_helpers(size_t empty_strided, size_t liveness, size_t overlap=0):
     """Use the dispatch filter's C++ helpers (include/accel/dispatch_filter.cpp; addresses,
     0: none): ``accel_empty_strided`` allocates deferred outputs (``torch.empty_strided``
     without the Python binding's argument parsing), ``accel_liveness`` computes
-    :meth:`RegionCore.liveness` (without a Python call per output)."""
-    global _fast_empty, _fast_liveness
+    :meth:`RegionCore.liveness` (without a Python call per output), ``accel_ext_overlap``
+    :func:`ext_overlap` (without a storage object per input)."""
+    global _fast_empty, _fast_liveness, _fast_overlap
     _fast_empty = <empty_strided_fn>empty_strided
     _fast_liveness = <liveness_fn>liveness
+    _fast_overlap = <overlap_fn>overlap
 
 
 def set_cuda_half(bint on):
@@ -348,6 +353,19 @@ def set_cuda_half(bint on):
     set at each enable); off, such calls run eagerly."""
     global _cuda_half
     _cuda_half = on
+
+
+cdef object _overlap(list ext, tuple written):
+    if _fast_overlap != NULL:
+        return _fast_overlap(ext, written)
+    return _ext_overlap_py(ext, written)
+
+
+def ext_overlap(list ext, tuple written):
+    """Whether an external input at an index in ``written`` shares memory with another of
+    ``ext``: their storages' byte ranges intersect (the dispatch filter's C++ helper, else
+    the pure-Python twin's :func:`accel._core_py.ext_overlap`)."""
+    return _overlap(ext, written)
 
 
 cdef tuple _CONST_TYPES = (bool, int, float, str, type(None), torch.dtype, torch.device,
@@ -489,7 +507,8 @@ cdef class RegionCore:
             return False
         first = self.first
         if self.mutates_ext:
-            if self.ext_overlap():
+            written = node.written
+            if self.ext_overlap() if written is None else _overlap(self.ext, written):
                 return False
             first = None  # execute predicts nothing for a region writing its inputs
         elif first is not None:

@@ -20,9 +20,25 @@ _TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 _cuda_half = True
 
 
-def set_helpers(empty_strided: int, liveness: int) -> None:
+def set_helpers(empty_strided: int, liveness: int, overlap: int = 0) -> None:
     """The native core's use of the dispatch filter's C++ helpers (see accel/_core.pyx);
     the twin does without them."""
+
+
+def ext_overlap(ext: list, written: tuple) -> bool:
+    """Whether an external input at an index in ``written`` shares memory with another of
+    ``ext`` (a list of tensors): their storages' byte ranges intersect (external inputs
+    that are only read may share it: ``x`` and ``x.t()``)."""
+    spans = []
+    for t in ext:
+        s = _untyped_storage(t)
+        spans.append((s.data_ptr(), s.data_ptr() + s.nbytes()))
+    for j in written:
+        b = spans[j]
+        for i, a in enumerate(spans):
+            if i != j and a[0] < b[1] and b[0] < a[1]:
+                return True
+    return False
 
 
 def set_cuda_half(on: bool) -> None:

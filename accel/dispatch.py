@@ -169,7 +169,8 @@ def _load(entry) -> None:
     from .region import native
 
     native.set_helpers(*(ctypes.cast(f, ctypes.c_void_p).value
-                         for f in (lib.accel_empty_strided, lib.accel_liveness)))
+                         for f in (lib.accel_empty_strided, lib.accel_liveness,
+                                   lib.accel_ext_overlap)))
     _lib, building = lib, False
     log.info("dispatch filter loaded (torch %s)", torch.__version__)
 

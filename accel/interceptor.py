@@ -218,6 +218,8 @@ class AccelMode(TorchDispatchMode):
         kwargs = kwargs or {}
         spec = self.table.get(id(func))  # by id: OpOverload's __hash__ is Python code
         if _get_ident() != self.owner:  # an autograd engine thread
+            if spec is None and id(func) in self.views:  # (unpacking a saved output: detach)
+                return func._op(*args, **kwargs)
             return self._worker_dispatch(func, spec, args, kwargs)
         region = self.region
         if spec is not None and not region.busy:

@@ -298,13 +298,4 @@ class Region(RegionCore):
             written = self.node.written = tuple(sorted(
                 {ref[1] for func, targs, tkw, _ in self.calls
                  for ref in _written(table[func], targs, tkw) if ref[0] == "x"}))
-        spans = []
-        for t in self.ext:
-            s = _untyped_storage(t)
-            spans.append((s.data_ptr(), s.data_ptr() + s.nbytes()))
-        for j in written:
-            b = spans[j]
-            for i, a in enumerate(spans):
-                if i != j and a[0] < b[1] and b[0] < a[1]:
-                    return True
-        return False
+        return native.ext_overlap(self.ext, written)

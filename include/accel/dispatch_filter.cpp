@@ -34,7 +34,11 @@
 // have, and the edge it takes is learnt from the core's `last_call`. The key refines the
 // interceptor's: equal keys here mean equal keys there, except for numbers, which are
 // keyed by class (type, zero, NaN, sign, at the schema's default or not) and checked
-// against the values the interceptor took as constants.
+// against the values the interceptor took as constants. While autograd handles such a
+// call (around record()), the Python key is excluded: autograd saves outputs for backward
+// as shallow copies, which with a dispatch mode on the stack are aten::detach calls into
+// it, and without the key they stay in C++, as in eager (not where saved-tensor hooks
+// are set: a pack hook may read the pending output, and its calls must reach the mode).
 //
 // torch has no dispatch key reserved for modes outside it; TESTING_ONLY_GenericMode is
 // a mode key above autograd that no part of torch registers a kernel for (only the
@@ -50,6 +54,7 @@
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 
+#include <ATen/SavedTensorHooks.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty_strided.h>
 #include <c10/core/TensorOptions.h>
@@ -190,7 +195,14 @@ void filter(const OperatorHandle& op, DispatchKeySet ks, torch::jit::Stack* stac
     }
     if (kind == kDefer && can_record(v) && only_accel(op, *stack)) {
       ++t_counts[1];
-      op.redispatchBoxed((ks - kPython) | kRecord, stack);  // to record(), after autograd
+      // to record(), after autograd; the Python key excluded meanwhile (see the top of
+      // the file; record() puts it back while it runs)
+      if (at::SavedTensorDefaultHooks::get_tls_state().stack.empty()) {
+        c10::impl::ExcludeDispatchKeyGuard no_python(kPython);
+        op.redispatchBoxed((ks - kPython) | kRecord, stack);
+      } else {
+        op.redispatchBoxed((ks - kPython) | kRecord, stack);
+      }
       return;
     }
   }
@@ -530,7 +542,15 @@ const Edge* find_edge(const std::vector<int64_t>& key) {
 
 // The fallback below autograd for the calls the filter sends here (see the top of the
 // file); `ks`, with the Python key put back, is the mode's path.
+// The Python key as the filter found it (not excluded), while record() runs.
+struct PythonKeyBack {
+  bool was = c10::impl::tls_is_dispatch_key_excluded(DispatchKey::Python);
+  PythonKeyBack() { c10::impl::tls_set_dispatch_key_excluded(DispatchKey::Python, false); }
+  ~PythonKeyBack() { c10::impl::tls_set_dispatch_key_excluded(DispatchKey::Python, was); }
+};
+
 void record(const OperatorHandle& op, DispatchKeySet ks, torch::jit::Stack* stack) {
+  PythonKeyBack python_back;  // see filter()
   ks = ks.remove(kRecordKey) | kPython;
   accel_region_view* v = t_view;
   thread_local std::vector<int64_t> key;
@@ -703,6 +723,45 @@ PyObject* accel_liveness(PyObject* outs) {
     PyTuple_SET_ITEM(live, k, b);
   }
   return live;
+  END_HANDLE_TH_ERRORS
+}
+
+// Whether an external input a region writes shares memory with another of its external
+// inputs (RegionCore.spans_overlap, which calls this with the GIL held): `ext`, a list of
+// tensors; `written`, a tuple of indices into it. Storages are compared by their byte
+// ranges [data, data + nbytes). Returns a new reference to True or False, or null with a
+// Python exception set where an element is not a tensor or an index is out of range.
+PyObject* accel_ext_overlap(PyObject* ext, PyObject* written) {
+  HANDLE_TH_ERRORS
+  if (!PyList_Check(ext) || !PyTuple_Check(written)) {
+    PyErr_SetString(PyExc_TypeError, "accel_ext_overlap: bad arguments");
+    return nullptr;
+  }
+  Py_ssize_t n = PyList_GET_SIZE(ext);
+  c10::SmallVector<std::pair<uintptr_t, uintptr_t>, 16> spans(n);
+  for (Py_ssize_t k = 0; k < n; ++k) {
+    PyObject* o = PyList_GET_ITEM(ext, k);
+    if (!THPVariable_Check(o)) {
+      PyErr_SetString(PyExc_TypeError, "accel_ext_overlap: not a tensor");
+      return nullptr;
+    }
+    const c10::Storage& s = THPVariable_Unpack(o).storage();
+    uintptr_t lo = reinterpret_cast<uintptr_t>(s.data());
+    spans[k] = {lo, lo + s.nbytes()};
+  }
+  for (Py_ssize_t w = 0; w < PyTuple_GET_SIZE(written); ++w) {
+    Py_ssize_t j = PyLong_AsSsize_t(PyTuple_GET_ITEM(written, w));
+    if (j < 0 || j >= n) {
+      if (!PyErr_Occurred()) PyErr_SetString(PyExc_IndexError, "accel_ext_overlap: index out of range");
+      return nullptr;
+    }
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      if (i != j && spans[i].first < spans[j].second && spans[j].first < spans[i].second) {
+        Py_RETURN_TRUE;
+      }
+    }
+  }
+  Py_RETURN_FALSE;
   END_HANDLE_TH_ERRORS
 }
 
