@@ -271,6 +271,25 @@ def test_functorch_transforms_inside_accel():
     close(got, want)
 
 
+def test_calls_made_above_autograd_reach_the_mode():
+    """Where more than autograd's kernel runs between the filter and the recording of a
+    deferred call, the calls it makes reach the mode (the Python key stays): an op that
+    decomposes above autograd (``var_mean.dim``) and autocast casting a pending output,
+    step after step (once the filter records them): eager's results."""
+    x = torch.randn(16, 48)
+
+    def run():
+        out = [torch.var_mean(x * 3, 1)]
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out.append(torch.prod((x * 0.5).bfloat16() + 1, 1))  # prod: autocast's float32 list
+        return out
+
+    want = run()
+    with accel.eager():
+        for _ in range(4):
+            close(run(), want)
+
+
 def test_calls_inside_a_passed_call_run_eagerly():
     """An op the filter passes runs with the mode's keys excluded, as inside the mode's
     ``__torch_dispatch__``: what its kernel computes is not deferred (here the kernel reads

@@ -34,11 +34,13 @@
 // have, and the edge it takes is learnt from the core's `last_call`. The key refines the
 // interceptor's: equal keys here mean equal keys there, except for numbers, which are
 // keyed by class (type, zero, NaN, sign, at the schema's default or not) and checked
-// against the values the interceptor took as constants. While autograd handles such a
-// call (around record()), the Python key is excluded: autograd saves outputs for backward
-// as shallow copies, which with a dispatch mode on the stack are aten::detach calls into
-// it, and without the key they stay in C++, as in eager (not where saved-tensor hooks
-// are set: a pack hook may read the pending output, and its calls must reach the mode).
+// against the values the interceptor took as constants. While autograd's generated
+// kernel handles such a call (around record()), the Python key is excluded: autograd
+// saves outputs for backward as shallow copies, which with a dispatch mode on the stack
+// are aten::detach calls into it, and without the key they stay in C++, as in eager. Not
+// where anything else runs above record() and could make calls that must reach the mode
+// (an op that decomposes above autograd, functorch, autocast, ...), nor where saved-tensor
+// hooks are set (a pack hook may read the pending output).
 //
 // torch has no dispatch key reserved for modes outside it; TESTING_ONLY_GenericMode is
 // a mode key above autograd that no part of torch registers a kernel for (only the
@@ -89,8 +91,10 @@ const DispatchKeySet kPython(DispatchKey::Python);
 const DispatchKeySet kRecord(kRecordKey);
 
 // kMode: composite ops (the mode's path); kDefer: ops the interceptor may defer (the
-// mode's path, or recorded here); kView, kPlain: run past the mode where they can
-enum Kind : uint8_t { kMode = 0, kView = 1, kPlain = 2, kDefer = 3 };
+// mode's path, or recorded here), kDeferComposite such an op that decomposes above
+// autograd (CompositeImplicitAutograd: its parts are calls of their own); kView, kPlain:
+// run past the mode where they can
+enum Kind : uint8_t { kMode = 0, kView = 1, kPlain = 2, kDefer = 3, kDeferComposite = 4 };
 
 std::mutex g_mu;  // guards the tables below
 std::unordered_set<std::string> g_deferrable, g_views;  // "aten::add.Tensor", "aten::view"
@@ -118,7 +122,7 @@ uint8_t kind_of(const OperatorHandle& op) {
   std::string name = full_name(op.operator_name());
   uint8_t k = kPlain;
   if (g_deferrable.count(name)) {
-    k = kDefer;
+    k = op.hasKernelForDispatchKey(DispatchKey::CompositeImplicitAutograd) ? kDeferComposite : kDefer;
   } else if (op.hasKernelForDispatchKey(DispatchKey::CompositeImplicitAutograd)) {
     k = kMode;
   } else if (g_views.count(name)) {
@@ -179,6 +183,22 @@ bool flush_region() {
   return t_view->pending == 0;
 }
 
+// The keys a call sent to record() passes on its way (those above `Fake`) are autograd's
+// and the Python keys alone: no functorch transform, autocast, functionalization,
+// conjugate or negative view, whose kernels would make calls of their own there.
+bool only_autograd_above_record(DispatchKeySet ks) {
+  for (DispatchKey k : ks) {
+    DispatchKey f = c10::toFunctionalityKey(k);
+    if (static_cast<uint16_t>(f) <= static_cast<uint16_t>(kRecordKey)) continue;
+    if (f != DispatchKey::Python && f != DispatchKey::PythonTLSSnapshot &&
+        f != DispatchKey::ADInplaceOrView && f != DispatchKey::AutogradFunctionality &&
+        f != DispatchKey::AutogradOther) {
+      return false;
+    }
+  }
+  return true;
+}
+
 void filter(const OperatorHandle& op, DispatchKeySet ks, torch::jit::Stack* stack) {
   ks = ks.remove(kFilterKey);
   if (ks.has(DispatchKey::Python)) {
@@ -193,11 +213,13 @@ void filter(const OperatorHandle& op, DispatchKeySet ks, torch::jit::Stack* stac
       op.redispatchBoxed(ks - kBypass, stack);
       return;
     }
-    if (kind == kDefer && can_record(v) && only_accel(op, *stack)) {
+    if ((kind == kDefer || kind == kDeferComposite) && can_record(v) && only_accel(op, *stack)) {
       ++t_counts[1];
-      // to record(), after autograd; the Python key excluded meanwhile (see the top of
-      // the file; record() puts it back while it runs)
-      if (at::SavedTensorDefaultHooks::get_tls_state().stack.empty()) {
+      // to record(), after autograd; the Python key excluded meanwhile where autograd's
+      // generated kernel is all that runs before record() (see the top of the file;
+      // record() puts it back while it runs)
+      if (kind == kDefer && only_autograd_above_record(ks) &&
+          at::SavedTensorDefaultHooks::get_tls_state().stack.empty()) {
         c10::impl::ExcludeDispatchKeyGuard no_python(kPython);
         op.redispatchBoxed((ks - kPython) | kRecord, stack);
       } else {
