@@ -16,7 +16,11 @@ few µs a call on both sides), eager and accel side by side, the largest differe
 first. ``--cprofile``: the same for each Python function and builtin's own time
 (cProfile; a builtin's includes the C++ below it, not the Python it calls back).
 
-    python bench/host_parts.py [--device cpu|cuda] [--steps 30] [--ops | --cprofile]
+``--tiny``: a GPT-2 of 32 channels, 2 heads, a batch of one 8-token sequence instead of the
+demo's, whose step is host-bound on the CPU as the demo's is on a GPU (a proxy for the
+GPU's host cost on a machine without one; one thread).
+
+    python bench/host_parts.py [--device cpu|cuda] [--steps 30] [--tiny] [--ops | --cprofile]
 """
 from __future__ import annotations
 
@@ -195,11 +199,17 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--ops", action="store_true", help="host µs per aten op, eager vs accel")
     p.add_argument("--cprofile", action="store_true", help="own time per Python function, eager vs accel")
+    p.add_argument("--tiny", action="store_true", help="a host-bound GPT-2 (32 channels, 8 tokens)")
     args = p.parse_args(argv)
     dev = torch.device(args.device)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-    base = build_model().to(dev)
-    ids, labels = (t.to(dev) for t in make_batch())
+    if args.tiny:
+        torch.set_num_threads(1)
+        base, (ids, labels) = build_model(embd=32, heads=2, seq=8), make_batch(batch=1, seq=8)
+    else:
+        base, (ids, labels) = build_model(), make_batch()
+    base = base.to(dev)
+    ids, labels = ids.to(dev), labels.to(dev)
     me, ma = copy.deepcopy(base), copy.deepcopy(base)
     dispatch.wait()
     if args.ops or args.cprofile:
