@@ -38,7 +38,8 @@ class EditableWheel(editable_wheel):
 
 setup(
     ext_modules=cythonize(
-        [Extension("accel._core", ["accel/_core.pyx"], include_dirs=["include"])],
+        [Extension("accel._core", ["accel/_core.pyx"], include_dirs=["include"],
+                   depends=["accel/_launch.pxi"])],
         compiler_directives={"language_level": "3"},
     ),
     cmdclass={"build_py": BuildPy, "editable_wheel": EditableWheel},
