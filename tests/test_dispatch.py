@@ -272,16 +272,23 @@ def test_functorch_transforms_inside_accel():
 
 
 def test_calls_made_above_autograd_reach_the_mode():
-    """Where more than autograd's kernel runs between the filter and the recording of a
-    deferred call, the calls it makes reach the mode (the Python key stays): an op that
-    decomposes above autograd (``var_mean.dim``) and autocast casting a pending output,
-    step after step (once the filter records them): eager's results."""
-    x = torch.randn(16, 48)
+    """Where more than autograd's generated kernel runs between the filter and the
+    recording of a deferred call, or that kernel computes from the call's output, the calls
+    made there reach the mode (the Python key stays): an op that decomposes above autograd
+    (``var_mean.dim``), autocast casting a pending output, forward-mode AD computing a
+    tangent from a pending output, step after step (once the filter records them): eager's
+    results."""
+    import torch.autograd.forward_ad as fwAD
+
+    x, tangent = torch.randn(16, 48), torch.randn(16, 48)
 
     def run():
         out = [torch.var_mean(x * 3, 1)]
         with torch.autocast("cpu", dtype=torch.bfloat16):
             out.append(torch.prod((x * 0.5).bfloat16() + 1, 1))  # prod: autocast's float32 list
+        with fwAD.dual_level():
+            y = torch.tanh(fwAD.make_dual(x, tangent) * 0.5).mul(2)  # tanh's tangent reads tanh
+            out.extend(t.clone() for t in fwAD.unpack_dual(y))
         return out
 
     want = run()

@@ -40,7 +40,8 @@
 // are aten::detach calls into it, and without the key they stay in C++, as in eager. Not
 // where anything else runs above record() and could make calls that must reach the mode
 // (an op that decomposes above autograd, functorch, autocast, ...), nor where saved-tensor
-// hooks are set (a pack hook may read the pending output).
+// hooks are set (a pack hook may read the pending output) or an argument is a dual tensor
+// (forward-mode AD computes the output's tangent from it there).
 //
 // torch has no dispatch key reserved for modes outside it; TESTING_ONLY_GenericMode is
 // a mode key above autograd that no part of torch registers a kernel for (only the
@@ -199,6 +200,25 @@ bool only_autograd_above_record(DispatchKeySet ks) {
   return true;
 }
 
+// An argument carries a forward-mode gradient (a dual tensor, level 0: torch nests no
+// more): autograd's kernel computes the output's tangent from the pending output there.
+bool has_forward_grad(const OperatorHandle& op, const torch::jit::Stack& stack) {
+  auto fw = [](const c10::IValue& v) {
+    return v.isTensor() && v.toTensor().defined() && v.toTensor()._fw_grad(0).defined();
+  };
+  size_t n = op.schema().arguments().size();
+  for (size_t i = stack.size() - n; i < stack.size(); ++i) {
+    const c10::IValue& v = stack[i];
+    if (fw(v)) return true;
+    if (v.isList()) {
+      for (const c10::IValue& e : v.toListRef()) {
+        if (fw(e)) return true;
+      }
+    }
+  }
+  return false;
+}
+
 void filter(const OperatorHandle& op, DispatchKeySet ks, torch::jit::Stack* stack) {
   ks = ks.remove(kFilterKey);
   if (ks.has(DispatchKey::Python)) {
@@ -219,7 +239,8 @@ void filter(const OperatorHandle& op, DispatchKeySet ks, torch::jit::Stack* stac
       // generated kernel is all that runs before record() (see the top of the file;
       // record() puts it back while it runs)
       if (kind == kDefer && only_autograd_above_record(ks) &&
-          at::SavedTensorDefaultHooks::get_tls_state().stack.empty()) {
+          at::SavedTensorDefaultHooks::get_tls_state().stack.empty() &&
+          !has_forward_grad(op, *stack)) {
         c10::impl::ExcludeDispatchKeyGuard no_python(kPython);
         op.redispatchBoxed((ks - kPython) | kRecord, stack);
       } else {
