@@ -138,23 +138,29 @@ bool has_python_key(const c10::IValue& v) {
          v.toTensor().unsafeGetTensorImpl()->key_set().has(DispatchKey::Python);
 }
 
+// Whether `pred` holds for an argument of the call on `stack`, or an element of a list one.
+template <typename Pred>
+bool any_argument(const OperatorHandle& op, const torch::jit::Stack& stack, Pred pred) {
+  size_t n = op.schema().arguments().size();
+  for (size_t i = stack.size() - n; i < stack.size(); ++i) {
+    const c10::IValue& v = stack[i];
+    if (pred(v)) return true;
+    if (v.isList()) {
+      for (const c10::IValue& e : v.toListRef()) {
+        if (pred(e)) return true;
+      }
+    }
+  }
+  return false;
+}
+
 // The mode stack holds accel's mode alone, and no argument is a Python-key tensor.
 bool only_accel(const OperatorHandle& op, const torch::jit::Stack& stack) {
   if (c10::impl::TorchDispatchModeTLS::stack_len() != 1) return false;
   const auto& mode = c10::impl::TorchDispatchModeTLS::get_stack_at(0);
   PyTypeObject* type = Py_TYPE(mode->ptr(&mode->pyinterpreter()));
   if (type != g_mode_types[0] && type != g_mode_types[1]) return false;
-  size_t n = op.schema().arguments().size();
-  for (size_t i = stack.size() - n; i < stack.size(); ++i) {
-    const c10::IValue& v = stack[i];
-    if (has_python_key(v)) return false;
-    if (v.isList()) {
-      for (const c10::IValue& e : v.toListRef()) {
-        if (has_python_key(e)) return false;
-      }
-    }
-  }
-  return true;
+  return !any_argument(op, stack, has_python_key);
 }
 
 // The region may take a call recorded here: its owner thread, not busy, not at its size
@@ -203,20 +209,9 @@ bool only_autograd_above_record(DispatchKeySet ks) {
 // An argument carries a forward-mode gradient (a dual tensor, level 0: torch nests no
 // more): autograd's kernel computes the output's tangent from the pending output there.
 bool has_forward_grad(const OperatorHandle& op, const torch::jit::Stack& stack) {
-  auto fw = [](const c10::IValue& v) {
+  return any_argument(op, stack, [](const c10::IValue& v) {
     return v.isTensor() && v.toTensor().defined() && v.toTensor()._fw_grad(0).defined();
-  };
-  size_t n = op.schema().arguments().size();
-  for (size_t i = stack.size() - n; i < stack.size(); ++i) {
-    const c10::IValue& v = stack[i];
-    if (fw(v)) return true;
-    if (v.isList()) {
-      for (const c10::IValue& e : v.toListRef()) {
-        if (fw(e)) return true;
-      }
-    }
-  }
-  return false;
+  });
 }
 
 void filter(const OperatorHandle& op, DispatchKeySet ks, torch::jit::Stack* stack) {
