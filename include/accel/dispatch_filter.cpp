@@ -71,6 +71,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <unordered_map>
@@ -233,14 +234,13 @@ void filter(const OperatorHandle& op, DispatchKeySet ks, torch::jit::Stack* stac
       // to record(), after autograd; the Python key excluded meanwhile where autograd's
       // generated kernel is all that runs before record() (see the top of the file;
       // record() puts it back while it runs)
+      std::optional<c10::impl::ExcludeDispatchKeyGuard> no_python;
       if (kind == kDefer && only_autograd_above_record(ks) &&
           at::SavedTensorDefaultHooks::get_tls_state().stack.empty() &&
           !has_forward_grad(op, *stack)) {
-        c10::impl::ExcludeDispatchKeyGuard no_python(kPython);
-        op.redispatchBoxed((ks - kPython) | kRecord, stack);
-      } else {
-        op.redispatchBoxed((ks - kPython) | kRecord, stack);
+        no_python.emplace(kPython);
       }
+      op.redispatchBoxed((ks - kPython) | kRecord, stack);
       return;
     }
   }
