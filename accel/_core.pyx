@@ -56,7 +56,7 @@ cdef overlap_fn _fast_overlap = NULL
 
 
 def set_helpers(size_t empty_strided, size_t liveness, size_t overlap=0):
-    """Use the dispatch filter's C++ helpers (include/accel/dispatch_filter.cpp; addresses,
+    """Use the dispatch filter's C++ helpers (include/accel/core_helpers.h; addresses,
     0: none): ``accel_empty_strided`` allocates deferred outputs (``torch.empty_strided``
     without the Python binding's argument parsing), ``accel_liveness`` computes
     :meth:`RegionCore.liveness` (without a Python call per output), ``accel_ext_overlap``

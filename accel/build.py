@@ -75,7 +75,7 @@ def source_hash() -> str:
     reused, as Inductor's ``torch_key`` does for its own sources."""
     h = hashlib.sha256()
     pkg = os.path.dirname(os.path.abspath(__file__))
-    for folder, exts in ((pkg, (".py", ".pyx")), (os.path.join(pkg, "codegen"), (".py",)),
+    for folder, exts in ((pkg, (".py", ".pyx", ".pxi")), (os.path.join(pkg, "codegen"), (".py",)),
                          (os.path.join(INCLUDE_DIR, "accel"), (".h", ".cuh"))):
         for name in sorted(os.listdir(folder)):
             if name.endswith(exts):

@@ -39,8 +39,8 @@ __all__ = ["SOURCE", "store_key", "start", "active", "loaded", "wait", "set_incl
            "counts", "recorded", "off_reason"]
 
 SOURCE = os.path.join(build.INCLUDE_DIR, "accel", "dispatch_filter.cpp")
-#: the header it shares with the region core
-VIEW_HEADER = os.path.join(build.INCLUDE_DIR, "accel", "region_view.h")
+#: the headers it includes: the region view it shares with the region core, the core's helpers
+HEADERS = tuple(os.path.join(build.INCLUDE_DIR, "accel", h) for h in ("region_view.h", "core_helpers.h"))
 
 _lock = threading.Lock()
 _lib = None  # the loaded library, its fallback registered
@@ -64,8 +64,10 @@ def store_key() -> str:
     """
     from .store import STORE_VERSION
 
-    with open(VIEW_HEADER) as f:
-        text = _source() + f.read()
+    text = _source()
+    for h in HEADERS:
+        with open(h) as f:
+            text += f.read()
     parts = {"store": STORE_VERSION, "dispatch_filter": hashlib.sha256(text.encode()).hexdigest(),
              "toolchain": build.torch_extension_key()}
     return hashlib.sha256(repr(sorted(parts.items())).encode()).hexdigest()

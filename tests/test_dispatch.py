@@ -443,7 +443,7 @@ def test_a_failed_recording_takes_the_modes_path():
 
 
 def _helpers():
-    """The filter's C++ helpers (include/accel/dispatch_filter.cpp) as Python callables,
+    """The filter's C++ helpers (include/accel/core_helpers.h) as Python callables,
     and their addresses."""
     lib = dispatch._lib
     addrs = [ctypes.cast(f, ctypes.c_void_p).value
