@@ -197,6 +197,8 @@ class RegionCore:
                 node = self._new_node(func, spec, key, targs, tkw)
             if node.outs is NOT_DEFERRABLE:
                 raise Deferred("meta")
+            if node.eager_first is True:  # a small region's first call (accel.interceptor)
+                raise Deferred("small region")
         except Deferred:
             self._rollback(n_ext, n_sc, len(self.outs))
             raise

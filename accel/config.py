@@ -113,6 +113,11 @@ FLAGS = {
              "end at each flush, checking its inputs at the first call), more than a smaller "
              "kernel runs on a GPU, so below it launching ahead only slows a host-bound "
              "program. Read at each enable."),
+        Flag("ACCEL_EAGER_SMALL_REGIONS", True, _parse_bool,
+             "Run eagerly the first call of a region that was small when it first flushed "
+             "(at most 3 calls, reading and writing under 64 KiB on a CPU or 16 MiB on a "
+             "GPU): recording and flushing it costs the host more than its calls cost eager, "
+             "and fusing it saves the device less. Read at each enable; 0: fuse every region."),
         Flag("ACCEL_CUDA_HALF", True, _parse_bool,
              "Run float16/bfloat16 regions on CUDA GPUs as kernels (off: eagerly, an escape "
              "hatch). Read at each enable."),

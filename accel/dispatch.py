@@ -36,7 +36,7 @@ from . import build, config
 log = logging.getLogger("accel")
 
 __all__ = ["SOURCE", "store_key", "start", "active", "loaded", "wait", "set_included", "bind",
-           "counts", "recorded", "off_reason"]
+           "counts", "recorded", "small_region_calls", "eager_first", "off_reason"]
 
 SOURCE = os.path.join(build.INCLUDE_DIR, "accel", "dispatch_filter.cpp")
 #: the headers it includes: the region view it shares with the region core, the core's helpers
@@ -157,6 +157,8 @@ def _load(entry) -> None:
         lib.accel_filter_bind.argtypes = [ctypes.c_void_p]
         lib.accel_filter_counts.argtypes = [ctypes.POINTER(ctypes.c_uint64)]
         lib.accel_filter_recorded.restype = ctypes.c_uint64
+        lib.accel_filter_small.restype = ctypes.c_uint64
+        lib.accel_filter_eager_first.argtypes = [ctypes.c_void_p]
         deferrable = "\n".join(_name(op) for op in fusible_ops()).encode()
         views = "\n".join(_name(op) for op in VIEW_OPS).encode()
         replay = getattr(RegionCore, "_replay", None)  # the native core's (the twin: never called)
@@ -231,20 +233,34 @@ def bind(region) -> None:
     _lib.accel_filter_bind(region.pending_address())
 
 
-def counts() -> Tuple[int, int, int]:
+def counts() -> Tuple[int, int, int, int]:
     """The calling thread's filter counts: (calls run past the mode, calls passed on to
-    it, calls the filter recorded into the thread's region itself)."""
+    it, calls the filter recorded into the thread's region itself, small regions' first
+    calls it ran eagerly)."""
     if _lib is None:
-        return 0, 0, 0
-    out = (ctypes.c_uint64 * 3)()
+        return 0, 0, 0, 0
+    out = (ctypes.c_uint64 * 4)()
     _lib.accel_filter_counts(out)
-    return out[0], out[1], out[2]
+    return out[0], out[1], out[2], out[3]
 
 
 def recorded() -> int:
     """Calls the filter recorded into a region itself, on every thread of the process
     (autograd's device threads included)."""
     return 0 if _lib is None else _lib.accel_filter_recorded()
+
+
+def small_region_calls() -> int:
+    """Small regions' first calls the filter ran eagerly, on every thread of the process
+    (see ``accel.interceptor.SMALL_REGION_CALLS``)."""
+    return 0 if _lib is None else _lib.accel_filter_small()
+
+
+def eager_first(node) -> None:
+    """Tell the filter that trie node ``node`` is a small region's first call, which runs
+    eagerly from now on (``TrieNode.eager_first``)."""
+    if _lib is not None:
+        _lib.accel_filter_eager_first(id(node))
 
 
 def off_reason() -> Optional[str]:

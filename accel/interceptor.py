@@ -61,9 +61,43 @@ def flush() -> None:
             _flush_region(w.region)
 
 
+#: Small regions: a region of at most SMALL_REGION_CALLS calls whose kernel reads and writes
+#: fewer than SMALL_REGION_BYTES[device type] bytes costs the host more (recording its calls,
+#: then a flush: 10-30 µs) than eager spends on the calls it replaces, and saves the device
+#: less than that (its intermediates' traffic). The first flush of a region that began with
+#: a given call decides, for that call's trie node (``TrieNode.eager_first``); where it was
+#: small, the call runs eagerly from then on, on the mode's path and the dispatch filter's
+#: alike, and the calls after it start the next region (``ACCEL_EAGER_SMALL_REGIONS``).
+SMALL_REGION_CALLS = 3
+SMALL_REGION_BYTES = {"cpu": 64 << 10, "cuda": 16 << 20}
+_eager_small = True  # ACCEL_EAGER_SMALL_REGIONS, read at each enable
+
+
+def _decide_small(region, node) -> None:
+    """Decide ``eager_first`` for the first trie node of ``region`` (of ``node.depth`` <=
+    SMALL_REGION_CALLS calls, ending at ``node``), before its flush."""
+    head = node
+    while head.depth > 1:
+        head = head.parent
+    if head.eager_first is not None:
+        return
+    dev = region.device
+    limit = SMALL_REGION_BYTES.get("cpu" if dev is None else dev.type, 0)
+    traffic = (sum(t.numel() * t.element_size() for t in region.ext)
+               + sum(m[3] for m in region.out_meta))
+    head.eager_first = small = traffic < limit
+    if small:
+        dispatch.eager_first(head)
+        log.debug("accel: a small region (%d calls, %d bytes) begins with %s: it runs eagerly",
+                  node.depth, traffic, region.calls[0][0])
+
+
 def _flush_region(region) -> None:
     if region.busy or not region.calls:
         return
+    node = region.node
+    if node.depth <= SMALL_REGION_CALLS and _eager_small:
+        _decide_small(region, node)
     if not region.run_cached(runtime.STATS, CompiledRegion, runtime._ahead_min, bool(PENDING_NODES)):
         region.busy = True
         try:
@@ -108,6 +142,8 @@ def _record(mode, region, func, spec, args, kwargs):
     except Deferred as e:
         _flush_region(region)
         if e.args[0] != "alias":
+            if e.args[0] == "small region":
+                runtime.STATS["small_region_calls"] += 1
             return _EAGER
         try:  # it read a view of a pending output: now a plain input
             out = region.record(func, spec, args, kwargs)
@@ -363,6 +399,8 @@ def enable() -> None:
     allocator.set_capacity(cfg["ACCEL_CPU_POOL_MB"])
     set_cuda_half(cfg["ACCEL_CUDA_HALF"])
     set_launch_ahead_min(cfg["ACCEL_LAUNCH_AHEAD_MIN_MB"])
+    global _eager_small
+    _eager_small = cfg["ACCEL_EAGER_SMALL_REGIONS"]
     cls = _DynamoSafeAccelMode if "torch._dynamo" in sys.modules and not _DYNAMO_SKIPS else AccelMode
     mode = st.spare.pop() if st.spare and type(st.spare[-1]) is cls else cls()
     mode.cap = cfg["ACCEL_MAX_REGION"]

@@ -47,11 +47,14 @@ class TrieNode:
     tensors); ``writes_ext``: it writes an external input. ``kernels`` maps a liveness mask
     to the compiled region ending here; ``predict``, on a region's first call, how the last
     regions that began with it ended (for launching their kernel ahead); ``written``, once
-    a region ending here was flushed, the external inputs it writes (indices).
+    a region ending here was flushed, the external inputs it writes (indices);
+    ``eager_first``, on a region's first call, whether the call runs eagerly instead
+    (the first region that began here was small: see ``accel.interceptor``; None: not
+    decided yet).
     """
 
     __slots__ = ("children", "outs", "ret", "multi", "n_new", "writes_ext", "kernels", "call",
-                 "parent", "depth", "digest", "predict", "written")
+                 "parent", "depth", "digest", "predict", "written", "eager_first")
 
     def __init__(self, parent=None, call=None):
         self.children: Dict[tuple, TrieNode] = {}
@@ -63,6 +66,7 @@ class TrieNode:
         self.kernels: Dict[tuple, Any] = {}
         self.predict = None  # regions starting here: how the last ones ended (runtime.Prediction)
         self.written = None
+        self.eager_first = None
         self.call = call
         self.parent = parent
         self.depth = 0 if parent is None else parent.depth + 1

@@ -26,7 +26,8 @@ log = logging.getLogger("accel")
 STATS = {"flushes": 0, "kernel_runs": 0, "eager_replays": 0, "memory_hits": 0,
          "store_hits": 0, "compiles": 0, "compile_failures": 0, "compile_time_s": 0.0,
          "load_time_s": 0.0, "speculative_launches": 0, "speculative_hits": 0,
-         "speculative_misses": 0}
+         "speculative_misses": 0, "small_region_calls": 0}
+_small_base = 0  # the dispatch filter's count of small regions' first calls at reset_stats
 _store = None
 _store_lock = threading.Lock()
 _MISSING = object()
@@ -35,14 +36,24 @@ _MISSING = object()
 def stats() -> dict:
     """Counters of this process: flushes, kernel runs, eager replays, in-memory and store
     hits, compiles (and their total time in seconds), kernels launched ahead (at a region's
-    first call) and how many of those were kept or run again."""
-    return dict(STATS)
+    first call) and how many of those were kept or run again, and small regions' first
+    calls run eagerly (``accel.interceptor.SMALL_REGION_CALLS``; by the mode or the dispatch
+    filter)."""
+    from . import dispatch
+
+    out = dict(STATS)
+    out["small_region_calls"] += dispatch.small_region_calls() - _small_base
+    return out
 
 
 def reset_stats() -> None:
     """Zero :func:`stats`."""
+    global _small_base
+    from . import dispatch
+
     for k in STATS:
         STATS[k] = 0.0 if isinstance(STATS[k], float) else 0
+    _small_base = dispatch.small_region_calls()
 
 
 def get_store():

@@ -91,9 +91,10 @@ def main(argv=None) -> int:
         with_filter()
         sync()
         c1 = dispatch.counts()
-        past, on, rec = (b - a for a, b in zip(c0, c1))
+        past, on, rec, small = (b - a for a, b in zip(c0, c1))
         print(f"\nOne accel step, the filter on the calling thread: {past} calls run past the mode, "
-              f"{on} passed on to it or to the filter's recording, {rec} recorded by the filter; "
+              f"{on} passed on to it or to the filter's recording, {rec} recorded by the filter, "
+              f"{small} small regions' first calls run eagerly; "
               f"recorded on every thread (autograd's device thread included): "
               f"{dispatch.recorded() - r0}")
     return 0

@@ -11,6 +11,11 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ["ACCEL_CACHE_DIR"] = os.path.join(
         os.environ["ACCEL_CACHE_DIR"], os.environ["PYTEST_XDIST_WORKER"])
 
+# Small regions (accel.interceptor.SMALL_REGION_CALLS): once seen, a region of a few calls on
+# tiny tensors runs eagerly. The suite's tensors are tiny and what it tests is regions and
+# their kernels, so it fuses every region; the small-region tests turn the default back on.
+os.environ.setdefault("ACCEL_EAGER_SMALL_REGIONS", "0")
+
 
 @pytest.fixture(scope="session", autouse=True)
 def dispatch_filter():

@@ -613,3 +613,100 @@ def test_an_engine_thread_records_through_its_worker(backward_case):
         assert left == 0
     if not native.__name__.endswith("_core_py"):  # the twin's regions have no view to record into
         assert steps[-1][0] > 0, [s[0] for s in steps]
+
+
+# -- small regions: their first call runs eagerly (accel.interceptor.SMALL_REGION_CALLS) ----
+CUDA = pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                     reason="no CUDA device"))
+
+
+@contextlib.contextmanager
+def _path(path):
+    """Inside accel.eager(): the calls take the dispatch filter's path (as usual) or, with
+    its key left out, every call the mode's."""
+    if path == "mode":
+        dispatch.set_included(False)
+    try:
+        yield
+    finally:
+        if path == "mode":
+            dispatch.set_included(True)
+
+
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+@pytest.mark.parametrize("path", ["filter", "mode"])
+def test_a_small_regions_first_call_runs_eagerly(device, path, monkeypatch):
+    """After the first flush of a region of a few calls on tiny tensors, the call it began
+    with runs eagerly (on the filter's path and on the mode's alike): the next call begins
+    the next region, which is small in turn. Every result is eager's."""
+    monkeypatch.setenv("ACCEL_EAGER_SMALL_REGIONS", "1")
+    torch.manual_seed(0)
+    cols = {"filter": 9, "mode": 10}[path]  # trie nodes of their own (the trie is the process's)
+    x, w = torch.randn(4, cols, device=device), torch.randn(cols, 3, device=device)
+    accel.reset_stats()
+    runs = []
+    for i in range(4):
+        before = accel.stats()["kernel_runs"]
+        with accel.eager(), _path(path):
+            y = torch.sin(x) * (i + 1)  # a region of two calls, flushed by the matmul
+            z = y @ w
+        runs.append(accel.stats()["kernel_runs"] - before)
+        close(y, torch.sin(x) * (i + 1))
+        close(z, (torch.sin(x) * (i + 1)) @ w)
+    # 1: [sin, mul] fused, sin then runs eagerly; 2: [mul] fused, then eagerly; 3, 4: eager
+    assert runs == [1, 1, 0, 0]
+    assert accel.stats()["small_region_calls"] == 5
+
+
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+def test_small_regions_need_small_tensors_and_few_calls(device, monkeypatch):
+    """A region over the byte limit, or of more calls than the limit, keeps its kernel;
+    with ACCEL_EAGER_SMALL_REGIONS=0 every region does."""
+    torch.manual_seed(0)
+    big = torch.randn(interceptor.SMALL_REGION_BYTES[device] // 4, device=device)
+    tiny = torch.randn(4, 11, device=device)
+    w = torch.randn(11, 2, device=device)
+    programs = {
+        "big": lambda s: ((torch.sin(big) * s).sum(0, keepdim=True), None),
+        "long": lambda s: (torch.cos(torch.sin(tiny) * s).exp().tanh(), None),
+        "off": lambda s: ((torch.sin(tiny) + s) @ w, None),
+    }
+    for name, program in programs.items():
+        monkeypatch.setenv("ACCEL_EAGER_SMALL_REGIONS", "0" if name == "off" else "1")
+        accel.reset_stats()
+        for i in range(3):
+            with accel.eager():
+                got, _ = program(i + 1.0)
+                if name != "off":
+                    got = got @ torch.ones(got.shape[-1], 1, device=device)  # the flush
+            want, _ = program(i + 1.0)
+            if name != "off":
+                want = want @ torch.ones(want.shape[-1], 1, device=device)
+            close(got, want, msg=name)
+        assert accel.stats()["kernel_runs"] == 3, name
+        assert accel.stats()["small_region_calls"] == 0, name
+
+
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+def test_small_regions_train_as_eager_does(device, monkeypatch):
+    """A small model's training steps with small regions running eagerly (on an engine
+    thread too, on a GPU): the loss and every gradient are eager's at every step."""
+    monkeypatch.setenv("ACCEL_EAGER_SMALL_REGIONS", "1")
+    torch.manual_seed(0)
+    base = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.GELU(approximate="tanh"),
+                               torch.nn.LayerNorm(16), torch.nn.Linear(16, 5)).to(device)
+    me, ma = copy.deepcopy(base), copy.deepcopy(base)
+    x, t = torch.randn(6, 12, device=device), torch.randint(0, 5, (6,), device=device)
+    accel.reset_stats()
+    for _ in range(4):
+        me.zero_grad(set_to_none=True)
+        ma.zero_grad(set_to_none=True)
+        le = torch.nn.functional.cross_entropy(torch.tanh(me(x)) * 2, t)
+        le.backward()
+        with accel.eager():
+            la = torch.nn.functional.cross_entropy(torch.tanh(ma(x)) * 2, t)
+            la.backward()
+        close(la, le)
+        for (n, pe), pa in zip(me.named_parameters(), ma.parameters()):
+            close(pa.grad, pe.grad, msg=n)
+    assert accel.stats()["small_region_calls"] > 0

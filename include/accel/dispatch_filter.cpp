@@ -104,9 +104,11 @@ std::unique_ptr<torch::Library> g_library, g_record_library;
 // the calling thread's region (null: not bound yet); its first byte is nonzero while it
 // has pending calls
 thread_local accel_region_view* t_view = nullptr;
-// calls run past the mode, calls passed on, calls recorded here
-thread_local uint64_t t_counts[3] = {0, 0, 0};
+// calls run past the mode, calls passed on, calls recorded here, small regions' first calls
+// run eagerly here
+thread_local uint64_t t_counts[4] = {0, 0, 0, 0};
 std::atomic<uint64_t> g_recorded{0};  // calls recorded here, on every thread
+std::atomic<uint64_t> g_small{0};     // small regions' first calls run eagerly, on every thread
 PyObject* g_replay = nullptr;  // RegionCore._replay (unbound)
 PyObject* g_flush = nullptr;   // accel.interceptor.flush
 
@@ -264,14 +266,16 @@ struct Check {
 
 // A trie edge the interceptor took: from `parent`, the call recorded as `call`, to
 // `child`; the stack positions of its new external inputs and runtime scalars (in
-// record()'s order) and the numbers it took as constants. Strong references: edges live
-// as long as the process (so do trie nodes).
+// record()'s order) and the numbers it took as constants; whether the call runs eagerly
+// instead (`child` is a small region's first call: TrieNode.eager_first). Strong
+// references: edges live as long as the process (so do trie nodes).
 struct Edge {
   PyObject* child;
   PyObject* call;
   PyObject* device;  // the region's device after the call (a torch.device, or None)
   std::vector<int> new_ext, runtime;
   std::vector<Check> constants;
+  std::atomic<bool> eager{false};
 };
 
 struct KeyHash {
@@ -596,6 +600,14 @@ void record(const OperatorHandle& op, DispatchKeySet ks, torch::jit::Stack* stac
   }
   const Edge* e = find_edge(key);
   size_t n = op.schema().arguments().size();
+  if (e != nullptr && e->eager.load(std::memory_order_relaxed)) {
+    // a small region's first call (its region is empty): eagerly, as the mode would
+    ++t_counts[3];
+    g_small.fetch_add(1, std::memory_order_relaxed);
+    c10::impl::ExcludeDispatchKeyGuard guard(kBypass);
+    op.redispatchBoxed(ks - kPython, stack);
+    return;
+  }
   if (e != nullptr) {
     bool done;
     {
@@ -689,12 +701,25 @@ int accel_filter_include(int on) {
 void accel_filter_bind(accel_region_view* view) { t_view = view; }
 
 // The calling thread's counts: [0] calls run past the mode, [1] calls passed on, [2] calls
-// recorded by the filter.
+// recorded by the filter, [3] small regions' first calls it ran eagerly.
 void accel_filter_counts(uint64_t* out) {
-  for (int k = 0; k < 3; ++k) out[k] = t_counts[k];
+  for (int k = 0; k < 4; ++k) out[k] = t_counts[k];
 }
 
 // Calls recorded by the filter on every thread.
 uint64_t accel_filter_recorded() { return g_recorded.load(std::memory_order_relaxed); }
+
+// Small regions' first calls the filter ran eagerly, on every thread.
+uint64_t accel_filter_small() { return g_small.load(std::memory_order_relaxed); }
+
+// Run eagerly from now on the calls whose edges lead to trie node `node` (a small region's
+// first call: TrieNode.eager_first); an edge learnt later is only taken by a region's first
+// call, which the interceptor then runs eagerly itself (never recorded, so never learnt).
+void accel_filter_eager_first(void* node) {
+  std::lock_guard<std::mutex> guard(g_edges_mu);
+  for (auto& kv : g_edges) {
+    if (kv.second->child == node) kv.second->eager.store(true, std::memory_order_relaxed);
+  }
+}
 
 }  // extern "C"
