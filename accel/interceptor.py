@@ -382,6 +382,22 @@ def is_enabled() -> bool:
     return _state.depth > 0
 
 
+_applied = None  # the settings enable() last applied (a config.current() dict)
+
+
+def _apply(cfg) -> None:
+    """Apply the process-wide settings each enable reads, where they changed since the last
+    (config.current() returns the same dict until the environment changes)."""
+    global _applied, _eager_small
+    if cfg["ACCEL_MALLOC_TUNING"]:
+        allocator.tune_allocator()
+    allocator.set_capacity(cfg["ACCEL_CPU_POOL_MB"])
+    set_cuda_half(cfg["ACCEL_CUDA_HALF"])
+    set_launch_ahead_min(cfg["ACCEL_LAUNCH_AHEAD_MIN_MB"])
+    _eager_small = cfg["ACCEL_EAGER_SMALL_REGIONS"]
+    _applied = cfg
+
+
 def enable() -> None:
     """Turn accel on for the calling thread until :func:`disable` (no-op under
     ``ACCEL_DISABLE=1``). Calls nest: each ``enable`` needs its ``disable``.
@@ -394,13 +410,8 @@ def enable() -> None:
     if cfg["ACCEL_DISABLE"]:
         st.modes.append(None)
         return
-    if cfg["ACCEL_MALLOC_TUNING"]:
-        allocator.tune_allocator()
-    allocator.set_capacity(cfg["ACCEL_CPU_POOL_MB"])
-    set_cuda_half(cfg["ACCEL_CUDA_HALF"])
-    set_launch_ahead_min(cfg["ACCEL_LAUNCH_AHEAD_MIN_MB"])
-    global _eager_small
-    _eager_small = cfg["ACCEL_EAGER_SMALL_REGIONS"]
+    if cfg is not _applied:
+        _apply(cfg)
     cls = _DynamoSafeAccelMode if "torch._dynamo" in sys.modules and not _DYNAMO_SKIPS else AccelMode
     mode = st.spare.pop() if st.spare and type(st.spare[-1]) is cls else cls()
     mode.cap = cfg["ACCEL_MAX_REGION"]
