@@ -34,6 +34,7 @@ cdef object _f16 = torch.float16, _bf16 = torch.bfloat16
 cdef object _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 cdef list _NO_SCRATCH = []
 cdef bint _cuda_half = True
+cdef bint _small_regions = True
 
 
 def kernel_ptrs(list ext, list outs, tuple live_idx, list scratch):
@@ -65,6 +66,14 @@ def set_helpers(size_t empty_strided, size_t liveness, size_t overlap=0):
     _fast_empty = <empty_strided_fn>empty_strided
     _fast_liveness = <liveness_fn>liveness
     _fast_overlap = <overlap_fn>overlap
+
+
+def set_small_regions(bint on):
+    """Whether :meth:`RegionCore.record` declines the first call of a region its trie node
+    marks small (``TrieNode.eager_first``; ``ACCEL_EAGER_SMALL_REGIONS``, set at each
+    enable): the call then runs eagerly."""
+    global _small_regions
+    _small_regions = on
 
 
 def set_cuda_half(bint on):
@@ -386,7 +395,7 @@ cdef class RegionCore:
                 node = self._new_node(func, spec, k, targs, tkw)
             if node.outs is NOT_DEFERRABLE:
                 raise Deferred("meta")
-            if node.eager_first is True:  # a small region's first call (accel.interceptor)
+            if node.eager_first is True and _small_regions:  # (accel.interceptor)
                 raise Deferred("small region")
         except Deferred:
             self._rollback(n_ext, n_sc, len(self.outs))

@@ -18,6 +18,7 @@ _untyped_storage = torch._C.TensorBase.untyped_storage
 _storage_use_count = torch._C._storage_Use_Count
 _TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 _cuda_half = True
+_small_regions = True
 
 
 def set_helpers(empty_strided: int, liveness: int, overlap: int = 0) -> None:
@@ -39,6 +40,12 @@ def ext_overlap(ext: list, written: tuple) -> bool:
             if i != j and a[0] < b[1] and b[0] < a[1]:
                 return True
     return False
+
+
+def set_small_regions(on: bool) -> None:
+    """See accel/_core.pyx."""
+    global _small_regions
+    _small_regions = bool(on)
 
 
 def set_cuda_half(on: bool) -> None:
@@ -197,7 +204,7 @@ class RegionCore:
                 node = self._new_node(func, spec, key, targs, tkw)
             if node.outs is NOT_DEFERRABLE:
                 raise Deferred("meta")
-            if node.eager_first is True:  # a small region's first call (accel.interceptor)
+            if node.eager_first is True and _small_regions:  # (accel.interceptor)
                 raise Deferred("small region")
         except Deferred:
             self._rollback(n_ext, n_sc, len(self.outs))

@@ -36,7 +36,7 @@ from . import build, config
 log = logging.getLogger("accel")
 
 __all__ = ["SOURCE", "store_key", "start", "active", "loaded", "wait", "set_included", "bind",
-           "counts", "recorded", "small_region_calls", "eager_first", "off_reason"]
+           "counts", "recorded", "small_region_calls", "set_small_regions", "eager_first", "off_reason"]
 
 SOURCE = os.path.join(build.INCLUDE_DIR, "accel", "dispatch_filter.cpp")
 #: the headers it includes: the region view it shares with the region core, the core's helpers
@@ -47,6 +47,7 @@ _lib = None  # the loaded library, its fallback registered
 _future = None  # its background build
 _off: Optional[str] = None  # why the filter is not used, once that is decided
 building = False  # a background build is in flight or done and not loaded yet
+_small_regions = True  # ACCEL_EAGER_SMALL_REGIONS (set_small_regions)
 
 
 def _source() -> str:
@@ -159,6 +160,8 @@ def _load(entry) -> None:
         lib.accel_filter_recorded.restype = ctypes.c_uint64
         lib.accel_filter_small.restype = ctypes.c_uint64
         lib.accel_filter_eager_first.argtypes = [ctypes.c_void_p]
+        lib.accel_filter_small_regions.argtypes = [ctypes.c_int]
+        lib.accel_filter_small_regions(_small_regions)
         deferrable = "\n".join(_name(op) for op in fusible_ops()).encode()
         views = "\n".join(_name(op) for op in VIEW_OPS).encode()
         replay = getattr(RegionCore, "_replay", None)  # the native core's (the twin: never called)
@@ -254,6 +257,16 @@ def small_region_calls() -> int:
     """Small regions' first calls the filter ran eagerly, on every thread of the process
     (see ``accel.interceptor.SMALL_REGION_CALLS``)."""
     return 0 if _lib is None else _lib.accel_filter_small()
+
+
+def set_small_regions(on: bool) -> None:
+    """Whether the filter runs eagerly the first calls it has been told begin small
+    regions (``ACCEL_EAGER_SMALL_REGIONS``, set at each enable; kept for a filter loaded
+    later)."""
+    global _small_regions
+    _small_regions = bool(on)
+    if _lib is not None:
+        _lib.accel_filter_small_regions(_small_regions)
 
 
 def eager_first(node) -> None:

@@ -18,7 +18,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import allocator, config, dispatch, runtime
 from .ops import VIEW_OPS, fusible_ops
-from .region import PENDING_NODES, Deferred, Region, native, set_cuda_half
+from .region import PENDING_NODES, Deferred, Region, native, set_cuda_half, set_small_regions
 from .runtime import CompiledRegion, execute, set_launch_ahead_min, speculate
 
 log = logging.getLogger("accel")
@@ -395,6 +395,8 @@ def _apply(cfg) -> None:
     set_cuda_half(cfg["ACCEL_CUDA_HALF"])
     set_launch_ahead_min(cfg["ACCEL_LAUNCH_AHEAD_MIN_MB"])
     _eager_small = cfg["ACCEL_EAGER_SMALL_REGIONS"]
+    set_small_regions(_eager_small)
+    dispatch.set_small_regions(_eager_small)
     _applied = cfg
 
 

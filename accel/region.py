@@ -29,6 +29,7 @@ else:
         from . import _core_py as native
 RegionCore = native.RegionCore
 set_cuda_half = native.set_cuda_half
+set_small_regions = native.set_small_regions
 
 log = logging.getLogger("accel")
 

@@ -243,6 +243,7 @@ def main(argv=None) -> int:
         with_accel()
     TIMES.clear()
     phases.clear()
+    before = accel.stats()
     ts = {"eager": [], "accel": []}
     for _ in range(args.steps):
         for name, fn in (("eager", eager), ("accel", with_accel)):
@@ -255,6 +256,10 @@ def main(argv=None) -> int:
     for name, ph in phases.items():
         print(f"  {name}: forward {statistics.median(p[0] for p in ph) * 1e3:.3f} ms, backward "
               f"(and the flush, synchronized) {statistics.median(p[1] for p in ph) * 1e3:.3f} ms")
+    after = accel.stats()
+    print(f"  accel: {(after['flushes'] - before['flushes']) / n:.1f} flushes a step; "
+          f"{(after['small_region_calls'] - before['small_region_calls']) / n:.1f} calls a step run "
+          "eagerly as small regions' first calls")
     print("| part | µs a step | calls a step | µs a call |\n|---|---|---|---|")
     for name, (t, k) in TIMES.items():
         print(f"| {name} | {t / n * 1e6:.0f} | {k / n:.1f} | {t / k * 1e6:.2f} |")

@@ -660,31 +660,49 @@ def test_a_small_regions_first_call_runs_eagerly(device, path, monkeypatch):
 
 @pytest.mark.parametrize("device", ["cpu", CUDA])
 def test_small_regions_need_small_tensors_and_few_calls(device, monkeypatch):
-    """A region over the byte limit, or of more calls than the limit, keeps its kernel;
-    with ACCEL_EAGER_SMALL_REGIONS=0 every region does."""
+    """A region over the byte limit, or of more calls than the limit, keeps its kernel."""
+    monkeypatch.setenv("ACCEL_EAGER_SMALL_REGIONS", "1")
     torch.manual_seed(0)
     big = torch.randn(interceptor.SMALL_REGION_BYTES[device] // 4, device=device)
     tiny = torch.randn(4, 11, device=device)
-    w = torch.randn(11, 2, device=device)
     programs = {
-        "big": lambda s: ((torch.sin(big) * s).sum(0, keepdim=True), None),
-        "long": lambda s: (torch.cos(torch.sin(tiny) * s).exp().tanh(), None),
-        "off": lambda s: ((torch.sin(tiny) + s) @ w, None),
+        "big": lambda s: (torch.sin(big) * s).sum(0, keepdim=True),
+        "long": lambda s: torch.cos(torch.sin(tiny) * s).exp().tanh(),
     }
     for name, program in programs.items():
-        monkeypatch.setenv("ACCEL_EAGER_SMALL_REGIONS", "0" if name == "off" else "1")
         accel.reset_stats()
         for i in range(3):
+            want = program(i + 1.0)
+            ones = torch.ones(want.shape[-1], 1, device=device)
             with accel.eager():
-                got, _ = program(i + 1.0)
-                if name != "off":
-                    got = got @ torch.ones(got.shape[-1], 1, device=device)  # the flush
-            want, _ = program(i + 1.0)
-            if name != "off":
-                want = want @ torch.ones(want.shape[-1], 1, device=device)
-            close(got, want, msg=name)
+                got = program(i + 1.0) @ ones  # the matmul flushes the region
+            close(got, want @ ones, msg=name)
         assert accel.stats()["kernel_runs"] == 3, name
         assert accel.stats()["small_region_calls"] == 0, name
+
+
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+@pytest.mark.parametrize("path", ["filter", "mode"])
+def test_small_regions_off_fuses_them_again(device, path, monkeypatch):
+    """With ACCEL_EAGER_SMALL_REGIONS=0 every region runs its kernel, those whose first
+    call was marked small before included (on the filter's path and the mode's)."""
+    torch.manual_seed(0)
+    cols = {"filter": 12, "mode": 13}[path]  # trie nodes of their own
+    x, w = torch.randn(4, cols, device=device), torch.randn(cols, 2, device=device)
+
+    def program(s):
+        return (torch.sin(x) + s) @ w  # a region of two calls, flushed by the matmul
+
+    for on, want_runs in (("1", [1, 1, 0]), ("0", [1, 1, 1])):
+        monkeypatch.setenv("ACCEL_EAGER_SMALL_REGIONS", on)
+        runs = []
+        for i in range(3):
+            before = accel.stats()["kernel_runs"]
+            with accel.eager(), _path(path):
+                y = program(i + 1.0)
+            runs.append(accel.stats()["kernel_runs"] - before)
+            close(y, program(i + 1.0))
+        assert runs == want_runs, on
 
 
 @pytest.mark.parametrize("device", ["cpu", CUDA])

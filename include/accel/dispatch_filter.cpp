@@ -109,6 +109,7 @@ thread_local accel_region_view* t_view = nullptr;
 thread_local uint64_t t_counts[4] = {0, 0, 0, 0};
 std::atomic<uint64_t> g_recorded{0};  // calls recorded here, on every thread
 std::atomic<uint64_t> g_small{0};     // small regions' first calls run eagerly, on every thread
+std::atomic<bool> g_small_on{true};   // ACCEL_EAGER_SMALL_REGIONS (accel_filter_small_regions)
 PyObject* g_replay = nullptr;  // RegionCore._replay (unbound)
 PyObject* g_flush = nullptr;   // accel.interceptor.flush
 
@@ -600,7 +601,8 @@ void record(const OperatorHandle& op, DispatchKeySet ks, torch::jit::Stack* stac
   }
   const Edge* e = find_edge(key);
   size_t n = op.schema().arguments().size();
-  if (e != nullptr && e->eager.load(std::memory_order_relaxed)) {
+  if (e != nullptr && e->eager.load(std::memory_order_relaxed) &&
+      g_small_on.load(std::memory_order_relaxed)) {
     // a small region's first call (its region is empty): eagerly, as the mode would
     ++t_counts[3];
     g_small.fetch_add(1, std::memory_order_relaxed);
@@ -711,6 +713,9 @@ uint64_t accel_filter_recorded() { return g_recorded.load(std::memory_order_rela
 
 // Small regions' first calls the filter ran eagerly, on every thread.
 uint64_t accel_filter_small() { return g_small.load(std::memory_order_relaxed); }
+
+// Whether marked small regions' first calls run eagerly (on != 0: ACCEL_EAGER_SMALL_REGIONS).
+void accel_filter_small_regions(int on) { g_small_on.store(on != 0, std::memory_order_relaxed); }
 
 // Run eagerly from now on the calls whose edges lead to trie node `node` (a small region's
 // first call: TrieNode.eager_first); an edge learnt later is only taken by a region's first
