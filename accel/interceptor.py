@@ -83,8 +83,7 @@ def _decide_small(region, node) -> None:
         return
     dev = region.device
     limit = SMALL_REGION_BYTES.get("cpu" if dev is None else dev.type, 0)
-    traffic = (sum(t.numel() * t.element_size() for t in region.ext)
-               + sum(m[3] for m in region.out_meta))
+    traffic = region.traffic()
     head.eager_first = small = traffic < limit
     if small:
         dispatch.eager_first(head)

@@ -292,6 +292,12 @@ class Region(RegionCore):
             return func(*args, **kwargs)
 
     # -- flush -----------------------------------------------------------------------
+    def traffic(self, outs=None) -> int:
+        """Bytes a kernel of the region reads and writes: every external input, and the
+        outputs at indices ``outs`` (None: all of them)."""
+        spans = (m[3] for m in self.out_meta) if outs is None else (self.out_meta[i][3] for i in outs)
+        return sum(t.nbytes for t in self.ext) + sum(spans)
+
     def ext_overlap(self) -> bool:
         """True if an external input the region writes shares storage with another external
         input (external inputs that are only read may share it: ``x`` and ``x.t()``)."""

@@ -453,8 +453,7 @@ def _predict(region: Region, node: TrieNode, live, kern: CompiledRegion) -> None
     where its kernel is big enough to launch ahead (``ACCEL_LAUNCH_AHEAD_MIN_MB``)."""
     first = region.first
     if kern.traffic < 0:  # the same for every region that runs it: its trie path is static
-        kern.traffic = (sum(t.nbytes for t in region.ext)
-                        + sum(region.out_meta[i][3] for i in kern.live_idx))
+        kern.traffic = region.traffic(kern.live_idx)
     if kern.traffic < _ahead_min:
         first.predict = None
         return
