@@ -9,15 +9,17 @@ A dispatch mode's crossing into Python and back costs about 10-30 µs a call; in
 training step most calls are matmuls, views and other ops accel never defers, and most
 deferred calls repeat the previous step's. The filter is a boxed fallback on a mode
 dispatch key above autograd, included in the thread's dispatch key set while accel is
-enabled (per call it costs what boxing the arguments costs, well under a microsecond),
-and a second fallback just below the Python key, which only the calls the filter sends
-there reach (below autograd, where the mode sees them).
+enabled, with unboxed kernels on that key for the ops a model's step calls most (boxing a
+call's arguments costs about 0.7 µs in a step's cold caches on the dev VM: the fallback
+alone cost the host-bound CPU proxy of bench/host_parts.py a sixth of eager's time), and a
+second fallback just below the Python key, which only the calls the filter sends there
+reach (below autograd, where the mode sees them).
 
 It is a torch C++ extension built at run time against the installed torch and Python
 (as ``torch.utils.cpp_extension`` builds one: the same C++ standard and ABI), kept in the
 store under a key naming the compiler, torch's build and Python's ABI, and loaded with
-ctypes. A process that misses it builds it in the background (about 7 s on the 2-core
-dev machine); until it is loaded every call takes the mode's path, as it does where the
+ctypes. A process that misses it builds it in the background (about 35 s on the 2-core
+dev machine, 33 s on the H100 host); until it is loaded every call takes the mode's path, as it does where the
 filter cannot be built or registered (warned once, stored as a negative entry) and under
 ``ACCEL_DISPATCH_FILTER=0``.
 """
@@ -36,7 +38,7 @@ from . import build, config
 log = logging.getLogger("accel")
 
 __all__ = ["SOURCE", "store_key", "start", "active", "loaded", "wait", "set_included", "bind",
-           "counts", "recorded", "small_region_calls", "set_small_regions", "eager_first", "off_reason"]
+           "counts", "recorded", "unboxed", "small_region_calls", "set_small_regions", "eager_first", "off_reason"]
 
 SOURCE = os.path.join(build.INCLUDE_DIR, "accel", "dispatch_filter.cpp")
 #: the headers it includes: the region view it shares with the region core, the core's helpers
@@ -159,6 +161,9 @@ def _load(entry) -> None:
         lib.accel_filter_counts.argtypes = [ctypes.POINTER(ctypes.c_uint64)]
         lib.accel_filter_recorded.restype = ctypes.c_uint64
         lib.accel_filter_small.restype = ctypes.c_uint64
+        lib.accel_filter_unboxed.restype = ctypes.c_int
+        lib.accel_filter_set_unboxed.restype = ctypes.c_int
+        lib.accel_filter_set_unboxed.argtypes = [ctypes.c_int]
         lib.accel_filter_eager_first.argtypes = [ctypes.c_void_p]
         lib.accel_filter_small_regions.argtypes = [ctypes.c_int]
         lib.accel_filter_small_regions(_small_regions)
@@ -257,6 +262,21 @@ def small_region_calls() -> int:
     """Small regions' first calls the filter ran eagerly, on every thread of the process
     (see ``accel.interceptor.SMALL_REGION_CALLS``)."""
     return 0 if _lib is None else _lib.accel_filter_small()
+
+
+def unboxed() -> int:
+    """How many ops have the filter's unboxed kernels (``ACCEL_UNBOXED_OPS`` in
+    include/accel/dispatch_filter.cpp: views, factories, matmuls and composite ops a model
+    step calls most, where this torch does not defer them); 0 while the filter is not loaded."""
+    return 0 if _lib is None else _lib.accel_filter_unboxed()
+
+
+def set_unboxed(on: bool) -> int:
+    """Register the filter's unboxed kernels, or remove them (every call then takes its
+    boxed fallback); returns how many are registered. For benchmarks comparing the two in
+    one process (bench/host_parts.py): call it only while no other thread makes calls.
+    Needs :func:`loaded`."""
+    return _lib.accel_filter_set_unboxed(1 if on else 0)
 
 
 def set_small_regions(on: bool) -> None:

@@ -1,11 +1,16 @@
 """What interception costs in the demo's GPT-2 training step: eager, a no-op
 ``TorchDispatchMode`` (every call crosses into Python and is re-dispatched), accel with its
-dispatch filter (accel/dispatch.py), and accel with the filter's key left out (every call
-crosses into the mode, as before the filter). Steps are timed interleaved (round-robin,
+dispatch filter (accel/dispatch.py), the same with the filter's unboxed kernels removed
+(every call boxed by its fallback, as before they were added: in alternate blocks of
+steps), and accel with the filter's key left out (every call crosses into the mode, as
+before the filter). Steps are timed interleaved (round-robin,
 fair under a changing machine load), synchronized on a GPU; each variant trains its own
 copy of the model.
 
-    python bench/dispatch_cost.py [--device cpu|cuda] [--steps 30] [--threads N]
+    python bench/dispatch_cost.py [--device cpu|cuda] [--steps 30] [--threads N] [--tiny]
+
+``--tiny``: host_parts.py's host-bound GPT-2 (32 channels, a batch of one 8-token
+sequence, one thread), a proxy for the GPU's host cost on a machine without one.
 
 Prints a markdown table: median and lower-quartile ms per step, and each variant against
 eager.
@@ -38,13 +43,20 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="cpu")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--tiny", action="store_true", help="a host-bound GPT-2 (32 channels, 8 tokens)")
     args = p.parse_args(argv)
+    if args.tiny:
+        args.threads = 1
     if args.threads:
         torch.set_num_threads(args.threads)
     dev = torch.device(args.device)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-    base = build_model().to(dev)
-    ids, labels = (t.to(dev) for t in make_batch())
+    if args.tiny:
+        base, batch = build_model(embd=32, heads=2, seq=8), make_batch(batch=1, seq=8)
+    else:
+        base, batch = build_model(), make_batch()
+    base = base.to(dev)
+    ids, labels = (t.to(dev) for t in batch)
     models = [copy.deepcopy(base) for _ in range(4)]
     loaded = dispatch.wait()
 
@@ -70,16 +82,29 @@ def main(argv=None) -> int:
     for fn in fns.values():  # warm up: kernels built or loaded, allocator warm
         fn(); fn()
     sync()
-    times = {k: [] for k in fns}
-    for _ in range(args.steps):
+    boxed = "accel, boxed fallback only"
+    times = {k: [] for k in [*fns, boxed]}
+    # the filter's unboxed kernels are removed for every other block of rounds (toggling
+    # them re-registers kernels, which perturbs the steps right after it: not per step)
+    block = max(1, args.steps // 6)
+    for i in range(args.steps):
+        unboxed = not loaded or (i // block) % 2 == 0
+        if loaded and i % block == 0:
+            dispatch.set_unboxed(unboxed)  # between steps: no other thread makes calls
+            with_filter(); with_filter()
+            sync()
         for k, fn in fns.items():
             t0 = time.perf_counter()
             fn()
             sync()
-            times[k].append((time.perf_counter() - t0) * 1e3)
+            times[k if fn is not with_filter or unboxed else boxed].append((time.perf_counter() - t0) * 1e3)
+    if loaded:
+        dispatch.set_unboxed(True)
+    times = {k: v for k, v in times.items() if v}
     e = statistics.median(times["eager"])
-    print(f"GPT-2 train step (accel demo), {dev}, {torch.get_num_threads()} threads, torch "
-          f"{torch.__version__}, dispatch filter loaded: {loaded}, {args.steps} interleaved steps\n")
+    print(f"GPT-2 train step (accel demo{', --tiny' if args.tiny else ''}), {dev}, {torch.get_num_threads()} threads, torch "
+          f"{torch.__version__}, dispatch filter loaded: {loaded} ({dispatch.unboxed()} ops with unboxed kernels), "
+          f"{args.steps} interleaved steps\n")
     print("| variant | median ms | lower quartile ms | eager / variant |")
     print("|---|---|---|---|")
     for k, ts in times.items():

@@ -251,6 +251,46 @@ def test_tensor_subclass_arguments_reach_their_dispatch():
     close(y.b, a.b @ b)
 
 
+def test_the_hottest_ops_have_unboxed_kernels(seen):
+    """Views, factories, matmuls and composite ops have their own kernels on the
+    filter's key (an op outside the list keeps the boxed fallback); they run past the mode,
+    pass calls on to it and record as the fallback does."""
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    assert dispatch.unboxed() > 50
+    for name in ("aten::view", "aten::mm", "aten::reshape", "aten::empty.memory_format"):
+        assert has(name, "TESTING_ONLY_GenericMode"), name
+    assert not has("aten::sin", "TESTING_ONLY_GenericMode")
+    x, w = torch.randn(8, 16), torch.randn(16, 4)
+    with accel.eager():
+        for _ in range(3):
+            past0, on0, rec0, _ = dispatch.counts()
+            y = (torch.sin(x) * 2).view(16, 8).t() @ w[:16]  # mul recorded, view past the mode
+            past1, on1, rec1, _ = dispatch.counts()
+    assert past1 - past0 == 4  # view, t, slice, mm
+    assert rec1 - rec0 == 2  # sin and mul, recorded by the fallback in the third step
+    assert torch.ops.aten.view.default not in seen
+    close(y, (torch.sin(x) * 2).view(16, 8).t() @ w[:16])
+
+
+def test_subclass_tensors_in_lists_and_optionals_reach_their_dispatch():
+    """A tensor subclass inside a list (``cat``, ``index.Tensor``'s indices) or an optional
+    argument (``layer_norm``'s weight) of an op with an unboxed kernel: its own dispatch."""
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    a = TwoTensor(torch.randn(4, 4), torch.randn(4, 4))
+    b = torch.randn(4, 4)
+    i = TwoTensor(torch.tensor([0, 2]), torch.tensor([1, 3]))
+    g = TwoTensor(torch.ones(4), torch.full((4,), 2.0))
+    with accel.eager():
+        c = torch.cat([b, a])
+        d = b[i]
+        e = torch.nn.functional.layer_norm(b, (4,), g)
+    assert isinstance(c, TwoTensor) and isinstance(d, TwoTensor) and isinstance(e, TwoTensor)
+    close(c.b, torch.cat([b, a.b]))
+    close(d.b, b[i.b])
+    close(e.b, torch.nn.functional.layer_norm(b, (4,), g.b))
+
+
 def test_functorch_transforms_inside_accel():
     """vmap and grad (functorch's mode keys sit below the filter's): eager's results."""
     torch.manual_seed(0)

@@ -43,6 +43,11 @@
 // hooks are set (a pack hook may read the pending output) or an argument is a dual tensor
 // (forward-mode AD computes the output's tangent from it there).
 //
+// The fallback is boxed (each call's arguments packed into IValues and unpacked again by
+// the next kernel); the views, factories, matmuls and composite ops a model's step calls
+// most have unboxed kernels on the same key that route() their calls as it does
+// (ACCEL_UNBOXED_OPS, below).
+//
 // torch has no dispatch key reserved for modes outside it; TESTING_ONLY_GenericMode is
 // a mode key above autograd that no part of torch registers a kernel for (only the
 // dispatcher's own C++ tests do; accel checks that no fallback is registered before it
@@ -58,6 +63,73 @@
 
 #include <ATen/SavedTensorHooks.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+// the ops with unboxed kernels (ACCEL_UNBOXED_OPS)
+#include <ATen/ops/_local_scalar_dense_ops.h>
+#include <ATen/ops/_reshape_alias_ops.h>
+#include <ATen/ops/_unsafe_view_ops.h>
+#include <ATen/ops/addmm_ops.h>
+#include <ATen/ops/alias_ops.h>
+#include <ATen/ops/arange_ops.h>
+#include <ATen/ops/as_strided_ops.h>
+#include <ATen/ops/baddbmm_ops.h>
+#include <ATen/ops/bmm_ops.h>
+#include <ATen/ops/cat_ops.h>
+#include <ATen/ops/chunk_ops.h>
+#include <ATen/ops/constant_pad_nd_ops.h>
+#include <ATen/ops/contiguous_ops.h>
+#include <ATen/ops/cross_entropy_loss_ops.h>
+#include <ATen/ops/detach_ops.h>
+#include <ATen/ops/dropout_ops.h>
+#include <ATen/ops/embedding_ops.h>
+#include <ATen/ops/embedding_backward_ops.h>
+#include <ATen/ops/embedding_dense_backward_ops.h>
+#include <ATen/ops/empty_ops.h>
+#include <ATen/ops/empty_like_ops.h>
+#include <ATen/ops/empty_strided_ops.h>
+#include <ATen/ops/expand_ops.h>
+#include <ATen/ops/flatten_ops.h>
+#include <ATen/ops/full_ops.h>
+#include <ATen/ops/full_like_ops.h>
+#include <ATen/ops/index_ops.h>
+#include <ATen/ops/index_select_ops.h>
+#include <ATen/ops/layer_norm_ops.h>
+#include <ATen/ops/lift_fresh_ops.h>
+#include <ATen/ops/linear_ops.h>
+#include <ATen/ops/log_softmax_ops.h>
+#include <ATen/ops/matmul_ops.h>
+#include <ATen/ops/mm_ops.h>
+#include <ATen/ops/narrow_ops.h>
+#include <ATen/ops/new_empty_ops.h>
+#include <ATen/ops/new_full_ops.h>
+#include <ATen/ops/new_ones_ops.h>
+#include <ATen/ops/new_zeros_ops.h>
+#include <ATen/ops/nll_loss_ops.h>
+#include <ATen/ops/nll_loss_backward_ops.h>
+#include <ATen/ops/nll_loss_forward_ops.h>
+#include <ATen/ops/nll_loss_nd_ops.h>
+#include <ATen/ops/ones_ops.h>
+#include <ATen/ops/ones_like_ops.h>
+#include <ATen/ops/pad_ops.h>
+#include <ATen/ops/permute_ops.h>
+#include <ATen/ops/reshape_ops.h>
+#include <ATen/ops/resize_ops.h>
+#include <ATen/ops/resolve_conj_ops.h>
+#include <ATen/ops/resolve_neg_ops.h>
+#include <ATen/ops/result_type_ops.h>
+#include <ATen/ops/select_ops.h>
+#include <ATen/ops/slice_ops.h>
+#include <ATen/ops/softmax_ops.h>
+#include <ATen/ops/split_ops.h>
+#include <ATen/ops/split_with_sizes_ops.h>
+#include <ATen/ops/squeeze_ops.h>
+#include <ATen/ops/t_ops.h>
+#include <ATen/ops/to_ops.h>
+#include <ATen/ops/transpose_ops.h>
+#include <ATen/ops/unbind_ops.h>
+#include <ATen/ops/unsqueeze_ops.h>
+#include <ATen/ops/view_ops.h>
+#include <ATen/ops/zeros_ops.h>
+#include <ATen/ops/zeros_like_ops.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <torch/library.h>
@@ -99,7 +171,8 @@ std::mutex g_mu;  // guards the tables below
 std::unordered_set<std::string> g_deferrable, g_views;  // "aten::add.Tensor", "aten::view"
 std::unordered_map<OperatorHandle, uint8_t> g_kinds;  // filled on each op's first call
 PyTypeObject* g_mode_types[2] = {nullptr, nullptr};  // accel's dispatch mode classes
-std::unique_ptr<torch::Library> g_library, g_record_library;
+std::unique_ptr<torch::Library> g_library, g_record_library, g_unboxed_library;
+int g_unboxed = 0;  // ops with unboxed kernels on the filter's key
 
 // the calling thread's region (null: not bound yet); its first byte is nonzero while it
 // has pending calls
@@ -117,8 +190,7 @@ std::string full_name(const c10::OperatorName& n) {
   return n.overload_name.empty() ? n.name : n.name + "." + n.overload_name;
 }
 
-uint8_t kind_of(const OperatorHandle& op) {
-  std::lock_guard<std::mutex> guard(g_mu);
+uint8_t kind_locked(const OperatorHandle& op) {
   auto it = g_kinds.find(op);
   if (it != g_kinds.end()) return it->second;
   std::string name = full_name(op.operator_name());
@@ -132,6 +204,11 @@ uint8_t kind_of(const OperatorHandle& op) {
   }
   g_kinds.emplace(op, k);
   return k;
+}
+
+uint8_t kind_of(const OperatorHandle& op) {
+  std::lock_guard<std::mutex> guard(g_mu);
+  return kind_locked(op);
 }
 
 bool has_python_key(const c10::IValue& v) {
@@ -155,13 +232,17 @@ bool any_argument(const OperatorHandle& op, const torch::jit::Stack& stack, Pred
   return false;
 }
 
-// The mode stack holds accel's mode alone, and no argument is a Python-key tensor.
-bool only_accel(const OperatorHandle& op, const torch::jit::Stack& stack) {
+// The mode stack holds accel's mode alone.
+bool accel_mode_alone() {
   if (c10::impl::TorchDispatchModeTLS::stack_len() != 1) return false;
   const auto& mode = c10::impl::TorchDispatchModeTLS::get_stack_at(0);
   PyTypeObject* type = Py_TYPE(mode->ptr(&mode->pyinterpreter()));
-  if (type != g_mode_types[0] && type != g_mode_types[1]) return false;
-  return !any_argument(op, stack, has_python_key);
+  return type == g_mode_types[0] || type == g_mode_types[1];
+}
+
+// The mode stack holds accel's mode alone, and no argument is a Python-key tensor.
+bool only_accel(const OperatorHandle& op, const torch::jit::Stack& stack) {
+  return accel_mode_alone() && !any_argument(op, stack, has_python_key);
 }
 
 // The region may take a call recorded here: its owner thread, not busy, not at its size
@@ -215,37 +296,149 @@ bool has_forward_grad(const OperatorHandle& op, const torch::jit::Stack& stack) 
   });
 }
 
-void filter(const OperatorHandle& op, DispatchKeySet ks, torch::jit::Stack* stack) {
+// What the filter does with a call (see the top of the file): `kind()` is the op's Kind,
+// `only_accel()` whether the mode stack holds accel's mode alone and no argument is a
+// Python-key tensor, `forward_grad()` whether an argument is a dual tensor, and
+// `redispatch(ks)` sends the call on with key set `ks` (boxed or unboxed: filter() and
+// Unboxed<Op>::call below).
+template <class Kind, class OnlyAccel, class ForwardGrad, class Redispatch>
+decltype(auto) route(DispatchKeySet ks, Kind kind_of_op, OnlyAccel only_accel,
+                     ForwardGrad forward_grad, Redispatch redispatch) {
   ks = ks.remove(kFilterKey);
   if (ks.has(DispatchKey::Python)) {
-    uint8_t kind = kind_of(op);
+    uint8_t kind = kind_of_op();
     const accel_region_view* v = t_view;
     // a plain call with a region pending: flushed here first, as the mode would have
     bool plain = kind == kPlain && v != nullptr && (!v->pending || (v->replay && !v->busy));
-    if ((kind == kView || plain) && only_accel(op, *stack) &&
+    if ((kind == kView || plain) && only_accel() &&
         (kind == kView || !v->pending || flush_region())) {
       ++t_counts[0];
       c10::impl::ExcludeDispatchKeyGuard guard(kBypass);
-      op.redispatchBoxed(ks - kBypass, stack);
-      return;
+      return redispatch(ks - kBypass);
     }
-    if ((kind == kDefer || kind == kDeferComposite) && can_record(v) && only_accel(op, *stack)) {
+    if ((kind == kDefer || kind == kDeferComposite) && can_record(v) && only_accel()) {
       ++t_counts[1];
       // to record(), after autograd; the Python key excluded meanwhile where autograd's
       // generated kernel is all that runs before record() (see the top of the file;
       // record() puts it back while it runs)
       std::optional<c10::impl::ExcludeDispatchKeyGuard> no_python;
       if (kind == kDefer && only_autograd_above_record(ks) &&
-          at::SavedTensorDefaultHooks::get_tls_state().stack.empty() &&
-          !has_forward_grad(op, *stack)) {
+          at::SavedTensorDefaultHooks::get_tls_state().stack.empty() && !forward_grad()) {
         no_python.emplace(kPython);
       }
-      op.redispatchBoxed((ks - kPython) | kRecord, stack);
-      return;
+      return redispatch((ks - kPython) | kRecord);
     }
   }
   ++t_counts[1];
-  op.redispatchBoxed(ks, stack);
+  return redispatch(ks);
+}
+
+void filter(const OperatorHandle& op, DispatchKeySet ks, torch::jit::Stack* stack) {
+  route(
+      ks, [&] { return kind_of(op); }, [&] { return only_accel(op, *stack); },
+      [&] { return has_forward_grad(op, *stack); },
+      [&](DispatchKeySet to) { op.redispatchBoxed(to, stack); });
+}
+
+// -- unboxed kernels ------------------------------------------------------------------
+// The fallback above is boxed: each call's arguments are packed into IValues (a heap
+// vector, a list for each int list) and unpacked again by the next kernel. In a model's
+// step, with caches cold, that costs about 0.7 µs a call on the dev VM (a sixth of a
+// host-bound CPU step's time with nothing deferred). The ops a model's step calls most get
+// unboxed kernels on the filter's key instead, which route() the call with its arguments
+// as they are (at::_ops::<op>::redispatch); a deferred call is boxed once, by record().
+
+// Whether `pred` holds for a tensor argument, or a tensor in a list argument.
+template <class Pred>
+bool any_tensor(const Pred& pred, const at::Tensor& t) { return pred(t); }
+template <class Pred>
+bool any_tensor(const Pred& pred, const std::optional<at::Tensor>& t) {
+  return t.has_value() && pred(*t);
+}
+template <class Pred>
+bool any_tensor(const Pred& pred, const c10::ArrayRef<at::Tensor>& ts) {
+  for (const at::Tensor& t : ts) {
+    if (pred(t)) return true;
+  }
+  return false;
+}
+template <class Pred>
+bool any_tensor(const Pred& pred, const at::ITensorListRef& ts) {
+  for (const at::Tensor& t : ts) {
+    if (pred(t)) return true;
+  }
+  return false;
+}
+template <class Pred>
+bool any_tensor(const Pred& pred, const c10::List<std::optional<at::Tensor>>& ts) {
+  for (const std::optional<at::Tensor>& t : ts) {
+    if (t.has_value() && pred(*t)) return true;
+  }
+  return false;
+}
+template <class Pred, class T>
+bool any_tensor(const Pred&, const T&) { return false; }  // not a tensor
+
+template <class Op, class Schema = typename Op::schema>
+struct Unboxed;
+
+template <class Op, class R, class... Args>
+struct Unboxed<Op, R(Args...)> {
+  static inline uint8_t kind = kMode;  // set at registration
+
+  static R call(DispatchKeySet ks, Args... args) {
+    auto python_key = [](const at::Tensor& t) {
+      return t.unsafeGetTensorImpl()->key_set().has(DispatchKey::Python);
+    };
+    auto dual = [](const at::Tensor& t) { return t.defined() && t._fw_grad(0).defined(); };
+    return route(
+        ks, [] { return kind; },
+        [&] { return accel_mode_alone() && !(any_tensor(python_key, args) || ...); },
+        [&] { return (any_tensor(dual, args) || ...); },
+        [&](DispatchKeySet to) -> R { return Op::redispatch(to, args...); });
+  }
+
+  // Registers the kernel unless the op is not in this torch or already has a kernel on the
+  // key; returns whether it did. Caller holds g_mu (kind_locked).
+  static bool add(torch::Library& lib) {
+    auto op = c10::Dispatcher::singleton().findSchema({Op::name, Op::overload_name});
+    if (!op || op->hasKernelForDispatchKey(kFilterKey)) return false;
+    kind = kind_locked(*op);
+    std::string name = Op::overload_name[0] ? std::string(Op::name) + "." + Op::overload_name
+                                             : std::string(Op::name);
+    lib.impl(name.c_str(), torch::dispatch(kFilterKey, TORCH_FN(call)));
+    return true;
+  }
+};
+
+// The ops with unboxed kernels: the views, factories, matmuls and composite ops a GPT-2
+// training step calls most, forward and backward (calls an op accel may defer were measured
+// alike either way: record() boxes them in any case); the rest keep the boxed fallback.
+#define ACCEL_UNBOXED_OPS(X)                                                                    \
+  X(view) X(_unsafe_view) X(_reshape_alias) X(alias) X(detach) X(detach_) X(expand)           \
+  X(permute) X(transpose_int) X(t) X(unsqueeze) X(squeeze_dim) X(squeeze_dims)                \
+  X(slice_Tensor) X(select_int) X(as_strided) X(split_Tensor) X(split_with_sizes)             \
+  X(unbind_int) X(narrow) X(chunk) X(reshape) X(contiguous) X(flatten_using_ints)             \
+  X(empty_memory_format) X(empty_strided) X(empty_like) X(zeros) X(ones) X(full)              \
+  X(zeros_like) X(ones_like) X(full_like) X(arange) X(arange_start) X(arange_start_step)      \
+  X(lift_fresh) X(new_empty) X(new_zeros) X(new_ones) X(new_full) X(resolve_conj)             \
+  X(resolve_neg) X(mm) X(bmm) X(addmm) X(baddbmm) X(matmul) X(linear) X(to_dtype)            \
+  X(to_dtype_layout) X(to_device) X(to_other) X(cat) X(embedding) X(embedding_backward)       \
+  X(embedding_dense_backward) X(index_select) X(index_Tensor) X(resize_)                      \
+  X(result_type_Tensor) X(result_type_Scalar) X(dropout) X(layer_norm) X(softmax_int)         \
+  X(log_softmax_int) X(cross_entropy_loss) X(nll_loss) X(nll_loss_nd) X(nll_loss_forward)     \
+  X(nll_loss_backward) X(pad) X(constant_pad_nd) X(_local_scalar_dense)
+
+// Registers the unboxed kernels in a library of their own (caller holds g_mu).
+void register_unboxed() {
+  auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", kFilterKey,
+                                              __FILE__, __LINE__);
+  int n = 0;
+#define ACCEL_ADD(op) n += Unboxed<at::_ops::op>::add(*lib);
+  ACCEL_UNBOXED_OPS(ACCEL_ADD)
+#undef ACCEL_ADD
+  g_unboxed_library = std::move(lib);
+  g_unboxed = n;
 }
 
 // -- recording ------------------------------------------------------------------------
@@ -684,6 +877,7 @@ const char* accel_filter_register(const char* deferrable, const char* views,
     rec->fallback(torch::CppFunction::makeFromBoxedFunction<&record>());
     g_library = std::move(lib);
     g_record_library = std::move(rec);
+    register_unboxed();
   } catch (const std::exception& e) {
     error = e.what();
     return error.c_str();
@@ -706,6 +900,24 @@ void accel_filter_bind(accel_region_view* view) { t_view = view; }
 // recorded by the filter, [3] small regions' first calls it ran eagerly.
 void accel_filter_counts(uint64_t* out) {
   for (int k = 0; k < 4; ++k) out[k] = t_counts[k];
+}
+
+// The number of ops with unboxed kernels on the filter's key.
+int accel_filter_unboxed() { return g_unboxed; }
+
+// Register the unboxed kernels (on != 0) or remove them (every call then takes the boxed
+// fallback); returns how many are registered. For measuring them side by side in one
+// process: only while no other thread makes calls (the dispatcher's tables change).
+int accel_filter_set_unboxed(int on) {
+  std::lock_guard<std::mutex> guard(g_mu);
+  if (!g_library) return 0;
+  if (on == 0) {
+    g_unboxed_library.reset();
+    g_unboxed = 0;
+  } else if (!g_unboxed_library) {
+    register_unboxed();
+  }
+  return g_unboxed;
 }
 
 // Calls recorded by the filter on every thread.
