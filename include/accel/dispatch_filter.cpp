@@ -62,11 +62,18 @@
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <ATen/SavedTensorHooks.h>
+#include <ATen/core/PythonFallbackKernel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 // the ops with unboxed kernels (ACCEL_UNBOXED_OPS)
 #include <ATen/ops/_local_scalar_dense_ops.h>
+#include <ATen/ops/_log_softmax_ops.h>
+#include <ATen/ops/_log_softmax_backward_data_ops.h>
 #include <ATen/ops/_reshape_alias_ops.h>
+#include <ATen/ops/_softmax_ops.h>
+#include <ATen/ops/_softmax_backward_data_ops.h>
+#include <ATen/ops/_to_copy_ops.h>
 #include <ATen/ops/_unsafe_view_ops.h>
+#include <ATen/ops/add_ops.h>
 #include <ATen/ops/addmm_ops.h>
 #include <ATen/ops/alias_ops.h>
 #include <ATen/ops/arange_ops.h>
@@ -75,10 +82,13 @@
 #include <ATen/ops/bmm_ops.h>
 #include <ATen/ops/cat_ops.h>
 #include <ATen/ops/chunk_ops.h>
+#include <ATen/ops/clone_ops.h>
 #include <ATen/ops/constant_pad_nd_ops.h>
 #include <ATen/ops/contiguous_ops.h>
+#include <ATen/ops/copy_ops.h>
 #include <ATen/ops/cross_entropy_loss_ops.h>
 #include <ATen/ops/detach_ops.h>
+#include <ATen/ops/div_ops.h>
 #include <ATen/ops/dropout_ops.h>
 #include <ATen/ops/embedding_ops.h>
 #include <ATen/ops/embedding_backward_ops.h>
@@ -86,19 +96,30 @@
 #include <ATen/ops/empty_ops.h>
 #include <ATen/ops/empty_like_ops.h>
 #include <ATen/ops/empty_strided_ops.h>
+#include <ATen/ops/exp_ops.h>
 #include <ATen/ops/expand_ops.h>
+#include <ATen/ops/fill_ops.h>
 #include <ATen/ops/flatten_ops.h>
 #include <ATen/ops/full_ops.h>
 #include <ATen/ops/full_like_ops.h>
+#include <ATen/ops/gelu_ops.h>
+#include <ATen/ops/gelu_backward_ops.h>
 #include <ATen/ops/index_ops.h>
 #include <ATen/ops/index_select_ops.h>
 #include <ATen/ops/layer_norm_ops.h>
+#include <ATen/ops/le_ops.h>
 #include <ATen/ops/lift_fresh_ops.h>
 #include <ATen/ops/linear_ops.h>
 #include <ATen/ops/log_softmax_ops.h>
+#include <ATen/ops/masked_fill_ops.h>
 #include <ATen/ops/matmul_ops.h>
+#include <ATen/ops/mean_ops.h>
 #include <ATen/ops/mm_ops.h>
+#include <ATen/ops/mul_ops.h>
 #include <ATen/ops/narrow_ops.h>
+#include <ATen/ops/native_layer_norm_ops.h>
+#include <ATen/ops/native_layer_norm_backward_ops.h>
+#include <ATen/ops/neg_ops.h>
 #include <ATen/ops/new_empty_ops.h>
 #include <ATen/ops/new_full_ops.h>
 #include <ATen/ops/new_ones_ops.h>
@@ -111,23 +132,35 @@
 #include <ATen/ops/ones_like_ops.h>
 #include <ATen/ops/pad_ops.h>
 #include <ATen/ops/permute_ops.h>
+#include <ATen/ops/pow_ops.h>
 #include <ATen/ops/reshape_ops.h>
 #include <ATen/ops/resize_ops.h>
 #include <ATen/ops/resolve_conj_ops.h>
 #include <ATen/ops/resolve_neg_ops.h>
 #include <ATen/ops/result_type_ops.h>
+#include <ATen/ops/rsqrt_ops.h>
+#include <ATen/ops/scalar_tensor_ops.h>
 #include <ATen/ops/select_ops.h>
+#include <ATen/ops/sigmoid_ops.h>
+#include <ATen/ops/silu_ops.h>
 #include <ATen/ops/slice_ops.h>
 #include <ATen/ops/softmax_ops.h>
 #include <ATen/ops/split_ops.h>
 #include <ATen/ops/split_with_sizes_ops.h>
 #include <ATen/ops/squeeze_ops.h>
+#include <ATen/ops/sub_ops.h>
+#include <ATen/ops/sum_ops.h>
 #include <ATen/ops/t_ops.h>
+#include <ATen/ops/tanh_ops.h>
+#include <ATen/ops/tanh_backward_ops.h>
+#include <ATen/ops/threshold_backward_ops.h>
 #include <ATen/ops/to_ops.h>
 #include <ATen/ops/transpose_ops.h>
 #include <ATen/ops/unbind_ops.h>
 #include <ATen/ops/unsqueeze_ops.h>
 #include <ATen/ops/view_ops.h>
+#include <ATen/ops/where_ops.h>
+#include <ATen/ops/zero_ops.h>
 #include <ATen/ops/zeros_ops.h>
 #include <ATen/ops/zeros_like_ops.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
@@ -160,6 +193,8 @@ constexpr DispatchKey kRecordKey = DispatchKey::Fake;  // below autograd, just b
 const DispatchKeySet kBypass({DispatchKey::Python, DispatchKey::PythonTLSSnapshot, kFilterKey});
 const DispatchKeySet kPython(DispatchKey::Python);
 const DispatchKeySet kRecord(kRecordKey);
+const DispatchKeySet kSnapshot(DispatchKey::PythonTLSSnapshot);
+const DispatchKeySet kBelowSnapshot(DispatchKeySet::FULL_AFTER, DispatchKey::PythonTLSSnapshot);
 
 // kMode: composite ops (the mode's path); kDefer: ops the interceptor may defer (the
 // mode's path, or recorded here), kDeferComposite such an op that decomposes above
@@ -296,6 +331,19 @@ bool has_forward_grad(const OperatorHandle& op, const torch::jit::Stack& stack) 
   });
 }
 
+// Sends a call on with key set `ks` (`redispatch`, as route() below). Where the next key it
+// takes is PythonTLSSnapshot (a dispatch mode is on the stack), does here what that key's
+// boxed fallback does (torch's pythonTLSSnapshotFallback: note the thread's key set for the
+// Python key below, unless noted already, and go on below the key), so that an unboxed call
+// is not boxed there.
+template <class Redispatch>
+decltype(auto) past_snapshot(DispatchKeySet ks, Redispatch redispatch) {
+  DispatchKeySet below = ks & kBelowSnapshot;
+  if ((below | kSnapshot) != ks) return redispatch(ks);
+  at::impl::MaybeSetTLSOnEntryGuard guard;
+  return redispatch(below);
+}
+
 // What the filter does with a call (see the top of the file): `kind()` is the op's Kind,
 // `only_accel()` whether the mode stack holds accel's mode alone and no argument is a
 // Python-key tensor, `forward_grad()` whether an argument is a dual tensor, and
@@ -326,11 +374,11 @@ decltype(auto) route(DispatchKeySet ks, Kind kind_of_op, OnlyAccel only_accel,
           at::SavedTensorDefaultHooks::get_tls_state().stack.empty() && !forward_grad()) {
         no_python.emplace(kPython);
       }
-      return redispatch((ks - kPython) | kRecord);
+      return past_snapshot((ks - kPython) | kRecord, redispatch);
     }
   }
   ++t_counts[1];
-  return redispatch(ks);
+  return past_snapshot(ks, redispatch);
 }
 
 void filter(const OperatorHandle& op, DispatchKeySet ks, torch::jit::Stack* stack) {
@@ -411,9 +459,9 @@ struct Unboxed<Op, R(Args...)> {
   }
 };
 
-// The ops with unboxed kernels: the views, factories, matmuls and composite ops a GPT-2
-// training step calls most, forward and backward (calls an op accel may defer were measured
-// alike either way: record() boxes them in any case); the rest keep the boxed fallback.
+// The ops with unboxed kernels: the views, factories, matmuls, composite ops and deferrable
+// ops a GPT-2 training step calls most, forward and backward (a deferred call is boxed
+// once, by record()); the rest keep the boxed fallback.
 #define ACCEL_UNBOXED_OPS(X)                                                                    \
   X(view) X(_unsafe_view) X(_reshape_alias) X(alias) X(detach) X(detach_) X(expand)           \
   X(permute) X(transpose_int) X(t) X(unsqueeze) X(squeeze_dim) X(squeeze_dims)                \
@@ -427,7 +475,14 @@ struct Unboxed<Op, R(Args...)> {
   X(embedding_dense_backward) X(index_select) X(index_Tensor) X(resize_)                      \
   X(result_type_Tensor) X(result_type_Scalar) X(dropout) X(layer_norm) X(softmax_int)         \
   X(log_softmax_int) X(cross_entropy_loss) X(nll_loss) X(nll_loss_nd) X(nll_loss_forward)     \
-  X(nll_loss_backward) X(pad) X(constant_pad_nd) X(_local_scalar_dense)
+  X(nll_loss_backward) X(pad) X(constant_pad_nd) X(_local_scalar_dense) X(mul_Tensor)         \
+  X(mul_Scalar) X(mul__Tensor) X(add_Tensor) X(add_Scalar) X(add__Tensor) X(sub_Tensor)       \
+  X(div_Tensor) X(div_Scalar) X(neg) X(copy_) X(_to_copy) X(fill__Scalar) X(zero_) X(clone)   \
+  X(sum) X(sum_dim_IntList) X(mean_dim) X(pow_Tensor_Scalar) X(where_self) X(le_Scalar)        \
+  X(masked_fill_Scalar) X(scalar_tensor) X(tanh) X(tanh_backward) X(exp) X(rsqrt) X(sigmoid)   \
+  X(silu) X(gelu) X(gelu_backward) X(threshold_backward) X(_softmax) X(_softmax_backward_data) \
+  X(_log_softmax) X(_log_softmax_backward_data) X(native_layer_norm)                           \
+  X(native_layer_norm_backward)
 
 // Registers the unboxed kernels in a library of their own (caller holds g_mu).
 void register_unboxed() {
