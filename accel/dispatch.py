@@ -266,8 +266,9 @@ def small_region_calls() -> int:
 
 def unboxed() -> int:
     """How many ops have the filter's unboxed kernels (``ACCEL_UNBOXED_OPS`` in
-    include/accel/dispatch_filter.cpp: views, factories, matmuls and composite ops a model
-    step calls most, where this torch does not defer them); 0 while the filter is not loaded."""
+    include/accel/dispatch_filter.cpp: the views, factories, matmuls, composite and
+    deferrable ops a model's step calls most, those this torch has); 0 while the filter is
+    not loaded."""
     return 0 if _lib is None else _lib.accel_filter_unboxed()
 
 

@@ -44,8 +44,8 @@
 // (forward-mode AD computes the output's tangent from it there).
 //
 // The fallback is boxed (each call's arguments packed into IValues and unpacked again by
-// the next kernel); the views, factories, matmuls and composite ops a model's step calls
-// most have unboxed kernels on the same key that route() their calls as it does
+// the next kernel); the views, factories, matmuls, composite and deferrable ops a model's
+// step calls most have unboxed kernels on the same key that route() their calls as it does
 // (ACCEL_UNBOXED_OPS, below).
 //
 // torch has no dispatch key reserved for modes outside it; TESTING_ONLY_GenericMode is
