@@ -41,8 +41,10 @@ __all__ = ["SOURCE", "store_key", "start", "active", "loaded", "wait", "set_incl
            "counts", "recorded", "unboxed", "small_region_calls", "set_small_regions", "eager_first", "off_reason"]
 
 SOURCE = os.path.join(build.INCLUDE_DIR, "accel", "dispatch_filter.cpp")
-#: the headers it includes: the region view it shares with the region core, the core's helpers
-HEADERS = tuple(os.path.join(build.INCLUDE_DIR, "accel", h) for h in ("region_view.h", "core_helpers.h"))
+#: the headers it includes: the region view it shares with the region core, the core's
+#: helpers, the unboxed kernels
+HEADERS = tuple(os.path.join(build.INCLUDE_DIR, "accel", h)
+                for h in ("region_view.h", "core_helpers.h", "unboxed_kernels.h"))
 
 _lock = threading.Lock()
 _lib = None  # the loaded library, its fallback registered
