@@ -249,8 +249,8 @@ decltype(auto) past_snapshot(DispatchKeySet ks, Redispatch redispatch) {
 // What the filter does with a call (see the top of the file): `kind()` is the op's Kind,
 // `only_accel()` whether the mode stack holds accel's mode alone and no argument is a
 // Python-key tensor, `forward_grad()` whether an argument is a dual tensor, and
-// `redispatch(ks)` sends the call on with key set `ks` (boxed or unboxed: filter() and
-// Unboxed<Op>::call below).
+// `redispatch(ks)` sends the call on with key set `ks` (boxed: filter() below; unboxed:
+// the kernels of include/accel/unboxed_kernels.h).
 template <class Kind, class OnlyAccel, class ForwardGrad, class Redispatch>
 decltype(auto) route(DispatchKeySet ks, Kind kind_of_op, OnlyAccel only_accel,
                      ForwardGrad forward_grad, Redispatch redispatch) {
