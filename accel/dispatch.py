@@ -268,7 +268,7 @@ def small_region_calls() -> int:
 
 def unboxed() -> int:
     """How many ops have the filter's unboxed kernels (``ACCEL_UNBOXED_OPS`` in
-    include/accel/dispatch_filter.cpp: the views, factories, matmuls, composite and
+    include/accel/unboxed_kernels.h: the views, factories, matmuls, composite and
     deferrable ops a model's step calls most, those this torch has); 0 while the filter is
     not loaded."""
     return 0 if _lib is None else _lib.accel_filter_unboxed()
