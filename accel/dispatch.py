@@ -277,7 +277,7 @@ def unboxed() -> int:
 def set_unboxed(on: bool) -> int:
     """Register the filter's unboxed kernels, or remove them (every call then takes its
     boxed fallback); returns how many are registered. For benchmarks comparing the two in
-    one process (bench/host_parts.py): call it only while no other thread makes calls.
+    one process (bench/dispatch_cost.py): call it only while no other thread makes calls.
     Needs :func:`loaded`."""
     return _lib.accel_filter_set_unboxed(1 if on else 0)
 

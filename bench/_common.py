@@ -25,6 +25,20 @@ import accel  # noqa: E402
 MiB = 1 << 20
 
 
+def gpt2(device, tiny: bool = False):
+    """The demo's GPT-2 and batch on ``device``: (model, input_ids, labels). ``tiny``: 32
+    channels, 2 heads, one 8-token sequence, and one torch thread: a step as host-bound on
+    the CPU as the demo's is on a GPU (a proxy for the GPU's host cost)."""
+    from accel.demo import build_model, make_batch
+
+    if tiny:
+        torch.set_num_threads(1)
+        model, (ids, labels) = build_model(embd=32, heads=2, seq=8), make_batch(batch=1, seq=8)
+    else:
+        model, (ids, labels) = build_model(), make_batch()
+    return model.to(device), ids.to(device), labels.to(device)
+
+
 def accel_fn(fn):
     """``fn`` run under accel, complete on return."""
     def run(*args):

@@ -22,13 +22,13 @@ import copy
 import statistics
 import time
 
-import _common  # noqa: F401 - puts this checkout's accel first on sys.path
+import _common  # puts this checkout's accel first on sys.path
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import accel
 from accel import dispatch
-from accel.demo import build_model, make_batch, train_step
+from accel.demo import train_step
 
 
 class NoOpMode(TorchDispatchMode):
@@ -45,18 +45,11 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--tiny", action="store_true", help="a host-bound GPT-2 (32 channels, 8 tokens)")
     args = p.parse_args(argv)
-    if args.tiny:
-        args.threads = 1
     if args.threads:
         torch.set_num_threads(args.threads)
     dev = torch.device(args.device)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-    if args.tiny:
-        base, batch = build_model(embd=32, heads=2, seq=8), make_batch(batch=1, seq=8)
-    else:
-        base, batch = build_model(), make_batch()
-    base = base.to(dev)
-    ids, labels = (t.to(dev) for t in batch)
+    base, ids, labels = _common.gpt2(dev, args.tiny)
     models = [copy.deepcopy(base) for _ in range(4)]
     loaded = dispatch.wait()
 

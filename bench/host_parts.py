@@ -29,12 +29,12 @@ import copy
 import statistics
 import time
 
-import _common  # noqa: F401 - puts this checkout's accel first on sys.path
+import _common  # puts this checkout's accel first on sys.path
 import torch
 
 import accel
 from accel import dispatch, interceptor, runtime
-from accel.demo import build_model, make_batch
+
 
 _pc = time.perf_counter
 TIMES: dict = {}
@@ -203,13 +203,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     dev = torch.device(args.device)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-    if args.tiny:
-        torch.set_num_threads(1)
-        base, (ids, labels) = build_model(embd=32, heads=2, seq=8), make_batch(batch=1, seq=8)
-    else:
-        base, (ids, labels) = build_model(), make_batch()
-    base = base.to(dev)
-    ids, labels = ids.to(dev), labels.to(dev)
+    base, ids, labels = _common.gpt2(dev, args.tiny)
     me, ma = copy.deepcopy(base), copy.deepcopy(base)
     dispatch.wait()
     if args.ops or args.cprofile:
