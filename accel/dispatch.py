@@ -19,9 +19,11 @@ It is a torch C++ extension built at run time against the installed torch and Py
 (as ``torch.utils.cpp_extension`` builds one: the same C++ standard and ABI), kept in the
 store under a key naming the compiler, torch's build and Python's ABI, and loaded with
 ctypes. A process that misses it builds it in the background (about 35 s on the 2-core
-dev machine, 33 s on the H100 host); until it is loaded every call takes the mode's path, as it does where the
-filter cannot be built or registered (warned once, stored as a negative entry) and under
-``ACCEL_DISPATCH_FILTER=0``.
+dev machine, 33 s on the H100 host), in a process of its own where the store is on disk:
+a program that ends first does not wait for it, and the build goes on to store the filter
+for the next process (as a thread, for an in-memory store). Until it is loaded every call
+takes the mode's path, as it does where the filter cannot be built or registered (warned
+once, stored as a negative entry) and under ``ACCEL_DISPATCH_FILTER=0``.
 """
 from __future__ import annotations
 
@@ -29,8 +31,11 @@ import ctypes
 import hashlib
 import logging
 import os
+import subprocess
+import sys
 import threading
 import time
+from concurrent.futures import Future
 from typing import Optional, Tuple
 
 from . import build, config
@@ -42,9 +47,9 @@ __all__ = ["SOURCE", "store_key", "start", "active", "loaded", "wait", "set_incl
 
 SOURCE = os.path.join(build.INCLUDE_DIR, "accel", "dispatch_filter.cpp")
 #: the headers it includes: the region view it shares with the region core, the core's
-#: helpers, the unboxed kernels
+#: helpers, the unboxed kernels, the calls' keys and trie edges
 HEADERS = tuple(os.path.join(build.INCLUDE_DIR, "accel", h)
-                for h in ("region_view.h", "core_helpers.h", "unboxed_kernels.h"))
+                for h in ("region_view.h", "core_helpers.h", "unboxed_kernels.h", "call_keys.h"))
 
 _lock = threading.Lock()
 _lib = None  # the loaded library, its fallback registered
@@ -126,8 +131,54 @@ def start() -> None:
         if entry is not None:
             _load(entry)
             return
-        _future = _pool().submit(_build, key, store)
+        _future = _build_apart(key, store) if store.persistent else _pool().submit(_build, key, store)
         building = True
+
+
+def _build_apart(key: str, store) -> Future:
+    """Build the filter into ``store`` (on disk) in a process of its own, in a session of its
+    own (a program that ends, or is interrupted, before the build does leaves it running:
+    the next process finds the filter stored); a daemon thread waits for it. Returns a
+    future of the stored entry; its exception, where the process stored none, names the
+    process's exit status and the last line it wrote (kept in the store's locks/ folder)."""
+    fut: Future = Future()
+    fut.set_running_or_notify_cancel()
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # this accel
+    env = dict(os.environ, ACCEL_CACHE_DIR=store.location,
+               PYTHONPATH=os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])))
+    env.pop("ACCEL_EAGER", None)  # the builder must not turn accel on (and build again)
+    log_path = os.path.join(store.location, "locks", f"dispatch-filter-{key[:16]}.log")
+    cmd = [sys.executable, "-c", "import sys; from accel.dispatch import _build_here; "
+           "_build_here(sys.argv[1], sys.argv[2])", key, str(store.size_limit_bytes >> 20)]
+
+    def wait() -> None:
+        try:
+            with open(log_path, "wb") as out:
+                code = subprocess.call(cmd, env=env, stdin=subprocess.DEVNULL, stdout=out,
+                                       stderr=subprocess.STDOUT, start_new_session=True)
+            entry = store.get(key)
+            if entry is None:
+                with open(log_path, errors="replace") as f:
+                    last = (f.read().strip().splitlines() or [""])[-1]
+                raise RuntimeError(f"the build process exited ({code}) without storing it: {last}")
+            fut.set_result(entry)
+        except BaseException as e:  # noqa: BLE001 - reported where the future is read
+            fut.set_exception(e)
+
+    threading.Thread(target=wait, name="accel-filter-build", daemon=True).start()
+    return fut
+
+
+def _build_here(key: str, size_limit_mb: str) -> None:
+    """The build process's work (see :func:`_build_apart`): build the filter into the
+    store at ``$ACCEL_CACHE_DIR`` under ``key``, unless another process has. At the lowest
+    CPU priority: a program running torch's OpenMP threads on every core meanwhile would
+    otherwise run several times slower while the compiler holds one.
+    """
+    from .store import Store
+
+    os.nice(19)
+    _build(key, Store(size_limit_mb=int(size_limit_mb)))
 
 
 def _give_up(reason: str) -> None:

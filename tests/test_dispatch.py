@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import pytest
 import torch
@@ -439,6 +440,35 @@ def test_a_failed_build_leaves_the_mode_path(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "loaded False" in r.stdout
     assert r.stderr.count("no dispatch filter") == 1, r.stderr
+
+
+def test_a_program_that_ends_first_leaves_the_build_running(tmp_path):
+    """A fresh store: the program ends while the filter's build still runs (a compiler that
+    waits here for a file when it builds the filter, and fails), without waiting for it; the build goes on apart and stores its
+    outcome (this compiler fails: a negative entry), which the next process reads instead
+    of building again."""
+    calls, go = tmp_path / "calls", tmp_path / "go"
+    cxx = tmp_path / "cxx"
+    cxx.write_text(f"#!/bin/sh\ncase \"$*\" in *accel_dispatch_filter*)\n  echo run >> {calls}\n"
+                   f"  while [ ! -e {go} ]; do sleep 0.05; done;;\nesac\nexit 1\n")  # regions: eager
+    cxx.chmod(0o755)
+    env = {"ACCEL_CXX": str(cxx), "ACCEL_CACHE_DIR": str(tmp_path / "s"),
+           "ACCEL_COMPILE_TIMEOUT": "600"}  # longer than _run waits for the program
+    first = CHECK.replace('print("loaded", dispatch.wait(60)', 'print("loaded", dispatch.loaded()')
+    try:
+        r = _run(first, env)
+        assert r.returncode == 0, r.stderr
+        assert "loaded False off None" in r.stdout and "no dispatch filter" not in r.stderr
+        deadline = time.monotonic() + 120
+        while not calls.exists():  # the build process, left running, reaches the compiler
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        go.touch()
+    r = _run(CHECK, env)  # waits for the build (under the store's lock), then reads its entry
+    assert r.returncode == 0, r.stderr
+    assert "loaded False" in r.stdout and r.stderr.count("no dispatch filter") == 1, r.stderr
+    assert calls.read_text().count("run") == 1
 
 
 def test_a_new_process_loads_it_from_the_store():
