@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import gc
 import json
 import os
 import subprocess
@@ -180,6 +181,7 @@ def warm_child(name: str, runs: int, backend: str = "accel") -> None:
     its steady state. "accel_after_eager": accel's, after one eager call has paid the
     process's own first-call costs (as in bench_cpu.py's warm start): accel's alone."""
     spec = WORKLOADS[name][1]()
+    gc.collect()  # what building the spec (importing dynamo) left due: bench_cpu.warm_child
     if backend == "accel_after_eager":
         spec.eager()
         backend = "accel"
