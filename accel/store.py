@@ -292,11 +292,12 @@ class _BaseStore:
         return rec[0] if rec else None
 
     def _materialize(self, sha: str, artifact: bytes) -> str:
-        """Make sure ``objects/<sha>.so`` holds exactly ``artifact``; return its path."""
+        """Make sure ``objects/<sha>.so`` holds exactly ``artifact`` (compared byte for byte:
+        cheaper than hashing it again, ``artifact``'s hash already checked); return its path."""
         path = os.path.join(self._objects, f"{sha}.so")
         try:
             with open(path, "rb") as f:
-                ok = _sha(f.read()) == sha
+                ok = f.read() == artifact
         except OSError:
             ok = False
         if not ok:
