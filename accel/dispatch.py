@@ -19,9 +19,10 @@ It is a torch C++ extension built at run time against the installed torch and Py
 (as ``torch.utils.cpp_extension`` builds one: the same C++ standard and ABI), kept in the
 store under a key naming the compiler, torch's build and Python's ABI, and loaded with
 ctypes. A process that misses it builds it in the background (about 35 s on the 2-core
-dev machine, 33 s on the H100 host), in a process of its own where the store is on disk:
-a program that ends first does not wait for it, and the build goes on to store the filter
-for the next process (as a thread, for an in-memory store). Until it is loaded every call
+dev machine, 33 s on the H100 host), in a process of its own at the lowest CPU priority
+where the store is on disk: a program that ends first does not wait for it, and the build
+goes on to store the filter for the next process (as a thread, for an in-memory store).
+Until it is loaded every call
 takes the mode's path, as it does where the filter cannot be built or registered (warned
 once, stored as a negative entry) and under ``ACCEL_DISPATCH_FILTER=0``.
 """
@@ -172,12 +173,14 @@ def _build_apart(key: str, store) -> Future:
 def _build_here(key: str, size_limit_mb: str) -> None:
     """The build process's work (see :func:`_build_apart`): build the filter into the
     store at ``$ACCEL_CACHE_DIR`` under ``key``, unless another process has. At the lowest
-    CPU priority: a program running torch's OpenMP threads on every core meanwhile would
-    otherwise run several times slower while the compiler holds one.
+    CPU priority (``SCHED_IDLE``, else nice 19): the program's own threads come first.
     """
     from .store import Store
 
-    os.nice(19)
+    try:  # run only where no other thread wants the core (Linux), else at nice 19
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):
+        os.nice(19)
     _build(key, Store(size_limit_mb=int(size_limit_mb)))
 
 
