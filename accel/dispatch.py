@@ -28,6 +28,7 @@ once, stored as a negative entry) and under ``ACCEL_DISPATCH_FILTER=0``.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import logging
@@ -141,7 +142,8 @@ def _build_apart(key: str, store) -> Future:
     own (a program that ends, or is interrupted, before the build does leaves it running:
     the next process finds the filter stored); a daemon thread waits for it. Returns a
     future of the stored entry; its exception, where the process stored none, names the
-    process's exit status and the last line it wrote (kept in the store's locks/ folder)."""
+    process's exit status and the last line it wrote (its output is kept in the store's
+    locks/ folder until it stores an entry)."""
     fut: Future = Future()
     fut.set_running_or_notify_cancel()
     package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # this accel
@@ -162,6 +164,8 @@ def _build_apart(key: str, store) -> Future:
                 with open(log_path, errors="replace") as f:
                     last = (f.read().strip().splitlines() or [""])[-1]
                 raise RuntimeError(f"the build process exited ({code}) without storing it: {last}")
+            with contextlib.suppress(OSError):
+                os.unlink(log_path)
             fut.set_result(entry)
         except BaseException as e:  # noqa: BLE001 - reported where the future is read
             fut.set_exception(e)
