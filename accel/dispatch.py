@@ -22,9 +22,9 @@ ctypes. A process that misses it builds it in the background (about 35 s on the 
 dev machine, 33 s on the H100 host), in a process of its own at the lowest CPU priority
 where the store is on disk: a program that ends first does not wait for it, and the build
 goes on to store the filter for the next process (as a thread, for an in-memory store).
-Until it is loaded every call
-takes the mode's path, as it does where the filter cannot be built or registered (warned
-once, stored as a negative entry) and under ``ACCEL_DISPATCH_FILTER=0``.
+Until it is loaded every call takes the mode's path, as it does where the filter cannot be
+built or registered (warned once, stored as a negative entry) and under
+``ACCEL_DISPATCH_FILTER=0``.
 """
 from __future__ import annotations
 

@@ -444,9 +444,9 @@ def test_a_failed_build_leaves_the_mode_path(tmp_path):
 
 def test_a_program_that_ends_first_leaves_the_build_running(tmp_path):
     """A fresh store: the program ends while the filter's build still runs (a compiler that
-    waits here for a file when it builds the filter, and fails), without waiting for it; the build goes on apart and stores its
-    outcome (this compiler fails: a negative entry), which the next process reads instead
-    of building again."""
+    waits here for a file when it builds the filter, and then fails), without waiting for
+    it; the build goes on apart and stores its outcome (a negative entry), which the next
+    process reads instead of building again."""
     calls, go = tmp_path / "calls", tmp_path / "go"
     cxx = tmp_path / "cxx"
     cxx.write_text(f"#!/bin/sh\ncase \"$*\" in *accel_dispatch_filter*)\n  echo run >> {calls}\n"
