@@ -471,6 +471,20 @@ def test_a_program_that_ends_first_leaves_the_build_running(tmp_path):
     assert calls.read_text().count("run") == 1
 
 
+def test_an_in_memory_store_builds_it_on_a_thread(tmp_path):
+    """An unusable cache directory (a file): the store is in memory, which no other
+    process can fill, so the filter is built on one of accel's build threads instead of
+    a process of its own (here its compiler fails: one warning, every result right)."""
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("")
+    r = _run(CHECK, {"ACCEL_CXX": "false", "ACCEL_CACHE_DIR": str(not_a_dir)})
+    assert r.returncode == 0, r.stderr
+    assert "in-memory store" in r.stderr and "loaded False" in r.stdout
+    # the compiler's own failure, as the build thread met it (a process of its own would
+    # have had no store to put it in)
+    assert r.stderr.count("no dispatch filter (BuildError: false failed") == 1, r.stderr
+
+
 def test_a_new_process_loads_it_from_the_store():
     """The session's store holds the filter (conftest waited for it): a new process loads
     it at its first enable, with no build and no wait."""
