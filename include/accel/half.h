@@ -11,13 +11,14 @@
  * `__half2float`, and `__float2bfloat16` from sm_80 on): one instruction each, the same bits
  * as eager's CUDA kernels.
  *
- * float16 on an x86 CPU with AVX2 and F16C (and no AVX-512, whose vector ABI differs): the
- * F16C instructions ATen's vectorized CPU kernels convert with (vcvtph2ps; vcvtps2ph,
- * round to nearest even: eager's bits, NaN payloads included). gcc vectorizes no F16C
- * conversion itself (12: only with AVX512-FP16), so each is a function declared
- * `omp declare simd` whose 8-lane AVX2 variant (the x86-64 vector function ABI's
- * `_ZGVdN8v_` name, which the vectorizer calls) is written here with the F16C builtins
- * (gcc's, not <immintrin.h>, which costs every kernel 0.4 s to compile).
+ * float16 on an x86 CPU with AVX2 and F16C: the F16C instructions ATen's vectorized CPU
+ * kernels convert with (vcvtph2ps; vcvtps2ph, round to nearest even: eager's bits, NaN
+ * payloads included). gcc vectorizes no F16C conversion itself (12: only with
+ * AVX512-FP16), so each is a function declared `omp declare simd` whose 8-lane variant
+ * (the x86-64 vector function ABI's `_ZGVdN8v_` name for AVX2, `_ZGVeN8v_` for AVX-512:
+ * the same 8 lanes in a ymm register, which is what the vectorizer calls) is written here
+ * with the F16C builtins (gcc's, not <immintrin.h>, which costs every kernel 0.4 s to
+ * compile).
  */
 #ifndef ACCEL_HALF_H
 #define ACCEL_HALF_H
@@ -55,7 +56,7 @@ ACCEL_HALF_FN bf16 float_to_bf16(float f) {
 #endif
 }
 
-#if !defined(__CUDACC__) && defined(__AVX2__) && defined(__F16C__) && !defined(__AVX512F__)
+#if !defined(__CUDACC__) && defined(__AVX2__) && defined(__F16C__)
 #define ACCEL_F16C 1
 typedef int accel_v8si __attribute__((vector_size(32)));
 typedef short accel_v8hi __attribute__((vector_size(16)));
@@ -79,6 +80,14 @@ __attribute__((visibility("hidden"))) accel::accel_v8si _ZGVdN8v_accel_f16c_f2h(
 __attribute__((visibility("hidden"))) accel::accel_v8sf _ZGVdN8v_accel_f16c_round(accel::accel_v8sf f) {
   return __builtin_ia32_vcvtph2ps256(__builtin_ia32_vcvtps2ph256(f, 8));
 }
+/* the AVX-512 names of the same 8-lane variants (gcc 12 with -march=native on an AVX-512
+ * CPU calls these) */
+__attribute__((visibility("hidden"), alias("_ZGVdN8v_accel_f16c_h2f")))
+accel::accel_v8sf _ZGVeN8v_accel_f16c_h2f(accel::accel_v8si h);
+__attribute__((visibility("hidden"), alias("_ZGVdN8v_accel_f16c_f2h")))
+accel::accel_v8si _ZGVeN8v_accel_f16c_f2h(accel::accel_v8sf f);
+__attribute__((visibility("hidden"), alias("_ZGVdN8v_accel_f16c_round")))
+accel::accel_v8sf _ZGVeN8v_accel_f16c_round(accel::accel_v8sf f);
 __attribute__((visibility("hidden"), used)) float accel_f16c_h2f_1(int h) {
   const accel::accel_v8hi v = {(short)h};
   return __builtin_ia32_vcvtph2ps(v)[0];
