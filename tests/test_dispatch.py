@@ -4,6 +4,7 @@ import contextlib
 import copy
 import ctypes
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -469,6 +470,54 @@ def test_a_program_that_ends_first_leaves_the_build_running(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "loaded False" in r.stdout and r.stderr.count("no dispatch filter") == 1, r.stderr
     assert calls.read_text().count("run") == 1
+
+
+def _autogroups() -> bool:
+    try:
+        with open("/proc/sys/kernel/sched_autogroup_enabled") as f:
+            return f.read().strip() == "1" and os.path.exists("/proc/self/autogroup")
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux scheduling classes")
+def test_the_build_process_runs_at_the_lowest_priority(tmp_path):
+    """The filter's build process, and the compiler it runs, take only CPU time the program
+    leaves idle: SCHED_IDLE, and where Linux groups processes by session (autogroups) the
+    build's own session at nice 19, which otherwise competes with the program's session
+    as an equal whatever the build's own priority (the compiler here reports both, then
+    fails: a negative entry, as any failed build)."""
+    seen = tmp_path / "seen"
+    cxx = tmp_path / "cxx"
+    cxx.write_text(f"#!/bin/sh\ncase \"$*\" in *accel_dispatch_filter*)\n"
+                   f"  grep '^policy' /proc/$$/sched >> {seen}\n"
+                   f"  cat /proc/$$/autogroup >> {seen} 2>/dev/null;;\nesac\nexit 1\n")
+    cxx.chmod(0o755)
+    r = _run(CHECK, {"ACCEL_CXX": str(cxx), "ACCEL_CACHE_DIR": str(tmp_path / "s")})
+    assert r.returncode == 0, r.stderr
+    assert "loaded False" in r.stdout and r.stderr.count("no dispatch filter") == 1, r.stderr
+    text = seen.read_text()
+    assert re.search(r"^policy\s*:\s*5$", text, re.M), text  # SCHED_IDLE
+    if _autogroups():
+        assert re.search(r"^/autogroup-\d+ nice 19$", text, re.M), text
+
+
+def test_lowering_priority_leaves_the_callers_session_alone(tmp_path):
+    """Called in a process that does not lead its own session, the priority change is
+    that process's alone: its session's autogroup (the program's, a shell's) keeps its
+    nice value."""
+    code = """
+    import os
+    from accel.dispatch import _lower_priority
+    before = open("/proc/self/autogroup").read() if os.path.exists("/proc/self/autogroup") else ""
+    _lower_priority()
+    after = open("/proc/self/autogroup").read() if os.path.exists("/proc/self/autogroup") else ""
+    print(os.sched_getscheduler(0) == os.SCHED_IDLE, before == after, os.getsid(0) == os.getpid())
+    """
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["True", "True", "False"], r.stdout
 
 
 def test_an_in_memory_store_builds_it_on_a_thread(tmp_path):
