@@ -197,7 +197,8 @@ def _lower_priority() -> None:
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     except (AttributeError, OSError):
         os.nice(19)
-    if os.getsid(0) == os.getpid():  # never the caller's session's autogroup
+    # a session of its own only: never the autogroup of the caller's session
+    if hasattr(os, "getsid") and os.getsid(0) == os.getpid():
         try:
             with open("/proc/self/autogroup", "w") as f:
                 f.write("19")

@@ -502,7 +502,8 @@ def test_the_build_process_runs_at_the_lowest_priority(tmp_path):
         assert re.search(r"^/autogroup-\d+ nice 19$", text, re.M), text
 
 
-def test_lowering_priority_leaves_the_callers_session_alone(tmp_path):
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux scheduling classes")
+def test_lowering_priority_leaves_the_callers_session_alone():
     """Called in a process that does not lead its own session, the priority change is
     that process's alone: its session's autogroup (the program's, a shell's) keeps its
     nice value."""
