@@ -26,6 +26,27 @@ def set_helpers(empty_strided: int, liveness: int, overlap: int = 0) -> None:
     the twin does without them."""
 
 
+_include = None  # the dispatch filter's accel_filter_include (ctypes), once loaded
+
+
+def set_include_fn(address: int) -> None:
+    """The twin of the native core's: ``accel_filter_include`` by ``address`` (0: none)."""
+    global _include
+    _include = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int)(address) if address else None
+
+
+def filter_include(on: bool) -> bool:
+    """Include the dispatch filter's key in the calling thread's key set (or not); returns
+    whether it was included.
+
+    Raises:
+        RuntimeError: :func:`set_include_fn` has not been given the function.
+    """
+    if _include is None:
+        raise RuntimeError("accel: the dispatch filter is not loaded")
+    return _include(1 if on else 0) != 0
+
+
 def ext_overlap(ext: list, written: tuple) -> bool:
     """Whether an external input at an index in ``written`` shares memory with another of
     ``ext`` (a list of tensors): their storages' byte ranges intersect (external inputs

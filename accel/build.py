@@ -207,13 +207,15 @@ def torch_extension_key() -> str:
     Raises:
         BuildError: the compiler cannot be found.
     """
-    import sysconfig
+    import importlib.machinery
 
     import torch
 
+    # the extension-module suffix names Python's ABI (".cpython-311-x86_64-linux-gnu.so":
+    # sysconfig's SOABI, without the millisecond sysconfig takes to load its data)
     return (f"{_identity(_cxx())}|{' '.join(TORCH_EXTENSION_FLAGS)}|torch {torch.__version__} "
             f"{torch.version.git_version} cxx11abi={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
-            f"|{sysconfig.get_config_var('SOABI')}")
+            f"|{importlib.machinery.EXTENSION_SUFFIXES[0]}")
 
 
 def build_torch_extension(source: str, name: str) -> bytes:

@@ -178,10 +178,10 @@ def validate_all() -> None:
     data = getattr(os.environ, "_data", None)  # CPython's os.environ keeps a dict of bytes
     if isinstance(data, dict):
         get = data.get
-        fingerprint = (len(data), *[get(name) for name in _FLAG_KEYS])
+        fingerprint = (len(data), *map(get, _FLAG_KEYS))
     else:
         get = os.environ.get
-        fingerprint = (len(os.environ), *[get(name) for name in FLAGS])
+        fingerprint = (len(os.environ), *map(get, FLAGS))
     if fingerprint == _validated:
         return
     for name in os.environ:

@@ -55,6 +55,7 @@ HEADERS = tuple(os.path.join(build.INCLUDE_DIR, "accel", h)
 
 _lock = threading.Lock()
 _lib = None  # the loaded library, its fallback registered
+_include = None  # set_included's function: the region core's filter_include, once loaded
 _future = None  # its background build
 _off: Optional[str] = None  # why the filter is not used, once that is decided
 building = False  # a background build is in flight or done and not loaded yet
@@ -217,7 +218,7 @@ def _give_up(reason: str) -> None:
 
 def _load(entry) -> None:
     """dlopen the filter's library and register its fallback (caller holds ``_lock``)."""
-    global _lib, building
+    global _lib, _include, building
     if entry is None or entry.negative:
         _give_up(entry.reason if entry is not None else "not built")
         return
@@ -261,7 +262,8 @@ def _load(entry) -> None:
     native.set_helpers(*(ctypes.cast(f, ctypes.c_void_p).value
                          for f in (lib.accel_empty_strided, lib.accel_liveness,
                                    lib.accel_ext_overlap)))
-    _lib, building = lib, False
+    native.set_include_fn(ctypes.cast(lib.accel_filter_include, ctypes.c_void_p).value)
+    _lib, _include, building = lib, native.filter_include, False
     log.info("dispatch filter loaded (torch %s)", torch.__version__)
 
 
@@ -308,7 +310,7 @@ def set_included(on: bool) -> None:
     """Include the filter's dispatch key in the calling thread's key set, or not (only
     accel includes it: at its outermost enable on a thread, until the matching disable).
     Needs :func:`loaded`."""
-    _lib.accel_filter_include(1 if on else 0)
+    _include(on)
 
 
 def bind(region) -> None:

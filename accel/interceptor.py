@@ -452,12 +452,17 @@ def disable() -> None:
             _set_replay(st, next(m for m in reversed(st.modes) if m is not None))
 
 
-@contextlib.contextmanager
-def eager():
-    """Context manager: accelerate the eager PyTorch code inside it.
+class eager(contextlib.ContextDecorator):
+    """Context manager (and decorator): accelerate the eager PyTorch code inside it.
 
     Nestable and exception-safe; the pending region is flushed on exit, so every tensor
     computed inside holds its values outside. Per thread, like every dispatch mode.
+    (A class rather than a ``contextlib.contextmanager`` generator: entering and leaving
+    it is part of every call of a function wrapped in it, and a generator costs about a
+    microsecond more.)
+
+    Raises:
+        ConfigError: an ``ACCEL_*`` environment variable is invalid (on entry).
 
     Example:
         >>> import torch, accel
@@ -466,8 +471,12 @@ def eager():
         ...     y = torch.sin(x) * 2 + 1
         >>> torch.testing.assert_close(y, torch.sin(x) * 2 + 1)
     """
-    enable()
-    try:
-        yield
-    finally:
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        enable()
+
+    def __exit__(self, *exc) -> bool:
         disable()
+        return False

@@ -7,8 +7,10 @@ bias + tanh-GELU, residual add + LayerNorm, scaled softmax and RMSNorm on [16384
 the MLP block forward and forward + backward at batch 8192; the demo's GPT-2 step; and
 three of the memory-bound workloads in 16-bit floats (bfloat16, float16). Each backend's
 call ends with ``torch.cuda.synchronize()``; results are checked against eager. The floor
-is the bytes each workload must move over a measured device-to-device copy; the
-memory-bound workloads are also timed back to back (50 calls, one synchronize).
+is the bytes each workload must move over a measured device-to-device copy (of 1 GiB, best
+of 10); next to it, a copy of each workload's bytes timed as the workloads are (each call
+synchronized), the floor with a call's launch and synchronization in it. The memory-bound
+workloads are also timed back to back (50 calls, one synchronize).
 Also: cold compile seconds per region (fresh store), and in a new process with the warm
 store, the first call's time over the steady state.
 """
@@ -61,6 +63,24 @@ def copy_bandwidth(runs: int = 10) -> float:
         torch.cuda.synchronize()
         best = min(best, time.perf_counter() - t0)
     return 2 * a.nbytes / best
+
+
+def synced_copy_ms(nbytes: int, runs: int) -> float:
+    """Median milliseconds of a device-to-device copy that moves ``nbytes`` (read + write
+    counted), each call synchronized as the workloads' are: the floor as the per-call timing
+    sees it (a call's launch and synchronization included: any implementation pays them)."""
+    n = max(nbytes // 8, 1)  # float32 elements: read n * 4 + write n * 4 bytes
+    src = torch.empty(n, device=DEV)
+    dst = torch.empty_like(src)
+    copy = synced(lambda: dst.copy_(src))
+    for _ in range(3):
+        copy()
+    ts = []
+    for _ in range(max(runs, 10)):
+        t0 = time.perf_counter()
+        copy()
+        ts.append(time.perf_counter() - t0)
+    return sorted(ts)[len(ts) // 2] * 1e3
 
 
 def kernel_ms(fn, calls: int = 3) -> float:
@@ -245,9 +265,13 @@ def main(argv=None) -> int:
         floor = (spec.in_bytes + r["out_bytes"]) / bw * 1e3 if spec.in_bytes else None
         fl = lambda v: f"{v:.3f}" if isinstance(v, float) else str(v)  # noqa: E731
         ka, kc = kernel_ms(spec.accel), kernel_ms(spec.compile)
+        cs = synced_copy_ms(spec.in_bytes + r["out_bytes"], runs) if floor else None
         rows.append([title, fl(te), fl(ta), fl(tc), fl(floor) if floor else "-",
                      _ratio(te, ta), _ratio(tc, ta),
                      f"{floor / ta * 100:.0f} %" if floor and isinstance(ta, float) else "-",
+                     fl(cs) if cs else "-",
+                     f"{cs / ta * 100:.0f} %" if cs and isinstance(ta, float) else "-",
+                     f"{cs / tc * 100:.0f} %" if cs and isinstance(tc, float) else "-",
                      f"{ka:.3f}", f"{kc:.3f}", f"{floor / ka * 100:.0f} %" if floor else "-",
                      r["checks"]["accel"], r["checks"]["compile"]])
         if isinstance(ta, float) and isinstance(tc, float) and name not in B.EXTRA:  # the issue's eight
@@ -260,10 +284,14 @@ def main(argv=None) -> int:
         torch.cuda.empty_cache()
     print(f"## Time per call (median ms of {runs}, backends interleaved, synchronized)\n")
     print(table(["workload", "eager ms", "accel ms", "compile ms", "floor ms", "eager/accel",
-                 "compile/accel", "floor/accel", "accel kernels ms", "compile kernels ms",
+                 "compile/accel", "floor/accel", "copy ms (synchronized)", "copy/accel",
+                 "copy/compile", "accel kernels ms", "compile kernels ms",
                  "floor/accel kernels", "accel == eager", "compile == eager"], rows))
     print("\n(kernels ms: the GPU time of one call's kernels, torch.profiler; the per-call "
-          "times above include the host's time before the first launch)\n")
+          "times above include the host's time before the first launch. copy ms: a "
+          "device-to-device copy moving the workload's bytes, timed as the workloads are, "
+          "each call synchronized: the floor with a call's launch and synchronization in it; "
+          "copy/accel, copy/compile: each one's fraction of it)\n")
     print(f"\ngeometric mean of compile/accel (workloads 1-8): {B.geomean(ratios):.2f}x\n"
           if ratios else "")
     if b2b:

@@ -708,6 +708,46 @@ def test_the_filters_allocator_matches_torch_and_raises_torchs_errors():
         empty_strided((1 << 62,), (1,), torch.uint8, None)
 
 
+@pytest.mark.parametrize("core", ["native", "twin"])
+def test_filter_include_sets_the_threads_key_and_returns_the_old_state(core):
+    """The cores' ``filter_include`` (what ``dispatch.set_included`` calls at every enable
+    and disable) includes the filter's key in the calling thread's key set, or not, and
+    returns whether it was included, as the library's ``accel_filter_include`` does."""
+    from accel import _core_py
+    from accel.region import native
+
+    assert dispatch.wait(120)
+    if core == "native":
+        if native.__name__.endswith("_core_py"):
+            pytest.skip("the native core is not built")
+        mod = native
+    else:
+        mod = _core_py
+        mod.set_include_fn(ctypes.cast(dispatch._lib.accel_filter_include, ctypes.c_void_p).value)
+    lib = dispatch._lib  # the library's own function, the oracle: it returns the old state
+
+    def included():
+        on = lib.accel_filter_include(1)
+        lib.accel_filter_include(on)
+        return bool(on)
+
+    was = included()
+    try:
+        assert mod.filter_include(True) == was
+        assert included()
+        assert mod.filter_include(False) is True
+        assert not included()
+        assert mod.filter_include(False) is False
+    finally:
+        lib.accel_filter_include(int(was))
+    mod.set_include_fn(0)
+    try:
+        with pytest.raises(RuntimeError, match="not loaded"):
+            mod.filter_include(True)
+    finally:
+        mod.set_include_fn(ctypes.cast(dispatch._lib.accel_filter_include, ctypes.c_void_p).value)
+
+
 def test_an_engine_thread_records_through_its_worker(backward_case):
     """On a thread that did not enable accel (as autograd's CUDA device thread, which
     inherits the filter's key and the mode), the filter records a backward pass's calls

@@ -52,6 +52,27 @@ def test_nesting_and_exception_safety(x):
     close(y, x * 2)
 
 
+def test_eager_is_a_decorator_too(x):
+    """``accel.eager()`` decorates a function as it wraps a block (``contextlib``'s
+    ContextDecorator): enabled inside each call, flushed and off after it, exceptions pass."""
+    @accel.eager()
+    def f(t):
+        assert accel.is_enabled()
+        return chain(t)
+
+    @accel.eager()
+    def g():
+        raise KeyError("boom")
+
+    for _ in range(2):
+        y = f(x)
+        assert not accel.is_enabled() and pending() == 0
+        close(y, chain(x))
+    with pytest.raises(KeyError):
+        g()
+    assert not accel.is_enabled()
+
+
 def test_enable_disable(x):
     accel.enable()
     try:
