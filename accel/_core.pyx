@@ -68,6 +68,16 @@ def set_helpers(size_t empty_strided, size_t liveness, size_t overlap=0):
     _fast_overlap = <overlap_fn>overlap
 
 
+def device_empty_strided(tuple shape, tuple stride, dtype, device):
+    """``torch.empty_strided(shape, stride, dtype=dtype, device=device)`` for a GPU
+    ``device``, through the dispatch filter's ``accel_empty_strided`` once it is loaded
+    (without the Python binding's argument parsing): outputs allocated when a kernel is
+    launched ahead. Raises what ``torch.empty_strided`` raises (out of memory, say)."""
+    if _fast_empty != NULL:
+        return _fast_empty(shape, stride, dtype, device)
+    return _empty_strided(shape, stride, dtype=dtype, device=device)
+
+
 ctypedef int (*include_fn)(int) noexcept nogil
 cdef include_fn _include = NULL
 

@@ -26,6 +26,11 @@ def set_helpers(empty_strided: int, liveness: int, overlap: int = 0) -> None:
     the twin does without them."""
 
 
+def device_empty_strided(shape: tuple, stride: tuple, dtype, device):
+    """The twin of the native core's: ``torch.empty_strided`` on a GPU ``device``."""
+    return torch.empty_strided(shape, stride, dtype=dtype, device=device)
+
+
 _include = None  # the dispatch filter's accel_filter_include (ctypes), once loaded
 
 

@@ -404,12 +404,13 @@ def speculate(region: Region, pred: Prediction) -> None:
                 or _untyped_storage(t).nbytes() < nbytes):
             return
         tail.append(t)
-    kern, metas, n_first = pred.kern, pred.metas, len(region.outs)
+    kern, metas, n_first, dev = pred.kern, pred.metas, len(region.outs), region.device
     ahead = [None] * len(metas)
     for i in kern.live_idx:
         if i >= n_first:
             m = metas[i]
-            ahead[i] = allocator.empty_strided(m[0], m[1], m[2], m[3], region.device)
+            ahead[i] = (native.device_empty_strided(m[0], m[1], m[2], dev) if kern.cuda else
+                        allocator.empty_strided(m[0], m[1], m[2], m[3], dev))
     ext = region.ext + tail
     scalars = region.scalars + pred.scalars[len(region.scalars):]
     ptrs = _kernel_ptrs(kern, region, ext, region.outs + ahead[n_first:])

@@ -687,6 +687,28 @@ def test_the_filters_liveness_agrees_with_the_core(device):
         native.set_helpers(*addrs)
 
 
+@pytest.mark.parametrize("core", ["native", "twin"])
+def test_device_empty_strided_matches_torch(core):
+    """The cores' ``device_empty_strided`` (outputs allocated for a kernel launched ahead on
+    a GPU) gives what ``torch.empty_strided`` gives, through the filter's allocator once it
+    is loaded, and raises torch's errors."""
+    from accel import _core_py
+    from accel.region import native
+
+    assert dispatch.wait(120)
+    if core == "native" and native.__name__.endswith("_core_py"):
+        pytest.skip("the native core is not built")
+    mod = native if core == "native" else _core_py
+    devices = [torch.device("cpu")] + ([torch.device("cuda", 0)] if torch.cuda.is_available() else [])
+    for device in devices:
+        for dtype in (torch.float32, torch.bfloat16, torch.int64):
+            t = mod.device_empty_strided((3, 5), (1, 3), dtype, device)
+            want = torch.empty_strided((3, 5), (1, 3), dtype=dtype, device=device)
+            assert (t.shape, t.stride(), t.dtype, t.device) == (want.shape, want.stride(), dtype, want.device)
+    with pytest.raises(RuntimeError):  # torch's out-of-memory error
+        mod.device_empty_strided((1 << 62,), (1,), torch.uint8, devices[-1])
+
+
 def test_the_filters_allocator_matches_torch_and_raises_torchs_errors():
     """``accel_empty_strided`` (the native core's output allocation once the filter is
     loaded) gives what ``torch.empty_strided`` gives, and raises as it does."""
