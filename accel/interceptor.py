@@ -472,8 +472,6 @@ class eager(contextlib.ContextDecorator):
         >>> torch.testing.assert_close(y, torch.sin(x) * 2 + 1)
     """
 
-    __slots__ = ()
-
     def __enter__(self) -> None:
         enable()
 
