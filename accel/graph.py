@@ -56,10 +56,15 @@ def _sentinels(scalar_types: Sequence[str], which: int) -> List[Any]:
     return [-v if t.endswith("-") else v for v, t in zip(vals, scalar_types)]
 
 
-def _region_fn(calls, n_ext, n_out_slots, live_idx, scalars):
+def _region_fn(calls, n_ext, n_out_slots, live_idx, scalars, out_dtypes=None):
     def fn(*ext):
         outs: List[Any] = [None] * n_out_slots
-        run_calls(calls, ext, outs, scalars, outs.__setitem__)
+        if out_dtypes is None:
+            run_calls(calls, ext, outs, scalars, outs.__setitem__)
+        else:  # a result in eager's dtype where it differs from the decomposition's
+            def put(i, t):
+                outs[i] = t if t.dtype == out_dtypes[i] else t.to(out_dtypes[i])
+            run_calls(calls, ext, outs, scalars, put)
         return tuple(outs[i] for i in live_idx)
 
     return fn
@@ -72,13 +77,13 @@ def _decompositions():
     return decomposition_table
 
 
-def _trace(calls, ext_examples, n_out_slots, live_idx, scalars) -> fx.GraphModule:
+def _trace(calls, ext_examples, n_out_slots, live_idx, scalars, out_dtypes=None) -> fx.GraphModule:
     from torch.fx.experimental.proxy_tensor import make_fx
     from torch.func import functionalize
 
     from torch.utils._python_dispatch import _disable_current_modes
 
-    fn = _region_fn(calls, len(ext_examples), n_out_slots, live_idx, scalars)
+    fn = _region_fn(calls, len(ext_examples), n_out_slots, live_idx, scalars, out_dtypes)
     try:
         with _disable_current_modes():
             return make_fx(functionalize(fn, remove="mutations_and_views"),
@@ -104,7 +109,8 @@ def _match(a, b, sa, sb, uses):
     return type(a) is type(b) and a == b
 
 
-def trace_region(calls, ext_examples, n_out_slots, live_idx, scalar_types) -> TraceResult:
+def trace_region(calls, ext_examples, n_out_slots, live_idx, scalar_types,
+                 out_dtypes=None) -> TraceResult:
     """Trace a region's calls into a prims graph with scalar placeholders.
 
     Args:
@@ -115,15 +121,19 @@ def trace_region(calls, ext_examples, n_out_slots, live_idx, scalar_types) -> Tr
         n_out_slots: number of region outputs; live_idx: the ones the graph returns.
         scalar_types: per runtime scalar ``"f"`` (float) or ``"i"`` (int), suffixed ``"-"``
             for a negative value (``"+"`` or nothing: positive), as in the region key.
+        out_dtypes: the dtype of each region output as eager's kernel returns it (None:
+            as traced); a traced result of another dtype is converted to it (CPU layer
+            norm of bfloat16 returns its mean and rstd in bfloat16, its decomposition in
+            float32), so that the calls after it and the kernel's buffer see eager's.
 
     Raises:
         TraceError: tracing failed, or a scalar is used in a way the sentinels cannot prove
             value-independent (the caller then runs the region eagerly).
     """
     sa, sb = _sentinels(scalar_types, 0), _sentinels(scalar_types, 1)
-    ga = _trace(calls, ext_examples, n_out_slots, live_idx, sa)
+    ga = _trace(calls, ext_examples, n_out_slots, live_idx, sa, out_dtypes)
     if scalar_types:
-        gb = _trace(calls, ext_examples, n_out_slots, live_idx, sb)
+        gb = _trace(calls, ext_examples, n_out_slots, live_idx, sb, out_dtypes)
         na, nb = list(ga.graph.nodes), list(gb.graph.nodes)
         if len(na) != len(nb):
             raise TraceError("scalar value changes the traced graph")

@@ -141,7 +141,8 @@ def _compile(region: Region, live, key: str, store):
         live_idx = tuple(i for i, a in enumerate(live) if a)
         scalar_types = ["f" if type(s) is float else "i" for s in region.scalars]
         signed = [t + ("-" if s < 0 else "+") for t, s in zip(scalar_types, region.scalars)]
-        tr = trace_region(region.calls, region.ext, len(region.outs), live_idx, signed)
+        tr = trace_region(region.calls, region.ext, len(region.outs), live_idx, signed,
+                          [m[2] for m in region.out_meta])
         pass_log = run_passes(tr.gm)
         ext = [BufferSpec(t.dtype, tuple(t.shape), t.stride(), False) for t in region.ext]
         outs = [BufferSpec(region.out_meta[i][2], tuple(region.out_meta[i][0]), tuple(region.out_meta[i][1]),

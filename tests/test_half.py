@@ -108,6 +108,32 @@ def test_workloads_match_eager(name, dtype, device):
     torch.testing.assert_close(actual, expected, equal_nan=True)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+def test_native_layer_norm_in_16_bits_returns_eagers_dtypes_from_a_kernel(dtype, device):
+    """``native_layer_norm`` of a 16-bit input returns its mean and rstd in the dtype eager's
+    kernel gives (bfloat16 and float16 on the CPU, where the meta function says float32;
+    float32 on a GPU) from accel's kernel, not eagerly: the statistics rounded from the
+    float32 ones as eager rounds them, the output within the default tolerance."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(64, 512, generator=g).to(device, dtype)
+    w, b = (torch.randn(512, generator=g).to(device, dtype) for _ in range(2))
+
+    def fn(x, w, b):  # the call alone: a region of its own, or (eagerly) none
+        return torch.ops.aten.native_layer_norm(x, [512], w, b, 1e-5)
+
+    expected = fn(x, w, b)
+    actual, st = _run(fn, x, w, b)
+    assert st["kernel_runs"] == 1 and st["eager_replays"] == 0 and st["compile_failures"] == 0, st
+    assert [t.dtype for t in actual] == [t.dtype for t in expected]
+    torch.testing.assert_close(actual[0], expected[0])
+    for a, e in zip(actual[1:], expected[1:]):
+        if a.dtype == dtype:  # rounded from the same float32 statistics
+            _same_bits(a, e)
+        else:
+            torch.testing.assert_close(a, e)
+
+
 class _Block(torch.nn.Module):
     def __init__(self):
         super().__init__()
