@@ -96,6 +96,12 @@ INTEGER_DIVISION = frozenset({"div", "floor_divide", "remainder", "fmod"})
 #: eager's kernel does (eager's CPU binary_cross_entropy_with_logits rounds log_sigmoid,
 #: the weight product and the difference separately): at float16/bfloat16 they run eagerly
 EAGER_AT_HALF = frozenset({"binary_cross_entropy_with_logits"})
+#: ops whose eager kernel returns a floating result in another dtype than the meta function
+#: (CPU layer norm of bfloat16 / float16: its mean and rstd in that dtype, float32 by the
+#: meta function) by rounding the value the meta dtype holds: accel rounds it alike (the
+#: same bits; tests/test_half.py). Any other dtype disagreement runs the call eagerly (CPU
+#: batch norm's 16-bit statistics do not round-trip so: its backward then drifts).
+ROUNDED_RESULTS = frozenset({"native_layer_norm"})
 
 #: pointwise-tagged ops accel does not take: no useful decomposition, or non-numeric results.
 _DENY = {"equal", "polygamma", "polygamma_", "_conj_physical", "angle", "rrelu",

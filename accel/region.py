@@ -17,7 +17,8 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from . import config
-from .ops import DTYPES, EAGER_AT_HALF, HALF, INTEGER_DIVISION, NOT_DEFERRABLE, Deferred, OpSpec
+from .ops import (DTYPES, EAGER_AT_HALF, HALF, INTEGER_DIVISION, NOT_DEFERRABLE, ROUNDED_RESULTS,
+                  Deferred, OpSpec)
 
 if config.flag("ACCEL_PURE_PYTHON"):
     from . import _core_py as native
@@ -244,9 +245,11 @@ class Region(RegionCore):
             if isinstance(g, torch.Tensor) and isinstance(r, torch.Tensor) and g.dtype != r.dtype:
                 # the meta function disagrees with this device's kernel (CPU layer norm of
                 # bfloat16 returns its mean and rstd in bfloat16, the meta function in
-                # float32): a floating result is eager's dtype, rounded from the meta
-                # function's (the region's graph converts it: accel.graph.trace_region)
-                if not (g.dtype.is_floating_point and r.dtype.is_floating_point) or spec.returns_input:
+                # float32): for ROUNDED_RESULTS a floating result is eager's dtype, rounded
+                # from the meta function's (the region's graph converts it:
+                # accel.graph.trace_region)
+                if (func._opname not in ROUNDED_RESULTS or spec.returns_input
+                        or not (g.dtype.is_floating_point and r.dtype.is_floating_point)):
                     raise Deferred("result dtype differs from eager's")
                 outs = outs[:k] + (_meta_of(torch.empty_strided(r.shape, r.stride(), dtype=g.dtype,
                                                                 device="meta")),) + outs[k + 1:]
