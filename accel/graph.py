@@ -59,12 +59,11 @@ def _sentinels(scalar_types: Sequence[str], which: int) -> List[Any]:
 def _region_fn(calls, n_ext, n_out_slots, live_idx, scalars, out_dtypes=None):
     def fn(*ext):
         outs: List[Any] = [None] * n_out_slots
-        if out_dtypes is None:
-            run_calls(calls, ext, outs, scalars, outs.__setitem__)
-        else:  # a result in eager's dtype where it differs from the decomposition's
-            def put(i, t):
-                outs[i] = t if t.dtype == out_dtypes[i] else t.to(out_dtypes[i])
-            run_calls(calls, ext, outs, scalars, put)
+
+        def put(i, t):  # a result in eager's dtype where it differs from the decomposition's
+            outs[i] = t if out_dtypes is None or t.dtype == out_dtypes[i] else t.to(out_dtypes[i])
+
+        run_calls(calls, ext, outs, scalars, put)
         return tuple(outs[i] for i in live_idx)
 
     return fn

@@ -248,8 +248,7 @@ class Region(RegionCore):
                 # float32): for ROUNDED_RESULTS a floating result is eager's dtype, rounded
                 # from the meta function's (the region's graph converts it:
                 # accel.graph.trace_region)
-                if (func._opname not in ROUNDED_RESULTS or spec.returns_input
-                        or not (g.dtype.is_floating_point and r.dtype.is_floating_point)):
+                if func._opname not in ROUNDED_RESULTS or not g.dtype.is_floating_point:
                     raise Deferred("result dtype differs from eager's")
                 outs = outs[:k] + (_meta_of(torch.empty_strided(r.shape, r.stride(), dtype=g.dtype,
                                                                 device="meta")),) + outs[k + 1:]

@@ -30,7 +30,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_cpu as B  # noqa: E402
-from _common import _ratio, machine, measure, table  # noqa: E402
+from _common import _ratio, machine, measure, median_ms, table  # noqa: E402
 
 import accel  # noqa: E402
 
@@ -72,15 +72,7 @@ def synced_copy_ms(nbytes: int, runs: int) -> float:
     n = max(nbytes // 8, 1)  # float32 elements: read n * 4 + write n * 4 bytes
     src = torch.empty(n, device=DEV)
     dst = torch.empty_like(src)
-    copy = synced(lambda: dst.copy_(src))
-    for _ in range(3):
-        copy()
-    ts = []
-    for _ in range(max(runs, 10)):
-        t0 = time.perf_counter()
-        copy()
-        ts.append(time.perf_counter() - t0)
-    return sorted(ts)[len(ts) // 2] * 1e3
+    return median_ms(synced(lambda: dst.copy_(src)), max(runs, 10), warmup=3)
 
 
 def kernel_ms(fn, calls: int = 3) -> float:
