@@ -38,6 +38,10 @@ DEV = "cuda"
 CHAIN_N, ROWS, D = 64 << 20, 16384, 4096
 MLP_D, MLP_HIDDEN, MLP_BATCH = 1024, 4096, 8192
 BF16 = torch.bfloat16
+#: untimed rounds of every backend before the timed ones (an idle GPU clocks its SMs down:
+#: 345 MHz seen on the H100 at rest; and a workload's first rounds follow its correctness
+#: check); the timed rounds are 20 (--quick) or 40: a call takes well under a millisecond
+WARMUP = 10
 
 
 def synced(fn):
@@ -227,7 +231,7 @@ def main(argv=None) -> int:
     p.add_argument("--_warm", default=None, help=argparse.SUPPRESS)
     p.add_argument("--_backend", default="accel", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    runs = args.runs or (5 if args.quick else 20)
+    runs = args.runs or (20 if args.quick else 40)
     if args._warm:
         warm_child(args._warm, runs, args._backend)
         return 0
@@ -246,7 +250,7 @@ def main(argv=None) -> int:
         title, make = WORKLOADS[name]
         spec = make()
         before = accel.stats()
-        r = measure(title, spec.eager, spec.accel, spec.compile, runs, warmup=2, detail=True,
+        r = measure(title, spec.eager, spec.accel, spec.compile, runs, warmup=WARMUP, detail=True,
                     exact=spec.exact)
         after = accel.stats()
         nc = after["compiles"] - before["compiles"]
