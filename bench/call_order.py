@@ -17,6 +17,7 @@ import time
 
 import bench_gpu as G  # puts this checkout's accel first on sys.path
 import torch
+from _common import interleaved_ms, median_ms
 
 import accel
 
@@ -50,21 +51,18 @@ def main(argv=None) -> int:
         outs = out if isinstance(out, (tuple, list)) else [out]
         floor = (spec.in_bytes + sum(t.nbytes for t in outs)) / bw * 1e3
         del out, outs
-        ways = {k: {b: [] for b in fns} for k in ("interleaved", "blocks of 10", "40 in a row")}
-        for _ in range(30):
-            for b, f in fns.items():
-                ways["interleaved"][b].append(_timed(f))
+        ways = {"interleaved": interleaved_ms(fns, 30)}
+        blocks = {b: [] for b in fns}
         for _ in range(4):
             for b, f in fns.items():
-                ways["blocks of 10"][b] += [_timed(f) for _ in range(10)]
-        for b, f in fns.items():
-            ways["40 in a row"][b] = [_timed(f) for _ in range(45)][5:]
+                blocks[b] += [_timed(f) for _ in range(10)]
+        ways["blocks of 10"] = {b: statistics.median(v) * 1e3 for b, v in blocks.items()}
+        ways["40 in a row"] = {b: median_ms(f, 40, warmup=5) for b, f in fns.items()}
         if profile:  # bench_gpu.py's kernel times (torch.profiler), then the same again
             G.kernel_ms(spec.accel), G.kernel_ms(spec.compile)
-            ways["40 in a row, after torch.profiler"] = {
-                b: [_timed(f) for _ in range(45)][5:] for b, f in fns.items()}
-        for way, ts in ways.items():
-            ms = {b: statistics.median(v) * 1e3 for b, v in ts.items()}
+            ways["40 in a row, after torch.profiler"] = {b: median_ms(f, 40, warmup=5)
+                                                         for b, f in fns.items()}
+        for way, ms in ways.items():
             print(f"| {name} | {way} | {ms['eager']:.3f} | {ms['accel']:.3f} | {ms['compile']:.3f} | "
                   f"{floor:.3f} | {floor / ms['accel'] * 100:.0f} % | {floor / ms['compile'] * 100:.0f} % |")
         del spec, fns
