@@ -24,7 +24,6 @@ import time
 import _common  # puts this checkout's accel first on sys.path
 import torch
 
-import accel
 from accel import demo, dispatch
 
 _C = math.sqrt(2.0 / math.pi)
@@ -60,22 +59,17 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=40)
     args = p.parse_args(argv)
     torch.manual_seed(0)
-    base = demo.build_model()
-    ids, labels = demo.make_batch()
+    base, ids, labels = _common.gpt2(torch.device("cpu"))
     dispatch.wait()
     me, ma, mr, mc = (copy.deepcopy(base) for _ in range(4))
     for block in mr.transformer.h:
         block.mlp.act = _GELU()
     compiled = torch.compile(lambda: demo.train_step(mc, ids, labels))
 
-    def under_accel(m):
-        def step():
-            with accel.eager():
-                return demo.train_step(m, ids, labels)
-        return step
-
-    fns = {"eager": lambda: demo.train_step(me, ids, labels), "accel": under_accel(ma),
-           "accel, GELU recomputed": under_accel(mr), "torch.compile": compiled}
+    step = _common.accel_fn(demo.train_step)
+    fns = {"eager": lambda: demo.train_step(me, ids, labels),
+           "accel": lambda: step(ma, ids, labels),
+           "accel, GELU recomputed": lambda: step(mr, ids, labels), "torch.compile": compiled}
     demo.train_step(me, ids, labels)
     fns["accel, GELU recomputed"]()
     for (name, pe), pr in zip(me.named_parameters(), mr.parameters()):
