@@ -5,8 +5,19 @@ path); steps timed round-robin after 40 untimed rounds. ``--all-eager``: every r
 the accel variants runs its calls eagerly (the small-region rule of
 ``accel.interceptor`` applied to regions of any size: after the untimed rounds nothing is
 recorded), which leaves the cost of intercepting the step's calls alone.
+``--nothing-deferred``: the dispatch filter is told that no op is deferrable, so it runs
+every call past the mode in C++ (the mode on the stack, nothing deferred or decided). A last variant
+includes the dispatch filter's key with no dispatch mode on the stack: every call passes
+the filter's kernel and goes on untouched, the least an interceptor in front of the
+dispatcher costs (what a design without the Python-level mode could reach).
+``--other-thread``: every variant's backward runs on one other, persistent thread that
+inherits the calling thread's dispatch modes and filter key, as autograd's CUDA device
+thread does; on the CPU, whose backward otherwise runs on the calling thread, accel then
+takes its device-thread path (``accel.interceptor._Worker``), measurable and profilable
+without a GPU.
 
-    python bench/step_phases.py [cpu|cuda] [--tiny] [--all-eager] [--steps 40]
+    python bench/step_phases.py [cpu|cuda] [--tiny] [--all-eager | --nothing-deferred]
+                                [--other-thread] [--steps 40]
 
 Prints median ms per phase and per step, then the calls of one accel step as the dispatch
 filter counted them on the calling thread (run past the mode, passed on, recorded, small
@@ -17,7 +28,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import queue
 import statistics
+import threading
 import time
 
 import _common  # puts this checkout's accel first on sys.path
@@ -40,11 +53,85 @@ def _backward_not_recorded():
         interceptor._Worker.queue_final_callback = queue
 
 
+@contextlib.contextmanager
+def _filter_key_alone():
+    """The dispatch filter's key included on this thread (autograd's device thread inherits
+    it), no dispatch mode pushed: each call takes the filter's kernel, which passes it on."""
+    dispatch.set_included(True)
+    try:
+        yield
+    finally:
+        dispatch.set_included(False)
+
+
+def _nothing_deferred() -> None:
+    """Re-register the loaded filter with no op deferrable (its unboxed kernels again, to
+    take the new kinds): every call then runs past the mode in C++."""
+    from accel.ops import VIEW_OPS
+    from accel.region import RegionCore
+
+    views = "\n".join(dispatch._name(op) for op in VIEW_OPS).encode()
+    err = dispatch._lib.accel_filter_register(
+        b"", views, id(interceptor.AccelMode), id(interceptor._DynamoSafeAccelMode),
+        id(getattr(RegionCore, "_replay", None)), id(interceptor.flush))
+    if err:
+        raise RuntimeError(err.decode(errors="replace"))
+    dispatch.set_unboxed(False)
+    dispatch.set_unboxed(True)
+
+
+def _filter_included() -> bool:
+    """Whether the filter's key is in the calling thread's included set."""
+    was = dispatch._lib.accel_filter_include(1)
+    dispatch._lib.accel_filter_include(was)
+    return bool(was)
+
+
+class _OtherThread:
+    """One persistent thread that runs a function for the calling thread with the calling
+    thread's dispatch modes pushed and the filter's key as included there: what autograd's
+    CUDA device thread inherits from the graph task's thread-local state."""
+
+    def __init__(self):
+        self.jobs, self.done = queue.SimpleQueue(), queue.SimpleQueue()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            fn, modes, included = self.jobs.get()
+            for m in modes:
+                m.__enter__()
+            was = dispatch._lib.accel_filter_include(int(included)) if dispatch.loaded() else 0
+            try:
+                fn()
+                self.done.put(None)
+            except BaseException as e:  # noqa: BLE001 - handed to the calling thread
+                self.done.put(e)
+            finally:
+                if dispatch.loaded():
+                    dispatch._lib.accel_filter_include(was)
+                for m in reversed(modes):
+                    m.__exit__(None, None, None)
+
+    def run(self, fn) -> None:
+        from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+        included = dispatch.loaded() and _filter_included()
+        self.jobs.put((fn, _get_current_dispatch_mode_stack(), included))
+        err = self.done.get()
+        if err is not None:
+            raise err
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("device", nargs="?", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--tiny", action="store_true", help="a host-bound GPT-2 (32 channels, 8 tokens)")
     p.add_argument("--all-eager", action="store_true", help="every region runs its calls eagerly")
+    p.add_argument("--nothing-deferred", action="store_true",
+                   help="the filter runs every call past the mode (no op deferrable)")
+    p.add_argument("--other-thread", action="store_true",
+                   help="each backward on another thread, as on autograd's CUDA device thread")
     p.add_argument("--steps", type=int, default=40)
     args = p.parse_args(argv)
     dev = torch.device(args.device)
@@ -54,9 +141,14 @@ def main(argv=None) -> int:
     if args.all_eager:
         interceptor.SMALL_REGION_CALLS = 1 << 30
         interceptor.SMALL_REGION_BYTES = dict.fromkeys(interceptor.SMALL_REGION_BYTES, 1 << 62)
+    if args.nothing_deferred and dispatch.loaded():
+        _nothing_deferred()
     variants = {"eager": contextlib.nullcontext, "accel": accel.eager,
                 "accel, backward not recorded": _backward_not_recorded}
+    if dispatch.loaded():
+        variants["filter key alone, no mode"] = _filter_key_alone
     models = {k: copy.deepcopy(base) for k in variants}
+    backward = _OtherThread().run if args.other_thread else (lambda fn: fn())
 
     def step(name):
         m = models[name]
@@ -66,7 +158,7 @@ def main(argv=None) -> int:
             loss = m(input_ids=ids, labels=labels).loss
             sync()
             t1 = time.perf_counter()
-            loss.backward()
+            backward(loss.backward)
             sync()
         return t1 - t0, time.perf_counter() - t1
 
@@ -78,6 +170,8 @@ def main(argv=None) -> int:
         for k in variants:
             times[k].append(step(k))
     print(f"GPT-2 train step{' (--tiny)' if args.tiny else ''}, {dev}, "
+          f"{'backward on another thread, ' if args.other_thread else ''}"
+          f"{'nothing deferred, ' if args.nothing_deferred else ''}"
           f"{'every region eager, ' if args.all_eager else ''}medians of {args.steps} interleaved "
           f"steps, torch {torch.__version__}\n")
     print("| variant | forward ms | backward ms | step ms | eager / variant |")
