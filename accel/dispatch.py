@@ -224,9 +224,7 @@ def _load(entry) -> None:
         return
     import torch
 
-    from .interceptor import AccelMode, _DynamoSafeAccelMode, flush
-    from .ops import VIEW_OPS, fusible_ops
-    from .region import RegionCore
+    from .ops import fusible_ops
 
     try:
         lib = ctypes.CDLL(entry.path, mode=ctypes.RTLD_LOCAL)
@@ -246,11 +244,7 @@ def _load(entry) -> None:
         lib.accel_filter_eager_first.argtypes = [ctypes.c_void_p]
         lib.accel_filter_small_regions.argtypes = [ctypes.c_int]
         lib.accel_filter_small_regions(_small_regions)
-        deferrable = "\n".join(_name(op) for op in fusible_ops()).encode()
-        views = "\n".join(_name(op) for op in VIEW_OPS).encode()
-        replay = getattr(RegionCore, "_replay", None)  # the native core's (the twin: never called)
-        err = lib.accel_filter_register(deferrable, views, id(AccelMode), id(_DynamoSafeAccelMode),
-                                        id(replay), id(flush))
+        err = _register(lib, fusible_ops())
     except (OSError, AttributeError) as e:
         _give_up(f"{type(e).__name__}: {e}")
         return
@@ -265,6 +259,37 @@ def _load(entry) -> None:
     native.set_include_fn(ctypes.cast(lib.accel_filter_include, ctypes.c_void_p).value)
     _lib, _include, building = lib, native.filter_include, False
     log.info("dispatch filter loaded (torch %s)", torch.__version__)
+
+
+def _register(lib, deferrable) -> Optional[bytes]:
+    """Register (or re-register) the filter's fallback with the ops it may defer
+    (``deferrable``, OpOverloads) and the view ops; returns the reason it cannot, or None."""
+    from .interceptor import AccelMode, _DynamoSafeAccelMode, flush
+    from .ops import VIEW_OPS
+    from .region import RegionCore
+
+    names = "\n".join(_name(op) for op in deferrable).encode()
+    views = "\n".join(_name(op) for op in VIEW_OPS).encode()
+    replay = getattr(RegionCore, "_replay", None)  # the native core's (the twin: never called)
+    return lib.accel_filter_register(names, views, id(AccelMode), id(_DynamoSafeAccelMode),
+                                     id(replay), id(flush)) or None
+
+
+def set_deferrable(ops) -> None:
+    """Tell the loaded filter which ops it may defer (``ops``: OpOverloads; the rest it
+    runs past the mode, or passes on where they decompose), its unboxed kernels registered
+    again to take the new kinds. For benchmarks that measure interception with nothing
+    deferred (bench/step_phases.py); ``fusible_ops()`` restores it. Call it only while no
+    other thread makes calls (the dispatcher's tables change). Needs :func:`loaded`.
+
+    Raises:
+        RuntimeError: the filter refused the registration.
+    """
+    err = _register(_lib, ops)
+    if err:
+        raise RuntimeError(f"accel: {err.decode(errors='replace')}")
+    set_unboxed(False)
+    set_unboxed(True)
 
 
 def _name(op) -> str:
@@ -306,11 +331,11 @@ def wait(timeout: Optional[float] = None) -> bool:
     return loaded()
 
 
-def set_included(on: bool) -> None:
+def set_included(on: bool) -> bool:
     """Include the filter's dispatch key in the calling thread's key set, or not (only
-    accel includes it: at its outermost enable on a thread, until the matching disable).
-    Needs :func:`loaded`."""
-    _include(on)
+    accel includes it: at its outermost enable on a thread, until the matching disable);
+    returns whether it was included. Needs :func:`loaded`."""
+    return _include(on)
 
 
 def bind(region) -> None:

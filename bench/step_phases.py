@@ -6,10 +6,10 @@ the accel variants runs its calls eagerly (the small-region rule of
 ``accel.interceptor`` applied to regions of any size: after the untimed rounds nothing is
 recorded), which leaves the cost of intercepting the step's calls alone.
 ``--nothing-deferred``: the dispatch filter is told that no op is deferrable, so it runs
-every call past the mode in C++ (the mode on the stack, nothing deferred or decided). A last variant
-includes the dispatch filter's key with no dispatch mode on the stack: every call passes
-the filter's kernel and goes on untouched, the least an interceptor in front of the
-dispatcher costs (what a design without the Python-level mode could reach).
+every call past the mode in C++ (the mode on the stack, nothing deferred or decided).
+A last variant includes the dispatch filter's key with no dispatch mode on the stack:
+every call passes the filter's kernel and goes on untouched, the least an interceptor in
+front of the dispatcher costs (what a design without the Python-level mode could reach).
 ``--other-thread``: every variant's backward runs on one other, persistent thread that
 inherits the calling thread's dispatch modes and filter key, as autograd's CUDA device
 thread does; on the CPU, whose backward otherwise runs on the calling thread, accel then
@@ -64,29 +64,6 @@ def _filter_key_alone():
         dispatch.set_included(False)
 
 
-def _nothing_deferred() -> None:
-    """Re-register the loaded filter with no op deferrable (its unboxed kernels again, to
-    take the new kinds): every call then runs past the mode in C++."""
-    from accel.ops import VIEW_OPS
-    from accel.region import RegionCore
-
-    views = "\n".join(dispatch._name(op) for op in VIEW_OPS).encode()
-    err = dispatch._lib.accel_filter_register(
-        b"", views, id(interceptor.AccelMode), id(interceptor._DynamoSafeAccelMode),
-        id(getattr(RegionCore, "_replay", None)), id(interceptor.flush))
-    if err:
-        raise RuntimeError(err.decode(errors="replace"))
-    dispatch.set_unboxed(False)
-    dispatch.set_unboxed(True)
-
-
-def _filter_included() -> bool:
-    """Whether the filter's key is in the calling thread's included set."""
-    was = dispatch._lib.accel_filter_include(1)
-    dispatch._lib.accel_filter_include(was)
-    return bool(was)
-
-
 class _OtherThread:
     """One persistent thread that runs a function for the calling thread with the calling
     thread's dispatch modes pushed and the filter's key as included there: what autograd's
@@ -101,7 +78,7 @@ class _OtherThread:
             fn, modes, included = self.jobs.get()
             for m in modes:
                 m.__enter__()
-            was = dispatch._lib.accel_filter_include(int(included)) if dispatch.loaded() else 0
+            was = dispatch.set_included(included) if dispatch.loaded() else False
             try:
                 fn()
                 self.done.put(None)
@@ -109,14 +86,17 @@ class _OtherThread:
                 self.done.put(e)
             finally:
                 if dispatch.loaded():
-                    dispatch._lib.accel_filter_include(was)
+                    dispatch.set_included(was)
                 for m in reversed(modes):
                     m.__exit__(None, None, None)
 
     def run(self, fn) -> None:
         from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
-        included = dispatch.loaded() and _filter_included()
+        included = False
+        if dispatch.loaded():  # read by setting it, then put back
+            included = dispatch.set_included(True)
+            dispatch.set_included(included)
         self.jobs.put((fn, _get_current_dispatch_mode_stack(), included))
         err = self.done.get()
         if err is not None:
@@ -142,7 +122,7 @@ def main(argv=None) -> int:
         interceptor.SMALL_REGION_CALLS = 1 << 30
         interceptor.SMALL_REGION_BYTES = dict.fromkeys(interceptor.SMALL_REGION_BYTES, 1 << 62)
     if args.nothing_deferred and dispatch.loaded():
-        _nothing_deferred()
+        dispatch.set_deferrable([])
     variants = {"eager": contextlib.nullcontext, "accel": accel.eager,
                 "accel, backward not recorded": _backward_not_recorded}
     if dispatch.loaded():

@@ -274,6 +274,31 @@ def test_the_hottest_ops_have_unboxed_kernels(seen):
     close(y, (torch.sin(x) * 2).view(16, 8).t() @ w[:16])
 
 
+def test_with_nothing_deferrable_every_call_runs_past_the_mode(seen):
+    """dispatch.set_deferrable([]) (what bench/step_phases.py --nothing-deferred measures):
+    the filter runs fusible calls past the mode, eagerly, recording nothing; given
+    fusible_ops() again it records them again."""
+    from accel.ops import fusible_ops
+
+    x, w = torch.randn(8, 16), torch.randn(16, 4)
+    dispatch.set_deferrable([])
+    try:
+        with accel.eager():
+            past0, _, rec0, _ = dispatch.counts()
+            y = (torch.sin(x) * 2) @ w
+            past1, _, rec1, _ = dispatch.counts()
+            assert not _state.region.calls
+    finally:
+        dispatch.set_deferrable(fusible_ops())
+    assert past1 - past0 == 3 and rec1 == rec0  # sin (boxed), mul (unboxed), mm
+    assert torch.ops.aten.sin.default not in seen and torch.ops.aten.mul.Tensor not in seen
+    close(y, (torch.sin(x) * 2) @ w)
+    with accel.eager():
+        z = torch.sin(x) * 2
+        assert len(_state.region.calls) == 2
+    close(z, torch.sin(x) * 2)
+
+
 def test_subclass_tensors_in_lists_and_optionals_reach_their_dispatch():
     """A tensor subclass inside a list (``cat``, ``index.Tensor``'s indices) or an optional
     argument (``layer_norm``'s weight) of an op with an unboxed kernel: its own dispatch."""
