@@ -57,11 +57,11 @@ def _backward_not_recorded():
 def _filter_key_alone():
     """The dispatch filter's key included on this thread (autograd's device thread inherits
     it), no dispatch mode pushed: each call takes the filter's kernel, which passes it on."""
-    dispatch.set_included(True)
+    was = dispatch.set_included(True)
     try:
         yield
     finally:
-        dispatch.set_included(False)
+        dispatch.set_included(was)
 
 
 class _OtherThread:
@@ -107,8 +107,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("device", nargs="?", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--tiny", action="store_true", help="a host-bound GPT-2 (32 channels, 8 tokens)")
-    p.add_argument("--all-eager", action="store_true", help="every region runs its calls eagerly")
-    p.add_argument("--nothing-deferred", action="store_true",
+    layer = p.add_mutually_exclusive_group()
+    layer.add_argument("--all-eager", action="store_true", help="every region runs its calls eagerly")
+    layer.add_argument("--nothing-deferred", action="store_true",
                    help="the filter runs every call past the mode (no op deferrable)")
     p.add_argument("--other-thread", action="store_true",
                    help="each backward on another thread, as on autograd's CUDA device thread")
