@@ -118,6 +118,13 @@ FLAGS = {
              "(at most 3 calls, reading and writing under 64 KiB on a CPU or 16 MiB on a "
              "GPU): recording and flushing it costs the host more than its calls cost eager, "
              "and fusing it saves the device less. Read at each enable; 0: fuse every region."),
+        Flag("ACCEL_EAGER_IDLE_REGIONS", True, _parse_bool,
+             "On a GPU, run eagerly the first call of regions whose flushes found the GPU "
+             "idle (done with all the work queued before them) 4 times in a row: the "
+             "program is bound by the host there, which recording and flushing a region "
+             "costs more than running its calls eagerly, and fusing them saves GPU time that "
+             "nothing waits for. One flush that finds the GPU busy keeps them fused. Needs "
+             "ACCEL_EAGER_SMALL_REGIONS. Read at each enable; 0: keep them."),
         Flag("ACCEL_CUDA_HALF", True, _parse_bool,
              "Run float16/bfloat16 regions on CUDA GPUs as kernels (off: eagerly, an escape "
              "hatch). Read at each enable."),

@@ -91,12 +91,78 @@ def _decide_small(region, node) -> None:
                   node.depth, traffic, region.calls[0][0])
 
 
+#: Idle regions (GPU): a region whose flush finds its GPU idle -- done with all the work
+#: queued on the stream before it -- shortens nothing by being fused: the program is bound
+#: by the host there, and recording and flushing the region's calls costs the host more
+#: than running them eagerly (the demo's GPT-2 step on the H100: 0.78x of eager's speed
+#: with its regions fused, 0.84-0.86x with this rule). Once IDLE_FLUSHES flushes in a row of regions that began
+#: with a given call found the GPU idle, that call runs eagerly from then on
+#: (``TrieNode.eager_first``, as for small regions) and the calls after it start the next
+#: region, sampled alike; one flush that finds the GPU busy keeps the regions beginning
+#: there fused for good. While a region is sampled it runs eagerly: no kernel is built for
+#: it until a flush finds the GPU busy. Regions reading and writing IDLE_REGION_BYTES or
+#: more are not sampled: their kernel saves enough GPU time that a program that waits for
+#: the results (synchronizing after each call, say) gains from it even where the GPU was
+#: idle when the region began (``ACCEL_EAGER_IDLE_REGIONS``; needs
+#: ``ACCEL_EAGER_SMALL_REGIONS``, whose mechanism it shares).
+IDLE_FLUSHES = 4
+IDLE_REGION_BYTES = 64 << 20
+_eager_idle = True  # ACCEL_EAGER_IDLE_REGIONS and ACCEL_EAGER_SMALL_REGIONS, read at each enable
+
+
+def _device_idle(device):
+    """Whether ``device`` has run all the work queued on its current stream (a GPU);
+    None where the question does not arise (a CPU runs its kernels on the calling thread)."""
+    if device is None or device.type != "cuda":
+        return None
+    return torch.cuda.current_stream(device).query()
+
+
+def _sample_idle(region, node) -> bool:
+    """The idle-region rule at a flush of ``region`` (ending at trie node ``node``, its
+    kernel not launched yet): samples the GPU, and decides the region's first call's
+    ``eager_first`` where IDLE_FLUSHES samples in a row found it idle. Returns True where
+    it ran the region's calls eagerly and emptied it (a region still sampled, or just
+    decided, with no kernel in memory)."""
+    head = node
+    while head.depth > 1:
+        head = head.parent
+    idle = None
+    if head.idle >= 0 and head.eager_first is not True and region.traffic() < IDLE_REGION_BYTES:
+        idle = _device_idle(region.device)
+    if idle is None:
+        node.idle = -1  # not sampled: nothing to do at this node from now on
+        return False
+    if not idle:
+        head.idle = node.idle = -1
+        return False
+    head.idle += 1
+    if head.idle >= IDLE_FLUSHES:
+        head.eager_first = True
+        dispatch.eager_first(head)
+        log.debug("accel: regions beginning with %s flushed %d times in a row with the GPU "
+                  "idle: the call runs eagerly", region.calls[0][0], head.idle)
+    if region.speculation is not None or region.liveness() in node.kernels:
+        # its kernel is in memory, or was launched ahead at its first call (where
+        # ACCEL_LAUNCH_AHEAD_MIN_MB is below IDLE_REGION_BYTES): flushed as usual
+        return False
+    region.busy = True
+    try:
+        runtime.run_eagerly(region)
+    finally:
+        region.reset()
+        region.busy = False
+    return True
+
+
 def _flush_region(region) -> None:
     if region.busy or not region.calls:
         return
     node = region.node
     if node.depth <= SMALL_REGION_CALLS and _eager_small:
         _decide_small(region, node)
+    if node.idle >= 0 and _eager_idle and _sample_idle(region, node):
+        return
     if not region.run_cached(runtime.STATS, CompiledRegion, runtime._ahead_min, bool(PENDING_NODES)):
         region.busy = True
         try:
@@ -387,13 +453,14 @@ _applied = None  # the settings enable() last applied (a config.current() dict)
 def _apply(cfg) -> None:
     """Apply the process-wide settings each enable reads, where they changed since the last
     (config.current() returns the same dict until the environment changes)."""
-    global _applied, _eager_small
+    global _applied, _eager_small, _eager_idle
     if cfg["ACCEL_MALLOC_TUNING"]:
         allocator.tune_allocator()
     allocator.set_capacity(cfg["ACCEL_CPU_POOL_MB"])
     set_cuda_half(cfg["ACCEL_CUDA_HALF"])
     set_launch_ahead_min(cfg["ACCEL_LAUNCH_AHEAD_MIN_MB"])
     _eager_small = cfg["ACCEL_EAGER_SMALL_REGIONS"]
+    _eager_idle = _eager_small and cfg["ACCEL_EAGER_IDLE_REGIONS"]
     set_small_regions(_eager_small)
     dispatch.set_small_regions(_eager_small)
     _applied = cfg

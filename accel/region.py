@@ -51,12 +51,15 @@ class TrieNode:
     regions that began with it ended (for launching their kernel ahead); ``written``, once
     a region ending here was flushed, the external inputs it writes (indices);
     ``eager_first``, on a region's first call, whether the call runs eagerly instead
-    (the first region that began here was small: see ``accel.interceptor``; None: not
-    decided yet).
+    (the first region that began here was small, or the regions that began here flushed
+    while their GPU was idle: see ``accel.interceptor``; None: not decided yet). ``idle``,
+    on a region's first call, how many flushes in a row of regions that began here found
+    their GPU idle, and on any node -1 once the regions ending (or, at a first call,
+    beginning) here are no longer sampled for that.
     """
 
     __slots__ = ("children", "outs", "ret", "multi", "n_new", "writes_ext", "kernels", "call",
-                 "parent", "depth", "digest", "predict", "written", "eager_first")
+                 "parent", "depth", "digest", "predict", "written", "eager_first", "idle")
 
     def __init__(self, parent=None, call=None):
         self.children: Dict[tuple, TrieNode] = {}
@@ -69,6 +72,7 @@ class TrieNode:
         self.predict = None  # regions starting here: how the last ones ended (runtime.Prediction)
         self.written = None
         self.eager_first = None
+        self.idle = 0
         self.call = call
         self.parent = parent
         self.depth = 0 if parent is None else parent.depth + 1

@@ -36,9 +36,9 @@ _MISSING = object()
 def stats() -> dict:
     """Counters of this process: flushes, kernel runs, eager replays, in-memory and store
     hits, compiles (and their total time in seconds), kernels launched ahead (at a region's
-    first call) and how many of those were kept or run again, and small regions' first
-    calls run eagerly (``accel.interceptor.SMALL_REGION_CALLS``; by the mode or the dispatch
-    filter)."""
+    first call) and how many of those were kept or run again, and small or idle regions'
+    first calls run eagerly (``accel.interceptor.SMALL_REGION_CALLS``, ``IDLE_FLUSHES``; by
+    the mode or the dispatch filter)."""
     from . import dispatch
 
     out = dict(STATS)
@@ -327,6 +327,15 @@ def replay(region: Region) -> None:
 
     with torch._C._AutoDispatchBelowADInplaceOrView():
         run_calls(region.calls, region.ext, outs, region.scalars, fill)
+
+
+def run_eagerly(region: Region) -> None:
+    """Flush ``region`` by running its calls eagerly (:func:`replay`), building no kernel for
+    it: what a region the idle-region rule is still sampling does (``accel.interceptor``)."""
+    STATS["flushes"] += 1
+    if PENDING_NODES:
+        _save_nodes()
+    replay(region)
 
 
 def _save_nodes() -> None:

@@ -14,6 +14,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 # Small regions (accel.interceptor.SMALL_REGION_CALLS): once seen, a region of a few calls on
 # tiny tensors runs eagerly. The suite's tensors are tiny and what it tests is regions and
 # their kernels, so it fuses every region; the small-region tests turn the default back on.
+# The idle-region rule (on a GPU) shares the mechanism and is off with it (tests/test_idle.py).
 os.environ.setdefault("ACCEL_EAGER_SMALL_REGIONS", "0")
 
 
@@ -25,6 +26,38 @@ def dispatch_filter():
 
     accel.dispatch.wait()
     yield
+
+
+@pytest.fixture
+def train_as_eager():
+    """``run(base, x, target, steps, before=None)``: trains two copies of module ``base``
+    side by side, one eagerly and one under ``accel.eager()`` (forward on ``x``, cross
+    entropy of ``2 * tanh(out)`` against class indices ``target``, backward), ``steps``
+    steps, calling ``before(step)`` first in each; asserts that the loss and every
+    parameter gradient are eager's at every step."""
+    import copy
+
+    import torch
+
+    import accel
+
+    def run(base, x, target, steps, before=None):
+        me, ma = copy.deepcopy(base), copy.deepcopy(base)
+        for step in range(steps):
+            if before is not None:
+                before(step)
+            me.zero_grad(set_to_none=True)
+            ma.zero_grad(set_to_none=True)
+            le = torch.nn.functional.cross_entropy(torch.tanh(me(x)) * 2, target)
+            le.backward()
+            with accel.eager():
+                la = torch.nn.functional.cross_entropy(torch.tanh(ma(x)) * 2, target)
+                la.backward()
+            torch.testing.assert_close(la, le)
+            for (n, pe), pa in zip(me.named_parameters(), ma.parameters()):
+                torch.testing.assert_close(pa.grad, pe.grad, msg=n)
+
+    return run
 
 
 @pytest.fixture

@@ -861,6 +861,7 @@ def test_a_small_regions_first_call_runs_eagerly(device, path, monkeypatch):
     with runs eagerly (on the filter's path and on the mode's alike): the next call begins
     the next region, which is small in turn. Every result is eager's."""
     monkeypatch.setenv("ACCEL_EAGER_SMALL_REGIONS", "1")
+    monkeypatch.setenv("ACCEL_EAGER_IDLE_REGIONS", "0")  # the small-region rule alone
     torch.manual_seed(0)
     cols = {"filter": 9, "mode": 10}[path]  # trie nodes of their own (the trie is the process's)
     x, w = torch.randn(4, cols, device=device), torch.randn(cols, 3, device=device)
@@ -883,6 +884,7 @@ def test_a_small_regions_first_call_runs_eagerly(device, path, monkeypatch):
 def test_small_regions_need_small_tensors_and_few_calls(device, monkeypatch):
     """A region over the byte limit, or of more calls than the limit, keeps its kernel."""
     monkeypatch.setenv("ACCEL_EAGER_SMALL_REGIONS", "1")
+    monkeypatch.setenv("ACCEL_EAGER_IDLE_REGIONS", "0")  # the small-region rule alone
     torch.manual_seed(0)
     big = torch.randn(interceptor.SMALL_REGION_BYTES[device] // 4, device=device)
     tiny = torch.randn(4, 11, device=device)
@@ -914,6 +916,7 @@ def test_small_regions_off_fuses_them_again(device, path, monkeypatch):
     def program(s):
         return (torch.sin(x) + s) @ w  # a region of two calls, flushed by the matmul
 
+    monkeypatch.setenv("ACCEL_EAGER_IDLE_REGIONS", "0")  # the small-region rule alone
     for on, want_runs in (("1", [1, 1, 0]), ("0", [1, 1, 1])):
         monkeypatch.setenv("ACCEL_EAGER_SMALL_REGIONS", on)
         runs = []
@@ -927,25 +930,14 @@ def test_small_regions_off_fuses_them_again(device, path, monkeypatch):
 
 
 @pytest.mark.parametrize("device", ["cpu", CUDA])
-def test_small_regions_train_as_eager_does(device, monkeypatch):
+def test_small_regions_train_as_eager_does(device, monkeypatch, train_as_eager):
     """A small model's training steps with small regions running eagerly (on an engine
     thread too, on a GPU): the loss and every gradient are eager's at every step."""
     monkeypatch.setenv("ACCEL_EAGER_SMALL_REGIONS", "1")
     torch.manual_seed(0)
     base = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.GELU(approximate="tanh"),
                                torch.nn.LayerNorm(16), torch.nn.Linear(16, 5)).to(device)
-    me, ma = copy.deepcopy(base), copy.deepcopy(base)
     x, t = torch.randn(6, 12, device=device), torch.randint(0, 5, (6,), device=device)
     accel.reset_stats()
-    for _ in range(4):
-        me.zero_grad(set_to_none=True)
-        ma.zero_grad(set_to_none=True)
-        le = torch.nn.functional.cross_entropy(torch.tanh(me(x)) * 2, t)
-        le.backward()
-        with accel.eager():
-            la = torch.nn.functional.cross_entropy(torch.tanh(ma(x)) * 2, t)
-            la.backward()
-        close(la, le)
-        for (n, pe), pa in zip(me.named_parameters(), ma.parameters()):
-            close(pa.grad, pe.grad, msg=n)
+    train_as_eager(base, x, t, 4)
     assert accel.stats()["small_region_calls"] > 0
