@@ -348,8 +348,8 @@ def bind(region) -> None:
 
 def counts() -> Tuple[int, int, int, int]:
     """The calling thread's filter counts: (calls run past the mode, calls passed on to
-    it, calls the filter recorded into the thread's region itself, small regions' first
-    calls it ran eagerly)."""
+    it, calls the filter recorded into the thread's region itself, small or idle regions'
+    first calls it ran eagerly, also counted as run past the mode or as passed on)."""
     if _lib is None:
         return 0, 0, 0, 0
     out = (ctypes.c_uint64 * 4)()

@@ -8,6 +8,7 @@
 // boxed once, by the filter's recording.
 #pragma once
 
+#include <ATen/core/boxing/impl/boxing.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
@@ -148,15 +149,18 @@ template <class Pred, class T>
 bool any_tensor(const Pred&, const T&) { return false; }  // not a tensor
 
 // The kernel of at::_ops::Op on Filter::kKey. Filter::send(ks, kind, only_accel,
-// forward_grad, redispatch) routes the call (kind(): the op's kind, noted at registration;
-// only_accel(): Filter::mode_alone() and no argument a Python-key tensor; forward_grad():
-// an argument carries a forward-mode tangent; redispatch(ks): the call sent on).
+// forward_grad, eager_first, redispatch) routes the call (kind(): the op's kind, noted at
+// registration; only_accel(): Filter::mode_alone() and no argument a Python-key tensor;
+// forward_grad(): an argument carries a forward-mode tangent; eager_first():
+// Filter::eager_first(op, stack) on the arguments boxed, whether the call begins a region
+// it runs eagerly instead; redispatch(ks): the call sent on).
 template <class Filter, class Op, class Schema = typename Op::schema>
 struct Unboxed;
 
 template <class Filter, class Op, class R, class... Args>
 struct Unboxed<Filter, Op, R(Args...)> {
   static inline uint8_t kind = 0;  // set at registration
+  static inline std::optional<c10::OperatorHandle> handle;  // likewise
 
   static R call(c10::DispatchKeySet ks, Args... args) {
     auto python_key = [](const at::Tensor& t) {
@@ -167,6 +171,7 @@ struct Unboxed<Filter, Op, R(Args...)> {
         ks, [] { return kind; },
         [&] { return Filter::mode_alone() && !(any_tensor(python_key, args) || ...); },
         [&] { return (any_tensor(dual, args) || ...); },
+        [&] { return Filter::eager_first(*handle, c10::impl::boxArgs<Args...>(args...)); },
         [&](c10::DispatchKeySet to) -> R { return Op::redispatch(to, args...); });
   }
 
@@ -177,6 +182,7 @@ struct Unboxed<Filter, Op, R(Args...)> {
     auto op = c10::Dispatcher::singleton().findSchema({Op::name, Op::overload_name});
     if (!op || op->hasKernelForDispatchKey(Filter::kKey)) return false;
     kind = kind_of(*op);
+    handle = *op;
     std::string name = Op::overload_name[0] ? std::string(Op::name) + "." + Op::overload_name
                                              : std::string(Op::name);
     lib.impl(name.c_str(), torch::dispatch(Filter::kKey, TORCH_FN(call)));
