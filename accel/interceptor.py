@@ -95,11 +95,11 @@ def _decide_small(region, node) -> None:
 #: queued on the stream before it -- shortens nothing by being fused: the program is bound
 #: by the host there, and recording and flushing the region's calls costs the host more
 #: than running them eagerly (the demo's GPT-2 step on the H100: 0.78x of eager's speed
-#: with its regions fused, 0.84-0.86x with this rule). Once IDLE_FLUSHES flushes in a row of regions that began
-#: with a given call found the GPU idle, that call runs eagerly from then on
-#: (``TrieNode.eager_first``, as for small regions) and the calls after it start the next
-#: region, sampled alike; one flush that finds the GPU busy keeps the regions beginning
-#: there fused for good. While a region is sampled it runs eagerly: no kernel is built for
+#: with its regions fused, 0.84-0.86x with this rule). Once IDLE_FLUSHES flushes in a row
+#: of regions that began with a given call found the GPU idle, that call runs eagerly from
+#: then on (``TrieNode.eager_first``, as for small regions) and the calls after it start
+#: the next region, sampled alike; one flush that finds the GPU busy keeps the regions
+#: beginning there fused for good. While a region is sampled it runs eagerly: no kernel is built for
 #: it until a flush finds the GPU busy. Regions reading and writing IDLE_REGION_BYTES or
 #: more are not sampled: their kernel saves enough GPU time that a program that waits for
 #: the results (synchronizing after each call, say) gains from it even where the GPU was
