@@ -112,10 +112,15 @@ _eager_idle = True  # ACCEL_EAGER_IDLE_REGIONS and ACCEL_EAGER_SMALL_REGIONS, re
 
 def _device_idle(device):
     """Whether ``device`` has run all the work queued on its current stream (a GPU);
-    None where the question does not arise (a CPU runs its kernels on the calling thread)."""
+    None where the question does not arise (a CPU runs its kernels on the calling thread)
+    or the query fails (an error of earlier work: the region's launch reports it, naming
+    the region)."""
     if device is None or device.type != "cuda":
         return None
-    return torch.cuda.current_stream(device).query()
+    try:
+        return torch.cuda.current_stream(device).query()
+    except RuntimeError:
+        return None
 
 
 def _sample_idle(region, node) -> bool:

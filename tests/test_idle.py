@@ -124,6 +124,27 @@ def test_idle_regions_train_as_eager_does(rule, train_as_eager):
     assert _counts()[:3] == counts[-1][:3]  # the last step: nothing built, run or replayed
 
 
+def test_the_probe(monkeypatch):
+    """The GPU probe: None on a CPU, and where the stream's query raises (a CUDA error of
+    earlier work, which the region's launch then reports); the query's answer otherwise."""
+    assert interceptor._device_idle(None) is None
+    assert interceptor._device_idle(torch.device("cpu")) is None
+
+    class Stream:
+        def __init__(self, answer):
+            self.answer = answer
+
+        def query(self):
+            if isinstance(self.answer, Exception):
+                raise self.answer
+            return self.answer
+
+    for answer, want in ((True, True), (False, False),
+                         (RuntimeError("CUDA error: an illegal memory access"), None)):
+        monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None, a=answer: Stream(a))
+        assert interceptor._device_idle(torch.device("cuda", 0)) is want
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 def test_idle_and_busy_regions_on_cuda(monkeypatch, fresh_store):
     """On a real GPU: a region that always begins with the GPU idle (synchronized before
