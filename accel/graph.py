@@ -84,7 +84,10 @@ def _trace(calls, ext_examples, n_out_slots, live_idx, scalars, out_dtypes=None)
 
     fn = _region_fn(calls, len(ext_examples), n_out_slots, live_idx, scalars, out_dtypes)
     try:
-        with _disable_current_modes():
+        # the calls were recorded below autograd: traced without it, so that a parameter
+        # (a leaf requiring grad) updated in place under no_grad, as an optimizer step
+        # does, traces like any other input
+        with _disable_current_modes(), torch.no_grad():
             return make_fx(functionalize(fn, remove="mutations_and_views"),
                            decomposition_table=_decompositions(),
                            tracing_mode="fake")(*ext_examples)
