@@ -253,6 +253,21 @@ def test_tensor_subclass_arguments_reach_their_dispatch():
     close(y.b, a.b @ b)
 
 
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+def test_nested_tensors_run_eagerly():
+    """A nested tensor's layout is strided, but it has no sizes: the filter's key must not
+    ask for them (it raised out of the program), and the call runs eagerly."""
+    parts = [torch.randn(3, 4), torch.randn(5, 4)]
+    nt = torch.nested.nested_tensor(parts)
+    for _ in range(2):
+        with accel.eager():
+            y = (nt * 2).relu() + 1
+            z = torch.exp(parts[0]) * 2  # and a region after it, as usual
+        for got, p in zip(y.unbind(), parts):
+            close(got, (p * 2).relu() + 1)
+        close(z, torch.exp(parts[0]) * 2)
+
+
 def test_the_hottest_ops_have_unboxed_kernels(seen):
     """Views, factories, matmuls, composite and deferrable ops have their own kernels on the
     filter's key (an op outside the list keeps the boxed fallback); they run past the mode,

@@ -136,7 +136,8 @@ inline bool make_key(const OperatorHandle& op, const torch::jit::Stack& stack, c
         key->insert(key->end(), {kTensorOut, j});
         continue;
       }
-      if (t.layout() != at::kStrided || !(t.is_cpu() || t.is_cuda()) || !impl->has_storage()) {
+      if (t.layout() != at::kStrided || impl->is_nested() || !(t.is_cpu() || t.is_cuda()) ||
+          !impl->has_storage()) {  // (a nested tensor's layout is strided; it has no sizes)
         return false;
       }
       if (v->n_out > 0) {
