@@ -17,6 +17,9 @@ Workloads (``--only`` takes the names in brackets):
                 loss and every parameter gradient compared
 9-11. [bias_gelu_bf16, add_ln_bf16, softmax_f16] workloads 2-4 in bfloat16 / float16 (not
                 in the geometric mean, which is the eight's)
+12. [gpt2_adamw] workload 8 followed by ``torch.optim.AdamW.step()`` (torch.compile: the
+                model compiled, the optimizer eager); loss and every parameter compared
+                (not in the geometric mean)
 
 Prints markdown tables:
 
@@ -224,6 +227,33 @@ def gpt2_train_spec() -> Spec:
     return Spec(lambda: step(me, me), step_a, lambda: step(cm, mc))
 
 
+def gpt2_adamw_spec() -> Spec:
+    """The demo's training step followed by ``torch.optim.AdamW.step()`` (torch's default
+    implementation for CPU parameters: a loop of in-place updates, parameter by parameter),
+    each backend with its own model and optimizer; torch.compile compiles the model, the
+    optimizer steps eagerly. Result: the loss and every parameter after the step (checked
+    after each backend's first step)."""
+    from accel.demo import build_model, make_batch, train_step
+
+    model = build_model()
+    ids, labels = make_batch()
+    three = _three(model)
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-4) for m in three]
+    me, ma, mc = three
+    cm = torch.compile(mc)
+
+    def step(m, params_of, opt):
+        loss = train_step(m, ids, labels)
+        opt.step()
+        return loss, dict(params_of.named_parameters())
+
+    def step_a():
+        with accel.eager():
+            return step(ma, ma, opts[1])
+
+    return Spec(lambda: step(me, me, opts[0]), step_a, lambda: step(cm, mc, opts[2]))
+
+
 def _gpt2_title() -> str:
     try:
         from accel.demo import DEFAULTS as d
@@ -257,9 +287,11 @@ WORKLOADS = {
                                                      enumerate([(ROWS, D), (ROWS, D), (D,), (D,)])))),
     "softmax_f16": (f"11 softmax(x * 0.125), [{ROWS}, {D}] f16",
                     lambda: fn_spec(scaled_softmax, _randn(ROWS, D, dtype=torch.float16))),
+    # a whole training step: the demo's, then the optimizer's
+    "gpt2_adamw": ("12 GPT-2 train step + AdamW step (demo)", gpt2_adamw_spec),
 }
 #: workloads outside the issue's eight, left out of the geometric mean
-EXTRA = ("bias_gelu_bf16", "add_ln_bf16", "softmax_f16")
+EXTRA = ("bias_gelu_bf16", "add_ln_bf16", "softmax_f16", "gpt2_adamw")
 
 
 def _tiny(x):
