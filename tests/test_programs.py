@@ -1,0 +1,134 @@
+"""Whole programs under accel against eager: a convolutional network trained with an
+optimizer, gradient clipping and a learning-rate schedule; a small Llama's training step
+and greedy generation; and programs that raise in eager, which must raise the same error
+under accel."""
+import contextlib
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import accel
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device"))]
+
+
+class ConvNet(nn.Module):
+    """Conv-BatchNorm blocks (convolutions without a bias: before a BatchNorm its gradient
+    is zero in exact arithmetic, rounding noise that Adam's normalized step amplifies
+    differently in any two summation orders), a pooled linear head."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1, self.b1 = nn.Conv2d(3, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16)
+        self.c2, self.b2 = nn.Conv2d(16, 32, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(32)
+        self.fc = nn.Linear(32, 10)
+
+    def forward(self, x):
+        x = F.relu(self.b1(self.c1(x)))
+        x = F.silu(self.b2(self.c2(x)))
+        return self.fc(F.adaptive_avg_pool2d(x, 1).flatten(1))
+
+
+def _train(model, ctx, device, steps=4):
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 2, 0.5)
+    g = torch.Generator().manual_seed(1)
+    losses = []
+    for _ in range(steps):
+        x = torch.randn(8, 3, 16, 16, generator=g).to(device)
+        y = torch.randint(0, 10, (8,), generator=g).to(device)
+        with ctx():
+            loss = F.cross_entropy(model(x), y, label_smoothing=0.1)
+            opt.zero_grad()
+            loss.backward()
+            nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+            opt.step()
+            sched.step()
+        losses.append(loss.detach())
+    return torch.stack(losses), list(model.parameters()), list(model.buffers())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_convnet_training_matches_eager(device):
+    torch.manual_seed(0)
+    base = ConvNet().to(device)
+    le, pe, be = _train(copy.deepcopy(base), contextlib.nullcontext, device)
+    la, pa, ba = _train(copy.deepcopy(base), accel.eager, device)
+    torch.testing.assert_close(la, le)
+    for a, e in zip(pa, pe):
+        torch.testing.assert_close(a, e)
+    for a, e in zip(ba, be):  # running statistics, and num_batches_tracked exactly
+        torch.testing.assert_close(a, e, rtol=0 if e.dtype == torch.long else None,
+                                   atol=0 if e.dtype == torch.long else None)
+
+
+def _llama(device):
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128,
+                                   num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(cfg).to(device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_llama_training_step_and_generation_match_eager(device):
+    model = _llama(device)
+    ids = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(1)).to(device)
+
+    def step(m):
+        out = m(input_ids=ids, labels=ids)
+        out.loss.backward()
+        return out.loss.detach(), out.logits.detach(), [p.grad for p in m.parameters()]
+
+    me, ma = copy.deepcopy(model), copy.deepcopy(model)
+    le, ge, gre = step(me)
+    for _ in range(2):  # a first step records and builds, the second replays
+        ma.zero_grad(set_to_none=True)
+        with accel.eager():
+            la, ga, gra = step(ma)
+        torch.testing.assert_close(la, le)
+        torch.testing.assert_close(ga, ge)
+        for a, e in zip(gra, gre):
+            torch.testing.assert_close(a, e)
+    model.eval()
+    with torch.no_grad():
+        want = model.generate(ids[:, :8], max_new_tokens=8, do_sample=False, attention_mask=torch.ones_like(ids[:, :8]))
+        with accel.eager():
+            got = model.generate(ids[:, :8], max_new_tokens=8, do_sample=False, attention_mask=torch.ones_like(ids[:, :8]))
+    assert torch.equal(got, want)
+
+
+def _saved_value_modified():
+    a = torch.randn(4, requires_grad=True)
+    b = a.exp()
+    b.mul_(2)  # exp saved its output for the backward
+    b.sum().backward()
+
+
+RAISING = {
+    "mean of an integer tensor": lambda: torch.arange(5).mean(),
+    "in-place broadcast to a larger shape": lambda: torch.zeros(3).add_(torch.ones(2, 3)),
+    "in-place write to an expanded tensor": lambda: torch.zeros(1).expand(4).add_(1),
+    "mismatched shapes": lambda: torch.ones(3) + torch.ones(4),
+    "float result into an integer tensor": lambda: torch.arange(4).mul_(0.5),
+    "boolean subtraction": lambda: torch.tensor([True]) - torch.tensor([False]),
+    "a saved value modified in place": _saved_value_modified,
+    "in-place update of a leaf that requires grad": lambda: torch.randn(3, requires_grad=True).mul_(2),
+    "integer division by zero": lambda: torch.tensor([1, 2]) // torch.tensor([0, 1]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(RAISING))
+def test_programs_that_raise_in_eager_raise_the_same_under_accel(name):
+    fn = RAISING[name]
+    with pytest.raises(Exception) as eager_error:
+        fn()
+    with pytest.raises(type(eager_error.value)) as accel_error:
+        with accel.eager():
+            fn()
+    assert str(accel_error.value).splitlines()[0] == str(eager_error.value).splitlines()[0]
