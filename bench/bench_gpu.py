@@ -30,7 +30,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_cpu as B  # noqa: E402
-from _common import _ratio, machine, measure, median_ms, table  # noqa: E402
+import workloads as W  # noqa: E402
+from _common import _ratio, accel_fn, machine, measure, median_ms, table  # noqa: E402
 
 import accel  # noqa: E402
 
@@ -109,15 +110,15 @@ def _randn(*shape, seed=0, dtype=torch.float32):
 
 
 def fn_spec(fn, *args):
-    af, cf = B.accel_fn(fn), torch.compile(fn)
-    return B.Spec(synced(lambda: fn(*args)), synced(lambda: af(*args)), synced(lambda: cf(*args)),
+    af, cf = accel_fn(fn), torch.compile(fn)
+    return W.Spec(synced(lambda: fn(*args)), synced(lambda: af(*args)), synced(lambda: cf(*args)),
                   sum(a.nbytes for a in args))
 
 
 def mlp_spec(train: bool):
-    model = B.mlp_model(MLP_D, MLP_HIDDEN).to(DEV)
+    model = W.mlp_model(MLP_D, MLP_HIDDEN).to(DEV)
     x = _randn(MLP_BATCH, MLP_D, seed=1)
-    me, ma, mc = B._three(model)
+    me, ma, mc = W._three(model)
     cm = torch.compile(mc)
 
     def step(m, params_of):
@@ -127,7 +128,7 @@ def mlp_spec(train: bool):
         m.zero_grad(set_to_none=True)
         loss = m(x).sum()
         loss.backward()
-        return loss.detach(), B._grads(params_of)
+        return loss.detach(), W._grads(params_of)
 
     def step_a():
         with accel.eager():
@@ -143,9 +144,9 @@ def mlp_spec(train: bool):
         m64.zero_grad(set_to_none=True)
         loss = m64(x64).sum()
         loss.backward()
-        return loss.detach(), B._grads(m64)
+        return loss.detach(), W._grads(m64)
 
-    return B.Spec(synced(lambda: step(me, me)), synced(step_a), synced(lambda: step(cm, mc)),
+    return W.Spec(synced(lambda: step(me, me)), synced(step_a), synced(lambda: step(cm, mc)),
                   exact=exact)
 
 
@@ -154,40 +155,40 @@ def gpt2_spec():
 
     model = build_model().to(DEV)
     ids, labels = (t.to(DEV) for t in make_batch())
-    me, ma, mc = B._three(model)
+    me, ma, mc = W._three(model)
     cm = torch.compile(mc)
 
     def step(m, params_of):
-        return train_step(m, ids, labels), B._grads(params_of)
+        return train_step(m, ids, labels), W._grads(params_of)
 
     def step_a():
         with accel.eager():
             return step(ma, ma)
 
-    return B.Spec(synced(lambda: step(me, me)), synced(step_a), synced(lambda: step(cm, mc)))
+    return W.Spec(synced(lambda: step(me, me)), synced(step_a), synced(lambda: step(cm, mc)))
 
 
 WORKLOADS = {
-    "chain": ("1 sin*exp+tanh chain, 64M f32", lambda: fn_spec(B.chain, _randn(CHAIN_N))),
+    "chain": ("1 sin*exp+tanh chain, 64M f32", lambda: fn_spec(W.chain, _randn(CHAIN_N))),
     "bias_gelu": (f"2 bias + tanh-GELU, [{ROWS}, {D}] f32",
-                  lambda: fn_spec(B.bias_gelu, _randn(ROWS, D), _randn(D, seed=1))),
+                  lambda: fn_spec(W.bias_gelu, _randn(ROWS, D), _randn(D, seed=1))),
     "add_ln": (f"3 residual add + LayerNorm, [{ROWS}, {D}] f32",
-               lambda: fn_spec(B.add_layernorm, _randn(ROWS, D), _randn(ROWS, D, seed=1),
+               lambda: fn_spec(W.add_layernorm, _randn(ROWS, D), _randn(ROWS, D, seed=1),
                                _randn(D, seed=2), _randn(D, seed=3))),
-    "softmax": (f"4 softmax(x * 0.125), [{ROWS}, {D}] f32", lambda: fn_spec(B.scaled_softmax, _randn(ROWS, D))),
-    "rmsnorm": (f"5 RMSNorm, [{ROWS}, {D}] f32", lambda: fn_spec(B.rmsnorm, _randn(ROWS, D), _randn(D, seed=1))),
+    "softmax": (f"4 softmax(x * 0.125), [{ROWS}, {D}] f32", lambda: fn_spec(W.scaled_softmax, _randn(ROWS, D))),
+    "rmsnorm": (f"5 RMSNorm, [{ROWS}, {D}] f32", lambda: fn_spec(W.rmsnorm, _randn(ROWS, D), _randn(D, seed=1))),
     "mlp_fwd": (f"6 MLP block fwd, {MLP_BATCH}x{MLP_D}->{MLP_HIDDEN}", lambda: mlp_spec(False)),
     "mlp_train": (f"7 MLP block fwd+bwd, {MLP_BATCH}x{MLP_D}->{MLP_HIDDEN}", lambda: mlp_spec(True)),
     "gpt2_train": ("8 GPT-2 train step (demo)", gpt2_spec),
     # 16-bit floats (not among the eight: outside the geometric mean)
     "bias_gelu_bf16": (f"9 bias + tanh-GELU, [{ROWS}, {D}] bf16",
-                       lambda: fn_spec(B.bias_gelu, _randn(ROWS, D, dtype=BF16),
+                       lambda: fn_spec(W.bias_gelu, _randn(ROWS, D, dtype=BF16),
                                        _randn(D, seed=1, dtype=BF16))),
     "add_ln_bf16": (f"10 residual add + LayerNorm, [{ROWS}, {D}] bf16",
-                    lambda: fn_spec(B.add_layernorm, *(_randn(*s, seed=k, dtype=BF16) for k, s in
+                    lambda: fn_spec(W.add_layernorm, *(_randn(*s, seed=k, dtype=BF16) for k, s in
                                                        enumerate([(ROWS, D), (ROWS, D), (D,), (D,)])))),
     "softmax_f16": (f"11 softmax(x * 0.125), [{ROWS}, {D}] f16",
-                    lambda: fn_spec(B.scaled_softmax, _randn(ROWS, D, dtype=torch.float16))),
+                    lambda: fn_spec(W.scaled_softmax, _randn(ROWS, D, dtype=torch.float16))),
 }
 
 
@@ -270,7 +271,7 @@ def main(argv=None) -> int:
                      f"{cs / tc * 100:.0f} %" if cs and isinstance(tc, float) else "-",
                      f"{ka:.3f}", f"{kc:.3f}", f"{floor / ka * 100:.0f} %" if floor else "-",
                      r["checks"]["accel"], r["checks"]["compile"]])
-        if isinstance(ta, float) and isinstance(tc, float) and name not in B.EXTRA:  # the eight
+        if isinstance(ta, float) and isinstance(tc, float) and name not in W.EXTRA:  # the eight
             ratios.append(tc / ta)
         if floor:
             be, ba, bc = (back_to_back_ms(f.unsynced) for f in (spec.eager, spec.accel, spec.compile))

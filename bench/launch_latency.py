@@ -26,7 +26,7 @@ import _common  # noqa: F401 - puts this checkout's accel first on sys.path
 import torch
 
 import accel
-import bench_cpu as B
+import workloads as W
 from accel import runtime
 
 _LAUNCHED: list = []
@@ -78,11 +78,11 @@ def main(argv=None) -> int:
         return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dev)
 
     cases = {
-        "softmax(x * 0.125)": (B.scaled_softmax, (rn(rows, cols),)),
-        "bias + tanh-GELU": (B.bias_gelu, (rn(rows, cols), rn(cols, seed=1))),
-        "residual add + LayerNorm": (B.add_layernorm, (rn(rows, cols), rn(rows, cols, seed=1),
+        "softmax(x * 0.125)": (W.scaled_softmax, (rn(rows, cols),)),
+        "bias + tanh-GELU": (W.bias_gelu, (rn(rows, cols), rn(cols, seed=1))),
+        "residual add + LayerNorm": (W.add_layernorm, (rn(rows, cols), rn(rows, cols, seed=1),
                                                        rn(cols, seed=2), rn(cols, seed=3))),
-        "RMSNorm": (B.rmsnorm, (rn(rows, cols), rn(cols, seed=1))),
+        "RMSNorm": (W.rmsnorm, (rn(rows, cols), rn(cols, seed=1))),
     }
     runtime._launch = _noting_launch(runtime._launch)
     accel.dispatch.wait()
