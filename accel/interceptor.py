@@ -151,13 +151,18 @@ def _sample_idle(region, node) -> bool:
         # its kernel is in memory, or was launched ahead at its first call (where
         # ACCEL_LAUNCH_AHEAD_MIN_MB is below IDLE_REGION_BYTES): flushed as usual
         return False
+    _run(region, runtime.run_eagerly)
+    return True
+
+
+def _run(region, flush_fn) -> None:
+    """Flush ``region`` with ``flush_fn`` (its calls pass through meanwhile), then empty it."""
     region.busy = True
     try:
-        runtime.run_eagerly(region)
+        flush_fn(region)
     finally:
         region.reset()
         region.busy = False
-    return True
 
 
 def _flush_region(region) -> None:
@@ -169,12 +174,7 @@ def _flush_region(region) -> None:
     if node.idle >= 0 and _eager_idle and _sample_idle(region, node):
         return
     if not region.run_cached(runtime.STATS, CompiledRegion, runtime._ahead_min, bool(PENDING_NODES)):
-        region.busy = True
-        try:
-            execute(region)
-        finally:
-            region.reset()
-            region.busy = False
+        _run(region, execute)
     if dispatch.building:  # a background build of the filter: use it once it is loaded
         _filter_on(_state)
 

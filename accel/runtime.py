@@ -329,12 +329,17 @@ def replay(region: Region) -> None:
         run_calls(region.calls, region.ext, outs, region.scalars, fill)
 
 
-def run_eagerly(region: Region) -> None:
-    """Flush ``region`` by running its calls eagerly (:func:`replay`), building no kernel for
-    it: what a region the idle-region rule is still sampling does (``accel.interceptor``)."""
+def _count_flush() -> None:
+    """Count a flush, and store the trie nodes met since the last one."""
     STATS["flushes"] += 1
     if PENDING_NODES:
         _save_nodes()
+
+
+def run_eagerly(region: Region) -> None:
+    """Flush ``region`` by running its calls eagerly (:func:`replay`), building no kernel for
+    it: what a region the idle-region rule is still sampling does (``accel.interceptor``)."""
+    _count_flush()
     replay(region)
 
 
@@ -504,9 +509,7 @@ def _cuda_index(region: Region) -> int:
 def execute(region: Region) -> None:
     """Flush ``region``: keep the result of its kernel launched ahead, run its kernel, or
     replay it eagerly."""
-    STATS["flushes"] += 1
-    if PENDING_NODES:
-        _save_nodes()
+    _count_flush()
     node = region.node
     live = region.liveness()
     sp = region.speculation
