@@ -20,6 +20,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import accel
+from devices import DEVICES  # tests/devices.py (pytest puts tests/ on sys.path)
 
 # profiles "accel-ci" (default: 60 examples, derandomized) and "accel-explore" are
 # registered in conftest.py
@@ -259,9 +260,6 @@ def check_program(prog, device="cpu"):
 
 
 # -- tests ------------------------------------------------------------------------------
-#: every program runs on each device; CUDA skips cleanly without a GPU
-DEVICES = [pytest.param("cpu"), pytest.param("cuda", marks=pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="no CUDA device"))]
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -12,10 +12,9 @@ import torch
 import torch.nn.functional as F
 
 import accel
+from devices import DEVICES  # tests/devices.py (pytest puts tests/ on sys.path)
 from accel.ops import HALF
 
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
-                                                                 reason="no CUDA device"))]
 
 
 def _run(fn, *args):

@@ -7,9 +7,8 @@ import pytest
 import torch
 
 import accel
+from devices import DEVICES  # tests/devices.py (pytest puts tests/ on sys.path)
 
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="no CUDA device"))]
 
 OPTIMIZERS = {
     "sgd_nesterov": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, nesterov=True,

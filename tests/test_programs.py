@@ -11,9 +11,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import accel
+from devices import DEVICES  # tests/devices.py (pytest puts tests/ on sys.path)
 
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="no CUDA device"))]
 
 
 class ConvNet(nn.Module):

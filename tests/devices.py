@@ -1,0 +1,7 @@
+"""The devices a test runs on, as a ``pytest.mark.parametrize`` list: the CPU, and CUDA,
+which skips cleanly on a machine without a GPU (tests/gpu.sh runs the CUDA cases on one)."""
+import pytest
+import torch
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device"))]
