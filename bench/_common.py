@@ -139,6 +139,7 @@ def check(name: str, label: str, out, ref, detail: bool = False, exact=None) -> 
         return "yes"
     except (AssertionError, TypeError, ValueError) as e:
         err = e
+    farther = None
     if exact is not None:
         exact = _like(exact, ref)
         try:
@@ -152,11 +153,12 @@ def check(name: str, label: str, out, ref, detail: bool = False, exact=None) -> 
             farther = _farther(out, ref, exact)
             if farther is None:
                 return "yes (as near float64 as eager)"
-            print(f"{label} differs from eager on {name}: {err}\nFarther from float64 than "
-                  f"eager: {farther}", file=sys.stderr)
-            return "MISMATCH" + (f" (farther from float64 than eager: {farther})" if detail else "")
-    print(f"{label} differs from eager on {name}: {err}", file=sys.stderr)
-    return "MISMATCH" + (f" ({_mismatch_detail(str(err))})" if detail else "")
+            farther = f"farther from float64 than eager: {farther}"
+    print(f"{label} differs from eager on {name}: {err}" + (f"\n{farther}" if farther else ""),
+          file=sys.stderr)
+    if not detail:
+        return "MISMATCH"
+    return f"MISMATCH ({farther or _mismatch_detail(str(err))})"
 
 
 def _farther(out, ref, exact):

@@ -31,7 +31,7 @@ def test_as_near_float64_as_eager():
 def test_farther_than_eager_names_the_tensor_and_both_distances(capsys):
     verdict = _common.check("w", "accel", _result(1.002), EAGER, detail=True, exact=EXACT)
     assert verdict == "MISMATCH (farther from float64 than eager: [1]['w'] 2.00e-03 against eager's 1.00e-03)"
-    assert "Farther from float64 than eager: [1]['w']" in capsys.readouterr().err
+    assert "farther from float64 than eager: [1]['w']" in capsys.readouterr().err
     assert _common.check("w", "accel", _result(1.002), EAGER, exact=EXACT) == "MISMATCH"
 
 
