@@ -2,8 +2,10 @@
 into the thread's pending region or flushes the region and runs the call eagerly.
 
 Reads of tensor data that bypass the dispatcher (``numpy()``, ``tolist()``, ``data_ptr()``,
-DLPack, pickling, printing, ``backward``) are caught by hooks on those Python entry points,
-installed at the first enable; each flushes the calling thread's pending region first.
+DLPack, pickling, printing, ``backward``), and the host's ways of ordering GPU work or
+waiting for it (streams, events, CUDA graph capture and replay, synchronizing), are caught
+by hooks on those Python entry points, installed at the first enable; each flushes the
+calling thread's pending region first.
 """
 from __future__ import annotations
 
@@ -112,12 +114,14 @@ _eager_idle = True  # ACCEL_EAGER_IDLE_REGIONS and ACCEL_EAGER_SMALL_REGIONS, re
 
 def _device_idle(device):
     """Whether ``device`` has run all the work queued on its current stream (a GPU);
-    None where the question does not arise (a CPU runs its kernels on the calling thread)
-    or the query fails (an error of earlier work: the region's launch reports it, naming
+    None where the question does not arise (a CPU runs its kernels on the calling thread,
+    a CUDA graph is being captured) or the query fails (an error of earlier work: the region's launch reports it, naming
     the region)."""
     if device is None or device.type != "cuda":
         return None
     try:
+        if torch.cuda.is_current_stream_capturing():
+            return None  # a query would end the capture; the graph's replays gain from fusion
         return torch.cuda.current_stream(device).query()
     except RuntimeError:
         return None
@@ -134,7 +138,11 @@ def _sample_idle(region, node) -> bool:
         head = head.parent
     idle = None
     if head.idle >= 0 and head.eager_first is not True and region.traffic() < IDLE_REGION_BYTES:
-        idle = _device_idle(region.device)
+        region.busy = True  # (Stream.query's hook flushes: not this region)
+        try:
+            idle = _device_idle(region.device)
+        finally:
+            region.busy = False
     if idle is None:
         node.idle = -1  # not sampled: nothing to do at this node from now on
         return False
@@ -407,6 +415,23 @@ _TENSOR_HOOKS = ("numpy", "tolist", "__array__", "data_ptr", "__dlpack__", "__re
                  "backward", "__setstate__")
 _MODULE_HOOKS = ((torch.autograd, "backward"), (torch.autograd, "grad"),
                  (torch.utils.dlpack, "to_dlpack"), (torch, "save"))
+#: The host's ways of ordering GPU work and waiting for it, outside the dispatcher. Eager
+#: has launched every call before them: a region still pending would be launched after
+#: an event recorded to mark its work (``Event.record``; ``Stream.wait_stream`` records
+#: one), after a wait the host believes covers it, on another stream than its calls'
+#: (``set_stream``: ``torch.cuda.stream(s)`` enters and leaves through it, so a region's
+#: calls are all recorded, and it is launched, on one stream), outside the CUDA graph
+#: being captured (``capture_end``), or after a replay that reads its outputs
+#: (``static_input.copy_(x); graph.replay()``). Each flushes the calling thread's region
+#: first. (torch's device-generic ``torch.Stream`` and ``torch.Event`` are C types,
+#: whose methods cannot be wrapped.)
+_STREAM_HOOKS = ((torch.cuda, "synchronize"), (torch.cuda, "set_stream"),
+                 (torch.cuda.Stream, "synchronize"), (torch.cuda.Stream, "query"),
+                 (torch.cuda.Event, "record"), (torch.cuda.Event, "synchronize"),
+                 (torch.cuda.Event, "query"), (torch.cuda.CUDAGraph, "capture_begin"),
+                 (torch.cuda.CUDAGraph, "capture_end"), (torch.cuda.CUDAGraph, "replay"),
+                 (getattr(torch, "accelerator", None), "synchronize"),
+                 (getattr(torch, "accelerator", None), "set_stream"))
 
 
 def _hook_table():
@@ -414,6 +439,7 @@ def _hook_table():
     global _HOOKS
     if _HOOKS is None:
         targets = [(torch.Tensor, n) for n in _TENSOR_HOOKS] + list(_MODULE_HOOKS)
+        targets += [(o, n) for o, n in _STREAM_HOOKS if hasattr(o, n)]
         _HOOKS = [(o, n, getattr(o, n), _flushing(getattr(o, n))) for o, n in targets]
     return _HOOKS
 

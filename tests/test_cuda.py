@@ -1,6 +1,7 @@
 """The CUDA backend: streams, devices, no host synchronization, fallbacks. The OpInfo and
 hypothesis suites (test_opinfo*.py, test_chains.py) also run on "cuda". Every test here
 skips cleanly on a machine without a GPU; tests/gpu.sh runs them on one."""
+import contextlib
 import shutil
 
 import pytest
@@ -248,6 +249,107 @@ def test_launch_ahead_on_another_stream_than_the_flush(monkeypatch):
     torch.testing.assert_close(y, _rms_w(x, w))
     st = accel.stats()
     assert st["speculative_launches"] == 1 and st["speculative_misses"] == 1, st
+
+
+def _late(n=256):
+    """A [n, n] matrix of n's that a matmul fills after ~30 ms of other work on the current
+    stream: read early, on another stream, it still holds -1."""
+    a = torch.full((n, n), -1.0, device="cuda")
+    m = torch.ones(n, n, device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda._sleep(50_000_000)
+    torch.mm(m, m, out=a)
+    return a, m
+
+
+@cuda
+def test_a_side_stream_does_not_take_the_pending_region():
+    """A region pending on the default stream when the program enters another stream's
+    context is launched on the default stream (eager launched it there): entering the
+    context flushes it. Launched on the side stream, it would read its input early."""
+    s = torch.cuda.Stream()
+    for _ in range(3):
+        with accel.eager():
+            a, m = _late()
+            y = (a * 3 + 1) * 0.5 - 0.5  # pending: 384
+            with torch.cuda.stream(s):
+                torch.mm(m, m)  # not fused: a flush here would be on s
+            w = y.sum(1)
+        torch.cuda.synchronize()
+        torch.testing.assert_close(w, torch.full((256,), 256 * 384.0, device="cuda"))
+
+
+@cuda
+def test_an_event_recorded_after_a_pending_region_covers_it():
+    """Event.record (and Stream.wait_stream, which records one) flushes first: another
+    stream waiting on the event sees the region's results."""
+    s = torch.cuda.Stream()
+    for wait in ("event", "stream"):
+        with accel.eager():
+            a, m = _late()
+            y = (a * 3 + 1) * 0.5 - 0.5  # pending: 384
+            if wait == "event":
+                ev = torch.cuda.Event()
+                ev.record()
+                s.wait_event(ev)
+            else:
+                s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                z = torch.mm(y, m)
+            torch.cuda.current_stream().wait_stream(s)
+        torch.testing.assert_close(z, torch.full((256, 256), 256 * 384.0, device="cuda"))
+
+
+@cuda
+@pytest.mark.parametrize("warm_up", [True, False])
+def test_cuda_graph_capture_and_replay(warm_up):
+    """Regions recorded while a CUDA graph is captured are flushed into it at capture_end
+    (their kernels built and loaded during the capture where the warm-up did not); a copy
+    into the graph's static input is flushed before each replay."""
+    def f(t):
+        return (t.sin() * 2).exp() + t.mean(-1, keepdim=True)
+
+    x = _x(512, 1024, seed=3)
+    g = torch.cuda.CUDAGraph()
+    with accel.eager():
+        if warm_up:
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                for _ in range(3):
+                    f(x)
+            torch.cuda.current_stream().wait_stream(s)
+        with torch.cuda.graph(g):
+            y = f(x)
+    for seed in (4, 5, 6):
+        new = _x(512, 1024, seed=seed)
+        with accel.eager():
+            x.copy_(new * 1.0)  # pending until the replay
+            g.replay()
+            got = y * 1.0
+        torch.testing.assert_close(got, f(new))
+
+
+@cuda
+def test_make_graphed_callables():
+    """torch.cuda.make_graphed_callables under accel: forward and backward captured and
+    replayed, matching eager's outputs and gradients."""
+    def run(accelerated):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.GELU(),
+                                    torch.nn.Linear(256, 256)).cuda()
+        out = []
+        with accel.eager() if accelerated else contextlib.nullcontext():
+            gm = torch.cuda.make_graphed_callables(model, (torch.randn(64, 256, device="cuda",
+                                                                       requires_grad=True),))
+            for seed in range(3):
+                xi = _x(64, 256, seed=seed).requires_grad_()
+                o = gm(xi)
+                (o * o).sum().backward()
+                out.append((o.detach().clone(), xi.grad.clone()))
+        return out, [p.grad.clone() for p in model.parameters()]
+
+    torch.testing.assert_close(run(True), run(False))
 
 
 @cuda

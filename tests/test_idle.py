@@ -125,8 +125,9 @@ def test_idle_regions_train_as_eager_does(rule, train_as_eager):
 
 
 def test_the_probe(monkeypatch):
-    """The GPU probe: None on a CPU, and where the stream's query raises (a CUDA error of
-    earlier work, which the region's launch then reports); the query's answer otherwise."""
+    """The GPU probe: None on a CPU, while a CUDA graph is captured (not queried), and where
+    the stream's query raises (a CUDA error of earlier work, which the region's launch then
+    reports); the query's answer otherwise."""
     assert interceptor._device_idle(None) is None
     assert interceptor._device_idle(torch.device("cpu")) is None
 
@@ -139,10 +140,15 @@ def test_the_probe(monkeypatch):
                 raise self.answer
             return self.answer
 
+    capturing = False
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing)
     for answer, want in ((True, True), (False, False),
                          (RuntimeError("CUDA error: an illegal memory access"), None)):
         monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None, a=answer: Stream(a))
         assert interceptor._device_idle(torch.device("cuda", 0)) is want
+    capturing = True  # a CUDA graph is being captured: a query would end the capture
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: 1 / 0)
+    assert interceptor._device_idle(torch.device("cuda", 0)) is None
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")

@@ -164,6 +164,23 @@ def test_read_flushes(x, how):
         assert got.split("(")[0] == expect.split("(")[0] and len(got) == len(expect)
 
 
+def test_stream_and_graph_entry_points_flush(x):
+    """The host's ways of ordering GPU work (streams, events, CUDA graphs, synchronizing)
+    flush the pending region first (tests/test_cuda.py runs them on a GPU); here, the one
+    that runs without a GPU (``set_stream(None)`` is a no-op) and the wrapping of the rest."""
+    from accel.interceptor import _STREAM_HOOKS
+
+    with accel.eager():
+        y = chain(x)
+        assert pending() > 0
+        torch.cuda.set_stream(None)
+        assert pending() == 0
+    close(y, chain(x))
+    for owner, name in _STREAM_HOOKS:
+        if owner is not None:
+            assert getattr(owner, name).__wrapped__, f"{owner.__name__}.{name} is not hooked"
+
+
 def test_views_of_pending_outputs(x):
     with accel.eager():
         y = chain(x)
