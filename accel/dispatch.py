@@ -59,6 +59,19 @@ _include = None  # set_included's function: the region core's filter_include, on
 _future = None  # its background build
 _off: Optional[str] = None  # why the filter is not used, once that is decided
 building = False  # a background build is in flight or done and not loaded yet
+
+
+def _after_fork_in_child() -> None:
+    """A forked child has no thread waiting for the parent's build of the filter: where it
+    was in flight, the child's next start() looks for it in the store again (builds it
+    there if the parent's build has not stored it yet: one build, under its key's lock)."""
+    global _lock, _future, building
+    _lock = threading.Lock()
+    if _future is not None and not _future.done():
+        _future, building = None, False
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 _small_regions = True  # ACCEL_EAGER_SMALL_REGIONS (set_small_regions)
 
 

@@ -8,6 +8,7 @@ eagerly (replayed op by op, filling the outputs without bumping their version co
 from __future__ import annotations
 
 import hashlib
+import os
 import logging
 import threading
 import time
@@ -175,13 +176,29 @@ _TRACE_LOCK = threading.RLock()
 _IN_FLIGHT: set = set()  # futures of background builds (ACCEL_ASYNC_COMPILE)
 
 
+def _after_fork_in_child() -> None:
+    """A forked child (a DataLoader worker, ``multiprocessing`` with ``fork``) has only the
+    thread that forked: the parent's build threads are gone. Their pool would queue the
+    child's builds with no thread to run them (its first flush to build waited forever),
+    and a lock one of them held would stay held; the child starts both afresh (as
+    Inductor's compile pools do). Builds the parent had in flight never finish here:
+    their regions run eagerly in the child."""
+    global _POOL, _store_lock, _TRACE_LOCK
+    _POOL, _store_lock, _TRACE_LOCK = None, threading.Lock(), threading.RLock()
+    _IN_FLIGHT.clear()
+    if _store is not None:
+        _store.after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def _pool():
     """The build threads (one per core, at most 8): fresh threads, so tracing starts from
     clean dispatch state even when a flush comes from inside ``__torch_dispatch__``."""
     global _POOL
     with _store_lock:
         if _POOL is None:
-            import os
             from concurrent.futures import ThreadPoolExecutor
 
             _POOL = ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1)),

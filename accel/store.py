@@ -53,6 +53,14 @@ COUNTERS = ("hits", "misses", "compiles", "compile_failures")
 _PREFIX = f"v{STORE_VERSION}:"  # index keys; another format version never sees these entries
 _USE = "use:"  # side-table keys of last-use records; everything else there is a counter
 _COUNT_LOCK = threading.Lock()  # the stores' unwritten counts
+
+
+def _after_fork_in_child() -> None:
+    global _COUNT_LOCK
+    _COUNT_LOCK = threading.Lock()  # a build thread of the parent may have held it at the fork
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 log = logging.getLogger("accel.store")
 
 
@@ -110,6 +118,10 @@ class _BaseStore:
     def __init__(self):
         self._touched: dict = {}  # key -> (last use, sha256), written by touch()
         self._counts = collections.Counter()  # record()'s counts, written by touch()
+
+    def after_fork(self) -> None:
+        """In a forked child: make afresh the locks a thread of the parent (a builder) may
+        have held at the fork (called by ``accel.runtime``'s fork handler)."""
 
     def put(self, key: str, artifact: bytes, meta: dict) -> Entry:
         """Store ``artifact`` (shared library bytes) and ``meta`` (JSON-able) under ``key``: one
@@ -402,6 +414,9 @@ class Store(_BaseStore):
                     self._writers[sub] = cache
         return cache
 
+    def after_fork(self) -> None:
+        self._open_lock = threading.Lock()
+
     @contextlib.contextmanager
     def compile_lock(self, key: str):
         """Exclusive inter-process lock for building ``key``::
@@ -523,6 +538,12 @@ class MemoryStore(_BaseStore):
     def compile_lock(self, key: str) -> contextlib.AbstractContextManager:
         """Exclusive lock on ``key`` among this process's threads."""
         return self._locks[key]
+
+    def after_fork(self) -> None:
+        for cache in (self._index, self._side, self._nodes):
+            cache._lock = threading.RLock()
+        self._reader._lock = self._index._lock
+        self._locks = collections.defaultdict(threading.Lock)
 
 
 def open_store() -> Store | MemoryStore:

@@ -96,6 +96,38 @@ def test_other_threads_not_intercepted(x):
     close(out["y"], chain(x))
 
 
+def test_a_forked_child_builds_kernels_of_its_own(fresh_store):
+    """A child forked after the parent built a kernel (a DataLoader worker, say) builds
+    the kernels it misses: the parent's build threads are not in the child, whose first
+    build waited for them forever before."""
+    import multiprocessing
+
+    torch.manual_seed(0)
+    x = torch.randn(256, 512)
+    with accel.eager():
+        chain(x).sum().item()  # built by the parent's build threads
+    ctx = multiprocessing.get_context("fork")
+    q = ctx.Queue()
+
+    def child():
+        torch.set_num_threads(1)  # as a DataLoader worker does: GNU OpenMP's threads do not fork
+        accel.reset_stats()
+        with accel.eager():
+            got = (torch.cos(x) * 3 + x.exp()).sum(0)  # a region the parent never built
+        q.put((got.tolist(), accel.stats()["compiles"]))
+
+    p = ctx.Process(target=child)
+    p.start()
+    try:
+        got, compiles = q.get(timeout=300)
+    finally:
+        p.join(60)
+        if p.is_alive():
+            p.kill()
+    close(torch.tensor(got), (torch.cos(x) * 3 + x.exp()).sum(0))
+    assert compiles == 1
+
+
 def test_accel_disable_env(x, monkeypatch):
     monkeypatch.setenv("ACCEL_DISABLE", "1")
     with accel.eager():
