@@ -434,13 +434,42 @@ _STREAM_HOOKS = ((torch.cuda, "synchronize"), (torch.cuda, "set_stream"),
                  (getattr(torch, "accelerator", None), "set_stream"))
 
 
+#: Python-bound C++ functions that call aten ops and then read or write the results in
+#: C++ (an ``accessor``, ``data_ptr``), where no hook sees it: DDP's check that every rank
+#: has the same parameters (it read a deferred ``copy_``'s output unfilled: "params[0] in
+#: this process with sizes [64, 32] appears not to match sizes of the same param in
+#: process 0"), and its broadcast of the parameters from rank 0. Each runs with the
+#: calling thread's calls passing through eagerly, its pending region flushed first.
+_EAGER_HOOKS = ((getattr(torch, "distributed", None), "_verify_params_across_processes"),
+                (getattr(torch, "distributed", None), "_broadcast_coalesced"))
+
+
+def _eagerly(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        flush()
+        w = _state.worker
+        region = _state.region if w is None else w.region
+        if region.busy:
+            return fn(*args, **kwargs)
+        region.busy = True  # its calls pass through, on the mode's path and the filter's
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            region.busy = False
+
+    return wrapper
+
+
 def _hook_table():
-    """(owner, name, original, flushing wrapper) for every hooked entry point (built once)."""
+    """(owner, name, original, wrapper) for every hooked entry point (built once)."""
     global _HOOKS
     if _HOOKS is None:
         targets = [(torch.Tensor, n) for n in _TENSOR_HOOKS] + list(_MODULE_HOOKS)
         targets += [(o, n) for o, n in _STREAM_HOOKS if hasattr(o, n)]
         _HOOKS = [(o, n, getattr(o, n), _flushing(getattr(o, n))) for o, n in targets]
+        _HOOKS += [(o, n, getattr(o, n), _eagerly(getattr(o, n))) for o, n in _EAGER_HOOKS
+                   if hasattr(o, n)]
     return _HOOKS
 
 

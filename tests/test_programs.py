@@ -1,6 +1,6 @@
 """Whole programs under accel against eager: a convolutional network trained with an
-optimizer, gradient clipping and a learning-rate schedule; a small Llama's training step
-and greedy generation; and programs that raise in eager, which must raise the same error
+optimizer, gradient clipping and a learning-rate schedule; DistributedDataParallel on one
+rank; a small Llama's training step and greedy generation; and programs that raise in eager, which must raise the same error
 under accel."""
 import contextlib
 import copy
@@ -72,6 +72,43 @@ def _llama(device):
                                    num_key_value_heads=2, max_position_embeddings=64)
     torch.manual_seed(0)
     return transformers.LlamaForCausalLM(cfg).to(device)
+
+
+def _ddp_train(model, ctx, device, init):
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dist.init_process_group("nccl" if device == "cuda" else "gloo", init_method=init, rank=0,
+                            world_size=1)
+    try:
+        with ctx():  # DDP checks and broadcasts its parameters in C++ at construction
+            ddp = DDP(model, device_ids=[0] if device == "cuda" else None)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
+        g = torch.Generator().manual_seed(2)
+        losses = []
+        for _ in range(3):
+            x = torch.randn(16, 32, generator=g).to(device)
+            with ctx():
+                loss = ddp(x).pow(2).mean()
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+            losses.append(loss.detach())
+        return torch.stack(losses), [p.detach().clone() for p in model.parameters()]
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="no torch.distributed")
+@pytest.mark.parametrize("device", DEVICES)
+def test_ddp_training_matches_eager(device, tmp_path):
+    """DistributedDataParallel (one rank) built and trained under accel, as eager."""
+    torch.manual_seed(0)
+    base = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.LayerNorm(64), nn.Linear(64, 4)).to(device)
+    le, pe = _ddp_train(copy.deepcopy(base), contextlib.nullcontext, device, f"file://{tmp_path}/e")
+    la, pa = _ddp_train(copy.deepcopy(base), accel.eager, device, f"file://{tmp_path}/a")
+    torch.testing.assert_close(la, le)
+    torch.testing.assert_close(pa, pe)
 
 
 @pytest.mark.parametrize("device", DEVICES)
