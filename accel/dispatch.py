@@ -59,6 +59,7 @@ _include = None  # set_included's function: the region core's filter_include, on
 _future = None  # its background build
 _off: Optional[str] = None  # why the filter is not used, once that is decided
 building = False  # a background build is in flight or done and not loaded yet
+_small_regions = True  # ACCEL_EAGER_SMALL_REGIONS (set_small_regions)
 
 
 def _after_fork_in_child() -> None:
@@ -72,7 +73,6 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
-_small_regions = True  # ACCEL_EAGER_SMALL_REGIONS (set_small_regions)
 
 
 def _source() -> str:

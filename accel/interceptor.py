@@ -114,9 +114,9 @@ _eager_idle = True  # ACCEL_EAGER_IDLE_REGIONS and ACCEL_EAGER_SMALL_REGIONS, re
 
 def _device_idle(device):
     """Whether ``device`` has run all the work queued on its current stream (a GPU);
-    None where the question does not arise (a CPU runs its kernels on the calling thread,
-    a CUDA graph is being captured) or the query fails (an error of earlier work: the region's launch reports it, naming
-    the region)."""
+    None where the question does not arise (a CPU runs its kernels on the calling thread;
+    a CUDA graph is being captured) or the query fails (an error of earlier work: the
+    region's launch reports it, naming the region)."""
     if device is None or device.type != "cuda":
         return None
     try:

@@ -8,8 +8,8 @@ eagerly (replayed op by op, filling the outputs without bumping their version co
 from __future__ import annotations
 
 import hashlib
-import os
 import logging
+import os
 import threading
 import time
 import weakref
