@@ -152,6 +152,51 @@ cdef extern from "accel/region_view.h":
         void* ext[ACCEL_VIEW_MAX]
         void* out[ACCEL_VIEW_MAX]
         Py_ssize_t out_base[ACCEL_VIEW_MAX]
+    enum: ACCEL_SHARED_MAX
+    ctypedef struct accel_shared_set:
+        int n
+        void* storage[ACCEL_SHARED_MAX]
+
+
+cdef accel_shared_set _shared
+cdef object _shared_lookup = None
+
+
+def shared_table_address():
+    """The address of the set of storages shared outside the dispatcher
+    (include/accel/region_view.h), which the dispatch filter reads."""
+    return <size_t>&_shared
+
+
+SHARED_MAX = ACCEL_SHARED_MAX
+
+
+def set_shared(storages, lookup):
+    """Make ``storages`` (a list of StorageImpl addresses, ints) the storages shared
+    outside the dispatcher (accel/shared.py): a call with an external input on one of them
+    is not deferred. ``None``, or more than ``SHARED_MAX`` of them: ``lookup(address)``
+    says, for every external input (the dispatch filter leaves them all to the
+    interceptor)."""
+    global _shared_lookup
+    cdef Py_ssize_t i
+    _shared_lookup = lookup
+    _shared.n = -1  # while the entries change, every input is looked up
+    if storages is None or len(storages) > ACCEL_SHARED_MAX:
+        return
+    for i in range(len(storages)):
+        _shared.storage[i] = <void*><size_t>storages[i]
+    _shared.n = len(storages)
+
+
+cdef bint _is_shared(t) except -1:
+    cdef size_t p = _untyped_storage(t)._cdata
+    cdef int i, n = _shared.n
+    if n < 0:
+        return _shared_lookup(p)
+    for i in range(n):
+        if _shared.storage[i] == <void*>p:
+            return True
+    return False
 
 
 cdef bint _live(t):
@@ -354,6 +399,8 @@ cdef class RegionCore:
             p = _data_ptr(t)
             if self.view.lo <= p < self.view.hi and self._aliases_pending(t, p):
                 raise Deferred("alias")
+        if _shared.n != 0 and _is_shared(t):
+            raise Deferred("shared memory")
         j = self.ext_ids.get(id(t))
         if j is None or self.ext[j] is not t:
             j = self._add_ext(t)

@@ -31,6 +31,23 @@ def device_empty_strided(shape: tuple, stride: tuple, dtype, device):
     return torch.empty_strided(shape, stride, dtype=dtype, device=device)
 
 
+SHARED_MAX = 64  # as the native core's table (include/accel/region_view.h)
+_shared_lookup = None  # where storages are shared outside the dispatcher: is one of them?
+
+
+def shared_table_address() -> int:
+    """The twin keeps no table for the dispatch filter (0), which records nothing here."""
+    return 0
+
+
+def set_shared(storages, lookup) -> None:
+    """The twin of the native core's: where ``storages`` (StorageImpl addresses; None: too
+    many to list) is not empty, ``lookup(address)`` says whether an external input's
+    storage is shared outside the dispatcher; such a call is not deferred."""
+    global _shared_lookup
+    _shared_lookup = lookup if storages is None or storages else None
+
+
 _include = None  # the dispatch filter's accel_filter_include (ctypes), once loaded
 
 
@@ -157,6 +174,8 @@ class RegionCore:
             p = _data_ptr(t)
             if self.lo <= p < self.hi and self._aliases_pending(t, p):
                 raise Deferred("alias")  # a view of a pending output: flush, then retry
+        if _shared_lookup is not None and _shared_lookup(_untyped_storage(t)._cdata):
+            raise Deferred("shared memory")
         j = self.ext_ids.get(id(t))
         if j is None or self.ext[j] is not t:
             j = len(self.ext)

@@ -45,6 +45,9 @@ _blocks: OrderedDict = OrderedDict()  # id(block) -> _Block, oldest first
 _by_size: dict = {}  # nbytes -> [_Block, ...]
 _held = 0  # bytes of every block in the pool, in use or free
 _cap = None  # most bytes held (ACCEL_CPU_POOL_MB as of the last enable); None: not read yet
+#: called with a free block's storage as it is handed out again, while storages are
+#: registered as shared outside the dispatcher (accel.shared forgets it: nothing holds it)
+on_reuse = None
 
 
 def _after_fork_in_child() -> None:
@@ -124,6 +127,8 @@ def empty_strided(shape, stride, dtype: torch.dtype, nbytes: int, device=None) -
                     # come first, so a search usually ends at the first block it tries
                     del same[i]
                     same.append(b)
+                    if on_reuse is not None:
+                        on_reuse(b.storage)
                     return _empty(0, dtype=dtype).set_(b.storage, 0, shape, stride)
                 _drop(b)
                 break

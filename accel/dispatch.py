@@ -270,6 +270,8 @@ def _load(entry) -> None:
                          for f in (lib.accel_empty_strided, lib.accel_liveness,
                                    lib.accel_ext_overlap)))
     native.set_include_fn(ctypes.cast(lib.accel_filter_include, ctypes.c_void_p).value)
+    lib.accel_filter_shared.argtypes = [ctypes.c_void_p]
+    lib.accel_filter_shared(native.shared_table_address() or None)
     _lib, _include, building = lib, native.filter_include, False
     log.info("dispatch filter loaded (torch %s)", torch.__version__)
 

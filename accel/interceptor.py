@@ -18,7 +18,7 @@ import threading
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from . import allocator, config, dispatch, runtime
+from . import allocator, config, dispatch, runtime, shared
 from .ops import VIEW_OPS, fusible_ops
 from .region import PENDING_NODES, Deferred, Region, native, set_cuda_half, set_small_regions
 from .runtime import CompiledRegion, execute, set_launch_ahead_min, speculate
@@ -401,6 +401,9 @@ _DYNAMO_SKIPS = _skip_dynamo(AccelMode.__torch_dispatch__.__code__)
 
 
 # -- escape hooks: reads of data that do not go through the dispatcher ------------------
+_untyped_storage = torch._C.TensorBase.untyped_storage  # not the flushing hook
+
+
 def _flushing(fn):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -410,11 +413,64 @@ def _flushing(fn):
     return wrapper
 
 
-_TENSOR_HOOKS = ("numpy", "tolist", "__array__", "data_ptr", "__dlpack__", "__reduce_ex__",
-                 "__repr__", "__format__", "untyped_storage", "_typed_storage", "storage",
-                 "backward", "__setstate__")
-_MODULE_HOOKS = ((torch.autograd, "backward"), (torch.autograd, "grad"),
-                 (torch.utils.dlpack, "to_dlpack"), (torch, "save"))
+_TENSOR_HOOKS = ("tolist", "data_ptr", "__reduce_ex__", "__repr__", "__format__",
+                 "untyped_storage", "_typed_storage", "storage", "backward", "__setstate__")
+_MODULE_HOOKS = ((torch.autograd, "backward"), (torch.autograd, "grad"), (torch, "save"))
+
+
+def _exporting(fn):
+    """``fn`` hands the memory of tensor ``self`` to code outside the dispatcher (a NumPy
+    array, a DLPack capsule): flush, then register the storage (accel/shared.py)."""
+    @functools.wraps(fn)
+    def wrapper(self, *args, **kwargs):
+        flush()
+        out = fn(self, *args, **kwargs)
+        shared.share(self)
+        return out
+
+    return wrapper
+
+
+def _importing(fn):
+    """``fn`` returns a tensor over memory another library owns (``torch.from_numpy``, a
+    DLPack producer's, a buffer's), or one it allocated (a copy): register the storage of
+    the first (accel/shared.py), which torch did not allocate (not resizable)."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        out = fn(*args, **kwargs)
+        if isinstance(out, torch.Tensor) and not _untyped_storage(out).resizable() and not (
+                args and isinstance(args[0], torch.Tensor)
+                and _untyped_storage(args[0])._cdata == _untyped_storage(out)._cdata):
+            shared.share(out)
+        return out
+
+    return wrapper
+
+
+def _sharing(fn):
+    """``fn`` moves a CPU storage to shared memory, or returns one another process
+    shares: register it (accel/shared.py)."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        out = fn(*args, **kwargs)
+        if out.device.type == "cpu":
+            shared.share(out)
+        return out
+
+    return wrapper
+
+
+#: Entry points that share memory with code outside the dispatcher, which reads and writes
+#: it at any time, not at a flush: see accel/shared.py.
+_SHARED_MEMORY_HOOKS = (
+    [(torch.Tensor, n, _exporting) for n in ("numpy", "__array__", "__dlpack__")]
+    + [(torch.utils.dlpack, "to_dlpack", _exporting)]
+    + [(o, n, _importing) for o, n in ((torch, "from_numpy"), (torch, "as_tensor"),
+                                       (torch, "asarray"), (torch, "frombuffer"),
+                                       (torch, "from_dlpack"), (torch.utils.dlpack, "from_dlpack"))]
+    + [(o, n, _sharing) for o, n in ((torch.UntypedStorage, "share_memory_"),
+                                     (torch.multiprocessing.reductions, "rebuild_storage_fd"),
+                                     (torch.multiprocessing.reductions, "rebuild_storage_filename"))])
 #: The host's ways of ordering GPU work and waiting for it, outside the dispatcher. Eager
 #: has launched every call before them: a region still pending would be launched after
 #: an event recorded to mark its work (``Event.record``; ``Stream.wait_stream`` records
@@ -470,6 +526,8 @@ def _hook_table():
         _HOOKS = [(o, n, getattr(o, n), _flushing(getattr(o, n))) for o, n in targets]
         _HOOKS += [(o, n, getattr(o, n), _eagerly(getattr(o, n))) for o, n in _EAGER_HOOKS
                    if hasattr(o, n)]
+        _HOOKS += [(o, n, getattr(o, n), wrap(getattr(o, n))) for o, n, wrap in _SHARED_MEMORY_HOOKS
+                   if hasattr(o, n)]
     return _HOOKS
 
 
@@ -477,10 +535,12 @@ _HOOKS = None
 
 
 def _install_hooks():
-    """Wrap the entry points, once per process, at the first enable. They stay wrapped
-    after the last disable: each wrapper's flush returns at once when nothing is pending,
-    and setting attributes of ``torch.Tensor`` at every enable and disable would cost
-    more (and invalidate the type's attribute caches) than the wrappers ever do."""
+    """Wrap the entry points, once per process: when accel is imported (unless
+    ``ACCEL_DISABLE=1``), so that memory shared outside the dispatcher from then on is
+    known before the first enable (accel/shared.py), else at the first enable. They stay
+    wrapped after the last disable: each wrapper's flush returns at once when nothing is
+    pending, and setting attributes of ``torch.Tensor`` at every enable and disable would
+    cost more (and invalidate the type's attribute caches) than the wrappers ever do."""
     global _hooks_installed
     if _hooks_installed:
         return
@@ -605,3 +665,10 @@ class eager(contextlib.ContextDecorator):
     def __exit__(self, *exc) -> bool:
         disable()
         return False
+
+
+try:
+    if not config.flag("ACCEL_DISABLE"):
+        _install_hooks()
+except config.ConfigError:  # an invalid value: the first enable says so
+    pass

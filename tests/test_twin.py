@@ -1,4 +1,5 @@
-"""The pure-Python twin of the Cython core runs the interceptor suite too."""
+"""The pure-Python twin of the Cython core runs the interceptor suite (and the tests of
+memory shared outside the dispatcher) too."""
 import os
 import subprocess
 import sys
@@ -7,7 +8,8 @@ import sys
 def test_interceptor_suite_on_pure_python_core():
     env = dict(os.environ, ACCEL_PURE_PYTHON="1")
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                        os.path.join(os.path.dirname(__file__), "test_interceptor.py")],
+                        os.path.join(os.path.dirname(__file__), "test_interceptor.py"),
+                        os.path.join(os.path.dirname(__file__), "test_shared.py")],
                        capture_output=True, text=True, env=env, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
 

@@ -100,9 +100,26 @@ inline void push_list(std::vector<int64_t>* key, int64_t tag, const Seq& seq, To
   for (auto e : seq) key->push_back(to_int(e));
 }
 
+// The region core's set of storages shared outside the dispatcher (region_view.h), once
+// the filter is loaded.
+inline std::atomic<const accel_shared_set*> g_shared{nullptr};
+
+// Whether `impl`'s storage is in that set (or the set is too large to look in here).
+inline bool shared_storage(const c10::TensorImpl* impl) {
+  const accel_shared_set* s = g_shared.load(std::memory_order_relaxed);
+  int32_t n = s == nullptr ? 0 : s->n;
+  if (n == 0) return false;
+  if (n < 0) return true;
+  const void* p = impl->storage().unsafeGetStorageImpl();
+  for (int32_t i = 0; i < n; ++i) {
+    if (s->storage[i] == p) return true;
+  }
+  return false;
+}
+
 // The key of a call to `op` from the region's current node (false: an argument the key
-// cannot take, or one that reads a pending output through a view, which the interceptor
-// must see). Fills `fresh` with the TensorImpls of inputs new to the region, in order.
+// cannot take, one that reads a pending output through a view, or one whose memory is
+// shared outside the dispatcher, which the interceptor must see). Fills `fresh` with the TensorImpls of inputs new to the region, in order.
 inline bool make_key(const OperatorHandle& op, const torch::jit::Stack& stack, const accel_region_view* v,
               std::vector<int64_t>* key, std::vector<const c10::TensorImpl*>* fresh) {
   const auto& args = op.schema().arguments();
@@ -137,8 +154,8 @@ inline bool make_key(const OperatorHandle& op, const torch::jit::Stack& stack, c
         continue;
       }
       if (t.layout() != at::kStrided || impl->is_nested() || !(t.is_cpu() || t.is_cuda()) ||
-          !impl->has_storage()) {  // (a nested tensor's layout is strided; it has no sizes)
-        return false;
+          !impl->has_storage() || shared_storage(impl)) {
+        return false;  // (a nested tensor's layout is strided; it has no sizes)
       }
       if (v->n_out > 0) {
         intptr_t p = reinterpret_cast<intptr_t>(t.const_data_ptr());

@@ -532,6 +532,10 @@ int accel_filter_include(int on) {
 // The calling thread's region (include/accel/region_view.h).
 void accel_filter_bind(accel_region_view* view) { t_view = view; }
 
+// The region core's set of storages shared outside the dispatcher (region_view.h), whose
+// calls the filter leaves to the interceptor.
+void accel_filter_shared(const accel_shared_set* shared) { accel_keys::g_shared.store(shared); }
+
 // The calling thread's counts: [0] calls run past the mode, [1] calls passed on, [2] calls
 // recorded by the filter, [3] small or idle regions' first calls it ran eagerly (also in [0]
 // where route() ran them past the mode, in [1] where record() did).

@@ -35,6 +35,20 @@ typedef struct accel_region_view {
   intptr_t out_base[ACCEL_VIEW_MAX];    // data address of each output
 } accel_region_view;
 
+// The storages whose memory is shared outside torch's dispatcher (a NumPy array's, a
+// DLPack consumer's or producer's, a buffer's, shared memory's: accel/shared.py), which no
+// region may read or write: code there sees the memory at any time, not at a flush. Kept
+// by the region core; `n` StorageImpl* in `storage`, or -1 where there are more than
+// ACCEL_SHARED_MAX (the core then asks accel/shared.py, and the filter leaves every
+// external input to the interceptor). Written by the interceptor under the GIL, with `n`
+// at -1 while the entries change.
+#define ACCEL_SHARED_MAX 64
+
+typedef struct accel_shared_set {
+  volatile int32_t n;
+  void* storage[ACCEL_SHARED_MAX];
+} accel_shared_set;
+
 #ifdef __cplusplus
 }
 #endif
