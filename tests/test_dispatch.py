@@ -956,3 +956,26 @@ def test_small_regions_train_as_eager_does(device, monkeypatch, train_as_eager):
     accel.reset_stats()
     train_as_eager(base, x, t, 4)
     assert accel.stats()["small_region_calls"] > 0
+
+
+@pytest.mark.parametrize("op", ["mul_", "div_", "pow_", "sin_"])
+def test_autograd_clones_a_pending_self_through_the_mode(op):
+    """With grad mode on, autograd's kernel of an in-place op clones ``self`` for the
+    backward, a call of its own below the filter: a pending ``self`` must reach the mode
+    there (a GRU cell's ``(h - n).mul_(z)``: the clone read it unfilled)."""
+    def step(x, w):
+        h = (x * 2.0).add(1.0)  # pending when the in-place op clones it (positive: pow_)
+        z = w.sigmoid() + 0.5
+        h = getattr(h, op)(z) if op != "sin_" else h.sin_()
+        (h * z).sum().backward()
+        return x.grad, w.grad
+
+    def leaves():
+        g = torch.Generator().manual_seed(0)
+        return (torch.randn(16, 8, generator=g).abs().requires_grad_(),
+                torch.randn(16, 8, generator=g).requires_grad_())
+
+    want = step(*leaves())
+    with accel.eager():
+        for _ in range(3):  # learnt, then recorded by the filter
+            close(step(*leaves()), want)

@@ -1,7 +1,7 @@
 """Whole programs under accel against eager: a convolutional network trained with an
 optimizer, gradient clipping and a learning-rate schedule; DistributedDataParallel on one
-rank; a small Llama's training step and greedy generation; and programs that raise in eager, which must raise the same error
-under accel."""
+rank; a small Llama's training step and greedy generation; LSTM and GRU; and programs
+that raise in eager, which must raise the same error under accel."""
 import contextlib
 import copy
 
@@ -168,3 +168,29 @@ def test_programs_that_raise_in_eager_raise_the_same_under_accel(name):
         with accel.eager():
             fn()
     assert str(accel_error.value).splitlines()[0] == str(eager_error.value).splitlines()[0]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_recurrent_networks_match_eager(device):
+    """LSTM and GRU forward and backward (CPU: ATen's cells, whose in-place gate updates
+    autograd clones for the backward), three steps of SGD."""
+    def train(ctx):
+        torch.manual_seed(3)
+        lstm = nn.LSTM(8, 16, num_layers=2, batch_first=True).to(device)
+        gru = nn.GRU(8, 16, batch_first=True).to(device)
+        params = list(lstm.parameters()) + list(gru.parameters())
+        opt = torch.optim.SGD(params, lr=0.1)
+        x = torch.randn(4, 5, 8, device=device)
+        losses = []
+        for _ in range(3):
+            with ctx():
+                o1, (h, c) = lstm(x)
+                o2, h2 = gru(x)
+                loss = o1.square().mean() + o2.square().mean() + h.sum() * 0.01
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            losses.append(loss.detach())
+        return torch.stack(losses), [p.detach() for p in params]
+
+    torch.testing.assert_close(train(accel.eager), train(contextlib.nullcontext))

@@ -40,9 +40,10 @@
 // saves outputs for backward as shallow copies, which with a dispatch mode on the stack
 // are aten::detach calls into it, and without the key they stay in C++, as in eager. Not
 // where anything else runs above record() and could make calls that must reach the mode
-// (an op that decomposes above autograd, functorch, autocast, ...), nor where saved-tensor
-// hooks are set (a pack hook may read the pending output) or an argument is a dual tensor
-// (forward-mode AD computes the output's tangent from it there).
+// (an op that decomposes above autograd, functorch, autocast, ...; with grad mode on,
+// autograd's kernel of an op writing an argument, which clones `self` for the backward),
+// nor where saved-tensor hooks are set (a pack hook may read the pending output) or an
+// argument is a dual tensor (forward-mode AD computes the output's tangent from it there).
 //
 // A region's first call that its trie edge marks to run eagerly (a small or idle region's:
 // TrieNode.eager_first) is recognized above autograd, by the same key from the same
@@ -72,6 +73,7 @@
 #include <ATen/SavedTensorHooks.h>
 #include <ATen/core/PythonFallbackKernel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/GradMode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <torch/library.h>
@@ -108,9 +110,11 @@ const DispatchKeySet kBelowSnapshot(DispatchKeySet::FULL_AFTER, DispatchKey::Pyt
 
 // kMode: composite ops (the mode's path); kDefer: ops the interceptor may defer (the
 // mode's path, or recorded here), kDeferComposite such an op that decomposes above
-// autograd (CompositeImplicitAutograd: its parts are calls of their own); kView, kPlain:
-// run past the mode where they can
-enum Kind : uint8_t { kMode = 0, kView = 1, kPlain = 2, kDefer = 3, kDeferComposite = 4 };
+// autograd (CompositeImplicitAutograd: its parts are calls of their own), kDeferMutable
+// such an op that writes an argument (in place, or out=), whose autograd kernel may make a
+// call of its own (`mul_` and most in-place ops clone `self` for their backward); kView,
+// kPlain: run past the mode where they can
+enum Kind : uint8_t { kMode = 0, kView = 1, kPlain = 2, kDefer = 3, kDeferComposite = 4, kDeferMutable = 5 };
 
 std::mutex g_mu;  // guards the tables below
 std::unordered_set<std::string> g_deferrable, g_views;  // "aten::add.Tensor", "aten::view"
@@ -141,7 +145,9 @@ uint8_t kind_locked(const OperatorHandle& op) {
   std::string name = full_name(op.operator_name());
   uint8_t k = kPlain;
   if (g_deferrable.count(name)) {
-    k = op.hasKernelForDispatchKey(DispatchKey::CompositeImplicitAutograd) ? kDeferComposite : kDefer;
+    k = op.hasKernelForDispatchKey(DispatchKey::CompositeImplicitAutograd) ? kDeferComposite
+        : op.schema().is_mutable()                                          ? kDeferMutable
+                                                                             : kDefer;
   } else if (op.hasKernelForDispatchKey(DispatchKey::CompositeImplicitAutograd)) {
     k = kMode;
   } else if (g_views.count(name)) {
@@ -288,9 +294,9 @@ decltype(auto) route(DispatchKeySet ks, Kind kind_of_op, OnlyAccel only_accel,
       c10::impl::ExcludeDispatchKeyGuard guard(kBypass);
       return redispatch(ks - kBypass);
     }
-    if ((kind == kDefer || kind == kDeferComposite) && can_record(v) && only_accel()) {
-      if (kind == kDefer && !v->pending && g_small_on.load(std::memory_order_relaxed) &&
-          eager_first()) {
+    bool whole = kind == kDefer || kind == kDeferMutable;  // reaches record() as itself
+    if ((whole || kind == kDeferComposite) && can_record(v) && only_accel()) {
+      if (whole && !v->pending && g_small_on.load(std::memory_order_relaxed) && eager_first()) {
         // decided here, above autograd, the op is run as a plain call is: the mode would
         // run it eagerly (record() below does the same for a call that reaches it). A call
         // not decided so has its key built again there: one look-up more for a region's
@@ -304,9 +310,12 @@ decltype(auto) route(DispatchKeySet ks, Kind kind_of_op, OnlyAccel only_accel,
       ++t_counts[1];
       // to record(), after autograd; the Python key excluded meanwhile where autograd's
       // generated kernel is all that runs before record() (see the top of the file;
-      // record() puts it back while it runs)
+      // record() puts it back while it runs), and it calls no op: for an op writing an
+      // argument, only with grad mode off (with it on, `self.clone()` for the backward
+      // would read a pending `self` unfilled, past the mode)
       std::optional<c10::impl::ExcludeDispatchKeyGuard> no_python;
-      if (kind == kDefer && only_autograd_above_record(ks) &&
+      if ((kind == kDefer || (kind == kDeferMutable && !c10::GradMode::is_enabled())) &&
+          only_autograd_above_record(ks) &&
           at::SavedTensorDefaultHooks::get_tls_state().stack.empty() && !forward_grad()) {
         no_python.emplace(kPython);
       }
