@@ -71,9 +71,39 @@ def _region_fn(calls, n_ext, n_out_slots, live_idx, scalars, out_dtypes=None):
 
 @functools.lru_cache(maxsize=1)
 def _decompositions():
+    """torch._decomp's decomposition table, with accel's corrections to it where a
+    decomposition rounds otherwise than eager's kernel (:func:`_native_layer_norm`)."""
     from torch._decomp import decomposition_table
 
-    return decomposition_table
+    table = dict(decomposition_table)
+    layer_norm = torch.ops.aten.native_layer_norm.default
+    table[layer_norm] = functools.partial(_native_layer_norm, table[layer_norm])
+    return table
+
+
+def _native_layer_norm(decomposition, input, normalized_shape, weight, bias, eps):
+    """``aten.native_layer_norm`` as torch._decomp's ``decomposition`` of it, except where a
+    16-bit ``input`` (float16, bfloat16) on the CPU comes with float32 ``weight`` and
+    ``bias`` (autocast's layer norm of a 16-bit activation, say): eager's mixed-dtype
+    kernel (``layer_norm_cpu``, ``is_mixed_type``) returns the mean and rstd in float32 as
+    computed, where the decomposition rounds them to the input's dtype on the CPU (and a
+    backward from rounded statistics drifts from eager's). Returns ``(out, mean, rstd)``:
+    ``out`` in the input's dtype, ``mean`` and ``rstd`` float32 of shape
+    ``input.shape[:-len(normalized_shape)] + (1,) * len(normalized_shape)``."""
+    params = [p for p in (weight, bias) if p is not None]
+    if not (input.device.type == "cpu" and input.dtype in (torch.float16, torch.bfloat16) and params
+            and all(p.dtype == torch.float32 for p in params)):
+        return decomposition(input, normalized_shape, weight, bias, eps)
+    x = input.float()
+    dims = list(range(input.ndim - len(normalized_shape), input.ndim))
+    var, mean = torch.var_mean(x, dim=dims, correction=0, keepdim=True)
+    rstd = torch.rsqrt(var + eps)
+    out = (x - mean) * rstd
+    if weight is not None:
+        out = out * weight
+    if bias is not None:
+        out = out + bias
+    return out.to(input.dtype), mean, rstd
 
 
 def _trace(calls, ext_examples, n_out_slots, live_idx, scalars, out_dtypes=None) -> fx.GraphModule:

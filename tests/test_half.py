@@ -133,6 +133,41 @@ def test_native_layer_norm_in_16_bits_returns_eagers_dtypes_from_a_kernel(dtype,
             torch.testing.assert_close(a, e)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+def test_layer_norm_of_a_16_bit_input_with_float32_weights_keeps_float32_statistics(dtype, device):
+    """Autocast's layer norm of a 16-bit activation with float32 weights: eager's
+    mixed-dtype kernel returns the mean and rstd in float32 as computed (on the CPU,
+    torch._decomp's decomposition rounds them to the input's dtype). The backward from
+    them: the input's gradient as eager's; the weight's and bias's as eager's, or, where
+    eager's sum of 16-bit terms is outside the tolerance of the float64 sum, as that."""
+    g = torch.Generator().manual_seed(4)
+    x, dy = (torch.randn(256, 64, generator=g).to(device, dtype) for _ in range(2))
+    w, b = (torch.randn(64, generator=g).to(device) for _ in range(2))
+
+    def forward(x, w, b):
+        return torch.ops.aten.native_layer_norm(x * 1.0, [64], w, b, 1e-5)
+
+    expected = forward(x, w, b)
+    actual, st = _run(forward, x, w, b)
+    assert st["kernel_runs"] == 1 and st["eager_replays"] == 0, st
+    assert [t.dtype for t in actual] == [dtype, torch.float32, torch.float32]
+    torch.testing.assert_close(actual, expected)
+
+    _, mean, rstd = expected
+
+    def backward(dy, x, mean, rstd, w, b):
+        return torch.ops.aten.native_layer_norm_backward(dy * 1.0, x, [64], mean, rstd, w, b,
+                                                         [True, True, True])
+
+    eager = backward(dy, x, mean, rstd, w, b)
+    got, _ = _run(backward, dy, x, mean, rstd, w, b)
+    reference = backward(*(t.double() for t in (dy, x, mean, rstd, w, b)))
+    torch.testing.assert_close(got[0], eager[0])
+    _close_or_closer({"weight": got[1], "bias": got[2]}, {"weight": eager[1], "bias": eager[2]},
+                     {"weight": reference[1], "bias": reference[2]})
+
+
 class _Block(torch.nn.Module):
     def __init__(self):
         super().__init__()
