@@ -133,17 +133,17 @@ def test_native_layer_norm_in_16_bits_returns_eagers_dtypes_from_a_kernel(dtype,
             torch.testing.assert_close(a, e)
 
 
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", HALF, ids=str)
-def test_layer_norm_of_a_16_bit_input_with_float32_weights_keeps_float32_statistics(dtype, device):
-    """Autocast's layer norm of a 16-bit activation with float32 weights: eager's
-    mixed-dtype kernel returns the mean and rstd in float32 as computed (on the CPU,
-    torch._decomp's decomposition rounds them to the input's dtype). The backward from
+def test_layer_norm_of_a_16_bit_input_with_float32_weights_keeps_float32_statistics(dtype):
+    """CPU autocast's layer norm of a 16-bit activation with float32 weights: eager's
+    mixed-dtype CPU kernel returns the mean and rstd in float32 as computed (torch._decomp's
+    decomposition rounds them to the input's dtype there; CUDA's kernel refuses mixed
+    dtypes, and CUDA autocast runs layer norm in float32). The backward from
     them: the input's gradient as eager's; the weight's and bias's as eager's, or, where
     eager's sum of 16-bit terms is outside the tolerance of the float64 sum, as that."""
     g = torch.Generator().manual_seed(4)
-    x, dy = (torch.randn(256, 64, generator=g).to(device, dtype) for _ in range(2))
-    w, b = (torch.randn(64, generator=g).to(device) for _ in range(2))
+    x, dy = (torch.randn(256, 64, generator=g).to(dtype) for _ in range(2))
+    w, b = (torch.randn(64, generator=g) for _ in range(2))
 
     def forward(x, w, b):
         return torch.ops.aten.native_layer_norm(x * 1.0, [64], w, b, 1e-5)
