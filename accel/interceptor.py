@@ -41,6 +41,29 @@ class _State(threading.local):
 
 _state = _State()
 _get_ident = threading.get_ident
+
+#: A torch function mode on the stack (``torch.set_default_device``, ``with
+#: torch.device(...)``, a user's TorchFunctionMode) sees every tensor method accel's own
+#: code calls, by its public name: ``torch._C.TensorBase.data_ptr(t)`` reaches the mode as
+#: ``torch.Tensor.data_ptr``, accel's flushing hook, which flushed the region being
+#: recorded or flushed (wrong results, a crash); and a factory accel calls without a device
+#: (a CPU output) got the mode's default device. accel's work runs with torch function
+#: handling off (:func:`_without_torch_function`; the dispatch filter does the same in C++
+#: around the region core's ``_replay``).
+_tf_mode_on = torch._C._is_torch_function_mode_enabled
+_NoTorchFunction = torch._C.DisableTorchFunction
+
+
+def _without_torch_function(fn):
+    """``fn`` with torch function modes and subclasses off while it runs (see above)."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        if not _tf_mode_on():
+            return fn(*args, **kwargs)
+        with _NoTorchFunction():
+            return fn(*args, **kwargs)
+
+    return wrapper
 _hooks_lock = threading.Lock()
 _hooks_installed = False
 _warned = set()
@@ -53,6 +76,7 @@ def warn_once(key, msg, *args):
         log.warning(msg, *args)
 
 
+@_without_torch_function
 def flush() -> None:
     """Execute the calling thread's pending region, filling every live output."""
     w = _state.worker
@@ -297,6 +321,7 @@ class _Worker:
             self.stream = torch.cuda.current_stream()
         return True
 
+    @_without_torch_function
     def final(self) -> None:
         with self.lock:
             self.queued = False
@@ -329,6 +354,12 @@ class AccelMode(TorchDispatchMode):
         self.region = _state.region  # the owner thread's
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if _tf_mode_on():
+            with _NoTorchFunction():
+                return self._dispatch(func, args, kwargs)
+        return self._dispatch(func, args, kwargs)
+
+    def _dispatch(self, func, args, kwargs):
         kwargs = kwargs or {}
         spec = self.table.get(id(func))  # by id: OpOverload's __hash__ is Python code
         if _get_ident() != self.owner:  # an autograd engine thread

@@ -834,3 +834,56 @@ def test_compiled_function_inside_is_not_traced_into_accel(x):
         assert type(_state.modes[-1]) is AccelMode or not _DYNAMO_SKIPS
     close(z, torch.sin(x) * 2 + x.cos() + 1)
     assert counters["frames"]["total"] <= 1, dict(counters["frames"])
+
+
+class _CountingMode(torch.overrides.TorchFunctionMode):
+    """Counts the torch functions and tensor methods it sees, by name."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = {}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", str(func))
+        self.seen[name] = self.seen.get(name, 0) + 1
+        return func(*args, **(kwargs or {}))
+
+
+def _power_iterations(w, u, v):
+    """spectral_norm's power method (F.normalize with ``out=``), then a read of the result."""
+    with torch.no_grad():
+        for _ in range(3):
+            u = torch.nn.functional.normalize(torch.mv(w, v), dim=0, eps=1e-12, out=u)
+            v = torch.nn.functional.normalize(torch.mv(w.t(), u), dim=0, eps=1e-12, out=v)
+    return u, v, (u.sin() * 2).tolist()
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device"))])
+def test_torch_function_modes_see_the_programs_calls_alone(device):
+    """A torch function mode on the stack (``torch.set_default_device``, a user's mode)
+    sees the program's calls as in eager, and none of accel's own: accel's tensor methods
+    reached it by their public names, which are accel's flushing hooks (a region flushed
+    while being recorded or flushed: wrong values, a crash), and a CPU output accel
+    allocated took the default device."""
+    g = torch.Generator().manual_seed(0)
+    w, u, v = torch.randn(8, 16, generator=g), torch.randn(8, generator=g), torch.randn(16, generator=g)
+    want = _power_iterations(w, u.clone(), v.clone())
+    eager_mode = _CountingMode()
+    with eager_mode:
+        _power_iterations(w, u.clone(), v.clone())
+    accel_mode = _CountingMode()
+    with accel.eager(), accel_mode:
+        got = _power_iterations(w, u.clone(), v.clone())
+    assert accel_mode.seen == eager_mode.seen
+    close(got, want)
+    torch.set_default_device(device)  # CPU tensors still, made explicitly
+    try:
+        with accel.eager():
+            got = _power_iterations(w, u.clone(), v.clone())
+            y = torch.sigmoid(w) * 3.0 + 1.0
+            assert y.device.type == "cpu"
+    finally:
+        torch.set_default_device(None)
+    close(got, want)
+    close(y, torch.sigmoid(w) * 3.0 + 1.0)

@@ -70,6 +70,7 @@
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 
+#include <ATen/PythonTorchFunctionTLS.h>
 #include <ATen/SavedTensorHooks.h>
 #include <ATen/core/PythonFallbackKernel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -359,6 +360,15 @@ void register_unboxed() {
 // (the calls' keys and the trie edges: include/accel/call_keys.h)
 using namespace accel_keys;
 
+// Torch function modes and subclasses off while it lives (torch._C.DisableTorchFunction).
+struct NoTorchFunction {
+  at::impl::TorchFunctionDisabledState was = at::impl::PythonTorchFunctionTLS::get_disabled_state();
+  NoTorchFunction() {
+    at::impl::PythonTorchFunctionTLS::set_disabled_state(at::impl::TorchFunctionDisabledState::ALL_DISABLED);
+  }
+  ~NoTorchFunction() { at::impl::PythonTorchFunctionTLS::set_disabled_state(was); }
+};
+
 // Record the call through `e` (the GIL held). False: the region did not take it (nothing
 // changed; the mode's path decides).
 bool record_edge(const Edge& e, accel_region_view* v, torch::jit::Stack* stack, size_t n) {
@@ -384,8 +394,11 @@ bool record_edge(const Edge& e, accel_region_view* v, torch::jit::Stack* stack, 
   PyObject* res = nullptr;
   if (ok) {
     // as inside the mode's __torch_dispatch__: the calls it makes (allocating outputs) run
-    // eagerly, past the mode and the filter
+    // eagerly, past the mode and the filter, and with torch function handling off (a torch
+    // function mode would see the region core's tensor methods as accel's flushing hooks:
+    // accel/interceptor.py, _without_torch_function)
     c10::impl::ExcludeDispatchKeyGuard guard(kBypass);
+    NoTorchFunction no_torch_function;
     PyObject* argv[] = {static_cast<PyObject*>(v->region), e.child, e.call, exts, scalars, e.device};
     if (v->replay == 2) {  // the region's stand-in for _replay (argv[0] left out)
       res = PyObject_Vectorcall(static_cast<PyObject*>(v->replay_fn), argv + 1, 5, nullptr);
