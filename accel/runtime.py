@@ -326,11 +326,30 @@ def _ready(node: TrieNode, live, pending: _Pending) -> Optional[CompiledRegion]:
     return kern
 
 
+def _above_python():
+    """The dispatch keys above the Python key, the ones the interceptor's dispatch mode runs
+    below (autograd, ADInplaceOrView, autocast, functorch's layers and transforms,
+    functionalization, the dispatch filter's...), less the keys that say how a tensor's
+    data reads (conjugate, negative and zero tensors)."""
+    K, keyset = torch._C.DispatchKey, torch._C.DispatchKeySet
+    above = torch._C._dispatch_keyset_full() - torch._C._dispatch_keyset_full_after(K.Python)
+    for k in (K.Conjugate, K.Negative, K.ZeroTensor):
+        above = above - keyset(k)
+    return above
+
+
+_ABOVE_PYTHON = _above_python()
+
+
 def replay(region: Region) -> None:
     """Run the region's calls eagerly, writing each result into its pending output.
 
-    Runs below autograd and ADInplaceOrView, so neither the outputs' nor the mutated
-    inputs' version counters change (autograd already counted the user's calls).
+    Runs where the interceptor's dispatch mode recorded them, below every key above the
+    Python key, whatever the flush's context: neither the outputs' nor the mutated inputs'
+    version counters change (autograd already counted the user's calls), autocast does not
+    cast again, and a flush inside a torch.func transform (``grad``, ``vmap``) does not run
+    the calls through the transform, which refused the outputs' ``copy_`` ("attempted to
+    call in-place operation (aten::copy_) that would mutate a captured Tensor").
     """
     STATS["eager_replays"] += 1
     outs = region.outs
@@ -342,7 +361,7 @@ def replay(region: Region) -> None:
         else:  # the op's meta function gave another shape than its kernel (eval-mode
             o.set_(t)  # batch norm's saved statistics: [C] there, [0] here): eager's wins
 
-    with torch._C._AutoDispatchBelowADInplaceOrView():
+    with torch._C._ExcludeDispatchKeyGuard(_ABOVE_PYTHON):
         run_calls(region.calls, region.ext, outs, region.scalars, fill)
 
 

@@ -180,3 +180,28 @@ def test_idle_and_busy_regions_on_cuda(monkeypatch, fresh_store):
         else:
             assert replays > 0 and eager_calls > 0
             assert _counts()[:3] == last[:3]  # the last call: nothing built, run or replayed
+
+
+def test_regions_run_eagerly_inside_torch_func_transforms(rule):
+    """Regions run eagerly (here: sampled by the rule) inside ``torch.func.grad`` and
+    ``vmap``: their calls run where the mode recorded them, below the transforms' layers
+    (through them, ``grad`` refused the outputs' ``copy_``: "attempted to call in-place
+    operation (aten::copy_) that would mutate a captured Tensor")."""
+    from torch.func import grad, vmap
+
+    rule([True])
+    torch.manual_seed(0)
+    x, w = torch.randn(64, 513), torch.randn(513)
+
+    def f(w, x):
+        return (torch.tanh(x * w) * 2.0 + 1.0).exp().sum()
+
+    def program():
+        return grad(f)(w, x), vmap(f, in_dims=(None, 0))(w, x)
+
+    want = program()
+    accel.reset_stats()
+    with accel.eager():
+        for _ in range(2):
+            close(program(), want)
+    assert accel.stats()["eager_replays"] > 0
