@@ -4,6 +4,7 @@ rank; a small Llama's training step and greedy generation; LSTM and GRU; and pro
 that raise in eager, which must raise the same error under accel."""
 import contextlib
 import copy
+import gc
 
 import pytest
 import torch
@@ -80,6 +81,7 @@ def _ddp_train(model, ctx, device, init):
 
     dist.init_process_group("nccl" if device == "cuda" else "gloo", init_method=init, rank=0,
                             world_size=1)
+    ddp = None
     try:
         with ctx():  # DDP checks and broadcasts its parameters in C++ at construction
             ddp = DDP(model, device_ids=[0] if device == "cuda" else None)
@@ -96,6 +98,13 @@ def _ddp_train(model, ctx, device, init):
             losses.append(loss.detach())
         return torch.stack(losses), [p.detach().clone() for p in model.parameters()]
     finally:
+        # the reducer first, while the group still holds the process group: where the
+        # reducer's deallocation (the GIL held) ended the process group's life, it joined
+        # a gloo thread that was freeing a finished work, which waited for the GIL (a
+        # deadlock seen once in the full suite); destroy_process_group shuts it down with
+        # the GIL released
+        del ddp
+        gc.collect()
         dist.destroy_process_group()
 
 
