@@ -64,6 +64,8 @@ def _without_torch_function(fn):
             return fn(*args, **kwargs)
 
     return wrapper
+
+
 _hooks_lock = threading.Lock()
 _hooks_installed = False
 _warned = set()
@@ -463,9 +465,10 @@ def _exporting(fn):
 
 
 def _importing(fn):
-    """``fn`` returns a tensor over memory another library owns (``torch.from_numpy``, a
-    DLPack producer's, a buffer's), or one it allocated (a copy): register the storage of
-    the first (accel/shared.py), which torch did not allocate (not resizable)."""
+    """``fn`` returns a tensor, over memory another library owns (``torch.from_numpy``, a
+    DLPack producer's, a buffer's) or a copy: register the storage of the former
+    (accel/shared.py), which torch did not allocate (not resizable), unless it is the
+    storage of the input tensor itself (``torch.as_tensor(t)``)."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         out = fn(*args, **kwargs)
@@ -502,6 +505,7 @@ _SHARED_MEMORY_HOOKS = (
     + [(o, n, _sharing) for o, n in ((torch.UntypedStorage, "share_memory_"),
                                      (torch.multiprocessing.reductions, "rebuild_storage_fd"),
                                      (torch.multiprocessing.reductions, "rebuild_storage_filename"))])
+
 #: The host's ways of ordering GPU work and waiting for it, outside the dispatcher. Eager
 #: has launched every call before them: a region still pending would be launched after
 #: an event recorded to mark its work (``Event.record``; ``Stream.wait_stream`` records
