@@ -979,3 +979,28 @@ def test_autograd_clones_a_pending_self_through_the_mode(op):
     with accel.eager():
         for _ in range(3):  # learnt, then recorded by the filter
             close(step(*leaves()), want)
+
+
+def test_wrapped_numbers_without_data_are_left_to_the_interceptor(monkeypatch):
+    """A call's key reads a wrapped number's value; forward AD's tangent of one is a zero
+    tensor with no data, and a torch.func transform's wrapper of one has no storage: such
+    calls (``dual * 2``, ``vmap(jacfwd(...))``) are the interceptor's, not read (the key
+    of a small region's first call raised "its data is not allocated yet")."""
+    import torch.autograd.forward_ad as fwAD
+    from torch.func import jacfwd, vmap
+
+    monkeypatch.setenv("ACCEL_EAGER_SMALL_REGIONS", "1")
+    g = torch.Generator().manual_seed(0)
+    x, t = torch.randn(64, 33, generator=g), torch.randn(64, 33, generator=g)
+
+    def program():
+        with fwAD.dual_level():
+            y = fwAD.make_dual(x, t).sin() * 2
+            primal, tangent = fwAD.unpack_dual(y)
+            primal, tangent = primal.clone(), tangent.clone()
+        return primal, tangent, vmap(jacfwd(lambda z: z.exp() * 2))(x[:3, :4])
+
+    want = program()
+    with accel.eager():
+        for _ in range(3):  # small regions decided, then their first calls keyed here
+            close(program(), want)

@@ -137,7 +137,13 @@ inline bool make_key(const OperatorHandle& op, const torch::jit::Stack& stack, c
         continue;
       }
       const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+      if (impl->_is_zerotensor()) {
+        return false;  // no data to read (forward AD's tangent of a constant, say)
+      }
       if (impl->is_wrapped_number()) {
+        if (!impl->has_storage() || impl->storage().data() == nullptr) {
+          return false;  // a transform's wrapper of one (vmap of jacfwd), with no data
+        }
         double d = 0;
         int64_t i = 0;
         int type = 0;
