@@ -356,12 +356,9 @@ class AccelMode(TorchDispatchMode):
         self.region = _state.region  # the owner thread's
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if _tf_mode_on():
+        if _tf_mode_on():  # (False again inside: one level of recursion)
             with _NoTorchFunction():
-                return self._dispatch(func, args, kwargs)
-        return self._dispatch(func, args, kwargs)
-
-    def _dispatch(self, func, args, kwargs):
+                return self.__torch_dispatch__(func, types, args, kwargs)
         kwargs = kwargs or {}
         spec = self.table.get(id(func))  # by id: OpOverload's __hash__ is Python code
         if _get_ident() != self.owner:  # an autograd engine thread

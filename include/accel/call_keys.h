@@ -119,7 +119,8 @@ inline bool shared_storage(const c10::TensorImpl* impl) {
 
 // The key of a call to `op` from the region's current node (false: an argument the key
 // cannot take, one that reads a pending output through a view, or one whose memory is
-// shared outside the dispatcher, which the interceptor must see). Fills `fresh` with the TensorImpls of inputs new to the region, in order.
+// shared outside the dispatcher, which the interceptor must see). Fills `fresh` with the
+// TensorImpls of inputs new to the region, in order.
 inline bool make_key(const OperatorHandle& op, const torch::jit::Stack& stack, const accel_region_view* v,
               std::vector<int64_t>* key, std::vector<const c10::TensorImpl*>* fresh) {
   const auto& args = op.schema().arguments();
