@@ -18,9 +18,10 @@ import threading
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from . import allocator, config, dispatch, runtime, shared
+from . import allocator, config, dispatch, runtime, sampling, shared
 from .ops import VIEW_OPS, fusible_ops
-from .region import PENDING_NODES, Deferred, Region, native, set_cuda_half, set_small_regions
+from .region import (NEW_NODES, PENDING_NODES, Deferred, Region, native, set_cuda_half,
+                     set_small_regions)
 from .runtime import CompiledRegion, execute, set_launch_ahead_min, speculate
 
 log = logging.getLogger("accel")
@@ -37,6 +38,10 @@ class _State(threading.local):
         self.worker = None  # a _Worker, on an autograd engine thread that recorded
         self.bound = False  # the dispatch filter reads this thread's region's pending byte
         self.filtered = False  # accel included the dispatch filter's key on this thread
+        self.sampler = None  # the thread's step sampling (accel/sampling.py), once enabled
+        self.suspended = False  # step sampling took the outermost mode off the stack
+        self.stack_len = 0  # the dispatch mode stack's length once it did
+        self.backward_steps = False  # steps end at backward calls (else at outermost enables)
 
 
 _state = _State()
@@ -216,7 +221,10 @@ def _flush_region(region) -> None:
 def _filter_on(st) -> None:
     """Include the dispatch filter's key on this thread where accel is enabled here and
     the filter is loaded (see :mod:`accel.dispatch`), and let it record calls into the
-    thread's region, up to the innermost mode's region size cap."""
+    thread's region, up to the innermost mode's region size cap. Not in a step that step
+    sampling runs eagerly (accel's mode off the stack)."""
+    if st.suspended and st.depth == 1:
+        return
     if st.depth and not st.filtered and dispatch.loaded():
         _bind(st)
         dispatch.set_included(True)
@@ -445,7 +453,21 @@ def _flushing(fn):
 
 _TENSOR_HOOKS = ("tolist", "data_ptr", "__reduce_ex__", "__repr__", "__format__",
                  "untyped_storage", "_typed_storage", "storage", "backward", "__setstate__")
-_MODULE_HOOKS = ((torch.autograd, "backward"), (torch.autograd, "grad"), (torch, "save"))
+_MODULE_HOOKS = ((torch.autograd, "grad"), (torch, "save"))
+
+
+def _stepping(fn):
+    """``torch.autograd.backward`` (which ``Tensor.backward`` calls): flush, then end the
+    thread's step (step sampling, accel/sampling.py) before the backward pass begins, so
+    that autograd's device threads inherit the state of the step that begins."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        flush()
+        if _state.depth and _sampling:
+            _step_boundary(_state)
+        return fn(*args, **kwargs)
+
+    return wrapper
 
 
 def _exporting(fn):
@@ -556,6 +578,8 @@ def _hook_table():
         targets = [(torch.Tensor, n) for n in _TENSOR_HOOKS] + list(_MODULE_HOOKS)
         targets += [(o, n) for o, n in _STREAM_HOOKS if hasattr(o, n)]
         _HOOKS = [(o, n, getattr(o, n), _flushing(getattr(o, n))) for o, n in targets]
+        _HOOKS.append((torch.autograd, "backward", torch.autograd.backward,
+                       _stepping(torch.autograd.backward)))
         _HOOKS += [(o, n, getattr(o, n), _eagerly(getattr(o, n))) for o, n in _EAGER_HOOKS
                    if hasattr(o, n)]
         _HOOKS += [(o, n, getattr(o, n), wrap(getattr(o, n))) for o, n, wrap in _SHARED_MEMORY_HOOKS
@@ -593,6 +617,75 @@ def _remove_hooks():
             _hooks_installed = False
 
 
+# -- step sampling (accel/sampling.py) ----------------------------------------------------
+_sampling = True  # ACCEL_STEP_SAMPLING, read at each enable
+_current_mode = torch.utils._python_dispatch._get_current_dispatch_mode
+_len_modes = torch._C._len_torch_dispatch_stack
+
+
+def _quiet_fingerprint() -> tuple:
+    """Changes whenever a step was not quiet: a kernel compiled, loaded from the store or
+    failed to build, or a call met for the first time after its predecessor."""
+    s = runtime.STATS
+    return s["compiles"], s["compile_failures"], s["store_hits"], NEW_NODES[0]
+
+
+def _sampler(st) -> sampling.Sampler:
+    if st.sampler is None:
+        st.sampler = sampling.Sampler(_quiet_fingerprint)
+    return st.sampler
+
+
+def _end_step(s) -> bool:
+    """End the thread's step: whether the next intercepts."""
+    if not s.intercept:
+        runtime.STATS["bypassed_steps"] += 1
+    return s.boundary()
+
+
+def _step_boundary(st) -> None:
+    """End the thread's step at a backward call (one enable deep or more, nothing pending)
+    and put the thread in the state the sampler chose for the next."""
+    s = _sampler(st)
+    if not st.backward_steps:  # the thread's steps end at backward calls from now on
+        st.backward_steps = True
+        s.restart()
+        s.intercept = not st.suspended
+    intercept = _end_step(s)
+    if intercept == st.suspended and not (_resume(st) if intercept else _suspend(st)):
+        s.restart()
+        s.intercept = not st.suspended
+
+
+def _suspend(st) -> bool:
+    """Take the thread's only accel mode off the dispatch mode stack and the filter's key out
+    of its key set (the region flushed): the thread runs eagerly. False where accel's mode
+    is not the innermost mode, or is nested."""
+    mode = st.modes[-1] if st.depth == 1 and len(st.modes) == 1 else None
+    if mode is None or _current_mode() is not mode:
+        return False
+    flush()
+    mode.__exit__(None, None, None)
+    if st.filtered:
+        dispatch.set_included(False)
+        st.filtered = False
+        st.region.set_replay(False, 0)
+    st.suspended = True
+    st.stack_len = _len_modes()
+    return True
+
+
+def _resume(st) -> bool:
+    """Undo :func:`_suspend`; False where another mode was pushed since, or accel's own
+    (a nested enable): the thread stays as it is."""
+    if st.depth != 1 or _len_modes() != st.stack_len:
+        return False
+    st.modes[-1].__enter__()
+    st.suspended = False
+    _filter_on(st)
+    return True
+
+
 # -- enablement -------------------------------------------------------------------------
 def is_enabled() -> bool:
     """True if accel is intercepting aten calls on this thread."""
@@ -605,7 +698,8 @@ _applied = None  # the settings enable() last applied (a config.current() dict)
 def _apply(cfg) -> None:
     """Apply the process-wide settings each enable reads, where they changed since the last
     (config.current() returns the same dict until the environment changes)."""
-    global _applied, _eager_small, _eager_idle
+    global _applied, _eager_small, _eager_idle, _sampling
+    _sampling = cfg["ACCEL_STEP_SAMPLING"]
     if cfg["ACCEL_MALLOC_TUNING"]:
         allocator.tune_allocator()
     allocator.set_capacity(cfg["ACCEL_CPU_POOL_MB"])
@@ -637,11 +731,22 @@ def enable() -> None:
     mode.cap = cfg["ACCEL_MAX_REGION"]
     mode.on_first = _FIRST_HOOKS[cfg["ACCEL_LAUNCH_AHEAD"]]
     dispatch.start()  # outside the mode: loading it from the store is not the program's work
+    _install_hooks()
+    intercept = True
+    if st.suspended:  # nested in a step that step sampling runs eagerly: this block is not
+        st.sampler.restart()  # (a step of its own; the sampler starts again)
+    elif st.depth == 0 and _sampling:
+        s = _sampler(st)
+        intercept = _end_step(s) if not st.backward_steps else s.intercept
+        s.start()
     flush()  # calls recorded by an outer mode belong before this one
-    mode.__enter__()
     st.modes.append(mode)
     st.depth += 1
-    _install_hooks()
+    if not intercept:  # step sampling: this step runs eagerly (accel/sampling.py)
+        st.suspended = True
+        st.stack_len = _len_modes()
+        return
+    mode.__enter__()
     _filter_on(st)
 
 
@@ -660,10 +765,15 @@ def disable() -> None:
     try:
         flush()
     finally:
-        mode.__exit__(None, None, None)
+        if st.suspended and st.depth == 1:  # the mode step sampling took off the stack
+            st.suspended = False
+        else:
+            mode.__exit__(None, None, None)
         st.depth -= 1
         st.spare.append(mode)  # the thread's next enable at this depth takes it again
-        if st.depth == 0 and st.filtered:
+        if st.depth == 0 and st.sampler is not None:
+            st.sampler.stop()
+        if (st.depth == 0 or st.suspended) and st.filtered:
             dispatch.set_included(False)
             st.filtered = False
             st.region.set_replay(False, 0)

@@ -113,6 +113,8 @@ ROOT = TrieNode()
 
 #: trie node metadata computed in this process, not yet written to the store
 PENDING_NODES: Dict[bytes, Optional[tuple]] = {}
+#: trie nodes made in this process (calls met for the first time after their predecessor)
+NEW_NODES = [0]
 
 
 def _stored_node(digest: bytes):
@@ -196,6 +198,7 @@ class Region(RegionCore):
         """The trie node of a call seen for the first time after the current one: its output
         metadata, or ``NOT_DEFERRABLE`` when eager must run the call (see :meth:`_outputs`)."""
         node = TrieNode(self.node, key)
+        NEW_NODES[0] += 1
         rec = _stored_node(node.digest)
         if rec is _MISS:
             busy, self.busy = self.busy, True  # a hooked Tensor method called here must not flush

@@ -27,7 +27,7 @@ log = logging.getLogger("accel")
 STATS = {"flushes": 0, "kernel_runs": 0, "eager_replays": 0, "memory_hits": 0,
          "store_hits": 0, "compiles": 0, "compile_failures": 0, "compile_time_s": 0.0,
          "load_time_s": 0.0, "speculative_launches": 0, "speculative_hits": 0,
-         "speculative_misses": 0, "small_region_calls": 0}
+         "speculative_misses": 0, "small_region_calls": 0, "bypassed_steps": 0}
 _small_base = 0  # the dispatch filter's count of small regions' first calls at reset_stats
 _store = None
 _store_lock = threading.Lock()
@@ -37,9 +37,10 @@ _MISSING = object()
 def stats() -> dict:
     """Counters of this process: flushes, kernel runs, eager replays, in-memory and store
     hits, compiles (and their total time in seconds), kernels launched ahead (at a region's
-    first call) and how many of those were kept or run again, and small or idle regions'
+    first call) and how many of those were kept or run again, small or idle regions'
     first calls run eagerly (``accel.interceptor.SMALL_REGION_CALLS``, ``IDLE_FLUSHES``; by
-    the mode or the dispatch filter)."""
+    the mode or the dispatch filter), and steps that step sampling ran without
+    interception (``bypassed_steps``; accel/sampling.py)."""
     from . import dispatch
 
     out = dict(STATS)

@@ -25,6 +25,24 @@ import accel  # noqa: E402
 MiB = 1 << 20
 
 
+def intercept_every_step() -> None:
+    """Turn accel's step sampling off for this process (unless ACCEL_STEP_SAMPLING is set):
+    the scripts that take accel's host cost apart time interception itself, which sampling
+    turns off in the host-bound steps they time (accel/sampling.py). Call before enabling."""
+    os.environ.setdefault("ACCEL_STEP_SAMPLING", "0")
+
+
+def sampling_warmup() -> int:
+    """Calls of an accelerated workload that bring accel's step sampling to its first
+    decision (its warm-up and first trial, a few steps to spare; 0 with sampling off), so
+    that what is timed next is accel's steady state."""
+    from accel import config, sampling
+
+    if not config.flag("ACCEL_STEP_SAMPLING"):
+        return 0
+    return sampling.QUIET_STEPS + len(sampling.TRIAL) + 4
+
+
 def gpt2(device, tiny: bool = False):
     """The demo's GPT-2 and batch on ``device``: (model, input_ids, labels). ``tiny``: 32
     channels, 2 heads, one 8-token sequence, and one torch thread: a step as host-bound on
@@ -232,7 +250,8 @@ def measure(name, eager, accelerated, compiled, runs, warmup: int = 0,
     """Run and time one workload. ``eager``, ``accelerated``, ``compiled``: zero-argument
     callables returning the result; the accel and compiled results are checked against
     eager's. Each is called once first (accel compiles or loads, torch.compile compiles: that
-    call's time is ``first_ms``), then ``warmup`` more rounds, then ``runs`` interleaved timed
+    call's time is ``first_ms``), then accel alone until its step sampling has decided
+    (:func:`sampling_warmup`), then ``warmup`` more rounds, then ``runs`` interleaved timed
     rounds. If the accel or compiled one raises, its error text replaces its time.
     ``detail``: mismatch checks say where and by how much; ``exact``: a zero-argument
     callable computing the result in float64 (see :func:`check`).
@@ -264,6 +283,9 @@ def measure(name, eager, accelerated, compiled, runs, warmup: int = 0,
                           exact() if exact is not None and not _close(out, ref) else None)
         del out
     del ref
+    if "accel" in fns:
+        for _ in range(sampling_warmup()):
+            fns["accel"]()
     for _ in range(warmup):
         for fn in fns.values():
             fn()

@@ -17,7 +17,9 @@ import time
 
 import bench_gpu as G  # puts this checkout's accel first on sys.path
 import torch
-from _common import interleaved_ms, median_ms
+from _common import intercept_every_step, interleaved_ms, median_ms
+
+intercept_every_step()  # it times interception itself, call by call
 
 import accel
 

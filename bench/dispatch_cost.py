@@ -23,6 +23,7 @@ import statistics
 import time
 
 import _common  # puts this checkout's accel first on sys.path
+_common.intercept_every_step()  # it times interception itself
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 

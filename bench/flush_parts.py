@@ -14,7 +14,8 @@ from __future__ import annotations
 import sys
 import time
 
-import _common  # noqa: F401 - puts this checkout's accel first on sys.path
+import _common  # puts this checkout's accel first on sys.path
+_common.intercept_every_step()  # it times interception itself
 import torch
 
 import accel

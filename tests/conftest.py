@@ -16,6 +16,10 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 # their kernels, so it fuses every region; the small-region tests turn the default back on.
 # The idle-region rule (on a GPU) shares the mechanism and is off with it (tests/test_idle.py).
 os.environ.setdefault("ACCEL_EAGER_SMALL_REGIONS", "0")
+# Step sampling (accel/sampling.py) times a thread's steps and may run some without
+# interception: what a test's steps run would then depend on the machine's speed. The suite
+# intercepts every step; tests/test_sampling.py turns it on, with a clock of its own.
+os.environ.setdefault("ACCEL_STEP_SAMPLING", "0")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -1,0 +1,330 @@
+"""Step sampling (accel/sampling.py): a thread's steps timed with and without interception,
+and the slower way turned off.
+
+The sampler's decisions are tested with scripted step times; the interceptor's side with a
+clock that makes every step without interception faster (or slower), so that what a
+program runs does not depend on this machine's speed. Every program's results are compared
+with eager's at every step, across the switches.
+"""
+import copy
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import accel
+from accel import dispatch, interceptor, runtime, sampling
+from devices import DEVICES  # tests/devices.py
+
+TRIAL_END = sampling.QUIET_STEPS + len(sampling.TRIAL)  # steps to the first decision
+
+
+class _Scripted:
+    """A clock whose step takes ``times[intercepted]`` seconds, read ``lag`` takes later."""
+
+    def __init__(self, sampler, times, lag=0):
+        self.sampler, self.times, self.lag, self.reads = sampler, times, lag, []
+
+    def start(self):
+        pass
+
+    def stop(self):
+        pass
+
+    def take(self):
+        t = self.times[self.sampler.intercept]
+        due = len(self.reads) + self.lag  # readable after ``lag`` more reads of any step
+
+        def read():
+            self.reads.append(t)
+            return t if len(self.reads) > due else None
+
+        return read
+
+
+def _sampler(times, lag=0, quiet=None):
+    fp = [0]
+    s = sampling.Sampler(quiet or (lambda: fp[0]),
+                         clock=lambda: _Scripted(s, times, lag))
+    return s, fp
+
+
+def _run(s, steps):
+    """The state of each of ``steps`` steps after the current one."""
+    return [s.boundary() for _ in range(steps)]
+
+
+def test_interception_turned_off_where_steps_run_faster_without_it():
+    s, _ = _sampler({True: 10.0, False: 5.0})
+    states = _run(s, TRIAL_END + 3)
+    assert states[:sampling.QUIET_STEPS - 1] == [True] * (sampling.QUIET_STEPS - 1)
+    assert tuple(states[sampling.QUIET_STEPS - 1:TRIAL_END - 1]) == sampling.TRIAL
+    assert states[TRIAL_END - 1:] == [False] * 4  # decided: off, held
+    assert s.left == sampling.HOLD_MIN - 3
+
+
+def test_a_clearly_slower_step_without_interception_ends_the_trial_at_once():
+    s, _ = _sampler({True: 5.0, False: 10.0})
+    states = _run(s, TRIAL_END + 2)
+    first_off = sampling.QUIET_STEPS - 1 + sampling.TRIAL.index(False)
+    assert states[first_off] is False
+    assert all(states[first_off + 1:])  # one step without interception, then on again
+    assert s.left == sampling.HOLD_MIN - (len(states) - first_off - 2)
+
+
+@pytest.mark.parametrize("off_time", [9.9, 10.0, 10.4])
+def test_within_the_margin_interception_stays_on(off_time):
+    s, _ = _sampler({True: 10.0, False: off_time})
+    states = _run(s, TRIAL_END + 5)
+    assert all(states[TRIAL_END - 1:])
+
+
+def test_a_hold_doubles_while_trials_agree_and_resets_when_they_disagree():
+    times = {True: 10.0, False: 5.0}
+    s, _ = _sampler(times)
+    holds = []
+    for _ in range(3):
+        while s.state != "hold":
+            s.boundary()
+        holds.append((s.hold, s.intercept))
+        while s.state == "hold":
+            s.boundary()
+    assert holds == [(sampling.HOLD_MIN, False), (2 * sampling.HOLD_MIN, False),
+                     (4 * sampling.HOLD_MIN, False)]
+    times[False] = 20.0  # the program changed: interception pays now
+    while s.state != "hold":
+        s.boundary()
+    assert (s.hold, s.intercept) == (sampling.HOLD_MIN, True)
+
+
+def test_a_step_that_compiles_starts_the_warm_up_again():
+    s, fp = _sampler({True: 10.0, False: 5.0})
+    _run(s, sampling.QUIET_STEPS + 1)  # in the trial, intercepting
+    assert s.state == "trial" and s.intercept
+    fp[0] += 1  # a kernel compiled during this step
+    assert s.boundary() is True and s.state == "warm"
+    states = _run(s, TRIAL_END + 1)
+    assert states[-1] is False  # a whole warm-up and trial later
+
+
+def test_readings_that_come_late_delay_the_decision_but_keep_it():
+    s, _ = _sampler({True: 10.0, False: 5.0}, lag=2)
+    states = _run(s, TRIAL_END + 6)
+    assert tuple(states[sampling.QUIET_STEPS - 1:TRIAL_END - 1]) == sampling.TRIAL
+    assert not any(states[TRIAL_END - 1:])  # the trial's last state, then the decision's
+    assert s.state == "hold" and not s.intercept
+    assert s.left > sampling.HOLD_MIN - 6  # decided once the last step's time was read
+
+
+# -- the interceptor's side ---------------------------------------------------------------
+class _Faster:
+    """The interceptor's clock for these tests: steps without interception take
+    ``off`` seconds, with it 1."""
+
+    def __init__(self, off):
+        self.off = off
+
+    def __call__(self):
+        s = interceptor._state.sampler
+        return _Scripted(s, {True: 1.0, False: self.off})
+
+
+@pytest.fixture
+def sampled(monkeypatch):
+    """``make(off)``: step sampling on for this thread, with steps without interception
+    taking ``off`` seconds against 1 with it; the thread's sampling state is reset after."""
+    monkeypatch.setenv("ACCEL_STEP_SAMPLING", "1")
+    st = interceptor._state
+    assert st.depth == 0
+
+    def make(off=0.5):
+        st.sampler = sampling.Sampler(interceptor._quiet_fingerprint, clock=_Faster(off))
+        st.backward_steps = False
+        return st.sampler
+
+    yield make
+    st.sampler, st.backward_steps, st.suspended = None, False, False
+    assert st.depth == 0 and torch._C._len_torch_dispatch_stack() == 0
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32),
+                               torch.nn.Linear(32, 4))
+
+
+def _step(m, x):
+    m.zero_grad(set_to_none=True)
+    loss = torch.nn.functional.cross_entropy(torch.tanh(m(x)) * 2, torch.arange(4).repeat(4))
+    loss.backward()
+    return loss.detach()
+
+
+def _assert_same(ma, me, la, le):
+    torch.testing.assert_close(la, le)
+    for (n, pe), pa in zip(me.named_parameters(), ma.parameters()):
+        torch.testing.assert_close(pa.grad, pe.grad, msg=n)
+
+
+def test_training_steps_run_without_interception_once_that_is_faster(sampled):
+    sampled(off=0.5)
+    me = _model()
+    ma = copy.deepcopy(me)
+    x = torch.randn(16, 16)
+    runtime.reset_stats()
+    seen = []
+    for _ in range(TRIAL_END + 12):
+        le = _step(me, x)
+        before = (accel.stats()["flushes"], dispatch.counts() if dispatch.active() else None)
+        with accel.eager():
+            on = torch._C._len_torch_dispatch_stack() == 1
+            la = _step(ma, x)
+        moved = (accel.stats()["flushes"], dispatch.counts() if dispatch.active() else None) != before
+        seen.append((on, moved))
+        _assert_same(ma, me, la, le)
+    # a step that began without interception ran no region and passed no call to the filter
+    assert all(not moved for on, moved in seen[-8:]) and not any(on for on, _ in seen[-8:])
+    assert any(on and moved for on, moved in seen[:sampling.QUIET_STEPS])
+    assert accel.stats()["bypassed_steps"] >= 8
+
+
+def test_steps_stay_intercepted_where_interception_pays(sampled):
+    sampled(off=2.0)
+    me = _model()
+    ma = copy.deepcopy(me)
+    x = torch.randn(16, 16)
+    runtime.reset_stats()
+    for _ in range(TRIAL_END + 8):
+        le = _step(me, x)
+        with accel.eager():
+            la = _step(ma, x)
+        _assert_same(ma, me, la, le)
+    assert accel.stats()["bypassed_steps"] == 1  # the trial's one step without it
+    with accel.eager():
+        assert torch._C._len_torch_dispatch_stack() == 1
+
+
+def test_one_enable_around_the_loop_switches_at_backward_calls(sampled):
+    """As under ACCEL_EAGER=1: steps end at backward calls, inside one enable; the mode
+    leaves and rejoins the stack there, and the region pending at the call is flushed."""
+    sampled(off=0.5)
+    me = _model()
+    ma = copy.deepcopy(me)
+    x = torch.randn(16, 16)
+    le = _step(me, x)  # no optimizer: every step's loss and gradients are these
+    depths = []
+    accel.enable()
+    try:
+        for _ in range(TRIAL_END + 6):
+            ma.zero_grad(set_to_none=True)
+            pending = torch.tanh(ma(x)) * 2  # recorded: pending at the backward call
+            la = torch.nn.functional.cross_entropy(pending, torch.arange(4).repeat(4))
+            la.backward()
+            depths.append(torch._C._len_torch_dispatch_stack())
+            _assert_same(ma, me, la.detach(), le)
+    finally:
+        accel.disable()
+    assert depths[0] == 1 and depths[-1] == 0
+    assert 1 in depths[sampling.QUIET_STEPS:]  # the trial's intercepted steps came back
+
+
+class _Counting(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.calls += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_mode_above_accels_keeps_interception_on(sampled):
+    sampled(off=0.5)
+    me = _model()
+    ma = copy.deepcopy(me)
+    x = torch.randn(16, 16)
+    runtime.reset_stats()
+    for _ in range(TRIAL_END + 4):
+        le = _step(me, x)
+        with accel.eager(), _Counting():
+            la = _step(ma, x)
+        _assert_same(ma, me, la, le)
+    assert accel.stats()["bypassed_steps"] == 0
+
+
+def test_a_nested_enable_in_a_step_without_interception_intercepts(sampled):
+    sampled(off=0.5)
+    m = _model()
+    x = torch.randn(16, 16)
+    for _ in range(TRIAL_END + 2):
+        with accel.eager():
+            _step(m, x)
+    y = torch.randn(64, 64)
+    with accel.eager():
+        assert torch._C._len_torch_dispatch_stack() == 0  # this step: no interception
+        runs = accel.stats()["kernel_runs"]
+        with accel.eager():
+            assert torch._C._len_torch_dispatch_stack() == 1
+            z = torch.sin(y) * 2 + 1
+        assert accel.stats()["kernel_runs"] == runs + 1
+        assert torch._C._len_torch_dispatch_stack() == 0
+        w = torch.cos(z) + 1  # eager again, after the nested block
+        assert accel.stats()["kernel_runs"] == runs + 1
+    torch.testing.assert_close(w, torch.cos(torch.sin(y) * 2 + 1) + 1)
+
+
+def test_an_exception_in_a_step_without_interception_leaves_the_thread_clean(sampled):
+    sampled(off=0.5)
+    m = _model()
+    x = torch.randn(16, 16)
+    for _ in range(TRIAL_END + 2):
+        with accel.eager():
+            _step(m, x)
+    with pytest.raises(RuntimeError, match="shape"):
+        with accel.eager():
+            assert torch._C._len_torch_dispatch_stack() == 0
+            m(torch.randn(3, 5))
+    assert not accel.is_enabled() and interceptor._state.depth == 0
+    assert not interceptor._state.suspended
+
+
+def test_inference_blocks_are_steps_too(sampled):
+    sampled(off=0.5)
+    y = torch.randn(32, 32)
+    runtime.reset_stats()
+    outs = []
+    for _ in range(TRIAL_END + 4):
+        with accel.eager():
+            outs.append(torch.softmax(torch.sin(y) * 2, -1))
+    want = torch.softmax(torch.sin(y) * 2, -1)
+    for o in outs:
+        torch.testing.assert_close(o, want)
+    assert accel.stats()["bypassed_steps"] >= 4
+
+
+def test_sampling_off_always_intercepts(sampled, monkeypatch):
+    sampled(off=0.01)
+    monkeypatch.setenv("ACCEL_STEP_SAMPLING", "0")
+    m = _model()
+    x = torch.randn(16, 16)
+    runtime.reset_stats()
+    for _ in range(TRIAL_END + 4):
+        with accel.eager():
+            assert torch._C._len_torch_dispatch_stack() == 1
+            _step(m, x)
+    assert accel.stats()["bypassed_steps"] == 0
+
+
+@pytest.mark.parametrize("device", [d for d in DEVICES if d == "cuda"] or
+                         [pytest.param("cuda", marks=pytest.mark.skip("no CUDA GPU"))])
+def test_the_gpu_clock_reads_a_step_once_its_work_is_done(device):
+    clock = sampling._CudaClock()
+    clock.start()
+    torch.cuda._sleep(50_000_000)  # tens of ms of GPU time, the host not waiting
+    read = clock.take()
+    first = read()
+    torch.cuda.synchronize()
+    t = read()
+    clock.stop()
+    assert first is None or first > 0.001
+    assert t is not None and t > 0.001
