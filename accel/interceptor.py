@@ -618,7 +618,8 @@ def _remove_hooks():
 
 
 # -- step sampling (accel/sampling.py) ----------------------------------------------------
-_sampling = True  # ACCEL_STEP_SAMPLING, read at each enable
+_sampling = True  # ACCEL_STEP_SAMPLING is not "off"; read at each enable
+_sampling_cuda = False  # it is "all": steps timed on a GPU too
 _current_mode = torch.utils._python_dispatch._get_current_dispatch_mode
 _len_modes = torch._C._len_torch_dispatch_stack
 
@@ -633,14 +634,27 @@ def _quiet_fingerprint() -> tuple:
 def _sampler(st) -> sampling.Sampler:
     if st.sampler is None:
         st.sampler = sampling.Sampler(_quiet_fingerprint)
+    st.sampler.cuda = _sampling_cuda
     return st.sampler
+
+
+def _sampled(s, method) -> bool:
+    """``method()`` of sampler ``s``; where it raises (its clock: a CUDA error, say),
+    sampling stops on the thread, which intercepts every step from then on."""
+    try:
+        return method()
+    except Exception as e:  # noqa: BLE001 - the program goes on, intercepted
+        warn_once("sampling", "accel: step sampling stopped on this thread (%s: %s); every "
+                  "step is intercepted", type(e).__name__, e)
+        s.give_up(f"{type(e).__name__}: {e}")
+        return True
 
 
 def _end_step(s) -> bool:
     """End the thread's step: whether the next intercepts."""
     if not s.intercept:
         runtime.STATS["bypassed_steps"] += 1
-    return s.boundary()
+    return _sampled(s, s.boundary)
 
 
 def _step_boundary(st) -> None:
@@ -698,8 +712,9 @@ _applied = None  # the settings enable() last applied (a config.current() dict)
 def _apply(cfg) -> None:
     """Apply the process-wide settings each enable reads, where they changed since the last
     (config.current() returns the same dict until the environment changes)."""
-    global _applied, _eager_small, _eager_idle, _sampling
-    _sampling = cfg["ACCEL_STEP_SAMPLING"]
+    global _applied, _eager_small, _eager_idle, _sampling, _sampling_cuda
+    _sampling = cfg["ACCEL_STEP_SAMPLING"] != "off"
+    _sampling_cuda = cfg["ACCEL_STEP_SAMPLING"] == "all"
     if cfg["ACCEL_MALLOC_TUNING"]:
         allocator.tune_allocator()
     allocator.set_capacity(cfg["ACCEL_CPU_POOL_MB"])
@@ -738,7 +753,7 @@ def enable() -> None:
     elif st.depth == 0 and _sampling:
         s = _sampler(st)
         intercept = _end_step(s) if not st.backward_steps else s.intercept
-        s.start()
+        _sampled(s, s.start)
     flush()  # calls recorded by an outer mode belong before this one
     st.modes.append(mode)
     st.depth += 1
@@ -772,7 +787,7 @@ def disable() -> None:
         st.depth -= 1
         st.spare.append(mode)  # the thread's next enable at this depth takes it again
         if st.depth == 0 and st.sampler is not None:
-            st.sampler.stop()
+            _sampled(st.sampler, st.sampler.stop)
         if (st.depth == 0 or st.suspended) and st.filtered:
             dispatch.set_included(False)
             st.filtered = False

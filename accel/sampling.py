@@ -109,25 +109,36 @@ class _CudaClock:
         return self.torch.cuda.Event(enable_timing=True)
 
     def start(self) -> None:
+        if self.torch.cuda.is_current_stream_capturing():
+            self.untimed = True  # (recording a timing event would break the capture)
+            return
         ev = self._event()
         ev.record()
         self.open = ev
 
     def stop(self) -> None:
         if self.open is not None:
+            if self.torch.cuda.is_current_stream_capturing():
+                self.untimed, self.open = True, None
+                return
             ev = self._event()
             ev.record()
             self.pairs.append((self.open, ev))
             self.open = None
 
+    untimed = False  # a stretch of the step could not be timed
+
     def take(self):
         running = self.open is not None
         self.stop()
         pairs, self.pairs = self.pairs, []
+        untimed, self.untimed = self.untimed, False
         if running:
             self.start()
 
         def read():
+            if untimed:
+                return float("nan")
             if not all(b.query() for _, b in pairs):
                 return None
             s = sum(a.elapsed_time(b) for a, b in pairs) / 1e3
@@ -169,6 +180,8 @@ class Sampler:
         self.fp = quiet()
         self.running = False
         self.trials = 0
+        self.cuda = False  # trials where CUDA is initialized (steps timed on the GPU)
+        self.broken = None  # why sampling stopped on this thread (an error), if it did
 
     # -- the step's clock: accel enabled on the thread (start) or not (stop) -------------
     def start(self) -> None:
@@ -197,9 +210,11 @@ class Sampler:
         """End the current step and begin the next: returns whether it intercepts."""
         fp = self._quiet()
         quiet, self.fp = fp == self.fp, fp
+        if self.broken is not None:
+            return self._next(True)
         if self.state == _WARM:
             self.quiet_steps = self.quiet_steps + 1 if quiet else 0
-            if self.quiet_steps >= QUIET_STEPS:
+            if self.quiet_steps >= QUIET_STEPS and (self.cuda or not _cuda_clock_wanted()):
                 self._begin_trial()
             return self._next(self.intercept)
         if self.state == _HOLD:
@@ -247,6 +262,8 @@ class Sampler:
             t = read()
             if t is None:
                 break
+            if t != t:  # NaN: the step could not be timed (a CUDA graph was captured in it)
+                return self._end_trial(None, "a step could not be timed")
             self.pending.pop(0)
             self.times[on].append(t)
             ons = self.times[True]
@@ -273,6 +290,12 @@ class Sampler:
         log.debug("accel: interception %s for the next %d steps of this thread (%s)",
                   "off" if turn_off else "on", self.hold, why)
         return self._next(not turn_off)
+
+    def give_up(self, why: str) -> None:
+        """Stop sampling on this thread (an error of its clock, say): intercept every step."""
+        self.broken = why
+        self.state, self.pending, self.intercept = _WARM, [], True
+        self.clock = None
 
     def restart(self) -> None:
         """The thread could not take the state the sampler asked for: start again, keeping

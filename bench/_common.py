@@ -29,7 +29,7 @@ def intercept_every_step() -> None:
     """Turn accel's step sampling off for this process (unless ACCEL_STEP_SAMPLING is set):
     the scripts that take accel's host cost apart time interception itself, which sampling
     turns off in the host-bound steps they time (accel/sampling.py). Call before enabling."""
-    os.environ.setdefault("ACCEL_STEP_SAMPLING", "0")
+    os.environ.setdefault("ACCEL_STEP_SAMPLING", "off")
 
 
 def sampling_warmup() -> int:
@@ -38,7 +38,7 @@ def sampling_warmup() -> int:
     that what is timed next is accel's steady state."""
     from accel import config, sampling
 
-    if not config.flag("ACCEL_STEP_SAMPLING"):
+    if config.flag("ACCEL_STEP_SAMPLING") == "off":
         return 0
     return sampling.QUIET_STEPS + len(sampling.TRIAL) + 4
 

@@ -19,7 +19,7 @@ os.environ.setdefault("ACCEL_EAGER_SMALL_REGIONS", "0")
 # Step sampling (accel/sampling.py) times a thread's steps and may run some without
 # interception: what a test's steps run would then depend on the machine's speed. The suite
 # intercepts every step; tests/test_sampling.py turns it on, with a clock of its own.
-os.environ.setdefault("ACCEL_STEP_SAMPLING", "0")
+os.environ.setdefault("ACCEL_STEP_SAMPLING", "off")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -116,6 +116,22 @@ def test_readings_that_come_late_delay_the_decision_but_keep_it():
     assert s.left > sampling.HOLD_MIN - 6  # decided once the last step's time was read
 
 
+def test_a_step_that_could_not_be_timed_starts_the_warm_up_again():
+    s, _ = _sampler({True: 10.0, False: float("nan")})  # (a CUDA graph captured in it)
+    states = _run(s, 3 * TRIAL_END)
+    first_off = sampling.QUIET_STEPS - 1 + sampling.TRIAL.index(False)
+    assert states[first_off] is False and all(states[first_off + 1:first_off + 1 + sampling.QUIET_STEPS])
+    assert s.trials >= 2 and s.state != "hold"  # never decided
+
+
+def test_gpu_steps_are_sampled_only_where_asked(monkeypatch):
+    monkeypatch.setattr(sampling, "_cuda_clock_wanted", lambda: True)  # CUDA initialized
+    s, _ = _sampler({True: 10.0, False: 5.0})
+    assert all(_run(s, 3 * TRIAL_END)) and s.state == "warm"  # ACCEL_STEP_SAMPLING=cpu
+    s.cuda = True  # =all
+    assert not _run(s, TRIAL_END)[-1]
+
+
 # -- the interceptor's side ---------------------------------------------------------------
 class _Faster:
     """The interceptor's clock for these tests: steps without interception take
@@ -133,7 +149,7 @@ class _Faster:
 def sampled(monkeypatch):
     """``make(off)``: step sampling on for this thread, with steps without interception
     taking ``off`` seconds against 1 with it; the thread's sampling state is reset after."""
-    monkeypatch.setenv("ACCEL_STEP_SAMPLING", "1")
+    monkeypatch.setenv("ACCEL_STEP_SAMPLING", "cpu")
     st = interceptor._state
     assert st.depth == 0
 
@@ -302,9 +318,33 @@ def test_inference_blocks_are_steps_too(sampled):
     assert accel.stats()["bypassed_steps"] >= 4
 
 
+class _Broken:
+    def start(self):
+        raise RuntimeError("the clock broke")
+
+    stop = start
+
+
+def test_a_clock_that_raises_stops_sampling_and_the_program_goes_on(sampled, caplog):
+    s = sampled()
+    s._make_clock = _Broken
+    me = _model()
+    ma = copy.deepcopy(me)
+    x = torch.randn(16, 16)
+    runtime.reset_stats()
+    for _ in range(TRIAL_END + 4):
+        le = _step(me, x)
+        with accel.eager():
+            assert torch._C._len_torch_dispatch_stack() == 1
+            la = _step(ma, x)
+        _assert_same(ma, me, la, le)
+    assert s.broken and "the clock broke" in s.broken
+    assert accel.stats()["bypassed_steps"] == 0
+
+
 def test_sampling_off_always_intercepts(sampled, monkeypatch):
     sampled(off=0.01)
-    monkeypatch.setenv("ACCEL_STEP_SAMPLING", "0")
+    monkeypatch.setenv("ACCEL_STEP_SAMPLING", "off")
     m = _model()
     x = torch.randn(16, 16)
     runtime.reset_stats()
