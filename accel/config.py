@@ -130,7 +130,7 @@ FLAGS = {
              "accel.eager() blocks) with and without interception, now and then, and run "
              "them without it, as plain eager PyTorch, where that was faster (a program "
              "bound by the host, whose regions cost more to record than they save); see "
-             "accel/sampling.py. cpu: on threads that have not initialized CUDA; all: on "
+             "accel/sampling.py. cpu: while the process has not initialized CUDA; all: in "
              "GPU programs too (timed by CUDA events; not yet measured on a GPU); off: "
              "always intercept. Read at each enable."),
         Flag("ACCEL_CUDA_HALF", True, _parse_bool,

@@ -5,8 +5,8 @@ fuses save more than that. In a program bound by the host -- a small model's tra
 on a GPU, or on a CPU -- it does not: the small- and idle-region rules of
 ``accel.interceptor`` run most regions eagerly, and the step still pays for the
 interception itself (the demo's GPT-2 step ran at 0.87-0.92x of eager's speed on the H100,
-a host-bound CPU proxy of it at 0.69x). So each thread measures its steps with and without
-interception and keeps the faster, as an autotuner keeps the faster of two kernels.
+a host-bound CPU proxy of it at 0.70-0.72x). So each thread measures its steps with and
+without interception and keeps the faster, as an autotuner keeps the faster of two kernels.
 
 A *step* is the interval between two calls of ``torch.autograd.backward`` (which
 ``Tensor.backward`` calls) on a thread where accel is enabled: a training step. On a thread
@@ -36,8 +36,14 @@ off the thread's mode stack and the dispatch filter's key out of its key set: th
 as plain eager PyTorch (accel's Python hooks, which flush an empty region, stay). It is
 done only where accel's mode is the innermost mode and the thread's only accel mode (one
 enable deep); turning it back on, only where no mode was pushed meanwhile. Otherwise the
-thread keeps its current state and the sampler starts again (``ACCEL_STEP_SAMPLING=0``
-turns sampling off).
+thread keeps its current state and the sampler starts again.
+
+``ACCEL_STEP_SAMPLING``: ``cpu`` (the default) holds trials only while the process has not
+initialized CUDA, its steps timed by the host's clock; ``all`` in GPU programs too, timed by
+CUDA events (not yet measured on a GPU: the lent machine's time was spent when this was
+written); ``off``: every step intercepted. A step in which a CUDA graph was captured is not
+timed (a timing event would break the capture): the trial starts again. A clock that
+raises stops sampling on the thread, with one warning.
 """
 from __future__ import annotations
 
@@ -164,7 +170,8 @@ class Sampler:
     a fake one).
     """
 
-    def __init__(self, quiet: Callable[[], tuple], clock: Optional[Callable[[], object]] = None):
+    def __init__(self, quiet: Callable[[], tuple],
+                 clock: Optional[Callable[[], object]] = None):
         self._quiet = quiet
         self._make_clock = clock
         self.clock = None

@@ -1,6 +1,7 @@
 """The demo's GPT-2 training step under step sampling (accel/sampling.py): eager, accel
-intercepting every step (``ACCEL_STEP_SAMPLING=off``), and accel with sampling on (on a GPU ``all``, set here),
-each with a model copy of its own, timed round-robin (each step synchronized on a GPU)
+intercepting every step (``ACCEL_STEP_SAMPLING=off``), and accel with sampling on (on a
+GPU ``all``, which this script sets unless the variable is set), each with a model copy
+of its own, timed round-robin (each step synchronized on a GPU)
 after ``--warmup`` untimed rounds, long enough for sampling's first decision. Prints the
 median ms a step, eager's speed over each, and how many of the timed steps accel as
 shipped ran without interception.

@@ -120,7 +120,8 @@ def test_a_step_that_could_not_be_timed_starts_the_warm_up_again():
     s, _ = _sampler({True: 10.0, False: float("nan")})  # (a CUDA graph captured in it)
     states = _run(s, 3 * TRIAL_END)
     first_off = sampling.QUIET_STEPS - 1 + sampling.TRIAL.index(False)
-    assert states[first_off] is False and all(states[first_off + 1:first_off + 1 + sampling.QUIET_STEPS])
+    assert states[first_off] is False
+    assert all(states[first_off + 1:first_off + 1 + sampling.QUIET_STEPS])
     assert s.trials >= 2 and s.state != "hold"  # never decided
 
 
@@ -195,7 +196,8 @@ def test_training_steps_run_without_interception_once_that_is_faster(sampled):
         with accel.eager():
             on = torch._C._len_torch_dispatch_stack() == 1
             la = _step(ma, x)
-        moved = (accel.stats()["flushes"], dispatch.counts() if dispatch.active() else None) != before
+        after = (accel.stats()["flushes"], dispatch.counts() if dispatch.active() else None)
+        moved = after != before
         seen.append((on, moved))
         _assert_same(ma, me, la, le)
     # a step that began without interception ran no region and passed no call to the filter
