@@ -42,6 +42,8 @@ class _State(threading.local):
         self.suspended = False  # step sampling took the outermost mode off the stack
         self.stack_len = 0  # the dispatch mode stack's length once it did
         self.backward_steps = False  # steps end at backward calls (else at outermost enables)
+        self.backwards = 0  # backward calls that ended steps (to see a block without one)
+        self.backwards_seen = 0  # ... at the last outermost enable
 
 
 _state = _State()
@@ -661,6 +663,7 @@ def _step_boundary(st) -> None:
     """End the thread's step at a backward call (one enable deep or more, nothing pending)
     and put the thread in the state the sampler chose for the next."""
     s = _sampler(st)
+    st.backwards += 1
     if not st.backward_steps:  # the thread's steps end at backward calls from now on
         st.backward_steps = True
         s.restart()
@@ -752,6 +755,13 @@ def enable() -> None:
         st.sampler.restart()  # (a step of its own; the sampler starts again)
     elif st.depth == 0 and _sampling:
         s = _sampler(st)
+        if st.backward_steps and st.backwards == st.backwards_seen:
+            # the last block called no backward: outermost blocks are the steps again
+            # (an evaluation after training, say), sampled afresh
+            st.backward_steps = False
+            s.restart()
+            s.intercept = True
+        st.backwards_seen = st.backwards
         intercept = _end_step(s) if not st.backward_steps else s.intercept
         _sampled(s, s.start)
     flush()  # calls recorded by an outer mode belong before this one

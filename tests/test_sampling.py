@@ -344,6 +344,30 @@ def test_a_clock_that_raises_stops_sampling_and_the_program_goes_on(sampled, cap
     assert accel.stats()["bypassed_steps"] == 0
 
 
+def test_blocks_without_backward_after_training_are_sampled_afresh(sampled):
+    """Training decided interception off; an evaluation loop of blocks that call no
+    backward must not inherit that state for good: its blocks are the steps again."""
+    sampled(off=0.5)
+    m = _model()
+    x = torch.randn(16, 16)
+    for _ in range(TRIAL_END + 2):
+        with accel.eager():
+            _step(m, x)
+    with accel.eager():
+        assert torch._C._len_torch_dispatch_stack() == 0  # training: off
+        _step(m, x)
+    interceptor._state.sampler._make_clock = _Faster(2.0)  # evaluation: interception pays
+    y = torch.randn(32, 32)
+    on = []
+    for _ in range(TRIAL_END + 4):
+        with accel.eager():
+            on.append(torch._C._len_torch_dispatch_stack() == 1)
+            z = torch.softmax(torch.sin(y) * 2, -1)
+        torch.testing.assert_close(z, torch.softmax(torch.sin(y) * 2, -1))
+    assert on[0] is False  # the block right after training's last step: its state
+    assert all(on[1:sampling.QUIET_STEPS + 1]) and sum(not o for o in on[1:]) == 1
+
+
 def test_sampling_off_always_intercepts(sampled, monkeypatch):
     sampled(off=0.01)
     monkeypatch.setenv("ACCEL_STEP_SAMPLING", "off")
