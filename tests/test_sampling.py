@@ -6,6 +6,7 @@ clock that makes every step without interception faster (or slower), so that wha
 program runs does not depend on this machine's speed. Every program's results are compared
 with eager's at every step, across the switches.
 """
+import contextlib
 import copy
 
 import pytest
@@ -183,23 +184,31 @@ def _assert_same(ma, me, la, le):
         torch.testing.assert_close(pa.grad, pe.grad, msg=n)
 
 
-def test_training_steps_run_without_interception_once_that_is_faster(sampled):
-    sampled(off=0.5)
+def _side_by_side(steps, block=accel.eager):
+    """Train two copies of :func:`_model` for ``steps`` steps, eagerly and each step inside
+    ``block()``, asserting the loss and gradients are eager's at every step. Returns per
+    step (accel's mode on the stack inside the block, whether accel flushed a region or
+    its dispatch filter saw a call)."""
     me = _model()
     ma = copy.deepcopy(me)
     x = torch.randn(16, 16)
     runtime.reset_stats()
     seen = []
-    for _ in range(TRIAL_END + 12):
+    for _ in range(steps):
         le = _step(me, x)
         before = (accel.stats()["flushes"], dispatch.counts() if dispatch.active() else None)
-        with accel.eager():
+        with block():
             on = torch._C._len_torch_dispatch_stack() == 1
             la = _step(ma, x)
         after = (accel.stats()["flushes"], dispatch.counts() if dispatch.active() else None)
-        moved = after != before
-        seen.append((on, moved))
+        seen.append((on, after != before))
         _assert_same(ma, me, la, le)
+    return seen
+
+
+def test_training_steps_run_without_interception_once_that_is_faster(sampled):
+    sampled(off=0.5)
+    seen = _side_by_side(TRIAL_END + 12)
     # a step that began without interception ran no region and passed no call to the filter
     assert all(not moved for on, moved in seen[-8:]) and not any(on for on, _ in seen[-8:])
     assert any(on and moved for on, moved in seen[:sampling.QUIET_STEPS])
@@ -208,18 +217,9 @@ def test_training_steps_run_without_interception_once_that_is_faster(sampled):
 
 def test_steps_stay_intercepted_where_interception_pays(sampled):
     sampled(off=2.0)
-    me = _model()
-    ma = copy.deepcopy(me)
-    x = torch.randn(16, 16)
-    runtime.reset_stats()
-    for _ in range(TRIAL_END + 8):
-        le = _step(me, x)
-        with accel.eager():
-            la = _step(ma, x)
-        _assert_same(ma, me, la, le)
+    seen = _side_by_side(TRIAL_END + 8)
     assert accel.stats()["bypassed_steps"] == 1  # the trial's one step without it
-    with accel.eager():
-        assert torch._C._len_torch_dispatch_stack() == 1
+    assert seen[-1][0]
 
 
 def test_one_enable_around_the_loop_switches_at_backward_calls(sampled):
@@ -256,27 +256,36 @@ class _Counting(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+class _AccelUnderAMode:
+    def __enter__(self):
+        self.stack = contextlib.ExitStack()
+        self.stack.enter_context(accel.eager())
+        self.stack.enter_context(_Counting())
+
+    def __exit__(self, *exc):
+        return self.stack.__exit__(*exc)
+
+
 def test_a_mode_above_accels_keeps_interception_on(sampled):
     sampled(off=0.5)
-    me = _model()
-    ma = copy.deepcopy(me)
-    x = torch.randn(16, 16)
-    runtime.reset_stats()
-    for _ in range(TRIAL_END + 4):
-        le = _step(me, x)
-        with accel.eager(), _Counting():
-            la = _step(ma, x)
-        _assert_same(ma, me, la, le)
+    _side_by_side(TRIAL_END + 4, _AccelUnderAMode)
     assert accel.stats()["bypassed_steps"] == 0
 
 
-def test_a_nested_enable_in_a_step_without_interception_intercepts(sampled):
-    sampled(off=0.5)
+def _trained_to_off():
+    """A model and input trained under accel (a with-block a step) until step sampling
+    turned interception off (the ``sampled`` fixture's clock makes that faster)."""
     m = _model()
     x = torch.randn(16, 16)
     for _ in range(TRIAL_END + 2):
         with accel.eager():
             _step(m, x)
+    return m, x
+
+
+def test_a_nested_enable_in_a_step_without_interception_intercepts(sampled):
+    sampled(off=0.5)
+    m, x = _trained_to_off()
     y = torch.randn(64, 64)
     with accel.eager():
         assert torch._C._len_torch_dispatch_stack() == 0  # this step: no interception
@@ -293,11 +302,7 @@ def test_a_nested_enable_in_a_step_without_interception_intercepts(sampled):
 
 def test_an_exception_in_a_step_without_interception_leaves_the_thread_clean(sampled):
     sampled(off=0.5)
-    m = _model()
-    x = torch.randn(16, 16)
-    for _ in range(TRIAL_END + 2):
-        with accel.eager():
-            _step(m, x)
+    m, x = _trained_to_off()
     with pytest.raises(RuntimeError, match="shape"):
         with accel.eager():
             assert torch._C._len_torch_dispatch_stack() == 0
@@ -327,19 +332,11 @@ class _Broken:
     stop = start
 
 
-def test_a_clock_that_raises_stops_sampling_and_the_program_goes_on(sampled, caplog):
+def test_a_clock_that_raises_stops_sampling_and_the_program_goes_on(sampled):
     s = sampled()
     s._make_clock = _Broken
-    me = _model()
-    ma = copy.deepcopy(me)
-    x = torch.randn(16, 16)
-    runtime.reset_stats()
-    for _ in range(TRIAL_END + 4):
-        le = _step(me, x)
-        with accel.eager():
-            assert torch._C._len_torch_dispatch_stack() == 1
-            la = _step(ma, x)
-        _assert_same(ma, me, la, le)
+    seen = _side_by_side(TRIAL_END + 4)
+    assert all(on for on, _ in seen)
     assert s.broken and "the clock broke" in s.broken
     assert accel.stats()["bypassed_steps"] == 0
 
@@ -348,11 +345,7 @@ def test_blocks_without_backward_after_training_are_sampled_afresh(sampled):
     """Training decided interception off; an evaluation loop of blocks that call no
     backward must not inherit that state for good: its blocks are the steps again."""
     sampled(off=0.5)
-    m = _model()
-    x = torch.randn(16, 16)
-    for _ in range(TRIAL_END + 2):
-        with accel.eager():
-            _step(m, x)
+    m, x = _trained_to_off()
     with accel.eager():
         assert torch._C._len_torch_dispatch_stack() == 0  # training: off
         _step(m, x)
