@@ -1,11 +1,9 @@
 """The interceptor: a ``TorchDispatchMode`` that sees every aten call and either defers it
 into the thread's pending region or flushes the region and runs the call eagerly.
 
-Reads of tensor data that bypass the dispatcher (``numpy()``, ``tolist()``, ``data_ptr()``,
-DLPack, pickling, printing, ``backward``), and the host's ways of ordering GPU work or
-waiting for it (streams, events, CUDA graph capture and replay, synchronizing), are caught
-by hooks on those Python entry points, installed at the first enable; each flushes the
-calling thread's pending region first.
+Reads of tensor data that bypass the dispatcher, and the host's ways of ordering GPU work
+or waiting for it, flush the pending region first through hooks on those Python entry
+points (:mod:`accel.hooks`, installed when accel is imported or at the first enable).
 """
 from __future__ import annotations
 
@@ -18,7 +16,7 @@ import threading
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from . import allocator, config, dispatch, runtime, sampling, shared
+from . import allocator, config, dispatch, hooks, runtime, sampling
 from .ops import VIEW_OPS, fusible_ops
 from .region import (NEW_NODES, PENDING_NODES, Deferred, Region, native, set_cuda_half,
                      set_small_regions)
@@ -42,8 +40,7 @@ class _State(threading.local):
         self.suspended = False  # step sampling took the outermost mode off the stack
         self.stack_len = 0  # the dispatch mode stack's length once it did
         self.backward_steps = False  # steps end at backward calls (else at outermost enables)
-        self.backwards = 0  # backward calls that ended steps (to see a block without one)
-        self.backwards_seen = 0  # ... at the last outermost enable
+        self.backward_in_block = False  # a backward call since the last outermost enable
 
 
 _state = _State()
@@ -73,8 +70,6 @@ def _without_torch_function(fn):
     return wrapper
 
 
-_hooks_lock = threading.Lock()
-_hooks_installed = False
 _warned = set()
 
 
@@ -440,185 +435,6 @@ def _skip_dynamo(code) -> bool:
 _DYNAMO_SKIPS = _skip_dynamo(AccelMode.__torch_dispatch__.__code__)
 
 
-# -- escape hooks: reads of data that do not go through the dispatcher ------------------
-_untyped_storage = torch._C.TensorBase.untyped_storage  # not the flushing hook
-
-
-def _flushing(fn):
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        flush()
-        return fn(*args, **kwargs)
-
-    return wrapper
-
-
-_TENSOR_HOOKS = ("tolist", "data_ptr", "__reduce_ex__", "__repr__", "__format__",
-                 "untyped_storage", "_typed_storage", "storage", "backward", "__setstate__")
-_MODULE_HOOKS = ((torch.autograd, "grad"), (torch, "save"))
-
-
-def _stepping(fn):
-    """``torch.autograd.backward`` (which ``Tensor.backward`` calls): flush, then end the
-    thread's step (step sampling, accel/sampling.py) before the backward pass begins, so
-    that autograd's device threads inherit the state of the step that begins."""
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        flush()
-        if _state.depth and _sampling:
-            _step_boundary(_state)
-        return fn(*args, **kwargs)
-
-    return wrapper
-
-
-def _exporting(fn):
-    """``fn`` hands the memory of tensor ``self`` to code outside the dispatcher (a NumPy
-    array, a DLPack capsule): flush, then register the storage (accel/shared.py)."""
-    @functools.wraps(fn)
-    def wrapper(self, *args, **kwargs):
-        flush()
-        out = fn(self, *args, **kwargs)
-        shared.share(self)
-        return out
-
-    return wrapper
-
-
-def _importing(fn):
-    """``fn`` returns a tensor, over memory another library owns (``torch.from_numpy``, a
-    DLPack producer's, a buffer's) or a copy: register the storage of the former
-    (accel/shared.py), which torch did not allocate (not resizable), unless it is the
-    storage of the input tensor itself (``torch.as_tensor(t)``)."""
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        out = fn(*args, **kwargs)
-        if isinstance(out, torch.Tensor) and not _untyped_storage(out).resizable() and not (
-                args and isinstance(args[0], torch.Tensor)
-                and _untyped_storage(args[0])._cdata == _untyped_storage(out)._cdata):
-            shared.share(out)
-        return out
-
-    return wrapper
-
-
-def _sharing(fn):
-    """``fn`` moves a CPU storage to shared memory, or returns one another process
-    shares: register it (accel/shared.py)."""
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        out = fn(*args, **kwargs)
-        if out.device.type == "cpu":
-            shared.share(out)
-        return out
-
-    return wrapper
-
-
-#: Entry points that share memory with code outside the dispatcher, which reads and writes
-#: it at any time, not at a flush: see accel/shared.py.
-_SHARED_MEMORY_HOOKS = (
-    [(torch.Tensor, n, _exporting) for n in ("numpy", "__array__", "__dlpack__")]
-    + [(torch.utils.dlpack, "to_dlpack", _exporting)]
-    + [(o, n, _importing) for o, n in ((torch, "from_numpy"), (torch, "as_tensor"),
-                                       (torch, "asarray"), (torch, "frombuffer"),
-                                       (torch, "from_dlpack"), (torch.utils.dlpack, "from_dlpack"))]
-    + [(o, n, _sharing) for o, n in ((torch.UntypedStorage, "share_memory_"),
-                                     (torch.multiprocessing.reductions, "rebuild_storage_fd"),
-                                     (torch.multiprocessing.reductions, "rebuild_storage_filename"))])
-
-#: The host's ways of ordering GPU work and waiting for it, outside the dispatcher. Eager
-#: has launched every call before them: a region still pending would be launched after
-#: an event recorded to mark its work (``Event.record``; ``Stream.wait_stream`` records
-#: one), after a wait the host believes covers it, on another stream than its calls'
-#: (``set_stream``: ``torch.cuda.stream(s)`` enters and leaves through it, so a region's
-#: calls are all recorded, and it is launched, on one stream), outside the CUDA graph
-#: being captured (``capture_end``), or after a replay that reads its outputs
-#: (``static_input.copy_(x); graph.replay()``). Each flushes the calling thread's region
-#: first. (torch's device-generic ``torch.Stream`` and ``torch.Event`` are C types,
-#: whose methods cannot be wrapped.)
-_STREAM_HOOKS = ((torch.cuda, "synchronize"), (torch.cuda, "set_stream"),
-                 (torch.cuda.Stream, "synchronize"), (torch.cuda.Stream, "query"),
-                 (torch.cuda.Event, "record"), (torch.cuda.Event, "synchronize"),
-                 (torch.cuda.Event, "query"), (torch.cuda.CUDAGraph, "capture_begin"),
-                 (torch.cuda.CUDAGraph, "capture_end"), (torch.cuda.CUDAGraph, "replay"),
-                 (getattr(torch, "accelerator", None), "synchronize"),
-                 (getattr(torch, "accelerator", None), "set_stream"))
-
-
-#: Python-bound C++ functions that call aten ops and then read or write the results in
-#: C++ (an ``accessor``, ``data_ptr``), where no hook sees it: DDP's check that every rank
-#: has the same parameters (it read a deferred ``copy_``'s output unfilled: "params[0] in
-#: this process with sizes [64, 32] appears not to match sizes of the same param in
-#: process 0"), and its broadcast of the parameters from rank 0. Each runs with the
-#: calling thread's calls passing through eagerly, its pending region flushed first.
-_EAGER_HOOKS = ((getattr(torch, "distributed", None), "_verify_params_across_processes"),
-                (getattr(torch, "distributed", None), "_broadcast_coalesced"))
-
-
-def _eagerly(fn):
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        flush()
-        w = _state.worker
-        region = _state.region if w is None else w.region
-        if region.busy:
-            return fn(*args, **kwargs)
-        region.busy = True  # its calls pass through, on the mode's path and the filter's
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            region.busy = False
-
-    return wrapper
-
-
-def _hook_table():
-    """(owner, name, original, wrapper) for every hooked entry point (built once)."""
-    global _HOOKS
-    if _HOOKS is None:
-        targets = [(torch.Tensor, n) for n in _TENSOR_HOOKS] + list(_MODULE_HOOKS)
-        targets += [(o, n) for o, n in _STREAM_HOOKS if hasattr(o, n)]
-        _HOOKS = [(o, n, getattr(o, n), _flushing(getattr(o, n))) for o, n in targets]
-        _HOOKS.append((torch.autograd, "backward", torch.autograd.backward,
-                       _stepping(torch.autograd.backward)))
-        _HOOKS += [(o, n, getattr(o, n), _eagerly(getattr(o, n))) for o, n in _EAGER_HOOKS
-                   if hasattr(o, n)]
-        _HOOKS += [(o, n, getattr(o, n), wrap(getattr(o, n))) for o, n, wrap in _SHARED_MEMORY_HOOKS
-                   if hasattr(o, n)]
-    return _HOOKS
-
-
-_HOOKS = None
-
-
-def _install_hooks():
-    """Wrap the entry points, once per process: when accel is imported (unless
-    ``ACCEL_DISABLE=1``), so that memory shared outside the dispatcher from then on is
-    known before the first enable (accel/shared.py), else at the first enable. They stay
-    wrapped after the last disable: each wrapper's flush returns at once when nothing is
-    pending, and setting attributes of ``torch.Tensor`` at every enable and disable would
-    cost more (and invalidate the type's attribute caches) than the wrappers ever do."""
-    global _hooks_installed
-    if _hooks_installed:
-        return
-    with _hooks_lock:
-        if not _hooks_installed:
-            for owner, name, _, wrapper in _hook_table():
-                setattr(owner, name, wrapper)
-            _hooks_installed = True
-
-
-def _remove_hooks():
-    """Restore the original entry points (tests; accel itself leaves them wrapped)."""
-    global _hooks_installed
-    with _hooks_lock:
-        if _hooks_installed:
-            for owner, name, original, _ in _hook_table():
-                setattr(owner, name, original)
-            _hooks_installed = False
-
-
 # -- step sampling (accel/sampling.py) ----------------------------------------------------
 _sampling = True  # ACCEL_STEP_SAMPLING is not "off"; read at each enable
 _sampling_cuda = False  # it is "all": steps timed on a GPU too
@@ -663,7 +479,7 @@ def _step_boundary(st) -> None:
     """End the thread's step at a backward call (one enable deep or more, nothing pending)
     and put the thread in the state the sampler chose for the next."""
     s = _sampler(st)
-    st.backwards += 1
+    st.backward_in_block = True
     if not st.backward_steps:  # the thread's steps end at backward calls from now on
         st.backward_steps = True
         s.restart()
@@ -749,19 +565,19 @@ def enable() -> None:
     mode.cap = cfg["ACCEL_MAX_REGION"]
     mode.on_first = _FIRST_HOOKS[cfg["ACCEL_LAUNCH_AHEAD"]]
     dispatch.start()  # outside the mode: loading it from the store is not the program's work
-    _install_hooks()
+    hooks.install(_this)
     intercept = True
     if st.suspended:  # nested in a step that step sampling runs eagerly: this block is not
         st.sampler.restart()  # (a step of its own; the sampler starts again)
     elif st.depth == 0 and _sampling:
         s = _sampler(st)
-        if st.backward_steps and st.backwards == st.backwards_seen:
+        if st.backward_steps and not st.backward_in_block:
             # the last block called no backward: outermost blocks are the steps again
             # (an evaluation after training, say), sampled afresh
             st.backward_steps = False
             s.restart()
             s.intercept = True
-        st.backwards_seen = st.backwards
+        st.backward_in_block = False
         intercept = _end_step(s) if not st.backward_steps else s.intercept
         _sampled(s, s.start)
     flush()  # calls recorded by an outer mode belong before this one
@@ -834,8 +650,10 @@ class eager(contextlib.ContextDecorator):
         return False
 
 
+_this = sys.modules[__name__]  # for accel.hooks, whose wrappers call flush and the step's end
+
 try:
     if not config.flag("ACCEL_DISABLE"):
-        _install_hooks()
+        hooks.install(_this)
 except config.ConfigError:  # an invalid value: the first enable says so
     pass

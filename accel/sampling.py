@@ -108,6 +108,7 @@ class _CudaClock:
         self.spare: List = []
         self.open = None
         self.pairs: List = []
+        self.untimed = False  # a stretch of the step could not be timed
 
     def _event(self):
         if self.spare:
@@ -131,8 +132,6 @@ class _CudaClock:
             ev.record()
             self.pairs.append((self.open, ev))
             self.open = None
-
-    untimed = False  # a stretch of the step could not be timed
 
     def take(self):
         running = self.open is not None

@@ -31,7 +31,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_cpu as B  # noqa: E402
 import workloads as W  # noqa: E402
-from _common import _ratio, accel_fn, intercept_every_step, machine, measure, median_ms, table  # noqa: E402,F401
+from _common import _ratio, accel_fn, machine, measure, median_ms, table  # noqa: E402
 
 import accel  # noqa: E402
 

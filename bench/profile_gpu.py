@@ -18,7 +18,9 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_gpu as G  # noqa: E402
-G.intercept_every_step()  # where interception's time goes
+from _common import intercept_every_step  # noqa: E402
+
+intercept_every_step()  # where interception's time goes
 
 import accel  # noqa: E402
 

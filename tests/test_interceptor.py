@@ -200,7 +200,7 @@ def test_stream_and_graph_entry_points_flush(x):
     """The host's ways of ordering GPU work (streams, events, CUDA graphs, synchronizing)
     flush the pending region first (tests/test_cuda.py runs them on a GPU); here, the one
     that runs without a GPU (``set_stream(None)`` is a no-op) and the wrapping of the rest."""
-    from accel.interceptor import _STREAM_HOOKS
+    from accel.hooks import _STREAM_HOOKS
 
     with accel.eager():
         y = chain(x)

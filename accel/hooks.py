@@ -1,0 +1,207 @@
+"""Escape hooks: the Python entry points through which tensor data leaves the dispatcher's
+sight, wrapped so that a deferred result is never read or handed out unfilled.
+
+Reads of tensor data that bypass the dispatcher (``numpy()``, ``tolist()``, ``data_ptr()``,
+DLPack, pickling, printing, ``backward``), and the host's ways of ordering GPU work or
+waiting for it (streams, events, CUDA graph capture and replay, synchronizing), each flush
+the calling thread's pending region first (:func:`accel.interceptor.flush`). Entry points
+that share memory with code outside torch register the storage (accel/shared.py); C++
+functions that read aten results directly run with the thread's calls passing through
+eagerly; ``torch.autograd.backward`` also ends the thread's step for step sampling
+(accel/sampling.py). :func:`install` wraps them all, once per process.
+"""
+from __future__ import annotations
+
+import functools
+import threading
+
+import torch
+
+from . import shared
+
+__all__ = ["install", "remove"]
+
+_ic = None  # accel.interceptor, which installs the hooks (and imports this module)
+_lock = threading.Lock()
+_installed = False
+
+_untyped_storage = torch._C.TensorBase.untyped_storage  # not the flushing hook
+
+
+def _flushing(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        _ic.flush()
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
+_TENSOR_HOOKS = ("tolist", "data_ptr", "__reduce_ex__", "__repr__", "__format__",
+                 "untyped_storage", "_typed_storage", "storage", "backward", "__setstate__")
+_MODULE_HOOKS = ((torch.autograd, "grad"), (torch, "save"))
+
+
+def _stepping(fn):
+    """``torch.autograd.backward`` (which ``Tensor.backward`` calls): flush, then end the
+    thread's step (step sampling, accel/sampling.py) before the backward pass begins, so
+    that autograd's device threads inherit the state of the step that begins."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        _ic.flush()
+        st = _ic._state
+        if st.depth and _ic._sampling:
+            _ic._step_boundary(st)
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
+def _exporting(fn):
+    """``fn`` hands the memory of tensor ``self`` to code outside the dispatcher (a NumPy
+    array, a DLPack capsule): flush, then register the storage (accel/shared.py)."""
+    @functools.wraps(fn)
+    def wrapper(self, *args, **kwargs):
+        _ic.flush()
+        out = fn(self, *args, **kwargs)
+        shared.share(self)
+        return out
+
+    return wrapper
+
+
+def _importing(fn):
+    """``fn`` returns a tensor, over memory another library owns (``torch.from_numpy``, a
+    DLPack producer's, a buffer's) or a copy: register the storage of the former
+    (accel/shared.py), which torch did not allocate (not resizable), unless it is the
+    storage of the input tensor itself (``torch.as_tensor(t)``)."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        out = fn(*args, **kwargs)
+        if isinstance(out, torch.Tensor) and not _untyped_storage(out).resizable() and not (
+                args and isinstance(args[0], torch.Tensor)
+                and _untyped_storage(args[0])._cdata == _untyped_storage(out)._cdata):
+            shared.share(out)
+        return out
+
+    return wrapper
+
+
+def _sharing(fn):
+    """``fn`` moves a CPU storage to shared memory, or returns one another process
+    shares: register it (accel/shared.py)."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        out = fn(*args, **kwargs)
+        if out.device.type == "cpu":
+            shared.share(out)
+        return out
+
+    return wrapper
+
+
+#: Entry points that share memory with code outside the dispatcher, which reads and writes
+#: it at any time, not at a flush: see accel/shared.py.
+_SHARED_MEMORY_HOOKS = (
+    [(torch.Tensor, n, _exporting) for n in ("numpy", "__array__", "__dlpack__")]
+    + [(torch.utils.dlpack, "to_dlpack", _exporting)]
+    + [(o, n, _importing) for o, n in ((torch, "from_numpy"), (torch, "as_tensor"),
+                                       (torch, "asarray"), (torch, "frombuffer"),
+                                       (torch, "from_dlpack"), (torch.utils.dlpack, "from_dlpack"))]
+    + [(o, n, _sharing) for o, n in ((torch.UntypedStorage, "share_memory_"),
+                                     (torch.multiprocessing.reductions, "rebuild_storage_fd"),
+                                     (torch.multiprocessing.reductions, "rebuild_storage_filename"))])
+
+#: The host's ways of ordering GPU work and waiting for it, outside the dispatcher. Eager
+#: has launched every call before them: a region still pending would be launched after
+#: an event recorded to mark its work (``Event.record``; ``Stream.wait_stream`` records
+#: one), after a wait the host believes covers it, on another stream than its calls'
+#: (``set_stream``: ``torch.cuda.stream(s)`` enters and leaves through it, so a region's
+#: calls are all recorded, and it is launched, on one stream), outside the CUDA graph
+#: being captured (``capture_end``), or after a replay that reads its outputs
+#: (``static_input.copy_(x); graph.replay()``). Each flushes the calling thread's region
+#: first. (torch's device-generic ``torch.Stream`` and ``torch.Event`` are C types,
+#: whose methods cannot be wrapped.)
+_STREAM_HOOKS = ((torch.cuda, "synchronize"), (torch.cuda, "set_stream"),
+                 (torch.cuda.Stream, "synchronize"), (torch.cuda.Stream, "query"),
+                 (torch.cuda.Event, "record"), (torch.cuda.Event, "synchronize"),
+                 (torch.cuda.Event, "query"), (torch.cuda.CUDAGraph, "capture_begin"),
+                 (torch.cuda.CUDAGraph, "capture_end"), (torch.cuda.CUDAGraph, "replay"),
+                 (getattr(torch, "accelerator", None), "synchronize"),
+                 (getattr(torch, "accelerator", None), "set_stream"))
+
+
+#: Python-bound C++ functions that call aten ops and then read or write the results in
+#: C++ (an ``accessor``, ``data_ptr``), where no hook sees it: DDP's check that every rank
+#: has the same parameters (it read a deferred ``copy_``'s output unfilled: "params[0] in
+#: this process with sizes [64, 32] appears not to match sizes of the same param in
+#: process 0"), and its broadcast of the parameters from rank 0. Each runs with the
+#: calling thread's calls passing through eagerly, its pending region flushed first.
+_EAGER_HOOKS = ((getattr(torch, "distributed", None), "_verify_params_across_processes"),
+                (getattr(torch, "distributed", None), "_broadcast_coalesced"))
+
+
+def _eagerly(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        _ic.flush()
+        st = _ic._state
+        w = st.worker
+        region = st.region if w is None else w.region
+        if region.busy:
+            return fn(*args, **kwargs)
+        region.busy = True  # its calls pass through, on the mode's path and the filter's
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            region.busy = False
+
+    return wrapper
+
+
+def _table():
+    """(owner, name, original, wrapper) for every hooked entry point (built once)."""
+    global _HOOKS
+    if _HOOKS is None:
+        targets = [(torch.Tensor, n) for n in _TENSOR_HOOKS] + list(_MODULE_HOOKS)
+        targets += [(o, n) for o, n in _STREAM_HOOKS if hasattr(o, n)]
+        _HOOKS = [(o, n, getattr(o, n), _flushing(getattr(o, n))) for o, n in targets]
+        _HOOKS.append((torch.autograd, "backward", torch.autograd.backward,
+                       _stepping(torch.autograd.backward)))
+        _HOOKS += [(o, n, getattr(o, n), _eagerly(getattr(o, n))) for o, n in _EAGER_HOOKS
+                   if hasattr(o, n)]
+        _HOOKS += [(o, n, getattr(o, n), wrap(getattr(o, n))) for o, n, wrap in _SHARED_MEMORY_HOOKS
+                   if hasattr(o, n)]
+    return _HOOKS
+
+
+_HOOKS = None
+
+
+def install(interceptor) -> None:
+    """Wrap the entry points, once per process, their flushes and steps going to module
+    ``interceptor`` (accel.interceptor): when accel is imported (unless
+    ``ACCEL_DISABLE=1``), so that memory shared outside the dispatcher from then on is
+    known before the first enable (accel/shared.py), else at the first enable. They stay
+    wrapped after the last disable: each wrapper's flush returns at once when nothing is
+    pending, and setting attributes of ``torch.Tensor`` at every enable and disable would
+    cost more (and invalidate the type's attribute caches) than the wrappers ever do."""
+    global _installed, _ic
+    if _installed:
+        return
+    _ic = interceptor
+    with _lock:
+        if not _installed:
+            for owner, name, _, wrapper in _table():
+                setattr(owner, name, wrapper)
+            _installed = True
+
+
+def remove() -> None:
+    """Restore the original entry points (tests; accel itself leaves them wrapped)."""
+    global _installed
+    with _lock:
+        if _installed:
+            for owner, name, original, _ in _table():
+                setattr(owner, name, original)
+            _installed = False
