@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable
 
 __all__ = ["ConfigError", "Flag", "FLAGS", "flag", "cache_dir"]
 
@@ -125,14 +125,14 @@ FLAGS = {
              "costs more than running its calls eagerly, and fusing them saves GPU time that "
              "nothing waits for. One flush that finds the GPU busy keeps them fused. Needs "
              "ACCEL_EAGER_SMALL_REGIONS. Read at each enable; 0: keep them."),
-        Flag("ACCEL_STEP_SAMPLING", "cpu", _parse_choice("cpu", "all", "off"),
+        Flag("ACCEL_STEP_SAMPLING", "all", _parse_choice("all", "cpu", "off"),
              "Time each thread's steps (between backward calls; else outermost "
              "accel.eager() blocks) with and without interception, now and then, and run "
              "them without it, as plain eager PyTorch, where that was faster (a program "
              "bound by the host, whose regions cost more to record than they save); see "
-             "accel/sampling.py. cpu: while the process has not initialized CUDA; all: in "
-             "GPU programs too (timed by CUDA events; not yet measured on a GPU); off: "
-             "always intercept. Read at each enable."),
+             "accel/sampling.py. all: CPU and GPU programs (GPU steps timed by CUDA "
+             "events); cpu: only while the process has not initialized CUDA; off: always "
+             "intercept. Read at each enable."),
         Flag("ACCEL_CUDA_HALF", True, _parse_bool,
              "Run float16/bfloat16 regions on CUDA GPUs as kernels (off: eagerly, an escape "
              "hatch). Read at each enable."),

@@ -108,6 +108,18 @@ def test_a_step_that_compiles_starts_the_warm_up_again():
     assert states[-1] is False  # a whole warm-up and trial later
 
 
+def test_a_step_that_compiles_during_a_hold_starts_the_warm_up_again():
+    s, fp = _sampler({True: 10.0, False: 5.0})
+    while s.state != "hold":
+        s.boundary()
+    assert not s.intercept
+    _run(s, 2)
+    fp[0] += 1  # the program changed (another workload's steps, say): a kernel compiled
+    assert s.boundary() is True and s.state == "warm"
+    states = _run(s, TRIAL_END + 1)
+    assert states[-1] is False  # a whole warm-up and trial later
+
+
 def test_readings_that_come_late_delay_the_decision_but_keep_it():
     s, _ = _sampler({True: 10.0, False: 5.0}, lag=2)
     states = _run(s, TRIAL_END + 6)
@@ -130,7 +142,7 @@ def test_gpu_steps_are_sampled_only_where_asked(monkeypatch):
     monkeypatch.setattr(sampling, "_cuda_clock_wanted", lambda: True)  # CUDA initialized
     s, _ = _sampler({True: 10.0, False: 5.0})
     assert all(_run(s, 3 * TRIAL_END)) and s.state == "warm"  # ACCEL_STEP_SAMPLING=cpu
-    s.cuda = True  # =all
+    s.cuda = True  # =all (the default)
     assert not _run(s, TRIAL_END)[-1]
 
 
@@ -151,12 +163,13 @@ class _Faster:
 def sampled(monkeypatch):
     """``make(off)``: step sampling on for this thread, with steps without interception
     taking ``off`` seconds against 1 with it; the thread's sampling state is reset after."""
-    monkeypatch.setenv("ACCEL_STEP_SAMPLING", "cpu")
+    monkeypatch.setenv("ACCEL_STEP_SAMPLING", "all")
     st = interceptor._state
     assert st.depth == 0
 
     def make(off=0.5):
-        st.sampler = sampling.Sampler(interceptor._quiet_fingerprint, clock=_Faster(off))
+        clock = None if off is None else _Faster(off)  # None: the real clock
+        st.sampler = sampling.Sampler(interceptor._quiet_fingerprint, clock=clock)
         st.backward_steps = False
         return st.sampler
 
@@ -165,15 +178,16 @@ def sampled(monkeypatch):
     assert st.depth == 0 and torch._C._len_torch_dispatch_stack() == 0
 
 
-def _model():
+def _model(device="cpu"):
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32),
-                               torch.nn.Linear(32, 4))
+                               torch.nn.Linear(32, 4)).to(device)
 
 
 def _step(m, x):
     m.zero_grad(set_to_none=True)
-    loss = torch.nn.functional.cross_entropy(torch.tanh(m(x)) * 2, torch.arange(4).repeat(4))
+    target = torch.arange(4, device=x.device).repeat(4)
+    loss = torch.nn.functional.cross_entropy(torch.tanh(m(x)) * 2, target)
     loss.backward()
     return loss.detach()
 
@@ -184,14 +198,14 @@ def _assert_same(ma, me, la, le):
         torch.testing.assert_close(pa.grad, pe.grad, msg=n)
 
 
-def _side_by_side(steps, block=accel.eager):
+def _side_by_side(steps, block=accel.eager, device="cpu"):
     """Train two copies of :func:`_model` for ``steps`` steps, eagerly and each step inside
     ``block()``, asserting the loss and gradients are eager's at every step. Returns per
     step (accel's mode on the stack inside the block, whether accel flushed a region or
     its dispatch filter saw a call)."""
-    me = _model()
+    me = _model(device)
     ma = copy.deepcopy(me)
-    x = torch.randn(16, 16)
+    x = torch.randn(16, 16, device=device)
     runtime.reset_stats()
     seen = []
     for _ in range(steps):
@@ -206,18 +220,20 @@ def _side_by_side(steps, block=accel.eager):
     return seen
 
 
-def test_training_steps_run_without_interception_once_that_is_faster(sampled):
+@pytest.mark.parametrize("device", DEVICES)
+def test_training_steps_run_without_interception_once_that_is_faster(sampled, device):
     sampled(off=0.5)
-    seen = _side_by_side(TRIAL_END + 12)
+    seen = _side_by_side(TRIAL_END + 12, device=device)
     # a step that began without interception ran no region and passed no call to the filter
     assert all(not moved for on, moved in seen[-8:]) and not any(on for on, _ in seen[-8:])
     assert any(on and moved for on, moved in seen[:sampling.QUIET_STEPS])
     assert accel.stats()["bypassed_steps"] >= 8
 
 
-def test_steps_stay_intercepted_where_interception_pays(sampled):
+@pytest.mark.parametrize("device", DEVICES)
+def test_steps_stay_intercepted_where_interception_pays(sampled, device):
     sampled(off=2.0)
-    seen = _side_by_side(TRIAL_END + 8)
+    seen = _side_by_side(TRIAL_END + 8, device=device)
     assert accel.stats()["bypassed_steps"] == 1  # the trial's one step without it
     assert seen[-1][0]
 
@@ -374,9 +390,15 @@ def test_sampling_off_always_intercepts(sampled, monkeypatch):
     assert accel.stats()["bypassed_steps"] == 0
 
 
-@pytest.mark.parametrize("device", [d for d in DEVICES if d == "cuda"] or
-                         [pytest.param("cuda", marks=pytest.mark.skip("no CUDA GPU"))])
-def test_the_gpu_clock_reads_a_step_once_its_work_is_done(device):
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_cuda_steps_timed_by_the_real_clock_match_eager(sampled):
+    s = sampled(off=None)  # CUDA events: whichever way the trials go, results are eager's
+    _side_by_side(TRIAL_END + 20, device="cuda")
+    assert s.trials >= 1 and s.broken is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_the_cuda_clock_reads_a_step_once_its_work_is_done():
     clock = sampling._CudaClock()
     clock.start()
     torch.cuda._sleep(50_000_000)  # tens of ms of GPU time, the host not waiting
