@@ -8,6 +8,7 @@ with eager's at every step, across the switches.
 """
 import contextlib
 import copy
+import re
 
 import pytest
 import torch
@@ -409,3 +410,24 @@ def test_the_cuda_clock_reads_a_step_once_its_work_is_done():
     clock.stop()
     assert first is None or first > 0.001
     assert t is not None and t > 0.001
+
+
+def test_programs_switching_interception_at_every_step_match_eager():
+    """tests/test_programs.py (LSTM and GRU, every optimizer, checkpointing, DDP, hooks,
+    torch.func, ...) with step sampling switching interception off and on without trials,
+    at every backward call and outermost block (tests/sample_everything.py): each program's
+    results still equal eager's."""
+    import os
+    import subprocess
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([here, os.environ.get("PYTHONPATH", "")]))
+    env.pop("ACCEL_STEP_SAMPLING", None)
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                        "-p", "sample_everything", os.path.join(here, "test_programs.py"),
+                        "-k", "not cuda"],
+                       capture_output=True, text=True, env=env, timeout=1200)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    off = re.search(r"sample_everything: (\d+) steps without interception", r.stdout)
+    assert " passed" in r.stdout and off and int(off.group(1)) >= 10, r.stdout[-3000:]
