@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import functools
 import logging
-import operator
 from dataclasses import dataclass
-from typing import Any, List, Sequence, Tuple
+from typing import Any, List, Sequence
 
 import torch
 import torch.fx as fx

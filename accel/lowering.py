@@ -346,7 +346,7 @@ class _Lowerer:
         if t is prims.fill.default:
             return self.operand(n.args[1], idx, dtype)
         if t is prims.iota.default:
-            length, start, step = n.args[0], n.kwargs["start"], n.kwargs["step"]
+            start, step = n.kwargs["start"], n.kwargs["step"]
             i = self.mk("index", torch.int64, Addr(tuple(idx[0])))
             e = self.mk("add", torch.int64, self.mk("mul", torch.int64, i, self.const(step, torch.int64)),
                         self.const(start, torch.int64))

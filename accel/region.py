@@ -12,13 +12,13 @@ from __future__ import annotations
 import hashlib
 import logging
 import warnings
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional
 
 import torch
 
 from . import config
 from .ops import (DTYPES, EAGER_AT_HALF, HALF, INTEGER_DIVISION, NOT_DEFERRABLE, ROUNDED_RESULTS,
-                  Deferred, OpSpec)
+                  Deferred)
 
 if config.flag("ACCEL_PURE_PYTHON"):
     from . import _core_py as native

@@ -14,7 +14,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 

@@ -18,8 +18,6 @@ from __future__ import annotations
 import argparse
 import copy
 import math
-import statistics
-import time
 
 import _common  # puts this checkout's accel first on sys.path
 _common.intercept_every_step()  # it times interception itself

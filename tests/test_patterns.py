@@ -14,7 +14,7 @@ from torch.utils._pytree import tree_leaves
 import accel.patterns as P
 from accel.graph import trace_region
 from accel.ops import SCALAR, TENSOR, _kind
-from accel.passes import PASSES, constant_folding, dce, run_passes
+from accel.passes import PASSES, constant_folding, dce
 
 accel_ops = torch.ops.accel
 DTYPES = (torch.float32, torch.float64)
