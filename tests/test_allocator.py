@@ -5,6 +5,7 @@ import torch
 
 import accel
 from accel import allocator
+from plugin_runs import run_under  # tests/plugin_runs.py
 
 close = torch.testing.assert_close
 
@@ -201,19 +202,7 @@ def test_suites_with_every_output_pooled():
     """The interceptor suite and the random chains with every region output taken from the
     pool (the pure-Python core; tests/pool_everything.py): views, in-place writes,
     autograd and reads of pending outputs over reused blocks."""
-    import os
-    import subprocess
-    import sys
-
-    here = os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ, ACCEL_PURE_PYTHON="1",
-               PYTHONPATH=os.pathsep.join([here, os.environ.get("PYTHONPATH", "")]))
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                        "-p", "pool_everything", os.path.join(here, "test_interceptor.py"),
-                        os.path.join(here, "test_chains.py")],
-                       capture_output=True, text=True, env=env, timeout=1200)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert " passed" in r.stdout
+    run_under("pool_everything", ["test_interceptor.py", "test_chains.py"], ACCEL_PURE_PYTHON="1")
 
 
 def test_fork_while_another_thread_holds_the_pool():

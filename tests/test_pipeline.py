@@ -11,6 +11,7 @@ from accel.codegen.cpp import CppRenderer
 from accel.graph import TraceError, trace_region
 from accel.lowering import BufferSpec, LoweringError, free_vars, lower, reductions, walk
 from accel.passes import cse, dce, remove_noops, run_passes, specialize_pow
+from plugin_runs import run_under  # tests/plugin_runs.py
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -426,18 +427,8 @@ def test_random_chains_with_every_eligible_store_streamed(tmp_path):
     """The random chains (pointwise, reductions, views, in-place writes) with every store
     the CPU codegen may stream streamed, whatever its size (tests/stream_everything.py), in
     a store of their own (the kernels differ from the same regions' unstreamed ones)."""
-    import subprocess
-    import sys
-
-    here = os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ, ACCEL_CACHE_DIR=str(tmp_path / "store"),
-               PYTHONPATH=os.pathsep.join([here, os.environ.get("PYTHONPATH", "")]))
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                        "-p", "stream_everything", "-k", "not cuda",
-                        os.path.join(here, "test_chains.py")],
-                       capture_output=True, text=True, env=env, timeout=1200)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert " passed" in r.stdout
+    run_under("stream_everything", ["test_chains.py"], "-k", "not cuda",
+              ACCEL_CACHE_DIR=str(tmp_path / "store"))
 
 
 @pytest.mark.parametrize("name,fn", [

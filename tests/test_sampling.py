@@ -17,6 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import accel
 from accel import dispatch, interceptor, runtime, sampling
 from devices import DEVICES  # tests/devices.py
+from plugin_runs import run_under  # tests/plugin_runs.py
 
 TRIAL_END = sampling.QUIET_STEPS + len(sampling.TRIAL)  # steps to the first decision
 
@@ -417,17 +418,6 @@ def test_programs_switching_interception_at_every_step_match_eager():
     torch.func, ...) with step sampling switching interception off and on without trials,
     at every backward call and outermost block (tests/sample_everything.py): each program's
     results still equal eager's."""
-    import os
-    import subprocess
-    import sys
-
-    here = os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([here, os.environ.get("PYTHONPATH", "")]))
-    env.pop("ACCEL_STEP_SAMPLING", None)
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                        "-p", "sample_everything", os.path.join(here, "test_programs.py"),
-                        "-k", "not cuda"],
-                       capture_output=True, text=True, env=env, timeout=1200)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    off = re.search(r"sample_everything: (\d+) steps without interception", r.stdout)
-    assert " passed" in r.stdout and off and int(off.group(1)) >= 10, r.stdout[-3000:]
+    out = run_under("sample_everything", ["test_programs.py"], "-k", "not cuda")
+    off = re.search(r"sample_everything: (\d+) steps without interception", out)
+    assert off and int(off.group(1)) >= 10, out[-3000:]

@@ -4,14 +4,11 @@ import os
 import subprocess
 import sys
 
+from plugin_runs import run_under  # tests/plugin_runs.py
+
 
 def test_interceptor_suite_on_pure_python_core():
-    env = dict(os.environ, ACCEL_PURE_PYTHON="1")
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                        os.path.join(os.path.dirname(__file__), "test_interceptor.py"),
-                        os.path.join(os.path.dirname(__file__), "test_shared.py")],
-                       capture_output=True, text=True, env=env, timeout=900)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    run_under(None, ["test_interceptor.py", "test_shared.py"], ACCEL_PURE_PYTHON="1")
 
 
 def test_twin_is_selected_by_env():

@@ -1,0 +1,22 @@
+"""Test files run in a pytest subprocess: under one of the plugins in ``tests/``
+(``pool_everything``, ``stream_everything``, ``sample_everything``), which change accel for
+the whole process they are loaded in, or with an environment of their own."""
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def run_under(plugin, files, *args, **env) -> str:
+    """Run ``files`` (names in ``tests/``) with ``-p plugin`` (None: none) and pytest
+    arguments ``args``, the environment updated by ``env``; assert that all passed. Returns
+    pytest's stdout."""
+    env = dict(os.environ, **env,
+               PYTHONPATH=os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")]))
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                        *(("-p", plugin) if plugin else ()), *args, *(os.path.join(HERE, f) for f in files)],
+                       capture_output=True, text=True, env=env, timeout=1200)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert " passed" in r.stdout
+    return r.stdout
