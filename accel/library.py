@@ -13,7 +13,7 @@ decomposition table has no entry for these ops: they stay whole through
 Output layout (fake and reference agree): reductions return new contiguous tensors of
 shape ``[x.shape[d] for d not in dims]`` and ``x``'s dtype; pointwise ops return
 ``torch.empty_like(x)`` (``x``'s strides when ``x`` is dense, as eager's TensorIterator).
-All four take floating tensors only.
+All of them take floating tensors only.
 
 The rewrites that produce these ops (search and replacement functions, examples) are
 declared at the end, as data: :data:`REWRITES`, registered by :mod:`accel.patterns`.
@@ -150,6 +150,27 @@ def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     "Gaussian Error Linear Units", arXiv:1606.08415). Same shape and dtype as ``x``
     (floating)."""
     return torch.nn.functional.gelu(x, approximate="tanh")
+
+
+@_define("vec_erf(Tensor x) -> Tensor", _fake_pointwise)
+def vec_erf(x: torch.Tensor) -> torch.Tensor:
+    """``erf`` as ATen's vectorized CPU code computes it for float32: ``Vectorized<float>::erf``
+    (``aten/src/ATen/cpu/vec/vec512/vec512_float.h``, the same in ``vec256``), which
+    eager's CPU GELU uses where oneDNN does not run (float16, strided inputs;
+    ``aten/src/ATen/native/cpu/Gelu.h``) and torch.compile's CPU code uses for every float32
+    erf. Abramowitz & Stegun 7.1.26: ``t = 1 / (1 + p|x|)``, ``erf(x) = sign(x) (1 - t P(t)
+    exp(-x^2))``, P of degree 4, absolute error below 1.5e-7 in exact arithmetic, 3.6e-7 in
+    float32 (``torch.erf`` itself is more accurate). Generated CPU kernels repeat ATen's operations and roundings (its FMAs
+    included); this reference rounds the FMAs in two steps, so it may differ from them in
+    the last bits. Same shape and dtype as ``x`` (floating); float64 is ``torch.erf``.
+    Only :func:`accel.graph._decompositions` emits it (GELU's erf, on the CPU)."""
+    if x.dtype == torch.float64:
+        return torch.erf(x)
+    ax = x.abs()
+    t = 1 / (0.3275911 * ax + 1)
+    r = (((1.061405429 * t - 1.453152027) * t + 1.421413741) * t - 0.284496736) * t + 0.254829592
+    y = 1 - t * r * torch.exp(-(x * x))
+    return torch.where(torch.signbit(x), -y, y)  # ATen flips y's sign bit by x's
 
 
 # -- the rewrites that produce these ops (registered by accel.patterns) ----------------------

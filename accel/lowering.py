@@ -131,7 +131,7 @@ where gcd
 """.split())
 
 #: accel's own elementwise operators (accel/library.py), rendered by name.
-ACCEL_ELEMENTWISE = frozenset({"silu", "gelu_tanh"})
+ACCEL_ELEMENTWISE = frozenset({"silu", "gelu_tanh", "vec_erf"})
 
 _PRIM_REDUCTIONS = {"sum": "sum", "prod": "prod", "amax": "amax", "amin": "amin"}
 

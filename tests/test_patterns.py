@@ -106,7 +106,8 @@ def test_library_ops_fake_and_reference():
     x = torch.randn(3, 4, 5, dtype=torch.float64)
     for op, args in [(accel_ops.online_softmax.default, (x, [1])),
                      (accel_ops.var_mean.default, (x, [0, 2], 1.0)),
-                     (accel_ops.silu.default, (x,)), (accel_ops.gelu_tanh.default, (x.mT,))]:
+                     (accel_ops.silu.default, (x,)), (accel_ops.gelu_tanh.default, (x.mT,)),
+                     (accel_ops.vec_erf.default, (x.float(),))]:
         res = torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor"))
         assert set(res.values()) == {"SUCCESS"}, res
     amax, sumexp = accel_ops.online_softmax(x, [-1])
@@ -121,6 +122,61 @@ def test_library_ops_fake_and_reference():
     assert a.tolist()[1:] == [float("-inf"), float("inf")] and s[1:].isnan().all()
     with pytest.raises(RuntimeError):
         accel_ops.online_softmax(x, [])
+
+
+def test_vec_erf_reference_is_atens_vectorized_erf():
+    """accel.library.vec_erf: Abramowitz & Stegun 7.1.26 with ATen's sign handling, within
+    4e-7 of the exact erf in float32 (1.5e-7 in exact arithmetic); float64 is torch.erf."""
+    x = torch.cat([torch.linspace(-6, 6, 4001), torch.tensor([0.0, -0.0, float("inf"),
+                                                               float("-inf"), float("nan")])])
+    y = accel_ops.vec_erf(x)
+    assert (y[:-5].double() - torch.erf(x[:-5].double())).abs().max() < 4e-7
+    assert y[-5:-1].tolist() == [y[-5].item(), -y[-5].item(), 1.0, -1.0] and y[-1].isnan()
+    assert y[-5].abs() < 1e-7 and torch.signbit(y[-4]) and not torch.signbit(y[-5])
+    torch.testing.assert_close(accel_ops.vec_erf(x.double()), torch.erf(x.double()), rtol=0, atol=0,
+                               equal_nan=True)
+
+
+def _grad_of_gelu(x, g):
+    return torch.ops.aten.gelu_backward(g, x)
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.float16, torch.bfloat16, torch.float64))
+def test_exact_gelu_on_the_cpu_takes_atens_vectorized_erf(dtype):
+    """The exact GELU and its backward trace (accel.graph._gelu, _gelu_backward) to
+    accel.vec_erf on float32 and 16-bit CPU tensors, computed in float32 (torch.compile's CPU
+    code and ATen's vectorized GELU take that erf); float64 and the tanh GELU keep their
+    decompositions. The traced graphs match eager's GELU within the default tolerances."""
+    x, g = torch.randn(8, 16, dtype=dtype) * 3, torch.randn(8, 16, dtype=dtype)
+    erf = "prims.erf.default" if dtype == torch.float64 else "accel.vec_erf.default"
+    for fn, inputs in ((torch.nn.functional.gelu, [x]), (_grad_of_gelu, [x, g])):
+        gm, sc = record(fn, *inputs)
+        ts = targets(gm)
+        assert ts.count(erf) == 1 and ts.count("prims.erf.default") == (erf == "prims.erf.default"), gm.graph
+        if dtype in (torch.float16, torch.bfloat16):  # computed in float32, rounded once
+            assert ts[-1] == "prims.convert_element_type.default", gm.graph
+        torch.testing.assert_close(gm(*inputs, *sc)[0], fn(*inputs))
+    gm, _ = record(lambda x: torch.nn.functional.gelu(x, approximate="tanh"), x)
+    assert "accel.vec_erf.default" not in targets(gm)
+
+
+@pytest.mark.skipif(torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"),
+                    reason="ATen's vectorized erf (FMA) is compiled for AVX2 and AVX-512 only")
+def test_float16_gelu_kernel_is_bitwise_eagers():
+    """On the CPU eager computes a float16 GELU with ATen's vectorized erf (not oneDNN):
+    accel's kernel gives the same bits, forward and backward."""
+    import accel
+
+    x = (torch.randn(64, 1024) * 3).half().requires_grad_()
+    g = torch.randn(64, 1024).half()
+    want = torch.nn.functional.gelu(x)
+    (want_dx,) = torch.autograd.grad(want, x, g)
+    before = accel.stats()["kernel_runs"]
+    with accel.eager():
+        got = torch.nn.functional.gelu(x)
+        (got_dx,) = torch.autograd.grad(got, x, g)
+    assert accel.stats()["kernel_runs"] - before == 2
+    assert torch.equal(got, want) and torch.equal(got_dx, want_dx)
 
 
 # -- the replacements ---------------------------------------------------------------------------
