@@ -24,6 +24,7 @@ import torch
 from torch.testing._internal.common_methods_invocations import op_db
 
 import accel
+from accel.codegen.cpp import BLOCK
 from test_opinfo import (DEVICES, DTYPES, HALF, Job, _check_case, _dtname, _opid, _outcome, _samples,
                          _tensors, assert_same, run_jobs)
 
@@ -204,6 +205,20 @@ def _call(fn, *inputs):
     return lambda: fn(*inputs)
 
 
+_LONG = 2 * BLOCK + 37  # three blocks of a blockwise reduction, the last partial
+
+
+def _long_rows():
+    """Rows of ``_LONG`` values: one with -inf entries, one of -inf only, one whose exp
+    overflows float32, one far from 0."""
+    x = _x(6, _LONG) * 4
+    x[0, ::5] = float("-inf")
+    x[1] = float("-inf")
+    x[2, BLOCK + 3] = 90.0
+    x[3] += 1e3
+    return x
+
+
 def _layer_norm_backward():
     x, w, b = _x(8, 32, requires_grad=True), _x(32, requires_grad=True), _x(32, requires_grad=True)
     y = torch.nn.functional.layer_norm(x, (32,), w, b)  # eagerly: the region is the backward
@@ -220,6 +235,15 @@ KERNEL_CASES = {
     "sum-dim0-keepdim-then-pointwise": lambda: _call(lambda x: x - x.sum(0, keepdim=True), _x(8, 32)),
     "var_mean": lambda: _call(lambda x: torch.var_mean(x, 1), _x(8, 32)),
     "layer_norm-backward": _layer_norm_backward,
+    # rows of three blocks of the CPU's blockwise reductions (the last one partial): the
+    # blocks' Welford and online-softmax states merge, around -inf, overflowing exp and a
+    # mean far from 0
+    "softmax-rows-of-blocks": lambda: _call(lambda x: torch.softmax(x, -1), _long_rows()),
+    "log_softmax-rows-of-blocks": lambda: _call(lambda x: torch.log_softmax(x, -1), _long_rows()),
+    "layer_norm-rows-of-blocks": lambda: _call(
+        lambda x, w, b: torch.nn.functional.layer_norm(x, (_LONG,), w, b),
+        _x(6, _LONG) + 3.0, _x(_LONG), _x(_LONG)),  # eager's float32 statistics drift by 1e3
+    "var_mean-rows-of-blocks": lambda: _call(lambda x: torch.var_mean(x, 1), _x(6, _LONG) + 1e3),
 }
 
 
