@@ -224,6 +224,10 @@ cdef class RegionCore:
     cdef public object device  # the region's torch.device (None: not decided yet)
     cdef public list ahead, ahead_meta  # outputs allocated ahead (speculation), by index
     cdef public tuple last_call  # (parent node, node, call, plan) of the latest record()
+    # (parent node, node, None, plan) where the latest record() ran a small or idle
+    # region's first call eagerly (TrieNode.eager_first), for the dispatch filter to learn
+    # that call's edge as one it runs eagerly itself; else None
+    cdef public tuple eager_call
     # launching ahead (accel.runtime): the first call's trie node, where the region predicts
     # its end; how many external inputs the first call had; a kernel launched ahead
     cdef public object first, speculation
@@ -286,6 +290,7 @@ cdef class RegionCore:
         self.ahead = None
         self.ahead_meta = None
         self.last_call = None
+        self.eager_call = None
 
     def __len__(self):
         return len(self.calls)
@@ -455,6 +460,7 @@ cdef class RegionCore:
                 if v.dtype is _bool:
                     self._int_ok = False
         self._plan = []
+        self.eager_call = None
         try:
             key = [func]
             targs = []
@@ -478,6 +484,7 @@ cdef class RegionCore:
             if node.outs is NOT_DEFERRABLE:
                 raise Deferred("meta")
             if node.eager_first is True and _small_regions:  # (accel.interceptor)
+                self.eager_call = (self.node, node, None, self._plan)
                 raise Deferred("small region")
         except Deferred:
             self._rollback(n_ext, n_sc, len(self.outs))

@@ -251,18 +251,23 @@ inline bool same_number(const c10::IValue& x, const Check& c) {
   return false;
 }
 
-// After the mode recorded a call whose key is `key`: keep the edge it took (the GIL held).
+// After the mode recorded a call whose key is `key` (the core's `last_call`), or ran it
+// eagerly as a small or idle region's first call (`eager_call`, with `eager`): keep the
+// edge it took, marked to run eagerly in the second case (the GIL held).
 inline void learn(const OperatorHandle& op, std::vector<int64_t>&& key, const void* parent,
-           accel_region_view* v) {
-  PyObject* last = PyObject_GetAttrString(static_cast<PyObject*>(v->region), "last_call");
+           accel_region_view* v, bool eager = false) {
+  PyObject* last = PyObject_GetAttrString(static_cast<PyObject*>(v->region),
+                                          eager ? "eager_call" : "last_call");
   if (last == nullptr) {
     PyErr_Clear();
     return;
   }
   auto edge = std::make_unique<Edge>();
   bool ok = PyTuple_Check(last) && PyTuple_GET_SIZE(last) == 4 &&
-            PyTuple_GET_ITEM(last, 0) == parent && PyTuple_GET_ITEM(last, 1) == v->node &&
+            PyTuple_GET_ITEM(last, 0) == parent &&
+            (eager || PyTuple_GET_ITEM(last, 1) == v->node) &&
             PyList_Check(PyTuple_GET_ITEM(last, 3));
+  edge->eager.store(eager, std::memory_order_relaxed);
   const auto& args = op.schema().arguments();
   if (ok) {
     PyObject* plan = PyTuple_GET_ITEM(last, 3);

@@ -461,7 +461,7 @@ void record(const OperatorHandle& op, DispatchKeySet ks, torch::jit::Stack* stac
     op.redispatchBoxed(ks - kPython, stack);
     return;
   }
-  if (e != nullptr) {
+  if (e != nullptr && e->call != Py_None) {  // (None: an edge learnt only to run eagerly)
     bool done;
     {
       pybind11::gil_scoped_acquire gil;
@@ -482,6 +482,13 @@ void record(const OperatorHandle& op, DispatchKeySet ks, torch::jit::Stack* stac
   if (v->n_calls == before + 1 && v->node != parent) {
     pybind11::gil_scoped_acquire gil;
     learn(op, std::move(mine), parent, v);
+  } else if (e == nullptr && v->n_calls == before && v->node == parent) {
+    // not recorded: where the mode ran it as a small or idle region's first call, the
+    // edge is learnt to run it eagerly here, above autograd, from then on (a region whose
+    // first call was marked before the filter was loaded is otherwise never learnt, and
+    // its first call takes the mode's path at every step)
+    pybind11::gil_scoped_acquire gil;
+    learn(op, std::move(mine), parent, v, /*eager=*/true);
   }
 }
 
@@ -593,8 +600,8 @@ uint64_t accel_filter_small() { return g_small.load(std::memory_order_relaxed); 
 void accel_filter_small_regions(int on) { g_small_on.store(on != 0, std::memory_order_relaxed); }
 
 // Run eagerly from now on the calls whose edges lead to trie node `node` (a small region's
-// first call: TrieNode.eager_first); an edge learnt later is only taken by a region's first
-// call, which the interceptor then runs eagerly itself (never recorded, so never learnt).
+// first call: TrieNode.eager_first); an edge not learnt yet is learnt so marked where the
+// mode runs such a call eagerly (record()).
 void accel_filter_eager_first(void* node) {
   std::lock_guard<std::mutex> guard(g_edges_mu);
   for (auto& kv : g_edges) {
