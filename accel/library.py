@@ -160,9 +160,9 @@ def vec_erf(x: torch.Tensor) -> torch.Tensor:
     ``aten/src/ATen/native/cpu/Gelu.h``) and torch.compile's CPU code uses for every float32
     erf. Abramowitz & Stegun 7.1.26: ``t = 1 / (1 + p|x|)``, ``erf(x) = sign(x) (1 - t P(t)
     exp(-x^2))``, P of degree 4, absolute error below 1.5e-7 in exact arithmetic, 3.6e-7 in
-    float32 (``torch.erf`` itself is more accurate). Generated CPU kernels repeat ATen's operations and roundings (its FMAs
-    included); this reference rounds the FMAs in two steps, so it may differ from them in
-    the last bits. Same shape and dtype as ``x`` (floating); float64 is ``torch.erf``.
+    float32 (``torch.erf`` itself is more accurate). Generated CPU kernels repeat ATen's
+    operations and roundings (its FMAs included); this reference rounds the FMAs in two
+    steps, so it may differ from them in the last bits. Same shape and dtype as ``x`` (floating); float64 is ``torch.erf``.
     Only :func:`accel.graph._decompositions` emits it (GELU's erf, on the CPU)."""
     if x.dtype == torch.float64:
         return torch.erf(x)

@@ -95,7 +95,8 @@ static inline double exp(double x) { return ::exp(x); }
  * Abramowitz & Stegun 7.1.26, t = 1 / (1 + p|x|), erf(x) = sign(x) (1 - t P(t) exp(-x^2)),
  * absolute error < 1.5e-7 in exact arithmetic (3.6e-7 in float32), with ATen's operations,
  * FMAs and sign-bit flip. accel's GELU takes it (accel.graph._gelu, accel.library.vec_erf):
- * about half the time of libmvec's erff. Float64: erf (ATen's Vectorized<double>::erf is SLEEF's accurate one). */
+ * about half the time of libmvec's erff. Float64: erf (ATen's Vectorized<double>::erf is
+ * SLEEF's accurate one). */
 static inline float vec_erf(float x) {
   const float t = 1.0f / ACCEL_FMA(0.3275911f, __builtin_fabsf(x), 1.0f);
   float r = ACCEL_FMA(1.061405429f, t, -1.453152027f);
