@@ -23,11 +23,9 @@ from . import CodegenError, CStyle, llc_bytes, machine_threads
 PARALLEL_MIN = 32768
 #: elements per OpenMP work item in a one-loop nest.
 CHUNK = 4096
-#: elements per block of a blockwise reduction (welford, online_softmax). Each block costs
-#: two horizontal sums and a merge with divisions, serial work that dominated blocks of 64
-#: in 16-bit rows. Kernels alone on [8192, 1024], 2-core dev VM, ms with blocks of 64 / 256
-#: / 512 / 1024: add + LayerNorm float32 1.73 / 1.69 / 1.73 / 1.93, bfloat16 1.59 / 1.49 /
-#: 1.43 / 1.46; softmax float32 1.33 / 1.26 / 1.23 / 1.21, bfloat16 1.48 at every size.
+#: elements per block of a blockwise reduction (welford, online_softmax). Each block's
+#: horizontal sums and merge are serial work; blocks of 64 spent [8192, 1024] bfloat16
+#: add + LayerNorm's time there (1.59 -> 1.43 ms; bench/README.md, 28th round).
 BLOCK = 512
 #: results per block of a reduction over a strided dimension (a column sum): as few blocks
 #: as give every thread the same number, each at most VBLOCK_MAX results, a multiple of
