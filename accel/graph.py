@@ -72,14 +72,19 @@ def _region_fn(calls, n_ext, n_out_slots, live_idx, scalars, out_dtypes=None):
 @functools.lru_cache(maxsize=1)
 def _decompositions():
     """torch._decomp's decomposition table, with accel's corrections to it where a
-    decomposition rounds otherwise than eager's kernel (:func:`_native_layer_norm`) or
-    computes otherwise (:func:`_gelu`, :func:`_gelu_backward`)."""
+    decomposition rounds otherwise than eager's kernel (:func:`_native_layer_norm`,
+    :func:`_batch_norm`) or computes otherwise (:func:`_gelu`, :func:`_gelu_backward`)."""
     from torch._decomp import decomposition_table
 
     aten = torch.ops.aten
     table = dict(decomposition_table)
     for op, fix in ((aten.native_layer_norm.default, _native_layer_norm),
-                    (aten.gelu.default, _gelu), (aten.gelu_backward.default, _gelu_backward)):
+                    (aten.gelu.default, _gelu), (aten.gelu_backward.default, _gelu_backward),
+                    *((op, _batch_norm) for op in (
+                        aten.native_batch_norm.default, aten._native_batch_norm_legit.default,
+                        aten._native_batch_norm_legit.no_stats,
+                        aten._native_batch_norm_legit_functional.default,
+                        aten._native_batch_norm_legit_no_training.default))):
         table[op] = functools.partial(fix, table[op])
     return table
 
@@ -150,6 +155,24 @@ def _native_layer_norm(decomposition, input, normalized_shape, weight, bias, eps
     if bias is not None:
         out = out + bias
     return out.to(input.dtype), mean, rstd
+
+
+def _batch_norm(decomposition, input, *args):
+    """A batch norm op (``native_batch_norm``, the ``_native_batch_norm_legit`` family) as
+    torch._decomp's ``decomposition`` of it, except where a 16-bit ``input`` (float16,
+    bfloat16) on the CPU comes with a float32 weight, bias or running statistic (a
+    bfloat16 activation under autocast into a float32 ``BatchNorm2d``): eager's mixed-dtype
+    kernel (``batch_norm_cpu``, ``is_mixed_type``) computes in float32 and returns the saved
+    mean and inverse standard deviation in float32 as computed, where the decomposition
+    rounds them to the input's dtype on the CPU (3e-3 relative in bfloat16, and the
+    backward from them drifts from eager's). Then the decomposition runs on the input
+    converted to float32 (exact) and only the normalized output is rounded to the input's
+    dtype, once, as eager's kernel rounds it. Returns the decomposition's tuple."""
+    if not (input.device.type == "cpu" and input.dtype in (torch.float16, torch.bfloat16)
+            and any(isinstance(a, torch.Tensor) and a.dtype == torch.float32 for a in args)):
+        return decomposition(input, *args)
+    out = decomposition(input.float(), *args)
+    return (out[0].to(input.dtype),) + tuple(out[1:])
 
 
 def _trace(calls, ext_examples, n_out_slots, live_idx, scalars, out_dtypes=None) -> fx.GraphModule:

@@ -102,6 +102,11 @@ EAGER_AT_HALF = frozenset({"binary_cross_entropy_with_logits"})
 #: same bits; tests/test_half.py). Any other dtype disagreement runs the call eagerly (CPU
 #: batch norm's 16-bit statistics do not round-trip so: its backward then drifts).
 ROUNDED_RESULTS = frozenset({"native_layer_norm"})
+#: ops whose eager CPU kernel returns an empty result of shape (0,) where the meta function's
+#: has elements (eval-mode batch norm's saved statistics; the meta function gives them the
+#: running statistics' shape): the region's result is eager's empty one, as the op's
+#: decomposition returns on the CPU
+EMPTY_RESULTS = frozenset({"native_batch_norm", "_native_batch_norm_legit_no_training"})
 
 #: pointwise-tagged ops accel does not take: no useful decomposition, or non-numeric results.
 _DENY = {"equal", "polygamma", "polygamma_", "_conj_physical", "angle", "rrelu",

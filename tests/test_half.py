@@ -168,6 +168,42 @@ def test_layer_norm_of_a_16_bit_input_with_float32_weights_keeps_float32_statist
                      {"weight": reference[1], "bias": reference[2]})
 
 
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+def test_batch_norm_of_a_16_bit_input_with_float32_weights_keeps_float32_statistics(dtype):
+    """CPU autocast's batch norm of a 16-bit activation into a float32 ``BatchNorm2d``:
+    eager's mixed-dtype CPU kernel returns the saved mean and inverse standard deviation in
+    float32 as computed, where torch._decomp's decomposition rounds them to the input's
+    dtype (they were 3e-3 off eager's in bfloat16). Each training-mode op, with and
+    without running statistics (updated in place as eager's), then the backward from its
+    statistics: as eager's."""
+    g = torch.Generator().manual_seed(5)
+    x, dy = (torch.randn(4, 8, 6, 6, generator=g).to(dtype) for _ in range(2))
+    w, b, rm = (torch.randn(8, generator=g) for _ in range(3))
+    rv = torch.rand(8, generator=g) + 0.5
+    aten = torch.ops.aten
+    calls = {"native_batch_norm": lambda x, rm, rv: aten.native_batch_norm(x * 1.0, w, b, rm, rv, True, 0.1, 1e-5),
+             "legit": lambda x, rm, rv: aten._native_batch_norm_legit(x * 1.0, w, b, rm, rv, True, 0.1, 1e-5),
+             "no_stats": lambda x, rm, rv: aten._native_batch_norm_legit(x * 1.0, w, b, True, 0.1, 1e-5)}
+    for name, forward in calls.items():
+        ers, ars = (rm.clone(), rv.clone()), (rm.clone(), rv.clone())
+        expected = forward(x, *ers)
+        actual, st = _run(forward, x, *ars)
+        assert st["kernel_runs"] == 1 and st["eager_replays"] == 0, (name, st)
+        assert [t.dtype for t in actual] == [dtype, torch.float32, torch.float32], name
+        torch.testing.assert_close(actual, expected, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(ars, ers, msg=lambda m: f"{name} running statistics: {m}")
+
+    _, mean, invstd = expected
+
+    def backward(dy, x, mean, invstd):
+        return aten.native_batch_norm_backward(dy * 1.0, x, w, rm, rv, mean, invstd, True, 1e-5,
+                                               [True, True, True])
+
+    got, st = _run(backward, dy, x, mean, invstd)
+    assert st["kernel_runs"] == 1, st
+    torch.testing.assert_close(got, backward(dy, x, mean, invstd))
+
 class _Block(torch.nn.Module):
     def __init__(self):
         super().__init__()

@@ -393,6 +393,25 @@ def test_eager_replay_keeps_the_shapes_eager_gives(fresh_store, monkeypatch):
     close(y, torch.nn.functional.batch_norm(x, rm, rv, w, b, training=False) * 2)
 
 
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_eval_batch_norm_kernel_returns_eagers_empty_statistics(dtype):
+    """Eval-mode batch norm run as a kernel returns the saved statistics eager's CPU kernel
+    returns: empty, of shape [0] and eager's dtype (the meta function's are [C]: the region
+    returned [C] uninitialized elements), and its output as eager's."""
+    g = torch.Generator().manual_seed(0)
+    x, rm = torch.randn(4, 3, 5, generator=g).to(dtype), torch.randn(3, generator=g).to(dtype)
+    rv, w, b = torch.rand(3, generator=g).to(dtype) + 0.5, torch.randn(3).to(dtype), torch.randn(3).to(dtype)
+    for op, args in ((torch.ops.aten._native_batch_norm_legit_no_training, (0.1, 1e-5)),
+                     (torch.ops.aten.native_batch_norm, (False, 0.1, 1e-5))):
+        want = op(x * 2, w, b, rm, rv, *args)
+        accel.reset_stats()
+        with accel.eager():
+            got = op(x * 2, w, b, rm, rv, *args)
+        assert accel.stats()["kernel_runs"] == 1, accel.stats()
+        assert [(t.shape, t.dtype) for t in got] == [(t.shape, t.dtype) for t in want]
+        close(got[0], want[0])
+
 @pytest.mark.parametrize("background", [False, True], ids=["at_flush", "background"])
 def test_compile_failure_is_remembered(background, fresh_store, monkeypatch, caplog):
     """A failed build (at the flush, or in the background with ACCEL_ASYNC_COMPILE) leaves
