@@ -287,7 +287,25 @@ REPROS = {
     # var_mean/std_mean over an empty dim: the mean must be nan (0/0), as mean() gives
     "var_mean-empty": lambda: _same_under_accel(lambda x: torch.var_mean(x, 0), torch.empty(0, 5)),
     "std_mean-empty": lambda: _same_under_accel(lambda x: torch.std_mean(x, 0), torch.empty(0, 5)),
+    # a variance (summed in float64) and a max in one loop, of a value converted to 16 bits
+    # in the region: GCC 12 miscompiled the loop's omp simd reductions (the variance was
+    # inf, or a fifth of eager's); the CPU kernel now sums and takes the max in two loops
+    "var-and-amax-of-bfloat16": lambda: _kernel_same(
+        lambda x: _var_and_amax(x.to(torch.bfloat16)), _x(64, 64)),
+    "var-and-amax-of-float16": lambda: _kernel_same(
+        lambda x: _var_and_amax(x.to(torch.float16)), _x(64, 300)),
+    "var-and-amax": lambda: _kernel_same(lambda x: _var_and_amax(x * 1), _x(64, 300)),
 }
+
+
+def _var_and_amax(h):
+    return h.var(1), (h * h).amax(1), torch.var_mean(h, 0)[0], h.amin(0)
+
+
+def _kernel_same(fn, *inputs):
+    accel.reset_stats()
+    _same_under_accel(fn, *inputs)
+    assert accel.stats()["kernel_runs"] >= 1, accel.stats()
 
 
 @pytest.mark.parametrize("name", list(REPROS))
