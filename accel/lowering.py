@@ -566,6 +566,11 @@ def lower(gm: fx.GraphModule, ext: Sequence[BufferSpec], outs: Sequence[BufferSp
             store = _store(lw, shapes[id(nest)], buf, spec, node)
             if store is None:
                 continue
+            # a store reading a buffer the nest writes (not an input written in place, which
+            # _check_hazards vets) waits for a later nest: a reduction moved to memory
+            written = {s.buf for s in nest.stores if s.buf >= len(ext)}
+            if written and any(e.op == "load" and e.args[0] in written for e in walk(store.value, set())):
+                continue
             trial = nest.stores + [store]
             exprs = [e for s in trial for e in walk(s.value, set())]
             order = _chain_order(nest.vars, exprs)

@@ -287,6 +287,14 @@ REPROS = {
     # var_mean/std_mean over an empty dim: the mean must be nan (0/0), as mean() gives
     "var_mean-empty": lambda: _same_under_accel(lambda x: torch.var_mean(x, 0), torch.empty(0, 5)),
     "std_mean-empty": lambda: _same_under_accel(lambda x: torch.std_mean(x, 0), torch.empty(0, 5)),
+    # a max over dim 0 (moved to memory: evaluated inside the next reduction's loop), then
+    # its max with keepdim: the [1] result joined the [5] nest that writes the first max,
+    # and its reduction, hoisted before that nest's loop, read the buffer unwritten
+    "max-values-then-amax-keepdim": lambda: _kernel_same(
+        lambda x: torch.max(x, -2).values.amax(0, keepdim=True), _x(4, 5)),
+    "max-values-then-amax-keepdim-int32": lambda: _kernel_same(
+        lambda x: torch.max(x, 0).values.amax(0, keepdim=True),
+        torch.randint(-5, 6, (4, 5), generator=torch.Generator().manual_seed(2)).to(torch.int32)),
     # a variance (summed in float64) and a max in one loop, of a value converted to 16 bits
     # in the region: GCC 12 miscompiled the loop's omp simd reductions (the variance was
     # inf, or a fifth of eager's); the CPU kernel now sums and takes the max in two loops
