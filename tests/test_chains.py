@@ -25,7 +25,8 @@ from devices import DEVICES  # tests/devices.py (pytest puts tests/ on sys.path)
 # profiles "accel-ci" (default: 60 examples, derandomized) and "accel-explore" are
 # registered in conftest.py
 
-DTYPES = {"f32": torch.float32, "f64": torch.float64, "i64": torch.int64, "bool": torch.bool}
+DTYPES = {"f32": torch.float32, "f64": torch.float64, "i64": torch.int64, "i32": torch.int32,
+          "i16": torch.int16, "i8": torch.int8, "bool": torch.bool}
 
 #: how an input is made; every shape broadcasts against [4, 5]
 INPUT_KINDS = {
