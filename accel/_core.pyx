@@ -438,7 +438,9 @@ cdef class RegionCore:
                 self._plan.append((where, _CONSTANT, v))
             if tv is float and v != v:
                 v = "nan"
-            key.append(v)
+            # with its type: 0 == 0.0 == False as dict keys (x + 0.0 found x + 0's node and
+            # returned int64)
+            key.append((tv, v) if tv is int or tv is float or tv is bool else v)
             tmpl.append(("c", v))
 
     def record(self, func, spec, tuple args, dict kwargs):

@@ -212,7 +212,8 @@ class RegionCore:
                     raise Deferred("device")
             if tv is float and v != v:
                 v = "nan"  # NaN != NaN would break dict lookups
-            key.append(v)
+            # with its type: 0 == 0.0 == False as dict keys
+            key.append((tv, v) if tv in (int, float, bool) else v)
             tmpl.append(("c", v))
 
     def record(self, func, spec: OpSpec, args, kwargs):

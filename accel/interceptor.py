@@ -226,8 +226,9 @@ def _filter_on(st) -> None:
         _bind(st)
         dispatch.set_included(True)
         st.filtered = True
-    if st.filtered:
-        _set_replay(st, st.modes[-1])
+    mode = next((m for m in reversed(st.modes) if m is not None), None)
+    if st.filtered and mode is not None:  # none in the flush of disable() leaving the last
+        _set_replay(st, mode)             # block: disable() turns the filter off after it
 
 
 def _set_replay(st, mode) -> None:

@@ -413,6 +413,28 @@ def test_the_key_is_only_included_inside_accel():
     assert dispatch.counts() == after
 
 
+def test_the_filter_loaded_in_the_flush_leaving_the_last_block(monkeypatch):
+    """The filter's background build can be found done at any flush, the one that leaving
+    the outermost ``accel.eager()`` makes included: the filter is then turned on for a
+    thread whose mode is already off its stack. That raised IndexError out of the with
+    statement (in a user's first process, once the build had finished; found by the
+    explore profile of tests/test_chains.py). The block exits, its results are eager's, and
+    the key is off outside it."""
+    x = torch.randn(64)
+    with accel.eager():
+        y = x.sin() * 2  # pending when the block exits
+        # as if this thread had not seen the filter yet, its build still in flight
+        dispatch.set_included(False)
+        _state.filtered = False
+        _state.region.set_replay(False, 0)
+        monkeypatch.setattr(dispatch, "building", True)
+    close(y, x.sin() * 2)
+    assert not _state.filtered
+    after = dispatch.counts()
+    x @ x
+    assert dispatch.counts() == after
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
     not torch.cuda.is_available(), reason="no CUDA device"))])
 def test_training_step_gradients_match(device, seen):

@@ -394,6 +394,25 @@ def test_eager_replay_keeps_the_shapes_eager_gives(fresh_store, monkeypatch):
 
 
 
+
+@pytest.mark.parametrize("first,second", [(0, 0.0), (0.0, 0), (False, 0), (0, False)],
+                         ids=["int-float", "float-int", "bool-int", "int-bool"])
+def test_constants_equal_in_value_but_not_in_type_key_apart(first, second):
+    """A zero scalar is a constant of the region's key (nonzero ones are runtime arguments),
+    and 0 == 0.0 == False as dict keys: ``x + 0.0`` after ``x + 0`` took the int one's trie
+    node and returned int64 (found by tests/test_chains.py's explore profile). Likewise a
+    value-specialized exponent, ``pow(x, 1)`` against ``pow(x, 1.0)``."""
+    x = torch.arange(-10, 11).reshape(3, 7)
+    for s in (first, second, first, second):
+        with accel.eager():
+            a = x + s
+            b = (a * 2).clamp_(min=1) + a
+            p = x.pow(1 if type(s) is not float else 1.0) * 3
+        e = x + s
+        assert a.dtype == e.dtype, (s, a.dtype, e.dtype)
+        close(b, (e * 2).clamp_(min=1) + e)
+        close(p, x.pow(1 if type(s) is not float else 1.0) * 3)
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_eval_batch_norm_kernel_returns_eagers_empty_statistics(dtype):
     """Eval-mode batch norm run as a kernel returns the saved statistics eager's CPU kernel
