@@ -226,9 +226,14 @@ def _filter_on(st) -> None:
         _bind(st)
         dispatch.set_included(True)
         st.filtered = True
-    mode = next((m for m in reversed(st.modes) if m is not None), None)
-    if st.filtered and mode is not None:  # none in the flush of disable() leaving the last
-        _set_replay(st, mode)             # block: disable() turns the filter off after it
+    mode = _innermost(st) if st.filtered else None
+    if mode is not None:  # none in the flush of disable() leaving the last block: disable()
+        _set_replay(st, mode)  # turns the filter off after it
+
+
+def _innermost(st):
+    """The innermost enabled mode of the thread (None: there is none)."""
+    return next((m for m in reversed(st.modes) if m is not None), None)
 
 
 def _set_replay(st, mode) -> None:
@@ -620,7 +625,7 @@ def disable() -> None:
             st.filtered = False
             st.region.set_replay(False, 0)
         elif st.filtered:  # the outer mode's cap
-            _set_replay(st, next(m for m in reversed(st.modes) if m is not None))
+            _set_replay(st, _innermost(st))
 
 
 class eager(contextlib.ContextDecorator):

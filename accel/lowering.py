@@ -569,7 +569,8 @@ def lower(gm: fx.GraphModule, ext: Sequence[BufferSpec], outs: Sequence[BufferSp
             # a store reading a buffer the nest writes (not an input written in place, which
             # _check_hazards vets) waits for a later nest: a reduction moved to memory
             written = {s.buf for s in nest.stores if s.buf >= len(ext)}
-            if written and any(e.op == "load" and e.args[0] in written for e in walk(store.value, set())):
+            if written and any(e.op == "load" and e.args[0] in written
+                               for e in walk(store.value, set())):
                 continue
             trial = nest.stores + [store]
             exprs = [e for s in trial for e in walk(s.value, set())]

@@ -182,9 +182,10 @@ def test_batch_norm_of_a_16_bit_input_with_float32_weights_keeps_float32_statist
     w, b, rm = (torch.randn(8, generator=g) for _ in range(3))
     rv = torch.rand(8, generator=g) + 0.5
     aten = torch.ops.aten
-    calls = {"native_batch_norm": lambda x, rm, rv: aten.native_batch_norm(x * 1.0, w, b, rm, rv, True, 0.1, 1e-5),
-             "legit": lambda x, rm, rv: aten._native_batch_norm_legit(x * 1.0, w, b, rm, rv, True, 0.1, 1e-5),
-             "no_stats": lambda x, rm, rv: aten._native_batch_norm_legit(x * 1.0, w, b, True, 0.1, 1e-5)}
+    calls = {
+        "native_batch_norm": lambda x, rm, rv: aten.native_batch_norm(x * 1.0, w, b, rm, rv, True, 0.1, 1e-5),
+        "legit": lambda x, rm, rv: aten._native_batch_norm_legit(x * 1.0, w, b, rm, rv, True, 0.1, 1e-5),
+        "no_stats": lambda x, rm, rv: aten._native_batch_norm_legit(x * 1.0, w, b, True, 0.1, 1e-5)}
     for name, forward in calls.items():
         ers, ars = (rm.clone(), rv.clone()), (rm.clone(), rv.clone())
         expected = forward(x, *ers)

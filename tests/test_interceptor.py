@@ -420,7 +420,8 @@ def test_eval_batch_norm_kernel_returns_eagers_empty_statistics(dtype):
     returned [C] uninitialized elements), and its output as eager's."""
     g = torch.Generator().manual_seed(0)
     x, rm = torch.randn(4, 3, 5, generator=g).to(dtype), torch.randn(3, generator=g).to(dtype)
-    rv, w, b = torch.rand(3, generator=g).to(dtype) + 0.5, torch.randn(3).to(dtype), torch.randn(3).to(dtype)
+    rv = torch.rand(3, generator=g).to(dtype) + 0.5
+    w, b = torch.randn(3).to(dtype), torch.randn(3).to(dtype)
     for op, args in ((torch.ops.aten._native_batch_norm_legit_no_training, (0.1, 1e-5)),
                      (torch.ops.aten.native_batch_norm, (False, 0.1, 1e-5))):
         want = op(x * 2, w, b, rm, rv, *args)

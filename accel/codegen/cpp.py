@@ -697,19 +697,17 @@ class CppRenderer(CStyle):
                 lines += [f"{name}[i{rv[0]}] = {inner.names[x]};" for x, name in kept]
         self._emit_items = emit_inner
         if kind in SIMPLE:
-            # one accumulator per distinct (kind, body): whether it is a max or min, its
-            # (clause, variable) pairs, update lines, fix-ups and dtype
-            accs, order = {}, []
+            # reduction clauses and update lines, each marked whether it is a max's or min's
+            accs, clauses, updates, fixes, wide = {}, [], [], [], False
             self._emit_items(inner, body_lines, "")
-            for e in g.members:
+            for e in g.members:  # one accumulator per distinct (kind, body)
                 key = (e.args[0], e.args[1])
                 if key not in accs:
                     a = accs[key] = f"a{self.ntemp}_{len(accs)}"
                     x = self._name(e.args[1][0], inner)
                     init, update, clause = SIMPLE[e.args[0]]
-                    minmax = e.args[0] in ("amax", "amin")
-                    clauses, updates, fixes = [], [], []
-                    if minmax:  # built-in clauses vectorize; NaN aside
+                    mm = e.args[0] in ("amax", "amin")
+                    if mm:  # built-in clauses vectorize; NaN aside
                         gt = ">" if e.args[0] == "amax" else "<"
                         if e.dtype == torch.bool:
                             update, clause = ("{a} = {a} || {x};", "||") if gt == ">" else \
@@ -718,32 +716,28 @@ class CppRenderer(CStyle):
                             update, clause = f"{{a}} = {{x}} {gt} {{a}} ? {{x}} : {{a}};", e.args[0][1:]
                         if e.dtype.is_floating_point:
                             out.append(f"{ind}int {a}_nan = 0;")
-                            clauses.append(("|", f"{a}_nan"))
-                            updates.append(f"{a}_nan |= ({x} != {x});")
+                            clauses.append((mm, "|", f"{a}_nan"))
+                            updates.append((mm, f"{a}_nan |= ({x} != {x});"))
                             fixes.append(f"if ({a}_nan) {a} = {self.ctype(e.dtype)}(NAN);")
                     init = self._lim(init, e.dtype) if init.startswith("$") else init
                     out.append(f"{ind}{self.ctype(e.dtype)} {a} = {init};")
-                    clauses.append((clause, a))
-                    updates.append(update.format(a=a, x=x))
-                    order.append((minmax, (clauses, updates, fixes, e.dtype)))
+                    clauses.append((mm, clause, a))
+                    updates.append((mm, update.format(a=a, x=x)))
+                    wide |= e.dtype in (torch.float64, torch.int64)
                 scope.names[e] = accs[key]
-            # one loop; but where a 64-bit accumulator is among them, a loop of the sums and
-            # products, then one of the maxima and minima: GCC 12 miscompiles an omp simd loop
-            # holding a max reduction, a 64-bit sum and 16-bit conversions (bfloat16
-            # x.var(1) with (x * x).amax(1): a wrong variance; tests/test_opinfo_reductions.py)
-            parts = [[acc for _, acc in order]]
-            if (any(acc[3] in (torch.float64, torch.int64) for _, acc in order)
-                    and len({m for m, _ in order}) == 2):
-                parts = [[acc for m, acc in order if m is k] for k in (False, True)]
+            # with a 64-bit accumulator, maxima and minima get a loop of their own: GCC 12
+            # miscompiled one with a 64-bit sum and 16-bit conversions (test_opinfo_reductions)
+            split = wide and len({mm for mm, _, _ in clauses}) == 2
             par = (not scope.bound and self._size(rv) >= PARALLEL_MIN and machine_threads() > 1)
-            for part in parts:
+            for part in ((False,), (True,)) if split else ((False, True),):
                 merged: Dict[str, List[str]] = {}
-                for c, a in (pair for acc in part for pair in acc[0]):
-                    merged.setdefault(c, []).append(a)
+                for mm, c, a in clauses:
+                    if mm in part:
+                        merged.setdefault(c, []).append(a)
                 red = " ".join(f"reduction({c}:{', '.join(v)})" for c, v in merged.items())
-                self._loops(rv, body_lines + [u for acc in part for u in acc[1]], out, ind,
+                self._loops(rv, body_lines + [u for mm, u in updates if mm in part], out, ind,
                             f"simd {red}", f"parallel for {red}" if par else None)
-            out += [ind + f for part in parts for acc in part for f in acc[2]]
+            out += [ind + f for f in fixes]
         elif kind in ARG:
             init, better = ARG[kind]
             vt = first.args[1][0].dtype
