@@ -194,8 +194,10 @@ def _run(path: str, source: str, src_name: str, lib_name: str, command) -> bytes
             return f.read()
 
 
-#: compiler flags of a torch C++ extension (torch.utils.cpp_extension's C++ standard)
-TORCH_EXTENSION_FLAGS = ["-O2", "-std=c++20", "-fPIC", "-shared", "-w"]
+#: compiler flags of a torch C++ extension (torch.utils.cpp_extension's C++ standard; OpenMP, as
+#: torch is built: ATen's inline at::parallel_for runs serially without it, and the library
+#: shares torch's libgomp.so.1)
+TORCH_EXTENSION_FLAGS = ["-O2", "-std=c++20", "-fopenmp", "-fPIC", "-shared", "-w"]
 
 
 def torch_extension_key() -> str:

@@ -45,7 +45,8 @@ from . import build, config
 log = logging.getLogger("accel")
 
 __all__ = ["SOURCE", "store_key", "start", "active", "loaded", "wait", "set_included", "bind",
-           "counts", "recorded", "unboxed", "small_region_calls", "set_small_regions", "eager_first", "off_reason"]
+           "counts", "recorded", "unboxed", "small_region_calls", "set_small_regions", "eager_first", "off_reason",
+           "set_matmul", "matmuls"]
 
 SOURCE = os.path.join(build.INCLUDE_DIR, "accel", "dispatch_filter.cpp")
 #: the headers it includes: the region view it shares with the region core, the core's
@@ -60,6 +61,7 @@ _future = None  # its background build
 _off: Optional[str] = None  # why the filter is not used, once that is decided
 building = False  # a background build is in flight or done and not loaded yet
 _small_regions = True  # ACCEL_EAGER_SMALL_REGIONS (set_small_regions)
+_matmul = True  # ACCEL_CPU_MATMUL (set_matmul)
 
 
 def _after_fork_in_child() -> None:
@@ -257,6 +259,10 @@ def _load(entry) -> None:
         lib.accel_filter_eager_first.argtypes = [ctypes.c_void_p]
         lib.accel_filter_small_regions.argtypes = [ctypes.c_int]
         lib.accel_filter_small_regions(_small_regions)
+        lib.accel_filter_matmul.restype = ctypes.c_int
+        lib.accel_filter_matmul.argtypes = [ctypes.c_int]
+        lib.accel_filter_matmuls.restype = ctypes.c_uint64
+        lib.accel_filter_matmul(_matmul)
         err = _register(lib, fusible_ops())
     except (OSError, AttributeError) as e:
         _give_up(f"{type(e).__name__}: {e}")
@@ -408,6 +414,23 @@ def set_small_regions(on: bool) -> None:
     _small_regions = bool(on)
     if _lib is not None:
         _lib.accel_filter_small_regions(_small_regions)
+
+
+def set_matmul(on: bool) -> bool:
+    """Whether float32 CPU ``mm``, ``addmm`` (beta = alpha = 1) and ``bmm`` calls the filter
+    runs past the mode run accel's matmul kernel (include/accel/gemm.h) instead of eager's
+    (``ACCEL_CPU_MATMUL``, set at each enable; kept for a filter loaded later). Returns
+    whether they now do: never while the filter is not loaded, nor on a CPU without
+    AVX-512F."""
+    global _matmul
+    _matmul = bool(on)
+    return bool(_lib.accel_filter_matmul(_matmul)) if _lib is not None else False
+
+
+def matmuls() -> int:
+    """Matmuls run by accel's kernel, on every thread of the process; 0 while the filter
+    is not loaded."""
+    return 0 if _lib is None else _lib.accel_filter_matmuls()
 
 
 def eager_first(node) -> None:

@@ -549,6 +549,7 @@ def _apply(cfg) -> None:
     _eager_idle = _eager_small and cfg["ACCEL_EAGER_IDLE_REGIONS"]
     set_small_regions(_eager_small)
     dispatch.set_small_regions(_eager_small)
+    dispatch.set_matmul(cfg["ACCEL_CPU_MATMUL"])
     _applied = cfg
 
 

@@ -70,7 +70,14 @@
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 
+#include <ATen/Context.h>
+#include <ATen/ExpandUtils.h>
+#include <ATen/Parallel.h>
 #include <ATen/PythonTorchFunctionTLS.h>
+#include <ATen/ops/addmm_ops.h>
+#include <ATen/ops/bmm_ops.h>
+#include <ATen/ops/mm_ops.h>
+#include <ATen/EmptyTensor.h>
 #include <ATen/SavedTensorHooks.h>
 #include <ATen/core/PythonFallbackKernel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -78,6 +85,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <torch/library.h>
+#include <torch/version.h>
 
 #include <atomic>
 #include <cstdint>
@@ -92,6 +100,7 @@
 
 #include "accel/call_keys.h"
 #include "accel/core_helpers.h"
+#include "accel/gemm.h"
 #include "accel/region_view.h"
 #include "accel/unboxed_kernels.h"
 
@@ -114,14 +123,17 @@ const DispatchKeySet kBelowSnapshot(DispatchKeySet::FULL_AFTER, DispatchKey::Pyt
 // autograd (CompositeImplicitAutograd: its parts are calls of their own), kDeferMutable
 // such an op that writes an argument (in place, or out=), whose autograd kernel may make a
 // call of its own (`mul_` and most in-place ops clone `self` for their backward); kView,
-// kPlain: run past the mode where they can
-enum Kind : uint8_t { kMode = 0, kView = 1, kPlain = 2, kDefer = 3, kDeferComposite = 4, kDeferMutable = 5 };
+// kPlain: run past the mode where they can; kMatmul: mm, addmm and bmm, run past the mode
+// as plain ops are, and through matmul() below autograd
+enum Kind : uint8_t {
+  kMode = 0, kView = 1, kPlain = 2, kDefer = 3, kDeferComposite = 4, kDeferMutable = 5, kMatmul = 6
+};
 
 std::mutex g_mu;  // guards the tables below
 std::unordered_set<std::string> g_deferrable, g_views;  // "aten::add.Tensor", "aten::view"
 std::unordered_map<OperatorHandle, uint8_t> g_kinds;  // filled on each op's first call
 PyTypeObject* g_mode_types[2] = {nullptr, nullptr};  // accel's dispatch mode classes
-std::unique_ptr<torch::Library> g_library, g_record_library, g_unboxed_library;
+std::unique_ptr<torch::Library> g_library, g_record_library, g_unboxed_library, g_matmul_library;
 int g_unboxed = 0;  // ops with unboxed kernels on the filter's key
 
 // the calling thread's region (null: not bound yet); its first byte is nonzero while it
@@ -133,6 +145,8 @@ thread_local uint64_t t_counts[4] = {0, 0, 0, 0};
 std::atomic<uint64_t> g_recorded{0};  // calls recorded here, on every thread
 std::atomic<uint64_t> g_small{0};  // small or idle regions' first calls run eagerly, every thread
 std::atomic<bool> g_small_on{true};   // ACCEL_EAGER_SMALL_REGIONS (accel_filter_small_regions)
+std::atomic<bool> g_matmul_on{false};  // ACCEL_CPU_MATMUL, on a CPU that runs the kernel
+std::atomic<uint64_t> g_matmuls{0};     // matmuls run by accel's kernel, every thread
 PyObject* g_replay = nullptr;  // RegionCore._replay (unbound)
 PyObject* g_flush = nullptr;   // accel.interceptor.flush
 
@@ -145,7 +159,9 @@ uint8_t kind_locked(const OperatorHandle& op) {
   if (it != g_kinds.end()) return it->second;
   std::string name = full_name(op.operator_name());
   uint8_t k = kPlain;
-  if (g_deferrable.count(name)) {
+  if (name == "aten::mm" || name == "aten::addmm" || name == "aten::bmm") {
+    k = kMatmul;
+  } else if (g_deferrable.count(name)) {
     k = op.hasKernelForDispatchKey(DispatchKey::CompositeImplicitAutograd) ? kDeferComposite
         : op.schema().is_mutable()                                          ? kDeferMutable
                                                                              : kDefer;
@@ -288,11 +304,15 @@ decltype(auto) route(DispatchKeySet ks, Kind kind_of_op, OnlyAccel only_accel,
     uint8_t kind = kind_of_op();
     const accel_region_view* v = t_view;
     // a plain call with a region pending: flushed here first, as the mode would have
-    bool plain = kind == kPlain && v != nullptr && (!v->pending || (v->replay && !v->busy));
+    bool plain = (kind == kPlain || kind == kMatmul) && v != nullptr &&
+                 (!v->pending || (v->replay && !v->busy));
     if ((kind == kView || plain) && only_accel() &&
         (kind == kView || !v->pending || flush_region())) {
       ++t_counts[0];
       c10::impl::ExcludeDispatchKeyGuard guard(kBypass);
+      if (kind == kMatmul && g_matmul_on.load(std::memory_order_relaxed)) {
+        return redispatch((ks - kBypass) | kRecord);  // to matmul(), after autograd
+      }
       return redispatch(ks - kBypass);
     }
     bool whole = kind == kDefer || kind == kDeferMutable;  // reaches record() as itself
@@ -492,6 +512,97 @@ void record(const OperatorHandle& op, DispatchKeySet ks, torch::jit::Stack* stac
   }
 }
 
+// -- matmuls ---------------------------------------------------------------------------
+// The matmuls route() runs past the mode reach these kernels on the record key, after
+// autograd (which saves their inputs as for any matmul). A float32 CPU product, on a CPU
+// with AVX-512, runs accel's kernel (include/accel/gemm.h: on the dev VM's AMD EPYC about
+// twice MKL's speed, with MKL's results bit for bit); every other call goes on below the key
+// to the op's usual kernel, as do products of a reduced float32 matmul precision
+// (torch.set_float32_matmul_precision: eager's oneDNN path), empty ones and small ones,
+// where packing costs more than MKL's own small-matrix paths.
+const DispatchKeySet kBelowRecord(DispatchKeySet::FULL_AFTER, kRecordKey);
+constexpr int64_t kMatmulMinFlops = int64_t(1) << 22;  // 2 x 128 x 128 x 128
+
+bool matmul_operand(const at::Tensor& t, int64_t dim) {
+  return t.dim() == dim && t.scalar_type() == at::kFloat && t.layout() == at::kStrided &&
+         t.device().is_cpu() && !t.is_neg();
+}
+
+bool full_fp32_precision() {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 9)
+  auto p = at::globalContext().float32Precision(at::Float32Backend::MKLDNN, at::Float32Op::MATMUL);
+  return p == at::Float32Precision::NONE || p == at::Float32Precision::IEEE;
+#else
+  return at::globalContext().float32MatmulPrecision() == at::Float32MatmulPrecision::HIGHEST;
+#endif
+}
+
+// Runs `out = bias + a @ b` (a: [batch, M, K], b: [batch, K, N], bias broadcast to [batch,
+// M, N] or undefined) through accel's kernel where it applies; an undefined tensor where not.
+at::Tensor accel_matmul(const at::Tensor& a, const at::Tensor& b, const at::Tensor& bias,
+                        bool batched) {
+  int64_t d = batched ? 3 : 2;
+  if (!matmul_operand(a, d) || !matmul_operand(b, d) || !accel_gemm::supported()) return {};
+  int64_t batch = batched ? a.size(0) : 1, M = a.size(d - 2), K = a.size(d - 1), N = b.size(d - 1);
+  if (b.size(d - 2) != K || (batched && b.size(0) != batch)) return {};  // eager raises
+  if (batch == 0 || M == 0 || N == 0 || K == 0 || 2 * batch * M * N * K < kMatmulMinFlops) return {};
+  c10::SmallVector<int64_t, 3> shape;
+  if (batched) shape.push_back(batch);
+  shape.append({M, N});
+  accel_gemm::Operand bo{nullptr, 0, 0, 0};
+  at::Tensor expanded;
+  if (bias.defined()) {
+    if (!matmul_operand(bias, bias.dim()) || !at::is_expandable_to(bias.sizes(), shape)) return {};
+    expanded = bias.expand(shape);
+    bo = {expanded.data_ptr<float>(), batched ? expanded.stride(0) : 0, expanded.stride(d - 2),
+          expanded.stride(d - 1)};
+  }
+  if (!full_fp32_precision()) return {};
+  at::Tensor c = at::detail::empty_cpu(shape, at::kFloat, std::nullopt, std::nullopt, std::nullopt,
+                            std::nullopt);
+  accel_gemm::Operand ao{a.data_ptr<float>(), batched ? a.stride(0) : 0, a.stride(d - 2),
+                         a.stride(d - 1)};
+  accel_gemm::Operand bb{b.data_ptr<float>(), batched ? b.stride(0) : 0, b.stride(d - 2),
+                         b.stride(d - 1)};
+  accel_gemm::Plan plan(batch, M, N, K, at::in_parallel_region() ? 1 : at::get_num_threads());
+  float* out = c.data_ptr<float>();
+  at::parallel_for(0, plan.tasks(), 1, [&](int64_t t0, int64_t t1) {
+    accel_gemm::run_tasks(plan, t0, t1, ao, bb, bo, out);
+  });
+  g_matmuls.fetch_add(1, std::memory_order_relaxed);
+  return c;
+}
+
+bool is_one(const c10::Scalar& s) { return !s.isComplex() && s.toDouble() == 1.0; }
+
+at::Tensor matmul_mm(DispatchKeySet ks, const at::Tensor& self, const at::Tensor& mat2) {
+  at::Tensor c = accel_matmul(self, mat2, at::Tensor(), false);
+  return c.defined() ? c : at::_ops::mm::redispatch(ks & kBelowRecord, self, mat2);
+}
+
+at::Tensor matmul_bmm(DispatchKeySet ks, const at::Tensor& self, const at::Tensor& mat2) {
+  at::Tensor c = accel_matmul(self, mat2, at::Tensor(), true);
+  return c.defined() ? c : at::_ops::bmm::redispatch(ks & kBelowRecord, self, mat2);
+}
+
+at::Tensor matmul_addmm(DispatchKeySet ks, const at::Tensor& self, const at::Tensor& mat1,
+                        const at::Tensor& mat2, const c10::Scalar& beta, const c10::Scalar& alpha) {
+  at::Tensor c;
+  if (is_one(beta) && is_one(alpha)) c = accel_matmul(mat1, mat2, self, false);
+  return c.defined() ? c
+                     : at::_ops::addmm::redispatch(ks & kBelowRecord, self, mat1, mat2, beta, alpha);
+}
+
+// Registers the matmul kernels on the record key (caller holds g_mu).
+std::unique_ptr<torch::Library> matmul_library() {
+  auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", kRecordKey,
+                                              __FILE__, __LINE__);
+  lib->impl("mm", torch::dispatch(kRecordKey, TORCH_FN(matmul_mm)));
+  lib->impl("bmm", torch::dispatch(kRecordKey, TORCH_FN(matmul_bmm)));
+  lib->impl("addmm", torch::dispatch(kRecordKey, TORCH_FN(matmul_addmm)));
+  return lib;
+}
+
 void split_lines(const char* text, std::unordered_set<std::string>* out) {
   std::istringstream in(text ? text : "");
   for (std::string line; std::getline(in, line);) {
@@ -542,6 +653,7 @@ const char* accel_filter_register(const char* deferrable, const char* views,
     rec->fallback(torch::CppFunction::makeFromBoxedFunction<&record>());
     g_library = std::move(lib);
     g_record_library = std::move(rec);
+    g_matmul_library = matmul_library();
     register_unboxed();
   } catch (const std::exception& e) {
     error = e.what();
@@ -608,5 +720,15 @@ void accel_filter_eager_first(void* node) {
     if (kv.second->child == node) kv.second->eager.store(true, std::memory_order_relaxed);
   }
 }
+
+// Whether float32 CPU matmuls run accel's kernel (on != 0: ACCEL_CPU_MATMUL); returns
+// whether they now do (never on a CPU without AVX-512F).
+int accel_filter_matmul(int on) {
+  g_matmul_on.store(on != 0 && accel_gemm::supported(), std::memory_order_relaxed);
+  return g_matmul_on.load(std::memory_order_relaxed);
+}
+
+// Matmuls run by accel's kernel, on every thread.
+uint64_t accel_filter_matmuls() { return g_matmuls.load(std::memory_order_relaxed); }
 
 }  // extern "C"

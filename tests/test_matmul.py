@@ -1,0 +1,199 @@
+"""accel's float32 CPU matmul kernel (include/accel/gemm.h), run by the dispatch filter for
+``mm``, ``addmm`` and ``bmm``: results against eager's, forward and backward, over shapes
+that do not fill its tiles, strided, transposed and broadcast operands, and every case it
+leaves to eager's kernel."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import accel
+from accel import dispatch
+
+close = torch.testing.assert_close
+
+pytestmark = pytest.mark.skipif(not dispatch.wait(), reason="dispatch filter not built here")
+
+
+def _runs_here() -> bool:
+    with accel.eager():
+        return dispatch.set_matmul(True)
+
+
+RUNS = _runs_here()
+needs_kernel = pytest.mark.skipif(not RUNS, reason="no AVX-512F on this CPU: eager's matmuls")
+
+
+def _randn(*shape, k=1, gen=None):
+    """Normal values scaled by 1/sqrt(k): products over k terms stay O(1), so two summation
+    orders agree within assert_close's defaults."""
+    return torch.randn(*shape, generator=gen) / k ** 0.5
+
+
+def _ran(fn):
+    """fn() under accel; its result and how many matmuls accel's kernel ran."""
+    before = dispatch.matmuls()
+    with accel.eager():
+        out = fn()
+    return out, dispatch.matmuls() - before
+
+
+# (M, K, N), each at least the kernel's 2^22 flops: tiles of 48 x 512 over micro-tiles of 12 x 32, K blocks of 192 (halves between
+# 192 and 384), odd and prime sizes
+SHAPES = [(128, 128, 128), (100, 37, 600), (4, 1024, 700), (700, 8, 400), (48, 192, 512),
+          (49, 193, 513), (131, 385, 67), (1024, 256, 768), (257, 1000, 33)]
+
+
+@needs_kernel
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("layout", ["nn", "tn", "nt", "tt"])
+def test_mm_matches_eager(shape, layout):
+    M, K, N = shape
+    g = torch.Generator().manual_seed(M * 7 + K * 3 + N)
+    a = _randn(K, M, k=K, gen=g).t() if layout[0] == "t" else _randn(M, K, k=K, gen=g)
+    b = _randn(N, K, gen=g).t() if layout[1] == "t" else _randn(K, N, gen=g)
+    out, n = _ran(lambda: torch.mm(a, b))
+    assert n == 1
+    assert out.shape == (M, N) and out.is_contiguous()
+    close(out, torch.mm(a, b))
+
+
+@needs_kernel
+def test_strided_and_broadcast_operands():
+    g = torch.Generator().manual_seed(0)
+    big = _randn(300, 400, k=150, gen=g)
+    a = big[::2, 10:160]  # row stride 800, a slice
+    b = _randn(1, 100, gen=g).expand(150, 100)  # row stride 0
+    out, n = _ran(lambda: a @ b)
+    assert n == 1
+    close(out, a @ b)
+
+
+@needs_kernel
+@pytest.mark.parametrize("bias_shape", [(160,), (1, 160), (70, 160), (70, 1), ()])
+def test_addmm_broadcasts_its_bias(bias_shape):
+    g = torch.Generator().manual_seed(1)
+    a, b = _randn(70, 200, k=200, gen=g), _randn(200, 160, gen=g)
+    bias = torch.randn(bias_shape, generator=g)
+    out, n = _ran(lambda: torch.addmm(bias, a, b))
+    assert n == 1
+    close(out, torch.addmm(bias, a, b))
+
+
+@needs_kernel
+@pytest.mark.parametrize("transposed", [False, True])
+def test_bmm_matches_eager(transposed):
+    g = torch.Generator().manual_seed(2)
+    a = _randn(6, 100, 64, k=64, gen=g)
+    b = _randn(6, 90, 64, gen=g).transpose(1, 2) if transposed else _randn(6, 64, 90, gen=g)
+    out, n = _ran(lambda: torch.bmm(a, b))
+    assert n == 1
+    close(out, torch.bmm(a, b))
+
+
+@needs_kernel
+def test_a_training_step_matches_eager():
+    """Linear layers (addmm), attention-like matmuls (bmm through torch.matmul) and their
+    backward (mm of transposed operands): loss and gradients as eager's."""
+    torch.manual_seed(3)
+    model = torch.nn.Sequential(torch.nn.Linear(96, 256), torch.nn.GELU(), torch.nn.Linear(256, 96))
+    x = torch.randn(4, 128, 96)
+
+    def step(m):
+        h = m(x)
+        att = torch.matmul(h, h.transpose(1, 2)).softmax(-1)
+        loss = torch.matmul(att, h).square().mean()
+        loss.backward()
+        return loss.detach(), [p.grad for p in m.parameters()]
+
+    ref_model = __import__("copy").deepcopy(model)
+    (loss, grads), n = _ran(lambda: step(model))
+    ref_loss, ref_grads = step(ref_model)
+    assert n == 11
+    close(loss, ref_loss)
+    for gr, r in zip(grads, ref_grads):
+        close(gr, r)
+
+
+@pytest.mark.parametrize("case", ["float64", "int64", "alpha", "beta", "small", "empty_k",
+                                  "empty_m", "bad_shapes"])
+def test_what_the_kernel_leaves_to_eager(case):
+    """Each of these runs eager's kernel, with eager's result or eager's error."""
+    g = torch.Generator().manual_seed(4)
+    a, b, bias = torch.randn(128, 96, generator=g), torch.randn(96, 80, generator=g), torch.randn(80)
+    fn = {
+        "float64": lambda: torch.mm(a.double(), b.double()),
+        "int64": lambda: torch.mm((a * 10).long(), (b * 10).long()),
+        "alpha": lambda: torch.addmm(bias, a, b, alpha=2),
+        "beta": lambda: torch.addmm(bias, a, b, beta=0.5),
+        "small": lambda: torch.mm(a[:16, :16], b[:16, :16]),
+        "empty_k": lambda: torch.addmm(bias, a[:, :0], b[:0]),
+        "empty_m": lambda: torch.mm(a[:0], b),
+        "bad_shapes": lambda: torch.mm(a, a),
+    }[case]
+    if case == "bad_shapes":
+        with pytest.raises(RuntimeError, match="cannot be multiplied"):
+            _ran(fn)
+        return
+    out, n = _ran(fn)
+    assert n == 0
+    expected = fn()
+    assert out.dtype == expected.dtype
+    if expected.dtype.is_floating_point:
+        close(out, expected)
+    else:
+        assert torch.equal(out, expected)
+
+
+def test_a_reduced_matmul_precision_keeps_eagers_kernel():
+    """torch.set_float32_matmul_precision("medium") lets eager use oneDNN's reduced-precision
+    path: accel then leaves the product to eager."""
+    a, b = torch.randn(256, 256), torch.randn(256, 256)
+    torch.set_float32_matmul_precision("medium")
+    try:
+        out, n = _ran(lambda: a @ b)
+        expected = a @ b
+    finally:
+        torch.set_float32_matmul_precision("highest")
+    assert n == 0
+    close(out, expected)
+
+
+def test_accel_cpu_matmul_0_keeps_eagers_kernel(monkeypatch):
+    a, b = torch.randn(256, 256), torch.randn(256, 256)
+    monkeypatch.setenv("ACCEL_CPU_MATMUL", "0")
+    out, n = _ran(lambda: a @ b)
+    assert n == 0
+    close(out, a @ b)
+    monkeypatch.delenv("ACCEL_CPU_MATMUL")
+    _, n = _ran(lambda: a @ b)
+    assert n == (1 if RUNS else 0)
+
+
+@needs_kernel
+def test_the_kernel_follows_torchs_thread_count():
+    a, b = _randn(512, 300, k=300), _randn(300, 400)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        out, n = _ran(lambda: a @ b)
+    finally:
+        torch.set_num_threads(threads)
+    assert n == 1
+    close(out, a @ b)
+
+
+@needs_kernel
+def test_the_kernel_runs_in_a_new_process_with_the_filter_stored():
+    """Without the dispatch filter there is no matmul kernel; a process that finds the
+    filter in the store runs it from its first step."""
+    code = ("import torch, accel\nfrom accel import dispatch\n"
+            "a, b = torch.randn(256, 128), torch.randn(128, 64)\n"
+            "with accel.eager():\n    c = a @ b\n"
+            "torch.testing.assert_close(c, a @ b)\nprint(dispatch.loaded(), dispatch.matmuls())\n")
+    out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ), capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "1"]
