@@ -147,6 +147,33 @@ def test_what_the_kernel_leaves_to_eager(case):
         assert torch.equal(out, expected)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("op", ["mm", "addmm", "bmm"])
+def test_cuda_matmuls_keep_eagers_kernel(op):
+    """A GPU's matmuls reach the same kernel on the record key, which leaves them to
+    cuBLAS: eager's results, forward and backward."""
+    g = torch.Generator(device="cuda").manual_seed(5)
+    a = torch.randn(4, 256, 128, device="cuda", generator=g, requires_grad=True)
+    b = torch.randn(4, 128, 192, device="cuda", generator=g, requires_grad=True)
+    bias = torch.randn(192, device="cuda", generator=g, requires_grad=True)
+    fn = {"mm": lambda: torch.mm(a[0], b[0]), "addmm": lambda: torch.addmm(bias, a[0], b[0]),
+          "bmm": lambda: torch.bmm(a, b)}[op]
+
+    def fwd_bwd():
+        out = fn()
+        grads = torch.autograd.grad(out.square().sum(), (a, b, bias), allow_unused=True)
+        return out, grads
+
+    (out, grads), n = _ran(fwd_bwd)
+    ref, ref_grads = fwd_bwd()
+    assert n == 0
+    close(out, ref)
+    for gr, r in zip(grads, ref_grads):
+        assert (gr is None) == (r is None)
+        if r is not None:
+            close(gr, r)
+
+
 def test_a_reduced_matmul_precision_keeps_eagers_kernel():
     """torch.set_float32_matmul_precision("medium") lets eager use oneDNN's reduced-precision
     path: accel then leaves the product to eager."""

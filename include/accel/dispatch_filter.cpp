@@ -525,7 +525,7 @@ constexpr int64_t kMatmulMinFlops = int64_t(1) << 22;  // 2 x 128 x 128 x 128
 
 bool matmul_operand(const at::Tensor& t, int64_t dim) {
   return t.dim() == dim && t.scalar_type() == at::kFloat && t.layout() == at::kStrided &&
-         t.device().is_cpu() && !t.is_neg();
+         t.device().is_cpu() && !t.is_nested() && !t.is_neg() && t.has_storage();
 }
 
 bool full_fp32_precision() {
