@@ -142,12 +142,13 @@ FLAGS = {
              "there the deferred calls recorded the same way before: a torch extension built "
              "in the background at first use and kept in the store. 0: every call crosses "
              "into Python."),
-        Flag("ACCEL_CPU_MATMUL", True, _parse_bool,
+        Flag("ACCEL_CPU_MATMUL", "auto", _parse_choice("auto", "on", "off"),
              "Run float32 CPU mm, addmm and bmm (the calls the dispatch filter runs past the "
-             "mode) with accel's AVX-512 matmul kernel instead of eager's MKL sgemm: on AMD "
-             "CPUs, where MKL takes a generic path, about twice as fast, with MKL's results "
-             "bit for bit on the dev VM. Needs the dispatch filter and AVX-512F; read at each "
-             "enable; 0: eager's."),
+             "mode) with accel's AVX-512 matmul kernel instead of eager's MKL sgemm. auto: on "
+             "AMD CPUs with AVX-512F, where MKL takes a generic path at about half their "
+             "speed (on Intel CPUs MKL's own AVX-512 kernels are faster: eager's); on: on "
+             "any CPU with AVX-512F; off: eager's. Needs the dispatch filter; read at each "
+             "enable."),
         Flag("ACCEL_PURE_PYTHON", False, _parse_bool,
              "Use the pure-Python twin of the Cython core (debugging; slower)."),
         Flag("ACCEL_CPU_POOL_MB", 1024, _parse_int(0),

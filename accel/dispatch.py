@@ -61,7 +61,8 @@ _future = None  # its background build
 _off: Optional[str] = None  # why the filter is not used, once that is decided
 building = False  # a background build is in flight or done and not loaded yet
 _small_regions = True  # ACCEL_EAGER_SMALL_REGIONS (set_small_regions)
-_matmul = True  # ACCEL_CPU_MATMUL (set_matmul)
+_MATMUL_MODES = {"off": 0, "auto": 1, "on": 2}
+_matmul = 1  # ACCEL_CPU_MATMUL (set_matmul)
 
 
 def _after_fork_in_child() -> None:
@@ -416,14 +417,18 @@ def set_small_regions(on: bool) -> None:
         _lib.accel_filter_small_regions(_small_regions)
 
 
-def set_matmul(on: bool) -> bool:
-    """Whether float32 CPU ``mm``, ``addmm`` (beta = alpha = 1) and ``bmm`` calls the filter
+def set_matmul(mode: str) -> bool:
+    """Where float32 CPU ``mm``, ``addmm`` (beta = alpha = 1) and ``bmm`` calls the filter
     runs past the mode run accel's matmul kernel (include/accel/gemm.h) instead of eager's
-    (``ACCEL_CPU_MATMUL``, set at each enable; kept for a filter loaded later). Returns
-    whether they now do: never while the filter is not loaded, nor on a CPU without
-    AVX-512F."""
+    (``ACCEL_CPU_MATMUL``: "auto", AMD CPUs with AVX-512F; "on", any CPU with AVX-512F;
+    "off"; set at each enable, kept for a filter loaded later). Returns whether they now
+    do: never while the filter is not loaded.
+
+    Raises:
+        ValueError: ``mode`` is none of the three.
+    """
     global _matmul
-    _matmul = bool(on)
+    _matmul = _MATMUL_MODES[mode]
     return bool(_lib.accel_filter_matmul(_matmul)) if _lib is not None else False
 
 

@@ -16,7 +16,7 @@ import torch
 from _common import accel_fn, interleaved_ms, machine, table
 
 import accel  # noqa: E402  (after _common: this checkout's accel)
-from accel import dispatch  # noqa: E402
+from accel import config, dispatch  # noqa: E402
 
 # (label, op, shapes of its arguments, transposed operands)
 CASES = [
@@ -56,8 +56,9 @@ def main(argv=None) -> int:
     if not dispatch.wait(600):
         print("no dispatch filter here: accel runs eager's matmuls")
     with accel.eager():
-        on = dispatch.set_matmul(True)
-    print(f"accel's matmul kernel {'on' if on else 'off (no AVX-512F, or ACCEL_CPU_MATMUL=0)'}\n")
+        mode = config.flag("ACCEL_CPU_MATMUL")
+        on = dispatch.set_matmul(mode)
+    print(f"accel's matmul kernel (ACCEL_CPU_MATMUL={mode}): {'on' if on else 'off'}\n")
     g = torch.Generator().manual_seed(0)
     rows = []
     for label, op, dims, trans in CASES:

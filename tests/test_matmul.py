@@ -10,19 +10,32 @@ import pytest
 import torch
 
 import accel
-from accel import dispatch
+from accel import config, dispatch
 
 close = torch.testing.assert_close
 
 pytestmark = pytest.mark.skipif(not dispatch.wait(), reason="dispatch filter not built here")
 
 
-def _runs_here() -> bool:
+def _kernel_where() -> tuple:
+    """(whether the kernel runs here by default, whether it can run here at all)."""
     with accel.eager():
-        return dispatch.set_matmul(True)
+        auto, on = dispatch.set_matmul("auto"), dispatch.set_matmul("on")
+        dispatch.set_matmul(config.flag("ACCEL_CPU_MATMUL"))
+    return auto, on
 
 
-RUNS = _runs_here()
+AUTO, RUNS = _kernel_where()
+
+
+@pytest.fixture(autouse=True)
+def _kernel_on(monkeypatch):
+    """On a CPU where it is off by default (Intel's, with AVX-512F), the kernel forced on
+    for these tests (ACCEL_CPU_MATMUL=on)."""
+    if RUNS and not AUTO:
+        monkeypatch.setenv("ACCEL_CPU_MATMUL", "on")
+
+
 needs_kernel = pytest.mark.skipif(not RUNS, reason="no AVX-512F on this CPU: eager's matmuls")
 
 
@@ -161,10 +174,15 @@ def test_cuda_matmuls_keep_eagers_kernel(op):
 
     def fwd_bwd():
         out = fn()
-        grads = torch.autograd.grad(out.square().sum(), (a, b, bias), allow_unused=True)
+        # small output gradients: the bias gradient's column sums (accel's in float64,
+        # eager's in float32) agree within assert_close's defaults
+        grad_out = torch.randn(out.shape, device="cuda", generator=g2) / 16
+        grads = torch.autograd.grad(out, (a, b, bias), grad_out, allow_unused=True)
         return out, grads
 
+    g2 = torch.Generator(device="cuda").manual_seed(6)
     (out, grads), n = _ran(fwd_bwd)
+    g2.manual_seed(6)
     ref, ref_grads = fwd_bwd()
     assert n == 0
     close(out, ref)
@@ -188,15 +206,25 @@ def test_a_reduced_matmul_precision_keeps_eagers_kernel():
     close(out, expected)
 
 
-def test_accel_cpu_matmul_0_keeps_eagers_kernel(monkeypatch):
+def test_accel_cpu_matmul_off_keeps_eagers_kernel(monkeypatch):
     a, b = torch.randn(256, 256), torch.randn(256, 256)
-    monkeypatch.setenv("ACCEL_CPU_MATMUL", "0")
+    on = os.environ.get("ACCEL_CPU_MATMUL", "auto")
+    monkeypatch.setenv("ACCEL_CPU_MATMUL", "off")
     out, n = _ran(lambda: a @ b)
     assert n == 0
     close(out, a @ b)
-    monkeypatch.delenv("ACCEL_CPU_MATMUL")
+    monkeypatch.setenv("ACCEL_CPU_MATMUL", on)
     _, n = _ran(lambda: a @ b)
     assert n == (1 if RUNS else 0)
+
+
+def test_auto_runs_the_kernel_on_amd_cpus_only():
+    with open("/proc/cpuinfo") as f:
+        amd = "AuthenticAMD" in f.read()
+    with accel.eager():
+        auto = dispatch.set_matmul("auto")
+        dispatch.set_matmul(os.environ.get("ACCEL_CPU_MATMUL", "auto"))
+    assert auto == (amd and RUNS) == AUTO
 
 
 @needs_kernel
