@@ -26,6 +26,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <new>
 
 namespace accel_gemm {
 
@@ -142,7 +143,8 @@ inline void pack_b(const float* b, int64_t s0, int64_t s1, int n, int64_t pc, in
   }
 }
 
-// The packing buffers of the calling thread (A panels, then B panels), 64-byte aligned.
+// The packing buffers of the calling thread (A panels, then B panels; 464 KiB), 64-byte
+// aligned. Raises std::bad_alloc where they cannot be allocated.
 inline float* workspace() {
   constexpr size_t kFloats = size_t(kMC + kMR) * kKC + size_t(kNB + kNR) * kKC;
   struct Free {
@@ -150,6 +152,7 @@ inline float* workspace() {
   };
   thread_local std::unique_ptr<float, Free> buf(
       static_cast<float*>(std::aligned_alloc(64, kFloats * sizeof(float))));
+  if (!buf) throw std::bad_alloc();
   return buf.get();
 }
 
