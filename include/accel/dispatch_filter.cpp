@@ -514,9 +514,10 @@ void record(const OperatorHandle& op, DispatchKeySet ks, torch::jit::Stack* stac
 
 // -- matmuls ---------------------------------------------------------------------------
 // The matmuls route() runs past the mode reach these kernels on the record key, after
-// autograd (which saves their inputs as for any matmul). A float32 CPU product, on a CPU
-// with AVX-512, runs accel's kernel (include/accel/gemm.h: on the dev VM's AMD EPYC about
-// twice MKL's speed, with MKL's results bit for bit); every other call goes on below the key
+// autograd (which saves their inputs as for any matmul), while accel_filter_matmul() has
+// turned them on (ACCEL_CPU_MATMUL: AMD CPUs with AVX-512F by default). A float32 CPU
+// product runs accel's kernel (include/accel/gemm.h: on the dev VM's AMD EPYC about twice
+// MKL's speed, with MKL's results bit for bit); every other call goes on below the key
 // to the op's usual kernel, as do products of a reduced float32 matmul precision
 // (torch.set_float32_matmul_precision: eager's oneDNN path), empty ones and small ones,
 // where packing costs more than MKL's own small-matrix paths.
@@ -558,8 +559,8 @@ at::Tensor accel_matmul(const at::Tensor& a, const at::Tensor& b, const at::Tens
           expanded.stride(d - 1)};
   }
   if (!full_fp32_precision()) return {};
-  at::Tensor c = at::detail::empty_cpu(shape, at::kFloat, std::nullopt, std::nullopt, std::nullopt,
-                            std::nullopt);
+  at::Tensor c = at::detail::empty_cpu(shape, at::kFloat, std::nullopt, std::nullopt,
+                                       std::nullopt, std::nullopt);
   accel_gemm::Operand ao{a.data_ptr<float>(), batched ? a.stride(0) : 0, a.stride(d - 2),
                          a.stride(d - 1)};
   accel_gemm::Operand bb{b.data_ptr<float>(), batched ? b.stride(0) : 0, b.stride(d - 2),
