@@ -425,7 +425,7 @@ def set_matmul(mode: str) -> bool:
     do: never while the filter is not loaded.
 
     Raises:
-        ValueError: ``mode`` is none of the three.
+        KeyError: ``mode`` is none of the three.
     """
     global _matmul
     _matmul = _MATMUL_MODES[mode]

@@ -2,6 +2,7 @@
 ``mm``, ``addmm`` and ``bmm``: results against eager's, forward and backward, over shapes
 that do not fill its tiles, strided, transposed and broadcast operands, and every case it
 leaves to eager's kernel."""
+import copy
 import os
 import subprocess
 import sys
@@ -121,7 +122,7 @@ def test_a_training_step_matches_eager():
         loss.backward()
         return loss.detach(), [p.grad for p in m.parameters()]
 
-    ref_model = __import__("copy").deepcopy(model)
+    ref_model = copy.deepcopy(model)
     (loss, grads), n = _ran(lambda: step(model))
     ref_loss, ref_grads = step(ref_model)
     assert n == 11

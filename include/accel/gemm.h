@@ -107,38 +107,26 @@ __attribute__((target("avx512f,fma"))) inline void micro(
   }
 }
 
-// Pack rows [0, m) x K block [pc, pc + kc) of A (row stride s0, column stride s1) into
-// panels of kMR rows: [panel][k][kMR], zero rows padding the last panel.
-inline void pack_a(const float* a, int64_t s0, int64_t s1, int m, int64_t pc, int64_t kc,
-                   float* __restrict dst) {
-  for (int ir = 0; ir < m; ir += kMR) {
-    int mr = std::min(kMR, m - ir);
-    float* d = dst + ir * kc;
-    const float* src = a + ir * s0 + pc * s1;
+// Pack lines [0, n) x K block [pc, pc + kc) of an operand into panels of W lines:
+// [panel][k][W], zero lines padding the last panel. Element (line p, k) is at
+// src + p * sp + k * sk: A's rows (W = kMR, sp = its row stride, sk = its column stride) or
+// B's columns (W = kNR, sp = its column stride, sk = its row stride).
+template <int W>
+inline void pack(const float* src, int64_t sp, int64_t sk, int n, int64_t pc, int64_t kc,
+                 float* __restrict dst) {
+  for (int p0 = 0; p0 < n; p0 += W) {
+    int w = std::min(W, n - p0);
+    const float* s = src + p0 * sp + pc * sk;
+    float* d = dst + p0 * kc;
     for (int64_t k = 0; k < kc; ++k) {
-      for (int i = 0; i < mr; ++i) d[k * kMR + i] = src[i * s0 + k * s1];
-      for (int i = mr; i < kMR; ++i) d[k * kMR + i] = 0.f;
-    }
-  }
-}
-
-// Pack K block [pc, pc + kc) x columns [0, n) of B (row stride s0, column stride s1) into
-// panels of kNR columns: [panel][k][kNR], zero columns padding the last panel.
-inline void pack_b(const float* b, int64_t s0, int64_t s1, int n, int64_t pc, int64_t kc,
-                   float* __restrict dst) {
-  for (int jr = 0; jr < n; jr += kNR) {
-    int nr = std::min(kNR, n - jr);
-    float* d = dst + jr * kc;
-    const float* src = b + pc * s0 + jr * s1;
-    for (int64_t k = 0; k < kc; ++k) {
-      const float* row = src + k * s0;
-      float* out = d + k * kNR;
-      if (s1 == 1) {
-        std::memcpy(out, row, sizeof(float) * nr);
+      const float* line = s + k * sk;
+      float* out = d + k * W;
+      if (sp == 1) {
+        std::memcpy(out, line, sizeof(float) * w);
       } else {
-        for (int j = 0; j < nr; ++j) out[j] = row[j * s1];
+        for (int p = 0; p < w; ++p) out[p] = line[p * sp];
       }
-      for (int j = nr; j < kNR; ++j) out[j] = 0.f;
+      for (int p = w; p < W; ++p) out[p] = 0.f;
     }
   }
 }
@@ -193,10 +181,10 @@ inline void run_tasks(const Plan& plan, int64_t t0, int64_t t1, Operand a, Opera
       int n = static_cast<int>(std::min<int64_t>(kNB, c1 - j0));
       for (int64_t pc = 0, kc; pc < K; pc += kc) {
         kc = k_block(K, pc);
-        pack_b(b.p + bi * b.sb + j0 * b.s1, b.s0, b.s1, n, pc, kc, bp);
+        pack<kNR>(b.p + bi * b.sb + j0 * b.s1, b.s1, b.s0, n, pc, kc, bp);
         for (int64_t i0 = r0; i0 < r1; i0 += kMC) {
           int m = static_cast<int>(std::min<int64_t>(kMC, r1 - i0));
-          pack_a(a.p + bi * a.sb + i0 * a.s0, a.s0, a.s1, m, pc, kc, ap);
+          pack<kMR>(a.p + bi * a.sb + i0 * a.s0, a.s0, a.s1, m, pc, kc, ap);
           const float* bias_t =
               bias.p ? bias.p + bi * bias.sb + i0 * bias.s0 + j0 * bias.s1 : nullptr;
           float* ct = c + bi * M * N + i0 * N + j0;
