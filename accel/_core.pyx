@@ -35,6 +35,7 @@ cdef object _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 cdef list _NO_SCRATCH = []
 cdef bint _cuda_half = True
 cdef bint _small_regions = True
+cdef bint _cpu_pool = True
 
 
 def kernel_ptrs(list ext, list outs, tuple live_idx, list scratch):
@@ -51,21 +52,54 @@ def kernel_ptrs(list ext, list outs, tuple live_idx, list scratch):
 ctypedef object (*empty_strided_fn)(object, object, object, object)
 ctypedef object (*liveness_fn)(object)
 ctypedef object (*overlap_fn)(object, object)
+ctypedef object (*reuse_fn)(object, object, Py_ssize_t)
 cdef empty_strided_fn _fast_empty = NULL
 cdef liveness_fn _fast_liveness = NULL
 cdef overlap_fn _fast_overlap = NULL
+cdef reuse_fn _fast_reuse = NULL
 
 
-def set_helpers(size_t empty_strided, size_t liveness, size_t overlap=0):
+def set_helpers(size_t empty_strided, size_t liveness, size_t overlap=0, size_t reuse=0):
     """Use the dispatch filter's C++ helpers (include/accel/core_helpers.h; addresses,
     0: none): ``accel_empty_strided`` allocates deferred outputs (``torch.empty_strided``
     without the Python binding's argument parsing), ``accel_liveness`` computes
     :meth:`RegionCore.liveness` (without a Python call per output), ``accel_ext_overlap``
-    :func:`ext_overlap` (without a storage object per input)."""
-    global _fast_empty, _fast_liveness, _fast_overlap
+    :func:`ext_overlap` (without a storage object per input), ``accel_reuse_blocks``
+    :func:`reuse_blocks` (none: no buffer reuse)."""
+    global _fast_empty, _fast_liveness, _fast_overlap, _fast_reuse
     _fast_empty = <empty_strided_fn>empty_strided
     _fast_liveness = <liveness_fn>liveness
     _fast_overlap = <overlap_fn>overlap
+    _fast_reuse = <reuse_fn>reuse
+
+
+def set_cpu_pool(bint on):
+    """Whether regions take their large CPU outputs (at least ``allocator.MIN_BLOCK``
+    bytes) from accel's output pool (:func:`accel.allocator.empty_strided`); off, from
+    ``torch.empty_strided``, and at each flush their live ones take the blocks of dead ones
+    (:func:`reuse_blocks`). accel.interceptor sets it at each enable from
+    :func:`accel.allocator.configure`."""
+    global _cpu_pool
+    _cpu_pool = on
+
+
+cdef inline _reuse(list outs, tuple live_idx):
+    if not _cpu_pool and _fast_reuse != NULL:
+        _fast_reuse(outs, live_idx, _MIN_BLOCK)
+
+
+def reuse_blocks(list outs, tuple live_idx):
+    """Buffer reuse before a CPU kernel runs a region: each live output (``outs`` at
+    ``live_idx``) of at least ``allocator.MIN_BLOCK`` bytes takes the memory of the earliest
+    dead output before it of the same storage size (see ``accel_reuse_blocks`` in
+    include/accel/core_helpers.h), so that it is written where eager's output would have
+    been, into a temporary's block freed moments before. Only with the output pool off
+    (:func:`set_cpu_pool`) and the dispatch filter's helper loaded; otherwise nothing.
+
+    Raises:
+        TypeError, IndexError: ``outs`` holds a non-tensor, or an index is out of range.
+    """
+    _reuse(outs, live_idx)
 
 
 def device_empty_strided(tuple shape, tuple stride, dtype, device):
@@ -328,6 +362,8 @@ cdef class RegionCore:
             traffic = kern.traffic
             if traffic < 0 or traffic >= ahead_min:
                 return False
+        if not kern.cuda:
+            _reuse(self.outs, kern.live_idx)
         ptrs = kernel_ptrs(self.ext, self.outs, kern.live_idx,
                            self.scratch_for(kern) if kern.scratch else _NO_SCRATCH)
         if kern.cuda:
@@ -578,7 +614,7 @@ cdef class RegionCore:
             self.ahead[i] = None
         if r is None:
             if self.device is None or self.device is _CPU:
-                if <Py_ssize_t>meta[3] >= _MIN_BLOCK:  # a reused block: no page faults
+                if _cpu_pool and <Py_ssize_t>meta[3] >= _MIN_BLOCK:  # a reused block: no page faults
                     r = _pool_empty_strided(meta[0], meta[1], meta[2], meta[3])
                 elif _fast_empty != NULL:
                     r = _fast_empty(meta[0], meta[1], meta[2], None)

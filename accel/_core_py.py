@@ -21,9 +21,19 @@ _cuda_half = True
 _small_regions = True
 
 
-def set_helpers(empty_strided: int, liveness: int, overlap: int = 0) -> None:
+def set_helpers(empty_strided: int, liveness: int, overlap: int = 0, reuse: int = 0) -> None:
     """The native core's use of the dispatch filter's C++ helpers (see accel/_core.pyx);
     the twin does without them."""
+
+
+def set_cpu_pool(on: bool) -> None:
+    """See accel/_core.pyx. The twin always asks :func:`accel.allocator.empty_strided`,
+    which uses the pool only where :func:`accel.allocator.configure` turned it on."""
+
+
+def reuse_blocks(outs: list, live_idx: tuple) -> None:
+    """The native core's buffer reuse at a flush (see accel/_core.pyx) needs the dispatch
+    filter's C++ helper; the twin does without it."""
 
 
 def device_empty_strided(shape: tuple, stride: tuple, dtype, device):

@@ -151,10 +151,16 @@ FLAGS = {
              "enable."),
         Flag("ACCEL_PURE_PYTHON", False, _parse_bool,
              "Use the pure-Python twin of the Cython core (debugging; slower)."),
+        Flag("ACCEL_CPU_POOL", "auto", _parse_choice("auto", "on", "off"),
+             "Take regions' large CPU outputs from a pool of reused blocks, so that a fresh "
+             "output does not page-fault. auto: where the process's malloc maps each large "
+             "block afresh (glibc's defaults: ACCEL_MALLOC_TUNING=0 and no MALLOC_* "
+             "tuning); elsewhere the heap already reuses freed memory, and at each flush a "
+             "region's live outputs take its dead intermediates' blocks instead (buffer "
+             "reuse). on: always; off: never. Read at each enable."),
         Flag("ACCEL_CPU_POOL_MB", 1024, _parse_int(0),
-             "Most MiB of reused blocks (in use or free) kept for regions' large CPU "
-             "outputs, so that a fresh output does not page-fault; 0 turns the pool off. "
-             "accel.empty_cache() releases the free ones. Read at each enable."),
+             "Most MiB of reused blocks (in use or free) the output pool keeps; 0 turns the "
+             "pool off. accel.empty_cache() releases the free ones. Read at each enable."),
         Flag("ACCEL_MALLOC_TUNING", True, _parse_bool,
              "Keep freed memory in glibc's heap (no mmap for large blocks, no trimming), so "
              "fresh outputs do not page-fault; set once, for the whole process, at the first "

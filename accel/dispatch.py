@@ -275,7 +275,7 @@ def _load(entry) -> None:
 
     native.set_helpers(*(ctypes.cast(f, ctypes.c_void_p).value
                          for f in (lib.accel_empty_strided, lib.accel_liveness,
-                                   lib.accel_ext_overlap)))
+                                   lib.accel_ext_overlap, lib.accel_reuse_blocks)))
     native.set_include_fn(ctypes.cast(lib.accel_filter_include, ctypes.c_void_p).value)
     lib.accel_filter_shared.argtypes = [ctypes.c_void_p]
     lib.accel_filter_shared(native.shared_table_address() or None)

@@ -565,6 +565,8 @@ def execute(region: Region) -> None:
     if kern.__class__ is _Pending:
         kern = _ready(node, live, kern) if kern.future.done() else None
     if kern is not None and not (region.mutates_ext and region.ext_overlap()):
+        if not kern.cuda:
+            native.reuse_blocks(region.outs, kern.live_idx)
         ptrs = _kernel_ptrs(kern, region, region.ext, region.outs)
         status, _ = _launch(kern, region, ptrs, region.scalars)
         if status == 0:

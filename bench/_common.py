@@ -107,31 +107,38 @@ def _err(e: BaseException) -> str:
     return f"error: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:60]}"
 
 
-def interleaved_ms(fns: dict, runs: int, stat=statistics.median) -> dict:
-    """``stat`` (median) of each callable's ms, timed round-robin (fair under a varying
-    machine load), each round in the next of the callables' orders (every permutation, for
-    up to four; else rotations), so that each follows each of the others about equally
-    often: a call's time depends on what the call before it left in the caches (dirty lines
-    of its outputs to write back first, or none after non-temporal stores; on the dev VM,
-    accel's RMSNorm kernel took 1.5 ms after eager's RMSNorm and 1.0 after its own; with
-    one fixed order, torch.compile's call always followed accel's). Each is already warmed
-    up; one that raises gets its error text instead."""
+def interleaved_ms(fns: dict, runs: int, stat=statistics.median, in_a_row: int = 1) -> dict:
+    """``stat`` (median) of each callable's ms over ``runs`` timed calls, timed round-robin
+    (fair under a varying machine load), each round in the next of the callables' orders
+    (every permutation, for up to four; else rotations), so that each follows each of the
+    others about equally often. Each is already warmed up; one that raises gets its error
+    text instead.
+
+    A call's time depends on what the call before it left in the caches: dirty lines of its
+    outputs, which whoever comes next writes back (none after non-temporal stores). With
+    ``in_a_row`` = 1 each turn is one call, charged for its predecessor's lines (on the dev
+    VM accel's RMSNorm kernel took 1.5 ms after eager's RMSNorm and 1.0 after its own). With
+    ``in_a_row`` = k > 1 each turn is k calls in a row, the first not counted: each counted
+    call follows the same callable's, so each pays for its own lines, as in a loop of it."""
     times = {k: [] for k in fns}
     keys = list(fns)
     orders = (list(itertools.permutations(keys)) if len(keys) <= 4
               else [keys[i:] + keys[:i] for i in range(len(keys))])
-    for r in range(runs):
+    counted = max(in_a_row - 1, 1)
+    for r in range(-(-runs // counted)):
         for k in orders[r % len(orders)]:
             fn = fns[k]
-            if isinstance(times[k], str):
-                continue
-            t0 = time.perf_counter()
-            try:
-                fn()
-            except Exception as e:  # noqa: BLE001 - reported in the table
-                times[k] = _err(e)
-                continue
-            times[k].append(time.perf_counter() - t0)
+            for j in range(in_a_row):
+                if isinstance(times[k], str):
+                    break
+                t0 = time.perf_counter()
+                try:
+                    fn()
+                except Exception as e:  # noqa: BLE001 - reported in the table
+                    times[k] = _err(e)
+                    break
+                if j or in_a_row == 1:
+                    times[k].append(time.perf_counter() - t0)
     return {k: v if isinstance(v, str) else stat(v) * 1e3 for k, v in times.items()}
 
 
@@ -257,7 +264,7 @@ def _stats_delta(before: dict, after: dict) -> dict:
 
 
 def measure(name, eager, accelerated, compiled, runs, warmup: int = 0,
-            detail: bool = False, exact=None) -> dict:
+            detail: bool = False, exact=None, in_a_row: int = 0) -> dict:
     """Run and time one workload. ``eager``, ``accelerated``, ``compiled``: zero-argument
     callables returning the result; the accel and compiled results are checked against
     eager's. Each is called once first (accel compiles or loads, torch.compile compiles: that
@@ -265,12 +272,14 @@ def measure(name, eager, accelerated, compiled, runs, warmup: int = 0,
     (:func:`sampling_warmup`), then ``warmup`` more rounds, then ``runs`` interleaved timed
     rounds. If the accel or compiled one raises, its error text replaces its time.
     ``detail``: mismatch checks say where and by how much; ``exact``: a zero-argument
-    callable computing the result in float64 (see :func:`check`).
+    callable computing the result in float64 (see :func:`check`); ``in_a_row`` > 1: then
+    ``runs`` more timed calls each, that many in a row per turn (see :func:`interleaved_ms`).
 
     Returns a dict: ``ms`` (median per backend, or error text), ``checks`` ("yes",
     "MISMATCH" or error text), ``first_ms``, ``accel_first`` (accel counters of its first
     call) and ``accel_per_call`` (accel counters per timed call), ``out_bytes`` (bytes of the
-    tensors in eager's result)."""
+    tensors in eager's result), ``row_ms`` (with ``in_a_row``: medians of the calls in a row,
+    as ``ms``)."""
     t0 = time.perf_counter()
     ref = eager()
     first = {"eager": (time.perf_counter() - t0) * 1e3}
@@ -305,8 +314,12 @@ def measure(name, eager, accelerated, compiled, runs, warmup: int = 0,
     per_call = {k: v / max(runs, 1) for k, v in _stats_delta(before, accel.stats()).items()}
     ms = {"eager": t["eager"], "accel": t.get("accel", checks["accel"]),
           "compile": t.get("compile", checks["compile"])}
-    return {"name": name, "ms": ms, "checks": checks, "first_ms": first,
-            "accel_first": accel_first, "accel_per_call": per_call, "out_bytes": out_bytes}
+    out = {"name": name, "ms": ms, "checks": checks, "first_ms": first,
+           "accel_first": accel_first, "accel_per_call": per_call, "out_bytes": out_bytes}
+    if in_a_row > 1:
+        t = interleaved_ms(fns, runs, in_a_row=in_a_row)
+        out["row_ms"] = {k: t.get(k, checks.get(k)) for k in ms}
+    return out
 
 
 def _tensors(obj):

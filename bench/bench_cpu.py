@@ -32,6 +32,9 @@ Prints markdown tables:
    The table is run twice: with glibc malloc's default settings (this process), and in a
    subprocess with tuned glibc malloc settings, which apply to every backend alike (each
    workload's tuned run right after its default one);
+   1c: the memory-bound workloads timed again, each backend 4 calls in a row per turn, the
+   first not counted (each counted call pays for the cache lines its own backend's previous
+   call left dirty, as in a loop of it; in tables 1 and 1b it pays for another backend's);
 2. cold start (this process, fresh accel store, empty Inductor cache): accel's regions
    compiled and seconds per region, accel's first call, torch.compile's first call, and
    what accel ran per call (regions, native kernels, eager replays);
@@ -80,11 +83,16 @@ _MALLOC_VARS = ("MALLOC_", "GLIBC_TUNABLES", "LD_PRELOAD", "ACCEL_MALLOC_TUNING"
 _ACCEL_MALLOC = "ACCEL_MALLOC_TUNING"
 
 
-def _pool_on() -> bool:
-    """accel's CPU output pool is on (ACCEL_CPU_POOL_MB > 0; accel versions with one)."""
-    from accel import config
+def _pool_in_use() -> bool:
+    """accel's regions took their large CPU outputs from its output pool in this process
+    (accel versions with one)."""
+    from accel import allocator
 
-    return "ACCEL_CPU_POOL_MB" in config.FLAGS and config.flag("ACCEL_CPU_POOL_MB") > 0
+    return getattr(allocator, "pool_stats", lambda: {})().get("capacity_bytes", 0) > 0
+
+
+#: calls in a row per turn in the memory-bound workloads' second timing (table 1c)
+IN_A_ROW = 4
 
 
 def _tiny(x):
@@ -130,13 +138,13 @@ def run_table(names, runs: int) -> list:
             try:
                 spec = WORKLOADS[name][1]()
                 r = measure(title(name), spec.eager, spec.accel, spec.compile, runs, warmup=1,
-                            exact=spec.exact,
-                            detail=True)
+                            exact=spec.exact, detail=True,
+                            in_a_row=IN_A_ROW if spec.in_bytes is not None else 0)
             except Exception as e:  # noqa: BLE001 - reported, the other workloads go on
                 results.append({"key": name, "name": title(name), "error": _err(e)})
                 continue
             r.update(key=name, in_bytes=spec.in_bytes, warnings=list(collect.messages), triad=bw,
-                     graph_breaks=_graph_breaks() - breaks)
+                     graph_breaks=_graph_breaks() - breaks, pool=_pool_in_use())
             results.append(r)
             del spec
             gc.collect()
@@ -359,6 +367,48 @@ def warm_table(warm, cold) -> str:
                   "compile first call s, cold (table 2)"], rows)
 
 
+def _pool_note(default, tuned) -> str:
+    """Where accel's regions took their large CPU outputs, per table."""
+    def where(rs):
+        used = {r.get("pool") for r in rs if "error" not in r}
+        return None if len(used) != 1 else used.pop()
+    d, t = where(default), where(tuned)
+    pool = ("from its pool of reused blocks (ACCEL_CPU_POOL=auto, on where glibc maps each "
+            "large block afresh; it changes no other allocation), so that they do not "
+            "page-fault where eager's and torch.compile's do")
+    heap = ("from the heap, as eager's and torch.compile's (ACCEL_CPU_POOL=auto turns the "
+            "pool off where the heap reuses freed memory), and at each flush a region's live "
+            "outputs take the blocks of its dead intermediates (buffer reuse)")
+    if d is None or t is None:
+        return ""
+    if d == t:
+        return f"In both tables accel's large outputs came {pool if d else heap}."
+    return (f"In table 1 accel's large outputs came {pool if d else heap}; in 1b "
+            f"{pool if t else heap}.")
+
+
+def row_table(default, tuned) -> str:
+    """Table 1c: the in-a-row medians (``row_ms``) with both allocator settings."""
+    tuned = {r["key"]: r for r in tuned}
+    rows = []
+    for r in default:
+        t = tuned.get(r["key"], {})
+        if "row_ms" not in r:
+            continue
+        cells = [r["name"]]
+        for x in (r, t):
+            ms = x.get("row_ms")
+            if ms is None:
+                cells += ["-"] * 4
+                continue
+            cells += [_cell(ms["eager"]), _cell(ms["accel"]), _cell(ms["compile"]),
+                      _ratio(ms["compile"], ms["accel"])]
+        rows.append(cells)
+    head = ["workload", "eager ms", "accel ms", "compile ms", "compile/accel",
+            "tuned: eager ms", "accel ms", "compile ms", "compile/accel"]
+    return table(head, rows)
+
+
 def alloc_table(default, tuned) -> str:
     tuned = {r["key"]: r for r in tuned}
     rows = []
@@ -552,11 +602,18 @@ def _report(args, names, runs, child_args, run_dir, t_start) -> int:
                   f" accel applies similar settings itself ({_ACCEL_MALLOC}, on by default: "
                   "mallopt at its first enable, for the whole process, so eager code and "
                   "torch.compile in that process gain too); off in both tables here."
-                  if os.environ.get(_ACCEL_MALLOC) == "0" else "") + (
-                  " In both tables accel's own large outputs come from its pool of reused "
-                  "blocks (ACCEL_CPU_POOL_MB, on by default; it changes no other "
-                  "allocation): under glibc's defaults they do not page-fault, where eager's "
-                  "and torch.compile's do." if _pool_on() else "") + "\n")
+                  if os.environ.get(_ACCEL_MALLOC) == "0" else "") + " " + _pool_note(results, tuned)
+              + "\n")
+
+    print(f"## 1c. The memory-bound workloads timed {IN_A_ROW} calls in a row per turn "
+          f"(median ms of {runs}; the first call of each turn not counted)\n")
+    print(row_table(results, tuned or []))
+    print("\nA memory-bound call's time depends on the call before it: the dirty cache "
+          "lines of that call's outputs are written back while it runs (none after "
+          "accel's non-temporal stores of outputs larger than the cache). In tables 1 and "
+          "1b every call follows another backend's, and pays for that backend's lines; "
+          "here every counted call follows its own backend's, and pays for its own, as "
+          "in a loop of it.\n")
 
     print("## 2. Cold start: this process, fresh accel store, empty Inductor cache\n")
     print(cold_table(results))

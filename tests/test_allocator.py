@@ -15,6 +15,7 @@ ROWS = 512  # x: [512, 1024] float32, 2 MiB: above allocator.MIN_BLOCK
 @pytest.fixture(autouse=True)
 def empty_pool(monkeypatch):
     monkeypatch.delenv("ACCEL_CPU_POOL_MB", raising=False)
+    monkeypatch.setenv("ACCEL_CPU_POOL", "on")  # auto: off here, where accel tunes malloc
     allocator.empty_cache()
     yield
     allocator.empty_cache()

@@ -643,7 +643,8 @@ def _helpers():
     and their addresses."""
     lib = dispatch._lib
     addrs = [ctypes.cast(f, ctypes.c_void_p).value
-             for f in (lib.accel_empty_strided, lib.accel_liveness, lib.accel_ext_overlap)]
+             for f in (lib.accel_empty_strided, lib.accel_liveness, lib.accel_ext_overlap,
+                       lib.accel_reuse_blocks)]
     obj = ctypes.py_object
     return (ctypes.PYFUNCTYPE(obj, obj, obj, obj, obj)(addrs[0]), ctypes.PYFUNCTYPE(obj, obj)(addrs[1]),
             addrs)
@@ -716,7 +717,7 @@ def test_saved_outputs_skip_the_mode_and_pack_hooks_read_their_values(device, se
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
     not torch.cuda.is_available(), reason="no CUDA device"))])
-def test_the_filters_liveness_agrees_with_the_core(device):
+def test_the_filters_liveness_agrees_with_the_core(device, monkeypatch):
     """Which pending outputs a flush must write, as the core computes it with the filter's
     ``accel_liveness`` (used once the filter is loaded) and without: outputs dead, held by
     Python, saved by autograd, viewed; small ones and, on the CPU, output pool blocks
@@ -726,6 +727,7 @@ def test_the_filters_liveness_agrees_with_the_core(device):
     if native.__name__.endswith("_core_py"):
         pytest.skip("the pure-Python core does without the helpers")
     _, liveness, addrs = _helpers()
+    monkeypatch.setenv("ACCEL_CPU_POOL", "on")  # pooled outputs too (read at each enable)
     x = torch.randn(512, 1024, device=device)  # 2 MiB: pool-sized on the CPU
     xg = x.clone().requires_grad_()
     try:

@@ -1,7 +1,8 @@
 // The region core's C++ helpers (accel/_core.pyx's set_helpers takes their addresses once
-// the dispatch filter is loaded): allocating deferred outputs, their liveness at a flush,
-// and the written-input overlap check, each without the Python calls of its pure-Python
-// form. Definitions, included once: by include/accel/dispatch_filter.cpp, whose library
+// the dispatch filter is loaded): allocating deferred outputs, their liveness at a flush and
+// the written-input overlap check, each without the Python calls of its pure-Python form,
+// and buffer reuse at a flush, which only C++ can do (it exchanges two storages' memory).
+// Definitions, included once: by include/accel/dispatch_filter.cpp, whose library
 // exports them (accel/dispatch.py hashes this file into the library's store key).
 #pragma once
 
@@ -121,6 +122,70 @@ PyObject* accel_ext_overlap(PyObject* ext, PyObject* written) {
     }
   }
   Py_RETURN_FALSE;
+  END_HANDLE_TH_ERRORS
+}
+
+// Buffer reuse at a flush (RegionCore.run_cached and accel.runtime.execute call it with the
+// GIL held, before a CPU kernel's buffer addresses are taken): each live output of at least
+// `min_bytes` takes the memory of the earliest dead output before it with a storage of the
+// same size, whose storage takes the live one's in exchange (freed with it when the region
+// clears). `outs`: the region's output tensors in allocation order; `live_idx`: a tuple of
+// the indices the kernel writes. A region allocates every output when its call is recorded,
+// and holds the dead ones until the flush, so its last output got the block allocated last;
+// in eager, where each temporary is freed as soon as it is used, the output would have
+// reused a temporary's block, freed moments before and still in the cache. That is the
+// block the region's earliest output of that size got (the allocator hands out the block
+// freed last first). Inductor plans the same reuse at compile time (its scheduler's
+// buffer reuse); here the sizes and liveness are known at the flush. Nothing outside the
+// region can have seen a pending output's address (every way of reading one flushes
+// first), views share the storage, and a dead output's storage is held by nothing else
+// (use count 1), so the exchange is unobservable. Only plain CPU storages of one allocator.
+// Returns the number of exchanges, or null with a Python exception set where `outs` is not
+// a list of tensors or an index is out of range.
+PyObject* accel_reuse_blocks(PyObject* outs, PyObject* live_idx, Py_ssize_t min_bytes) {
+  HANDLE_TH_ERRORS
+  if (!PyList_Check(outs) || !PyTuple_Check(live_idx)) {
+    PyErr_SetString(PyExc_TypeError, "accel_reuse_blocks: bad arguments");
+    return nullptr;
+  }
+  Py_ssize_t n = PyList_GET_SIZE(outs);
+  c10::SmallVector<char, 32> live(n, 0);
+  for (Py_ssize_t w = 0; w < PyTuple_GET_SIZE(live_idx); ++w) {
+    Py_ssize_t j = PyLong_AsSsize_t(PyTuple_GET_ITEM(live_idx, w));
+    if (j < 0 || j >= n) {
+      if (!PyErr_Occurred()) PyErr_SetString(PyExc_IndexError, "accel_reuse_blocks: index out of range");
+      return nullptr;
+    }
+    live[j] = 1;
+  }
+  c10::SmallVector<c10::StorageImpl*, 16> dead;  // donors, in allocation order (null: taken)
+  long swaps = 0;
+  for (Py_ssize_t k = 0; k < n; ++k) {
+    PyObject* o = PyList_GET_ITEM(outs, k);
+    if (!THPVariable_Check(o)) {
+      PyErr_SetString(PyExc_TypeError, "accel_reuse_blocks: not a tensor");
+      return nullptr;
+    }
+    const at::Tensor& t = THPVariable_Unpack(o);
+    if (!t.has_storage() || !t.is_cpu()) continue;
+    const c10::Storage& st = t.storage();
+    c10::StorageImpl* s = st.unsafeGetStorageImpl();
+    if (static_cast<Py_ssize_t>(s->nbytes()) < min_bytes || !s->resizable() || s->allocator() == nullptr) continue;
+    if (!live[k]) {
+      if (st.use_count() == 1 && t.use_count() == 1) dead.push_back(s);
+      continue;
+    }
+    for (auto& d : dead) {
+      if (d != nullptr && d->nbytes() == s->nbytes() && d->allocator() == s->allocator()) {
+        at::DataPtr mine = s->set_data_ptr(at::DataPtr());
+        s->set_data_ptr(d->set_data_ptr(std::move(mine)));
+        d = nullptr;
+        ++swaps;
+        break;
+      }
+    }
+  }
+  return PyLong_FromLong(swaps);
   END_HANDLE_TH_ERRORS
 }
 
