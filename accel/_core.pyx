@@ -337,13 +337,15 @@ cdef class RegionCore:
         stored (``nodes_pending``); and where the region recorded its first call for
         launching ahead and writes no external input, its kernel is too small to be launched
         ahead (under ``ahead_min`` bytes). Scratch buffers are the region's own
-        (``scratch_for``). That is accel.runtime.execute's path for such a region, without
-        its Python calls.
+        (``scratch_for``); on the CPU, live outputs first take dead ones' blocks
+        (:func:`reuse_blocks`). That is accel.runtime.execute's path for such a region,
+        without its Python calls.
 
         Returns:
             True: the kernel ran (on a GPU: was launched), ``stats`` counted it (flushes,
-            memory hits, kernel runs) and the region is empty. False: nothing changed
-            (the caller runs accel.runtime.execute), also where the launch failed.
+            memory hits, kernel runs) and the region is empty. False: nothing observable
+            changed (the caller runs accel.runtime.execute), also where the launch failed
+            (outputs may have exchanged blocks: they are unwritten either way).
         """
         cdef int status
         if self.speculation is not None or nodes_pending:
