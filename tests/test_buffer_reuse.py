@@ -188,3 +188,10 @@ def test_accels_own_malloc_tuning_turns_the_pool_off(x, monkeypatch):
         pytest.skip("no mallinfo2 (glibc < 2.33)")
     assert allocator.maps_large_blocks() is False
     assert allocator.pool_stats()["capacity_bytes"] == 0
+
+
+def test_an_invalid_pool_setting_names_the_variable(monkeypatch):
+    monkeypatch.setenv("ACCEL_CPU_POOL", "sometimes")
+    with pytest.raises(accel.ConfigError, match="ACCEL_CPU_POOL=.*auto, on, off"):
+        with accel.eager():
+            pass
