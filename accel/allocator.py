@@ -270,7 +270,6 @@ def tune_allocator() -> bool:
     reuses memory already mapped instead of page-faulting on first touch (a fresh 64 MiB
     output: about 5x faster here). PyTorch's CPU performance guides get the same effect
     from jemalloc or tcmalloc. Returns False where glibc's ``mallopt`` is missing."""
-
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):
