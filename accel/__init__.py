@@ -20,18 +20,30 @@ __all__ = ["eager", "enable", "disable", "flush", "is_enabled", "stats", "reset_
 
 
 def _preload() -> None:
-    """With torch already imported (a real program), import the hot path's modules now
-    rather than inside the first accelerated call; the CLI, without torch, stays light."""
+    """With torch already imported (a real program), do now what the first accelerated call
+    would otherwise: import the hot path's modules, tune glibc's malloc
+    (``ACCEL_MALLOC_TUNING``, so that the program's first eager iteration already leaves its
+    freed memory in the heap for accel's first one), and open an existing kernel store and
+    find the dispatch filter in it in the background (:func:`accel.dispatch.prefetch`).
+    The CLI, without torch, stays light. Never raises: an invalid ``ACCEL_*`` value is
+    reported by the first enable."""
     import sys
 
     if "torch" in sys.modules:
-        from . import build, interceptor, ops, runtime, store  # noqa: F401
+        from . import allocator, build, config, dispatch, interceptor, ops, runtime, store  # noqa: F401
 
         ops.fusible_ops()
         try:
             build.compiler_key()
         except build.BuildError:
             pass  # reported when a kernel is needed
+        try:
+            tune = not config.flag("ACCEL_DISABLE") and config.flag("ACCEL_MALLOC_TUNING")
+        except config.ConfigError:
+            tune = False
+        if tune:
+            allocator.tune_allocator()
+        dispatch.prefetch()
 
 
 def __getattr__(name):

@@ -163,8 +163,9 @@ FLAGS = {
              "pool off. accel.empty_cache() releases the free ones. Read at each enable."),
         Flag("ACCEL_MALLOC_TUNING", True, _parse_bool,
              "Keep freed memory in glibc's heap (no mmap for large blocks, no trimming), so "
-             "fresh outputs do not page-fault; set once, for the whole process, at the first "
-             "enable. The process's resident memory then stays at its peak."),
+             "fresh outputs do not page-fault; set once, for the whole process, at `import "
+             "accel` where torch was imported first (else at the first enable). The process's "
+             "resident memory then stays at its peak."),
     ]
 }
 

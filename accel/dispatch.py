@@ -44,7 +44,7 @@ from . import build, config
 
 log = logging.getLogger("accel")
 
-__all__ = ["SOURCE", "store_key", "start", "active", "loaded", "wait", "set_included", "bind",
+__all__ = ["SOURCE", "store_key", "prefetch", "start", "active", "loaded", "wait", "set_included", "bind",
            "counts", "recorded", "unboxed", "small_region_calls", "set_small_regions", "eager_first", "off_reason",
            "set_matmul", "matmuls"]
 
@@ -63,14 +63,18 @@ building = False  # a background build is in flight or done and not loaded yet
 _small_regions = True  # ACCEL_EAGER_SMALL_REGIONS (set_small_regions)
 _MATMUL_MODES = {"off": 0, "auto": 1, "on": 2}
 _matmul = 1  # ACCEL_CPU_MATMUL (set_matmul)
+_prefetch: Optional[threading.Thread] = None  # prefetch()'s thread, until start() joins it
+_prefetched = None  # what it found: (store, key, entry), or None
 
 
 def _after_fork_in_child() -> None:
     """A forked child has no thread waiting for the parent's build of the filter: where it
     was in flight, the child's next start() looks for it in the store again (builds it
     there if the parent's build has not stored it yet: one build, under its key's lock)."""
-    global _lock, _future, building
+    global _lock, _future, building, _prefetch, _prefetched
     _lock = threading.Lock()
+    # the parent's prefetch thread is gone, and the store it opened may hold its locks
+    _prefetch = _prefetched = None
     if _future is not None and not _future.done():
         _future, building = None, False
 
@@ -125,25 +129,75 @@ def _build(key: str, store):
                                          "source": source, "compile_time_s": dt})
 
 
+def prefetch() -> None:
+    """Open the kernel store and find the filter's entry in it, in a background thread,
+    where the store exists already (at ``import accel`` with torch imported: see
+    ``accel._preload``). The first enable makes that store the process's, where it is still
+    the one the environment names (:func:`accel.runtime.adopt_store`: a program may set
+    ``ACCEL_CACHE_DIR`` after the import), and then only loads the library and registers
+    its fallbacks (about 6 ms on the dev VM), which must happen on a thread that makes no
+    call meanwhile; opening the store and looking the filter up (about 9 ms) is done while
+    the program builds its model instead of in its first iteration. Creates nothing:
+    without a store, or under ``ACCEL_DISABLE=1`` or ``ACCEL_DISPATCH_FILTER=0``, it does
+    nothing. Never raises: an invalid ``ACCEL_*`` value or a broken store is left to the
+    first enable to report."""
+    global _prefetch
+    try:
+        if (_prefetch is not None or _lib is not None or config.flag("ACCEL_DISABLE")
+                or not config.flag("ACCEL_DISPATCH_FILTER")
+                or not os.path.isdir(os.path.join(config.cache_dir(), "index"))):
+            return
+    except (config.ConfigError, OSError):
+        return
+    _prefetch = threading.Thread(target=_prefetch_run, name="accel-prefetch", daemon=True)
+    _prefetch.start()
+
+
+def _prefetch_run() -> None:
+    global _prefetched
+    from .store import Store
+
+    try:
+        store = Store()  # raises where the disk store is unusable: left to the first enable
+        key = store_key()
+        entry = store.get(key)
+        if entry is not None and not entry.negative:
+            ctypes.CDLL(entry.path, mode=ctypes.RTLD_LOCAL)  # mapped and relocated now
+        _prefetched = (store, key, entry)
+    except Exception:  # noqa: BLE001 - start() looks again and reports what it finds
+        pass
+
+
+def _join_prefetch() -> None:
+    global _prefetch
+    t = _prefetch
+    if t is not None:
+        t.join()
+        _prefetch = None
+
+
 def start() -> None:
     """Find the filter in the store and load it, or start building it in the background
     (once per process; called at each enable). Never raises: a problem is warned about
     once and leaves every call on the mode's path."""
-    global _future, _off, building
+    global _future, _off, building, _prefetched
     if _lib is not None or _off is not None or _future is not None:
         return
+    _join_prefetch()
     with _lock:
         if _lib is not None or _off is not None or _future is not None:
             return
         if not config.flag("ACCEL_DISPATCH_FILTER"):
             _off = "ACCEL_DISPATCH_FILTER=0"
             return
-        from .runtime import _pool, get_store
+        from .runtime import _pool, adopt_store, get_store
 
         try:
+            pre, _prefetched = _prefetched, None
+            adopted = pre is not None and adopt_store(pre[0])
             store = get_store()
             key = store_key()
-            entry = store.get(key)
+            entry = pre[2] if adopted and pre[1] == key and pre[2] is not None else store.get(key)
         except Exception as e:  # noqa: BLE001 - no compiler, a broken store
             _give_up(f"{type(e).__name__}: {e}")
             return

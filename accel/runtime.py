@@ -69,6 +69,27 @@ def get_store():
         return _store
 
 
+def adopt_store(store) -> bool:
+    """Make ``store`` (a :class:`accel.store.Store` opened ahead, by the import's prefetch:
+    :func:`accel.dispatch.prefetch`) the process's store, where none is open yet and it is
+    the one :func:`get_store` would open now: the same directory and size limit (a program
+    may set ``ACCEL_CACHE_DIR`` after ``import accel``). Returns whether it is the process's
+    store now. Never raises (an invalid setting: False, and the next :func:`get_store`
+    reports it)."""
+    global _store
+    from .config import ConfigError
+    from .store import Store
+
+    with _store_lock:
+        if _store is None:
+            try:
+                if Store.settings() == (store.location, store.size_limit_bytes):
+                    _store = store
+            except ConfigError:
+                pass
+        return _store is store
+
+
 def set_store(store) -> None:
     """Replace the process's store (tests; ``None`` reopens from the environment)."""
     global _store

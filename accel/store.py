@@ -366,9 +366,8 @@ class Store(_BaseStore):
     _gc_age = 60.0
 
     def __init__(self, directory: str | None = None, size_limit_mb: int | None = None):
-        d = os.path.abspath(os.path.expanduser(directory or config.cache_dir()))
-        mb = config.flag("ACCEL_CACHE_SIZE_MB") if size_limit_mb is None else size_limit_mb
-        self.location, self.size_limit_bytes = d, int(mb * 2**20)
+        d, self.size_limit_bytes = self.settings(directory, size_limit_mb)
+        self.location = d
         super().__init__()
         _secure_dir(d)
         self._folders = self._objects, self._locks = os.path.join(d, "objects"), os.path.join(d, "locks")
@@ -381,6 +380,18 @@ class Store(_BaseStore):
         except (OSError, sqlite3.Error) as e:
             raise StoreError(f"kernel store {d}: cannot open it ({e})") from e
         self._open_lock, self._writers = threading.Lock(), {}
+
+    @staticmethod
+    def settings(directory: str | None = None, size_limit_mb: int | None = None) -> tuple:
+        """(absolute directory, size limit in bytes) of a store opened with these arguments
+        now: ``ACCEL_CACHE_DIR`` and ``ACCEL_CACHE_SIZE_MB`` where they are None.
+
+        Raises:
+            accel.config.ConfigError: an ``ACCEL_*`` variable it reads is invalid.
+        """
+        d = os.path.abspath(os.path.expanduser(directory or config.cache_dir()))
+        mb = config.flag("ACCEL_CACHE_SIZE_MB") if size_limit_mb is None else size_limit_mb
+        return d, int(mb * 2**20)
 
     # The handles that write (the LRU index, counters and last uses) open at their first
     # use: a process that only finds kernels writes at exit (touch), and its first call

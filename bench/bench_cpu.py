@@ -64,6 +64,13 @@ import time
 
 import torch
 
+#: accel's own allocator tuning: at import (and at its first enable) it applies mallopt
+#: settings like TUNED_MALLOC's to the whole process (eager and torch.compile included); off
+#: here unless set, before accel is imported, so that table 1 is glibc's defaults and table
+#: 1b the tuning, for all alike (children inherit it)
+_ACCEL_MALLOC = "ACCEL_MALLOC_TUNING"
+os.environ.setdefault(_ACCEL_MALLOC, "0")
+
 # _common puts this checkout's accel first on sys.path: import it before accel
 from _common import (_cell, _err, _pct, _ratio, accel_fn, interleaved_ms, machine, measure,
                      table, triad_bandwidth)
@@ -77,10 +84,6 @@ import accel  # noqa: E402
 TUNED_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(1 << 30), "MALLOC_TRIM_THRESHOLD_": str(1 << 32),
                 "MALLOC_TOP_PAD_": str(1 << 30)}
 _MALLOC_VARS = ("MALLOC_", "GLIBC_TUNABLES", "LD_PRELOAD", "ACCEL_MALLOC_TUNING")
-#: accel's own allocator tuning: at its first enable it applies mallopt settings like the
-#: ones above to the whole process (eager and torch.compile included, for the rest of the
-#: process); off here, so table 1 is glibc's defaults and table 1b the tuning, for all alike
-_ACCEL_MALLOC = "ACCEL_MALLOC_TUNING"
 
 
 def _pool_in_use() -> bool:
@@ -493,9 +496,6 @@ def main(argv=None) -> int:
         return 0
 
     t_start = time.perf_counter()
-    from accel import config
-    if _ACCEL_MALLOC in getattr(config, "FLAGS", {}):
-        os.environ.setdefault(_ACCEL_MALLOC, "0")  # children inherit it
     # a fresh accel store and Inductor cache for this run, shared with the children
     base = os.environ.get("ACCEL_CACHE_DIR") or tempfile.gettempdir()
     os.makedirs(base, mode=0o700, exist_ok=True)
@@ -631,22 +631,35 @@ def _report(args, names, runs, child_args, run_dir, t_start) -> int:
     sys.stdout.flush()
 
     warm_runs = min(runs, 5)  # the steady state here is only the baseline of the first call
+    warm, warm_tuned = {}, {}
+    for name in names:  # each workload's two processes back to back (a load change hits both)
+        args_w = ["--_warm", name, "--runs", str(warm_runs), *child_args[2:]]
+        warm[name] = _child(args_w)
+        if tuned is not None:
+            warm_tuned[name] = _child(args_w, {_ACCEL_MALLOC: "1"})
     print(f"## 3. Warm start: a new process per workload, same accel store and Inductor "
-          f"cache (steady = median of {warm_runs} after the first call)\n")
-    warm = {}
-    for name in names:
-        warm[name] = _child(["--_warm", name, "--runs", str(warm_runs), *child_args[2:]])
+          f"cache, {malloc_settings()} (steady = median of {warm_runs} after the first call)\n")
     print(warm_table(warm, results))
-    recompiled = [n for n, w in warm.items() if w.get("accel_first", {}).get("compiles")]
+    if warm_tuned:
+        print(f"\n## 3b. Warm start as 3, with accel's own malloc tuning ({_ACCEL_MALLOC}=1, its "
+              "default: mallopt at `import accel`, for every backend in the process)\n")
+        print(warm_table(warm_tuned, results))
+    recompiled = [n for w_all in (warm, warm_tuned) for n, w in w_all.items()
+                  if w.get("accel_first", {}).get("compiles")]
     if recompiled:
-        edited = sorted(n for n, w in warm.items() if w.get("source_hash") not in (None, src))
+        edited = sorted({n for w_all in (warm, warm_tuned) for n, w in w_all.items()
+                         if w.get("source_hash") not in (None, src)})
         why = (f"accel's checkout was edited during this run (before the warm-start process of "
                f"{', '.join(edited)} started), and its store key covers its sources"
                if edited else "accel's store key is not stable across processes?")
-        print(f"\nNote: warm-start processes compiled regions again ({', '.join(recompiled)}): "
+        print(f"\nNote: warm-start processes compiled regions again "
+              f"({', '.join(sorted(set(recompiled)))}): "
               f"{why}.")
     print("\nfirst-steady = the first call in the new process minus that process's steady "
-          "state: for accel, trie misses, meta evaluations, store look-ups and loads; for "
+          "state: for accel, its first enable (registering the dispatch filter: `import accel` "
+          "opened the store and found the filter in the background), trie misses, meta "
+          "evaluations, store look-ups and loads, and the first touches of fresh outputs (with "
+          "glibc's defaults, of the output pool's blocks, which its steady state reuses); for "
           "torch.compile, tracing and loading from the Inductor cache.")
     print(f"\ntotal benchmark time {time.perf_counter() - t_start:.0f} s; load average "
           f"{_load()} (at the start: {load0})")

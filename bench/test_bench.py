@@ -28,9 +28,9 @@ from bench_pointwise import CHAIN_N, GELU_SHAPE, chain, gelu  # noqa: E402
 
 import accel  # noqa: E402
 
-# accel tunes glibc malloc for the whole process at its first enable (ACCEL_MALLOC_TUNING,
-# on by default): enable it once here, so every test, eager ones included, runs under the
-# same allocator settings whatever the order
+# accel tunes glibc malloc for the whole process at import, torch imported first, else at
+# its first enable (ACCEL_MALLOC_TUNING, on by default): enable it once here, so every test,
+# eager ones included, runs under the same allocator settings whatever the order
 with accel.eager():
     pass
 

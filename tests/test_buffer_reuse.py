@@ -176,6 +176,26 @@ def test_auto_uses_the_pool_only_where_malloc_maps_large_blocks(tuning, want):
     assert p.stdout.strip() == want
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
+@pytest.mark.parametrize("imports, env, want", [
+    ("import torch, accel", {}, "False"),  # tuned at import: torch came first
+    ("import torch, accel", {"ACCEL_MALLOC_TUNING": "0"}, "True"),
+    ("import torch, accel", {"ACCEL_DISABLE": "1"}, "True"),
+    ("import torch, accel", {"ACCEL_MALLOC_TUNING": "maybe"}, "True"),  # the enable reports it
+    ("import accel, torch", {}, "True"),  # the CLI's order: tuned at the first enable
+])
+def test_import_tunes_malloc_where_torch_came_first(imports, env, want):
+    clean = {k: v for k, v in os.environ.items()
+             if not k.startswith(("MALLOC_", "GLIBC_TUNABLES", "LD_PRELOAD", "ACCEL_MALLOC_TUNING"))}
+    code = imports + "\nfrom accel import allocator\nprint(allocator.maps_large_blocks())\n"
+    p = subprocess.run([sys.executable, "-c", code], env={**clean, **env},
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    if p.stdout.strip() == "None":
+        pytest.skip("no mallinfo2 (glibc < 2.33)")
+    assert p.stdout.strip() == want
+
+
 def test_accels_own_malloc_tuning_turns_the_pool_off(x, monkeypatch):
     """ACCEL_MALLOC_TUNING (on by default) keeps large blocks in the heap: from the first
     enable on, auto chooses the heap."""

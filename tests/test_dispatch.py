@@ -605,6 +605,138 @@ def test_a_new_process_loads_it_from_the_store():
     assert r.returncode == 0 and "loaded True" in r.stdout, r.stderr
 
 
+_PREFETCHED = """
+import torch, accel
+from accel import dispatch, runtime
+from accel.store import Store
+thread = dispatch._prefetch
+print("thread", thread is not None)
+thread.join()
+pre = dispatch._prefetched
+print("found", pre[0].location == Store.settings()[0] and pre[2] is not None and not pre[2].negative)
+"""
+# the keys the first enable looks up in the store (the filter's: looked up again)
+_COUNT_GETS = """
+gets = []
+get = Store.get
+Store.get = lambda self, key, *a, **k: gets.append(key) or get(self, key, *a, **k)
+"""
+_LOOKED_UP = ('print("filter looked up again", dispatch.store_key() in gets)\n'
+              'print("adopted", runtime.get_store() is pre[0])\n')
+
+
+def test_import_finds_the_filter_in_the_background():
+    """``import accel`` (torch imported first) opens the session's store and finds the
+    filter in it on a thread of its own; the first enable makes that store the process's
+    and only registers the filter."""
+    r = _run(_PREFETCHED + _COUNT_GETS + CHECK.replace("import torch, accel\n", "") + _LOOKED_UP, {})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n")[:2] == ["thread True", "found True"], r.stdout
+    assert "loaded True" in r.stdout and "filter looked up again False" in r.stdout, r.stdout
+    assert "adopted True" in r.stdout, r.stdout
+
+
+def test_a_store_set_up_after_the_import_is_the_one_used():
+    """A program that changes the store's settings after ``import accel`` (here its size
+    limit) gets a store opened with them: the prefetched one is left, and the first enable
+    looks the filter up in its own."""
+    code = (_PREFETCHED + "import os\nos.environ['ACCEL_CACHE_SIZE_MB'] = '4321'\n" + _COUNT_GETS
+            + CHECK.replace("import torch, accel\n", "") + _LOOKED_UP
+            + "print('limit', runtime.get_store().size_limit_bytes >> 20)\n")
+    r = _run(code, {})
+    assert r.returncode == 0, r.stderr
+    assert "loaded True" in r.stdout and "filter looked up again True" in r.stdout, r.stdout
+    assert "adopted False" in r.stdout and "limit 4321" in r.stdout, r.stdout
+
+
+def test_the_store_is_adopted_only_where_the_environment_names_it(fresh_store, tmp_path,
+                                                                  monkeypatch):
+    from accel import runtime
+    from accel.store import Store
+
+    assert not runtime.adopt_store(Store(str(tmp_path / "other")))  # another directory
+    ahead = Store()  # as the import's prefetch opens it
+    monkeypatch.setenv("ACCEL_CACHE_SIZE_MB", "77")
+    assert not runtime.adopt_store(ahead)  # the size limit changed since
+    monkeypatch.setenv("ACCEL_CACHE_SIZE_MB", "bad")
+    assert not runtime.adopt_store(ahead)  # invalid: left to get_store to report
+    monkeypatch.delenv("ACCEL_CACHE_SIZE_MB")
+    assert runtime.adopt_store(ahead) and runtime.get_store() is ahead
+    assert not runtime.adopt_store(Store())  # one is open already
+
+
+@pytest.mark.parametrize("env", [{"ACCEL_DISPATCH_FILTER": "0"}, {"ACCEL_DISABLE": "1"},
+                                 {"ACCEL_DISPATCH_FILTER": "maybe"}])
+def test_no_prefetch_where_the_filter_is_off_or_the_setting_invalid(env):
+    """Nothing starts at import where the filter is not to be used, or where a setting it
+    reads is invalid (which the first enable reports, naming the variable)."""
+    code = ("import torch, accel\nfrom accel import dispatch\nprint(dispatch._prefetch)\n"
+            "try:\n    accel.enable()\nexcept accel.ConfigError as e:\n    print(e)\n")
+    r = _run(code, env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("None\n"), r.stdout
+    if env.get("ACCEL_DISPATCH_FILTER") == "maybe":
+        assert "ACCEL_DISPATCH_FILTER" in r.stdout, r.stdout
+
+
+def test_import_creates_no_store(tmp_path):
+    """Where the store does not exist yet, the import leaves it to the first enable to
+    create."""
+    where = tmp_path / "s"
+    code = ("import os, torch, accel\nfrom accel import dispatch\n"
+            "print(dispatch._prefetch, os.path.exists(os.environ['ACCEL_CACHE_DIR']))\n")
+    r = _run(code, {"ACCEL_CACHE_DIR": str(where), "ACCEL_CXX": "false"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["None", "False"] and not where.exists(), r.stdout
+
+
+def test_a_broken_store_at_import_is_reported_by_the_first_enable(tmp_path):
+    """A store whose index is not a database: the import says nothing; the first enable
+    warns once (as without the prefetch) and every result is right."""
+    where = tmp_path / "s"
+    (where / "index").mkdir(parents=True, mode=0o700)
+    where.chmod(0o700)
+    (where / "index" / "cache.db").write_bytes(b"not a database" * 100)
+    code = ("import sys, torch, accel\nfrom accel import dispatch\nprint(dispatch._prefetch is not None)\n"
+            "dispatch._prefetch.join()\nsys.stderr.write('imported\\n')\nsys.stderr.flush()\n"
+            + CHECK.replace("import torch, accel\n", ""))
+    r = _run(code, {"ACCEL_CACHE_DIR": str(where), "ACCEL_CXX": "false"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("True\n") and "loaded False" in r.stdout, r.stdout
+    before, after = r.stderr.split("imported\n")
+    assert "accel" not in before and after.count("in-memory store") == 1, r.stderr
+
+
+_FORK = """
+import os, torch, accel
+from accel import dispatch
+pid = os.fork()
+x = torch.randn(32, 32)
+with accel.eager():
+    z = torch.relu(torch.sin(x) @ x) + 1
+try:
+    torch.testing.assert_close(z, torch.relu(torch.sin(x) @ x) + 1)
+    ok = dispatch.wait(60)
+except AssertionError:
+    ok = False
+if pid == 0:
+    os._exit(0 if ok else 3)
+_, status = os.waitpid(pid, 0)
+print("parent", ok, "child", os.waitstatus_to_exitcode(status))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
+def test_a_fork_during_the_prefetch_loads_the_filter_in_the_child():
+    """A process forked while the import's thread may still be at work (a DataLoader
+    worker, say): the child has no such thread, finds the filter itself where the
+    parent's thread had not, and its results are right; so are the parent's (the child
+    answers through its exit status: the two share one stdout)."""
+    r = _run(_FORK, {})
+    assert r.returncode == 0, r.stderr
+    assert "parent True child 0" in r.stdout, (r.stdout, r.stderr)
+
+
 def test_a_failed_recording_takes_the_modes_path():
     """Where the region does not take a call the filter records (here: the recording
     raises), the call takes the mode's path, whose result is eager's; an interrupt
