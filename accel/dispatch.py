@@ -143,7 +143,7 @@ def prefetch() -> None:
     first enable to report."""
     global _prefetch
     try:
-        if (_prefetch is not None or _lib is not None or config.flag("ACCEL_DISABLE")
+        if (_prefetch is not None or config.flag("ACCEL_DISABLE")
                 or not config.flag("ACCEL_DISPATCH_FILTER")
                 or not os.path.isdir(os.path.join(config.cache_dir(), "index"))):
             return

@@ -366,8 +366,8 @@ class Store(_BaseStore):
     _gc_age = 60.0
 
     def __init__(self, directory: str | None = None, size_limit_mb: int | None = None):
-        d, self.size_limit_bytes = self.settings(directory, size_limit_mb)
-        self.location = d
+        self.location, self.size_limit_bytes = self.settings(directory, size_limit_mb)
+        d = self.location
         super().__init__()
         _secure_dir(d)
         self._folders = self._objects, self._locks = os.path.join(d, "objects"), os.path.join(d, "locks")

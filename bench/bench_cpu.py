@@ -644,16 +644,14 @@ def _report(args, names, runs, child_args, run_dir, t_start) -> int:
         print(f"\n## 3b. Warm start as 3, with accel's own malloc tuning ({_ACCEL_MALLOC}=1, its "
               "default: mallopt at `import accel`, for every backend in the process)\n")
         print(warm_table(warm_tuned, results))
-    recompiled = [n for w_all in (warm, warm_tuned) for n, w in w_all.items()
-                  if w.get("accel_first", {}).get("compiles")]
+    runs_w = [(n, w) for w_all in (warm, warm_tuned) for n, w in w_all.items()]
+    recompiled = sorted({n for n, w in runs_w if w.get("accel_first", {}).get("compiles")})
     if recompiled:
-        edited = sorted({n for w_all in (warm, warm_tuned) for n, w in w_all.items()
-                         if w.get("source_hash") not in (None, src)})
+        edited = sorted({n for n, w in runs_w if w.get("source_hash") not in (None, src)})
         why = (f"accel's checkout was edited during this run (before the warm-start process of "
                f"{', '.join(edited)} started), and its store key covers its sources"
                if edited else "accel's store key is not stable across processes?")
-        print(f"\nNote: warm-start processes compiled regions again "
-              f"({', '.join(sorted(set(recompiled)))}): "
+        print(f"\nNote: warm-start processes compiled regions again ({', '.join(recompiled)}): "
               f"{why}.")
     print("\nfirst-steady = the first call in the new process minus that process's steady "
           "state: for accel, its first enable (registering the dispatch filter: `import accel` "
