@@ -134,7 +134,8 @@ def test_exports_before_the_first_enable_are_known():
     assert not shared.is_shared(torch.as_tensor(torch.zeros(3)))  # torch's own tensor
 
 
-def test_dead_storages_and_reused_pool_blocks_are_forgotten():
+def test_dead_storages_and_reused_pool_blocks_are_forgotten(monkeypatch):
+    monkeypatch.setenv("ACCEL_CPU_POOL", "on")  # auto: off here, where accel tunes malloc
     shared.clear()
     keep = torch.zeros(4)
     keep.numpy()
