@@ -7,8 +7,10 @@ import sys
 from .config import ConfigError
 
 try:
+    from . import _preload
     from .interceptor import enable
 
+    _preload()  # torch is imported now: the store and the pool's blocks in the background
     enable()
 except ConfigError as e:
     sys.stderr.write(f"accel: {e}\n")

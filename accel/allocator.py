@@ -14,15 +14,20 @@ fresh tensor against 4 ms into a reused one. Two remedies, both here:
   exact sizes. :func:`empty_cache` returns the free blocks. It is used only where malloc
   maps large blocks afresh (:func:`configure`, ``ACCEL_CPU_POOL``): where the heap reuses
   freed memory, regions allocate as eager does, and their live outputs take their dead
-  intermediates' blocks at each flush (``accel._core.reuse_blocks``).
+  intermediates' blocks at each flush (``accel._core.reuse_blocks``). A program's blocks
+  are recorded in the kernel store at its exit, and its next process faults them in ahead,
+  in the background, at ``import accel`` (:func:`prefill`), so that its first iteration
+  does not page-fault either.
 * :func:`tune_allocator` — ``mallopt`` settings for the whole process
   (``ACCEL_MALLOC_TUNING``), as PyTorch's CPU performance guides get from jemalloc or
   tcmalloc; it also speeds up the eager code around accel's regions.
 """
 from __future__ import annotations
 
+import atexit
 import ctypes
 import functools
+import hashlib
 import logging
 import os
 import sys
@@ -37,7 +42,8 @@ from . import config
 log = logging.getLogger("accel")
 
 __all__ = ["empty_strided", "empty_cache", "pool_stats", "set_capacity", "configure",
-           "maps_large_blocks", "tune_allocator", "MIN_BLOCK"]
+           "maps_large_blocks", "program_key", "prefill_plan", "prefill", "tune_allocator",
+           "MIN_BLOCK"]
 
 #: smallest output (bytes) taken from the pool: below it glibc's heap reuses freed memory
 MIN_BLOCK = 1 << 20
@@ -46,11 +52,18 @@ _use_count = torch._C._storage_Use_Count
 _untyped_storage = torch._C.TensorBase.untyped_storage  # not accel's flushing hook
 _refcount = sys.getrefcount
 _empty = torch.empty
+#: hides the pool's own aten calls from dispatch modes: with accel enabled twice (``accel
+#: run`` around a script's ``accel.eager()``), the outer mode would take the ``set_`` of a
+#: reused block, made while the inner one records a call, for the program's, and flush the
+#: region in the middle of that call's recording
+_no_modes = torch._C._DisableTorchDispatch
 _lock = threading.Lock()
 _blocks: OrderedDict = OrderedDict()  # id(block) -> _Block, oldest first
 _by_size: dict = {}  # nbytes -> [_Block, ...]
 _held = 0  # bytes of every block in the pool, in use or free
 _cap = None  # most bytes held (ACCEL_CPU_POOL_MB as of the last enable); None: not read yet
+_record = None  # (program, pid) whose used blocks are recorded at exit; None: not registered
+_prefilled: list = []  # the record the pool was prefilled from (sizes): rewritten only if changed
 #: called with a free block's storage as it is handed out again, while storages are
 #: registered as shared outside the dispatcher (accel.shared forgets it: nothing holds it)
 on_reuse = None
@@ -65,13 +78,14 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class _Block:
-    """One pooled storage: its Python object (the pool's only reference to it), its size
-    and its data address when pooled."""
+    """One pooled storage: its Python object (the pool's only reference to it), its size,
+    its data address when pooled, and whether an output has used it (a prefilled block
+    that none has is left out of the program's record)."""
 
-    __slots__ = ("storage", "nbytes", "ptr")
+    __slots__ = ("storage", "nbytes", "ptr", "used")
 
-    def __init__(self, storage, nbytes: int):
-        self.storage, self.nbytes, self.ptr = storage, nbytes, storage.data_ptr()
+    def __init__(self, storage, nbytes: int, used: bool = True):
+        self.storage, self.nbytes, self.ptr, self.used = storage, nbytes, storage.data_ptr(), used
 
     def free(self) -> bool:
         """Nothing but the pool holds the storage: no tensor (view, autograd's saved
@@ -118,7 +132,6 @@ def empty_strided(shape, stride, dtype: torch.dtype, nbytes: int, device=None) -
     Raises:
         RuntimeError: the allocation failed (out of memory), as ``torch.empty_strided``.
     """
-    global _held
     if device is not None and device.type != "cpu":
         return torch.empty_strided(shape, stride, dtype=dtype, device=device)
     cap = _cap if _cap is not None else _capacity()
@@ -133,9 +146,11 @@ def empty_strided(shape, stride, dtype: torch.dtype, nbytes: int, device=None) -
                     # come first, so a search usually ends at the first block it tries
                     del same[i]
                     same.append(b)
+                    b.used = True
                     if on_reuse is not None:
                         on_reuse(b.storage)
-                    return _empty(0, dtype=dtype).set_(b.storage, 0, shape, stride)
+                    with _no_modes():
+                        return _empty(0, dtype=dtype).set_(b.storage, 0, shape, stride)
                 _drop(b)
                 break
         t = torch.empty_strided(shape, stride, dtype=dtype)
@@ -145,11 +160,19 @@ def empty_strided(shape, stride, dtype: torch.dtype, nbytes: int, device=None) -
         if _held + nbytes > cap:
             _evict(_held + nbytes - cap)
         if _held + nbytes <= cap:
-            b = _Block(st, nbytes)
-            _blocks[id(b)] = b
-            _by_size.setdefault(nbytes, []).append(b)
-            _held += nbytes
+            _add(_Block(st, nbytes))
         return t
+
+
+def _add(b: _Block) -> None:
+    """Pool ``b`` (under ``_lock``); the first block registers the exit's record."""
+    global _held, _record
+    _blocks[id(b)] = b
+    _by_size.setdefault(b.nbytes, []).append(b)
+    _held += b.nbytes
+    if _record is None:
+        _record = (program_key(), os.getpid())
+        atexit.register(_save_record)
 
 
 def set_capacity(mib: int) -> int:
@@ -179,6 +202,8 @@ def configure(mib: int, mode: str) -> bool:
     """
     use = mode == "on" or (mode == "auto" and maps_large_blocks() is not False)
     set_capacity(mib if use else 0)
+    if not use or mib <= 0:
+        empty_cache()  # blocks prefilled at import, or pooled before a setting changed
     return use and mib > 0
 
 
@@ -256,6 +281,119 @@ def pool_stats() -> dict:
         free = sum(b.nbytes for b in _blocks.values() if b.free())
         return {"blocks": len(_blocks), "held_bytes": _held, "free_bytes": free,
                 "capacity_bytes": _cap if _cap is not None else _capacity()}
+
+
+# -- a program's record: the next process's first iteration finds its blocks mapped ------
+
+def program_key() -> Optional[str]:
+    """The running program's name in the store's pool records: a hash of its script's real
+    path and its arguments (``sys.argv``), which a rerun of the same command repeats. None
+    for ``python -c``, standard input and interactive sessions: nothing tells their
+    programs apart."""
+    argv = getattr(sys, "argv", None) or [""]
+    if argv[0] in ("", "-c", "-"):
+        return None
+    return hashlib.sha256(repr((os.path.realpath(argv[0]), argv[1:])).encode()).hexdigest()[:32]
+
+
+def prefill_plan() -> Optional[tuple]:
+    """``(program, capacity in bytes)`` where regions' outputs will come from the pool
+    (``ACCEL_CPU_POOL``, ``ACCEL_CPU_POOL_MB``: as :func:`configure` decides now) and the
+    program has a name (:func:`program_key`); else None. Called at import, on the
+    importing thread (malloc's probe counts the whole process's mapped blocks).
+
+    Raises:
+        accel.config.ConfigError: an ``ACCEL_*`` variable it reads is invalid.
+    """
+    mib, mode = config.flag("ACCEL_CPU_POOL_MB"), config.flag("ACCEL_CPU_POOL")
+    if mib <= 0 or not (mode == "on" or (mode == "auto" and maps_large_blocks() is not False)):
+        return None
+    program = program_key()
+    return None if program is None else (program, mib << 20)
+
+
+_MADV_POPULATE_WRITE = 23  # Linux 5.14 (asm-generic/mman-common.h)
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+@functools.lru_cache(maxsize=1)
+def _madvise():
+    try:
+        f = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    f.restype, f.argtypes = ctypes.c_int, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return f
+
+
+def _populate(ptr: int, nbytes: int) -> bool:
+    """Fault in the whole pages of ``[ptr, ptr + nbytes)`` writable, their contents
+    untouched (``madvise(MADV_POPULATE_WRITE)``, without the GIL). False where the kernel
+    or libc lacks it."""
+    madvise = _madvise()
+    start = -(-ptr // _PAGE) * _PAGE
+    end = (ptr + nbytes) // _PAGE * _PAGE
+    return madvise is not None and (end <= start or madvise(start, end - start, _MADV_POPULATE_WRITE) == 0)
+
+
+def prefill(store, program: str, cap: int) -> int:
+    """Pool fresh blocks of the sizes ``program``'s last process used (its record in
+    ``store``: :meth:`accel.store.Store.pool_record`), at most ``cap`` bytes held in all,
+    and fault their pages in, so that its first iteration finds them mapped as later ones
+    do (MLP fwd+bwd on the dev VM, glibc's defaults: 48 MiB, about 12 ms of the first
+    iteration). Run by the import's background thread (:func:`accel.dispatch.prefetch`):
+    each block is pooled before it is faulted in (populating leaves its contents alone),
+    so an output that needs it meanwhile takes it rather than a block of its own. Stops
+    at the first failure (out of memory; a kernel before Linux 5.14, without
+    ``MADV_POPULATE_WRITE``). Returns the bytes pooled. Never raises."""
+    global _prefilled
+    try:
+        sizes = store.pool_record(program)
+    except Exception:  # noqa: BLE001 - an unusable store: nothing to go by
+        return 0
+    if not sizes:
+        return 0
+    _prefilled = sizes
+    done = 0
+    for n in sizes:
+        if n < MIN_BLOCK:
+            continue
+        with _lock:
+            if _held + n > min(cap, _cap if _cap is not None else cap):
+                break
+            try:
+                b = _Block(_untyped_storage(torch.empty(n, dtype=torch.uint8)), n, used=False)
+            except RuntimeError:  # out of memory
+                break
+            _add(b)  # the pool's is the only reference: the block is free at once
+        ptr = b.ptr
+        done += n
+        if not _populate(ptr, n):
+            break
+    log.debug("accel: pool prefilled with %d MiB from the program's record", done >> 20)
+    return done
+
+
+def _save_record() -> None:
+    """At exit: record the sizes of the blocks outputs used (the program's steady state),
+    where they differ from the record the pool was prefilled from, in the process's store;
+    not in a forked child, nor for a program without a name."""
+    program, pid = _record
+    if program is None or pid != os.getpid():
+        return
+    with _lock:
+        sizes = sorted(b.nbytes for b in _blocks.values() if b.used)
+    if not sizes or sizes == _prefilled:
+        return
+    from . import runtime
+
+    store = runtime._store
+    if store is None or not store.persistent:
+        return
+    try:
+        store.put_pool_record(program, sizes)
+    except Exception as e:  # noqa: BLE001 - only the next process's head start is lost
+        log.debug("accel: the pool's record was not written (%s)", e)
 
 
 # -- glibc --------------------------------------------------------------------------------

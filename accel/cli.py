@@ -111,10 +111,12 @@ def _run(args) -> int:
     script = args.script
     if not os.path.isfile(script):
         raise _Fail(f"{script}: no such file")
+    from . import _preload
     from .interceptor import disable, enable
 
     saved = sys.argv, sys.path[:]
     sys.argv = [script, *args.args]
+    _preload()  # torch is imported now: the store and the script's pool blocks, in the background
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     enable()
     try:

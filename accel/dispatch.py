@@ -65,16 +65,18 @@ _MATMUL_MODES = {"off": 0, "auto": 1, "on": 2}
 _matmul = 1  # ACCEL_CPU_MATMUL (set_matmul)
 _prefetch: Optional[threading.Thread] = None  # prefetch()'s thread, until start() joins it
 _prefetched = None  # what it found: (store, key, entry), or None
+_found = threading.Event()  # set once that thread is done with the filter
 
 
 def _after_fork_in_child() -> None:
     """A forked child has no thread waiting for the parent's build of the filter: where it
     was in flight, the child's next start() looks for it in the store again (builds it
     there if the parent's build has not stored it yet: one build, under its key's lock)."""
-    global _lock, _future, building, _prefetch, _prefetched
+    global _lock, _future, building, _prefetch, _prefetched, _found
     _lock = threading.Lock()
     # the parent's prefetch thread is gone, and the store it opened may hold its locks
     _prefetch = _prefetched = None
+    _found = threading.Event()  # (the parent's thread may have held the old one's lock)
     if _future is not None and not _future.done():
         _future, building = None, False
 
@@ -130,49 +132,63 @@ def _build(key: str, store):
 
 
 def prefetch() -> None:
-    """Open the kernel store and find the filter's entry in it, in a background thread,
-    where the store exists already (at ``import accel`` with torch imported: see
-    ``accel._preload``). The first enable makes that store the process's, where it is still
-    the one the environment names (:func:`accel.runtime.adopt_store`: a program may set
-    ``ACCEL_CACHE_DIR`` after the import), and then only loads the library and registers
-    its fallbacks (about 6 ms on the dev VM), which must happen on a thread that makes no
-    call meanwhile; opening the store and looking the filter up (about 9 ms) is done while
-    the program builds its model instead of in its first iteration. Creates nothing:
-    without a store, or under ``ACCEL_DISABLE=1`` or ``ACCEL_DISPATCH_FILTER=0``, it does
-    nothing. Never raises: an invalid ``ACCEL_*`` value or a broken store is left to the
-    first enable to report."""
+    """Where the kernel store exists already (at ``import accel`` with torch imported: see
+    ``accel._preload``), open it in a background thread, find the filter's entry in it,
+    and then fault in the CPU output pool's blocks the program's last process recorded
+    (:func:`accel.allocator.prefill`, where the pool is in use). The first enable makes
+    that store the process's, where it is still the one the environment names
+    (:func:`accel.runtime.adopt_store`: a program may set ``ACCEL_CACHE_DIR`` after the
+    import), and then only loads the library and registers its fallbacks (about 6 ms on
+    the dev VM), which must happen on a thread that makes no call meanwhile; opening the
+    store and looking the filter up (about 9 ms) is done while the program builds its
+    model instead of in its first iteration. The enable waits for the filter's part only.
+    Creates nothing: without a store, or under ``ACCEL_DISABLE=1``, it does nothing; with
+    ``ACCEL_DISPATCH_FILTER=0`` only the pool's part runs. Never raises: an invalid
+    ``ACCEL_*`` value or a broken store is left to the first enable to report."""
     global _prefetch
+    from . import allocator
+
     try:
         if (_prefetch is not None or config.flag("ACCEL_DISABLE")
-                or not config.flag("ACCEL_DISPATCH_FILTER")
                 or not os.path.isdir(os.path.join(config.cache_dir(), "index"))):
             return
+        find = config.flag("ACCEL_DISPATCH_FILTER")
+        pool = allocator.prefill_plan()
     except (config.ConfigError, OSError):
         return
-    _prefetch = threading.Thread(target=_prefetch_run, name="accel-prefetch", daemon=True)
-    _prefetch.start()
+    if find or pool is not None:
+        _found.clear()
+        _prefetch = threading.Thread(target=_prefetch_run, args=(find, pool),
+                                     name="accel-prefetch", daemon=True)
+        _prefetch.start()
 
 
-def _prefetch_run() -> None:
+def _prefetch_run(find: bool, pool) -> None:
     global _prefetched
+    from . import allocator
     from .store import Store
 
     try:
         store = Store()  # raises where the disk store is unusable: left to the first enable
-        key = store_key()
-        entry = store.get(key)
-        if entry is not None and not entry.negative:
-            ctypes.CDLL(entry.path, mode=ctypes.RTLD_LOCAL)  # mapped and relocated now
-        _prefetched = (store, key, entry)
+        if find:
+            key = store_key()
+            entry = store.get(key)
+            if entry is not None and not entry.negative:
+                ctypes.CDLL(entry.path, mode=ctypes.RTLD_LOCAL)  # mapped and relocated now
+            _prefetched = (store, key, entry)
     except Exception:  # noqa: BLE001 - start() looks again and reports what it finds
-        pass
+        return
+    finally:
+        _found.set()
+    if pool is not None:
+        allocator.prefill(store, *pool)
 
 
 def _join_prefetch() -> None:
+    """Wait for the import's thread to have looked the filter up (not for its pool work)."""
     global _prefetch
-    t = _prefetch
-    if t is not None:
-        t.join()
+    if _prefetch is not None:
+        _found.wait()
         _prefetch = None
 
 

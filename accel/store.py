@@ -4,7 +4,9 @@
 
     index/    diskcache.Cache  "v<STORE_VERSION>:<key>" -> {"sha256", "artifact", "meta"} (LRU, size-limited)
     stats/    diskcache.Cache  counters, and "use:<key>" -> (last use, sha256); never evicted;
-                               a found entry's last use and the counts are written at exit (touch)
+                               a found entry's last use and the counts are written at exit (touch);
+                               "pool:<program>" -> the CPU output pool's block sizes at a
+                               program's exit (accel.allocator.prefill)
     nodes/    diskcache.Cache  trie node digest -> output metadata of a call (so a new process
                                skips meta evaluation: accel.region.TrieNode)
     objects/  <sha256>.so      artifacts materialized for dlopen (or reading: CUDA cubins), written atomically
@@ -51,7 +53,8 @@ __all__ = ["STORE_VERSION", "StoreError", "Entry", "Store", "MemoryStore", "open
 STORE_VERSION = 1
 COUNTERS = ("hits", "misses", "compiles", "compile_failures")
 _PREFIX = f"v{STORE_VERSION}:"  # index keys; another format version never sees these entries
-_USE = "use:"  # side-table keys of last-use records; everything else there is a counter
+_USE = "use:"  # side-table keys of last-use records
+_POOL = "pool:"  # side-table keys of programs' pool records; everything else there is a counter
 _COUNT_LOCK = threading.Lock()  # the stores' unwritten counts
 
 
@@ -216,12 +219,29 @@ class _BaseStore:
         with _COUNT_LOCK:  # background builders record too
             self._counts[counter] += n
 
+    def pool_record(self, program: str) -> list[int] | None:
+        """The block sizes (bytes, ascending) of ``program``'s CPU output pool at its last
+        exit (:meth:`put_pool_record`), or None: none recorded, or a value that is not a
+        list of positive ints (a damaged or foreign record counts as none)."""
+        try:
+            v = self._side.get(_POOL + program)
+        except Exception:  # noqa: BLE001 - unreadable: none
+            return None
+        if not isinstance(v, tuple) or not all(type(n) is int and n > 0 for n in v):
+            return None
+        return sorted(v)
+
+    def put_pool_record(self, program: str, sizes) -> None:
+        """Record ``program``'s pool block sizes (bytes) for its next process
+        (:func:`accel.allocator.prefill`); kept until ``clear()``."""
+        self._side.set(_POOL + program, tuple(sorted(int(n) for n in sizes)))
+
     def stats(self) -> dict:
         """The counters as ``{name: int}`` (this process's unwritten counts included); the
         four standard ones are always present."""
         out = dict.fromkeys(COUNTERS, 0)
         out.update({k: int(self._side.get(k, 0)) for k in list(self._side.iterkeys())
-                    if isinstance(k, str) and not k.startswith(_USE)})
+                    if isinstance(k, str) and not k.startswith((_USE, _POOL))})
         with _COUNT_LOCK:
             pending = list(self._counts.items())
         for k, n in pending:

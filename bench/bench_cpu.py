@@ -38,7 +38,8 @@ Prints markdown tables:
 2. cold start (this process, fresh accel store, empty Inductor cache): accel's regions
    compiled and seconds per region, accel's first call, torch.compile's first call, and
    what accel ran per call (regions, native kernels, eager replays);
-3. warm start: per workload a new process with the same accel store and Inductor cache;
+3. warm start: per workload a new process with the same accel store and Inductor cache (and
+   with glibc's defaults the same command again, which finds its pool record);
    first iteration minus that process's steady state, for eager, accel and torch.compile
    (after importing dynamo and Inductor and one full garbage collection, timed apart).
 
@@ -342,30 +343,37 @@ def cold_table(results) -> str:
                   "eager replays / call"], rows)
 
 
-def warm_table(warm, cold) -> str:
+def warm_table(warm, cold, again=None) -> str:
+    """Table 3: ``warm`` (name -> warm_child's result); ``again``: the same commands run a
+    second time (their pool records written by the first: one more column)."""
     rows = []
     cold = {r["key"]: r for r in cold}
     for name, w in warm.items():
         if "error" in w:
-            rows.append([title(name), w["error"]] + [""] * 7)
+            rows.append([title(name), w["error"]] + [""] * (8 if again else 7))
             continue
-        f, st = w["first_ms"], w["steady_ms"]
+        st = w["steady_ms"]
 
-        def d(k):
-            a, b = f.get(k), st.get(k)
+        def d(k, w=w):
+            a, b = w["first_ms"].get(k), w["steady_ms"].get(k)
             return f"{a - b:.1f}" if isinstance(a, float) and isinstance(b, float) else str(a)
 
+        a = (again or {}).get(name) or {"error": "-"}
+        again_cell = [] if again is None else [a["error"] if "error" in a else d("accel", a)]
         s = w.get("accel_first", {})
         c = cold.get(name, {}).get("first_ms", {}).get("compile")
         rows.append([title(name), f"{w['import_ms']:.0f} / {w['import_inductor_ms']:.0f} / "
                      f"{w.get('gc_ms', 0):.0f}",
                      d("eager"), d("accel"),
+                     *again_cell,
                      _cell(st.get("accel")), f"{s.get('store_hits', 0)} / {s.get('compiles', 0)}",
                      d("compile"), _cell(st.get("compile")),
                      f"{c / 1e3:.1f}" if isinstance(c, float) else "-"])
     return table(["workload", "import dynamo / inductor, then gc.collect() ms (not counted)",
                   "eager first-steady ms",
-                  "accel first-steady ms", "accel steady ms", "accel store hits / compiles",
+                  "accel first-steady ms",
+                  *(["accel first-steady ms, the command again"] if again else []),
+                  "accel steady ms", "accel store hits / compiles",
                   "compile first-steady ms (warm cache)", "compile steady ms",
                   "compile first call s, cold (table 2)"], rows)
 
@@ -631,20 +639,23 @@ def _report(args, names, runs, child_args, run_dir, t_start) -> int:
     sys.stdout.flush()
 
     warm_runs = min(runs, 5)  # the steady state here is only the baseline of the first call
-    warm, warm_tuned = {}, {}
-    for name in names:  # each workload's two processes back to back (a load change hits both)
+    warm, warm_again, warm_tuned = {}, {}, {}
+    for name in names:  # each workload's processes back to back (a load change hits all)
         args_w = ["--_warm", name, "--runs", str(warm_runs), *child_args[2:]]
         warm[name] = _child(args_w)
+        # the same command again: its first process recorded the output pool's blocks at
+        # exit, which this one's import faults in ahead (accel.allocator.prefill)
+        warm_again[name] = _child(args_w)
         if tuned is not None:
             warm_tuned[name] = _child(args_w, {_ACCEL_MALLOC: "1"})
     print(f"## 3. Warm start: a new process per workload, same accel store and Inductor "
           f"cache, {malloc_settings()} (steady = median of {warm_runs} after the first call)\n")
-    print(warm_table(warm, results))
+    print(warm_table(warm, results, warm_again))
     if warm_tuned:
         print(f"\n## 3b. Warm start as 3, with accel's own malloc tuning ({_ACCEL_MALLOC}=1, its "
               "default: mallopt at `import accel`, for every backend in the process)\n")
         print(warm_table(warm_tuned, results))
-    runs_w = [(n, w) for w_all in (warm, warm_tuned) for n, w in w_all.items()]
+    runs_w = [(n, w) for w_all in (warm, warm_again, warm_tuned) for n, w in w_all.items()]
     recompiled = sorted({n for n, w in runs_w if w.get("accel_first", {}).get("compiles")})
     if recompiled:
         edited = sorted({n for n, w in runs_w if w.get("source_hash") not in (None, src)})
@@ -657,8 +668,10 @@ def _report(args, names, runs, child_args, run_dir, t_start) -> int:
           "state: for accel, its first enable (registering the dispatch filter: `import accel` "
           "opened the store and found the filter in the background), trie misses, meta "
           "evaluations, store look-ups and loads, and the first touches of fresh outputs (with "
-          "glibc's defaults, of the output pool's blocks, which its steady state reuses); for "
-          "torch.compile, tracing and loading from the Inductor cache.")
+          "glibc's defaults, of the output pool's blocks, which its steady state reuses, unless "
+          "the command ran before: then its import faulted in, in the background, the blocks "
+          "its last process recorded in the store); for torch.compile, tracing and loading "
+          "from the Inductor cache.")
     print(f"\ntotal benchmark time {time.perf_counter() - t_start:.0f} s; load average "
           f"{_load()} (at the start: {load0})")
     return 0
