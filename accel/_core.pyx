@@ -16,7 +16,7 @@ include "_launch.pxi"
 import sys
 import torch
 from accel.allocator import MIN_BLOCK, empty_strided as _pool_empty_strided
-from accel.ops import DTYPES, NOT_DEFERRABLE, SCALAR, TENSOR, Deferred
+from accel.ops import DTYPES, NOT_DEFERRABLE, SCALAR, TENSOR, Deferred, overlap_args as _overlap_args
 from accel._core_py import ext_overlap as _ext_overlap_py
 
 cdef object _data_ptr = torch._C.TensorBase.data_ptr
@@ -573,6 +573,8 @@ cdef class RegionCore:
         ret = node.ret
         n_out = len(self.outs)
         try:
+            if node.writes_ext and self._shares_written(node, call):
+                raise Deferred("written input shares storage")
             if ret is not None:
                 res = self.ext[ret[1]] if ret[0] == "x" else self.outs[ret[1]]
             elif not node.multi:
@@ -590,6 +592,19 @@ cdef class RegionCore:
         if node.writes_ext:
             self.mutates_ext = True
         return res
+
+    cdef bint _shares_written(self, node, tuple call):
+        """Whether an external input the call writes shares storage with another of its
+        tensor arguments (``a[1:].add_(a[:-1])``): the call then runs eagerly, which raises
+        eager's error where eager does, at the call (a region would have run it eagerly at
+        its flush anyway: ``ext_overlap``)."""
+        chk = node.overlap_args
+        if chk is None:
+            chk = node.overlap_args = _overlap_args(call)
+        if not chk:
+            return False
+        ext = self.ext
+        return _overlap([ext[j] for j in <tuple>chk[0]], <tuple>chk[1])
 
     cdef _rollback(self, Py_ssize_t n_ext, Py_ssize_t n_sc, Py_ssize_t n_out):
         """Forget the external inputs, scalars and outputs a call that is not recorded

@@ -10,7 +10,7 @@ import sys
 import torch
 
 from .allocator import empty_strided
-from .ops import DTYPES, HALF, NOT_DEFERRABLE, SCALAR, TENSOR, Deferred, OpSpec
+from .ops import DTYPES, HALF, NOT_DEFERRABLE, SCALAR, TENSOR, Deferred, OpSpec, overlap_args
 
 _data_ptr = torch._C.TensorBase.data_ptr
 _CPU = torch.device("cpu")
@@ -267,6 +267,13 @@ class RegionCore:
             raise
         n_out = len(self.outs)
         try:
+            call = (func, tuple(targs), tkw, node.n_new)
+            if node.writes_ext:  # a written input sharing storage with another argument: eager
+                if node.overlap_args is None:
+                    node.overlap_args = overlap_args(call)
+                chk = node.overlap_args
+                if chk and ext_overlap([self.ext[j] for j in chk[0]], chk[1]):
+                    raise Deferred("written input shares storage")
             if node.ret is not None:
                 res = self._resolve(node.ret)
             elif not node.multi:
@@ -277,7 +284,7 @@ class RegionCore:
             self._rollback(n_ext, n_sc, n_out)
             raise
         self.node = node
-        self.calls.append((func, tuple(targs), tkw, node.n_new))
+        self.calls.append(call)
         self._view[0] = 1
         if node.writes_ext:
             self.mutates_ext = True

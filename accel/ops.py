@@ -161,6 +161,30 @@ def _spec(op) -> Optional[OpSpec]:
     return OpSpec(tuple(pos), kw, tuple(mut), returns_input)
 
 
+def written_refs(spec: OpSpec, targs, tkw) -> list:
+    """The argument references (``("x", j)``, ``("o", i)``, ...) of the tensors a call writes
+    in place or through ``out=`` (``spec.mutates``); ``("c", None)`` for one not passed."""
+    return [tkw[n] if n in tkw else targs[k] if 0 <= k < len(targs) else ("c", None)
+            for n, k in spec.mutates]
+
+
+def overlap_args(call) -> tuple:
+    """For a recorded call ``(func, targs, tkw, n_new)`` that writes an external input:
+    ``(ext, written)``, the external-input indices of its tensor arguments, the written
+    ones first, and their positions in it, for ``accel._core.ext_overlap``: a written input
+    that shares storage with another argument of the same call runs the call eagerly, as
+    eager's ``at::assert_no_partial_overlap`` may refuse it there and then. ``()`` where
+    the call has no other argument to share it with."""
+    func, targs, tkw = call[0], call[1], call[2]
+    written = list(dict.fromkeys(r[1] for r in written_refs(fusible_ops()[func], targs, tkw)
+                                 if r[0] == "x"))
+    read = dict.fromkeys(r[1] for r in (*targs, *tkw.values())
+                         if type(r) is tuple and len(r) == 2 and r[0] == "x" and r[1] not in written)
+    if len(written) + len(read) < 2:
+        return ()
+    return tuple(written) + tuple(read), tuple(range(len(written)))
+
+
 @functools.lru_cache(maxsize=None)
 def fusible_ops() -> Dict[object, OpSpec]:
     """Map each deferrable aten ``OpOverload`` to its :class:`OpSpec` (built once, ~10 ms)."""

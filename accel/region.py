@@ -18,7 +18,7 @@ import torch
 
 from . import config
 from .ops import (DTYPES, EAGER_AT_HALF, EMPTY_RESULTS, HALF, INTEGER_DIVISION, NOT_DEFERRABLE,
-                  ROUNDED_RESULTS, Deferred)
+                  ROUNDED_RESULTS, Deferred, written_refs)
 
 if config.flag("ACCEL_PURE_PYTHON"):
     from . import _core_py as native
@@ -50,6 +50,8 @@ class TrieNode:
     to the compiled region ending here; ``predict``, on a region's first call, how the last
     regions that began with it ended (for launching their kernel ahead); ``written``, once
     a region ending here was flushed, the external inputs it writes (indices);
+    ``overlap_args``, once recorded where it writes an external input, which of the call's
+    arguments to check for shared storage (:func:`accel.ops.overlap_args`);
     ``eager_first``, on a region's first call, whether the call runs eagerly instead
     (the first region that began here was small, or the regions that began here flushed
     while their GPU was idle: see ``accel.interceptor``; None: not decided yet). ``idle``,
@@ -59,7 +61,8 @@ class TrieNode:
     """
 
     __slots__ = ("children", "outs", "ret", "multi", "n_new", "writes_ext", "kernels", "call",
-                 "parent", "depth", "digest", "predict", "written", "eager_first", "idle")
+                 "parent", "depth", "digest", "predict", "written", "eager_first", "idle",
+                 "overlap_args")
 
     def __init__(self, parent=None, call=None):
         self.children: Dict[tuple, TrieNode] = {}
@@ -71,6 +74,7 @@ class TrieNode:
         self.kernels: Dict[tuple, Any] = {}
         self.predict = None  # regions starting here: how the last ones ended (runtime.Prediction)
         self.written = None
+        self.overlap_args = None  # where it writes an external input: accel.ops.overlap_args
         self.eager_first = None
         self.idle = 0
         self.call = call
@@ -133,13 +137,6 @@ def _stored_node(digest: bytes):
 
 _MISS = object()
 _NOT_DEFERRABLE_TAG = "not deferrable"
-
-
-def _written(spec, targs, tkw) -> list:
-    """The argument references (``("x", j)``, ``("o", i)``, ...) of the tensors a call writes
-    in place or through ``out=`` (``spec.mutates``); ``("c", None)`` for one not passed."""
-    return [tkw[n] if n in tkw else targs[k] if 0 <= k < len(targs) else ("c", None)
-            for n, k in spec.mutates]
 
 
 def _meta_of(t: torch.Tensor) -> tuple:
@@ -237,7 +234,7 @@ class Region(RegionCore):
             raise Deferred("integer division")
         if func._opname in EAGER_AT_HALF and any(r is not None and r.dtype in HALF for r in results):
             raise Deferred("16-bit float rounding unlike eager's")
-        writes = [ref for ref in _written(spec, targs, tkw) if ref[0] in ("x", "o")]
+        writes = [ref for ref in written_refs(spec, targs, tkw) if ref[0] in ("x", "o")]
         for ref in writes:
             if ref[0] == "x" and torch._debug_has_internal_overlap(self.ext[ref[1]]) == 1:
                 raise Deferred("in-place write into overlapping elements")
@@ -329,5 +326,5 @@ class Region(RegionCore):
             table = fusible_ops()
             written = self.node.written = tuple(sorted(
                 {ref[1] for func, targs, tkw, _ in self.calls
-                 for ref in _written(table[func], targs, tkw) if ref[0] == "x"}))
+                 for ref in written_refs(table[func], targs, tkw) if ref[0] == "x"}))
         return native.ext_overlap(self.ext, written)

@@ -305,6 +305,27 @@ def test_inplace_partial_overlap_raises_like_eager(x):
             a[1:].add_(a[:-1])
 
 
+def test_inplace_partial_overlap_raises_at_the_call(x):
+    """An in-place call whose written input shares storage with another of its arguments
+    raises eager's error at the call, not at a later flush (it once joined the region,
+    whose flush raised): a program that catches it goes on, every result right. One that
+    shares storage without overlapping runs, as in eager."""
+    with accel.eager():
+        a = x.clone()
+        b = torch.sin(x)
+        for _ in range(3):  # the call's trie node known, and through the dispatch filter
+            with pytest.raises(RuntimeError, match="single memory location"):
+                a[1:].add_(a[:-1])
+        c = b * 2
+        d = x.clone()
+        d[:, :16].add_(d[:, 16:32])
+    close(a, x)  # eager refuses before writing
+    close(c, torch.sin(x) * 2)
+    e = x.clone()
+    e[:, :16].add_(e[:, 16:32])
+    close(d, e)
+
+
 def test_dead_outputs_are_not_written(x, fresh_store):
     from accel.runtime import get_store
 
@@ -752,8 +773,8 @@ def test_a_region_with_its_kernel_in_memory_skips_the_runtime(monkeypatch):
     """Flushing a region whose kernel is in memory runs in the native core
     (``RegionCore.run_cached``) without the runtime's ``execute``, counted alike, also where
     it writes an external input or needs scratch buffers; a first run, a written input
-    sharing storage with another input (replayed eagerly), or a prediction to keep for
-    launching ahead takes ``execute``. Results are eager's either way."""
+    sharing storage with another input of the region (replayed eagerly), or a prediction to
+    keep for launching ahead takes ``execute``. Results are eager's either way."""
     from accel import interceptor, runtime
     from accel.region import native
 
@@ -781,15 +802,31 @@ def test_a_region_with_its_kernel_in_memory_skips_the_runtime(monkeypatch):
         assert len(calls) == (1 if n == 0 or not native_core else 0)
     a = torch.randn(2, 29)
     ref = a.clone()
-    ref[0].mul_(2).add_(ref[1])
+    ref[0].mul_(2)
+    ref_c = ref[1] + 1
     for n in range(3):
         calls.clear()
         accel.reset_stats()
         b = a.clone()
         with accel.eager():
-            b[0].mul_(2).add_(b[1])  # writes b[0], b[1] shares its storage: replayed eagerly
+            b[0].mul_(2)
+            c = b[1] + 1  # b[1] shares the written b[0]'s storage: replayed eagerly
         close(b, ref)
+        close(c, ref_c)
         assert len(calls) == 1 and accel.stats()["eager_replays"] == 1
+    ref = a.clone()
+    ref[0].mul_(2).add_(ref[1])
+    for n in range(3):
+        accel.reset_stats()
+        b = a.clone()
+        with accel.eager():
+            # the add_ writes b[0] and reads b[1], which shares its storage: it runs
+            # eagerly (eager's check of partial overlaps is at the call), the mul_ before
+            # it through its kernel
+            b[0].mul_(2).add_(b[1])
+        close(b, ref)
+        st = accel.stats()
+        assert (st["kernel_runs"], st["eager_replays"]) == (1, 0), st
     x2 = torch.randn(40, 31)
     for n in range(3):
         calls.clear()
