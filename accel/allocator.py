@@ -200,11 +200,16 @@ def configure(mib: int, mode: str) -> bool:
     torch.compile's calls: 1.80 ms from the pool, 1.60 without it, 1.48 with buffer reuse;
     torch.compile 1.52).
     """
-    use = mode == "on" or (mode == "auto" and maps_large_blocks() is not False)
+    use = _wanted(mode)
     set_capacity(mib if use else 0)
     if not use or mib <= 0:
         empty_cache()  # blocks prefilled at import, or pooled before a setting changed
     return use and mib > 0
+
+
+def _wanted(mode: str) -> bool:
+    """Whether ``ACCEL_CPU_POOL=mode`` uses the pool in this process now."""
+    return mode == "on" or (mode == "auto" and maps_large_blocks() is not False)
 
 
 class _Mallinfo2(ctypes.Structure):
@@ -306,7 +311,7 @@ def prefill_plan() -> Optional[tuple]:
         accel.config.ConfigError: an ``ACCEL_*`` variable it reads is invalid.
     """
     mib, mode = config.flag("ACCEL_CPU_POOL_MB"), config.flag("ACCEL_CPU_POOL")
-    if mib <= 0 or not (mode == "on" or (mode == "auto" and maps_large_blocks() is not False)):
+    if mib <= 0 or not _wanted(mode):
         return None
     program = program_key()
     return None if program is None else (program, mib << 20)

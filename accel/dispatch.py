@@ -63,7 +63,7 @@ building = False  # a background build is in flight or done and not loaded yet
 _small_regions = True  # ACCEL_EAGER_SMALL_REGIONS (set_small_regions)
 _MATMUL_MODES = {"off": 0, "auto": 1, "on": 2}
 _matmul = 1  # ACCEL_CPU_MATMUL (set_matmul)
-_prefetch: Optional[threading.Thread] = None  # prefetch()'s thread, until start() joins it
+_prefetch: Optional[threading.Thread] = None  # prefetch()'s thread, until start() waits for _found
 _prefetched = None  # what it found: (store, key, entry), or None
 _found = threading.Event()  # set once that thread is done with the filter
 
