@@ -31,6 +31,10 @@ class BuildError(RuntimeError):
     """The compiler is missing, failed, or timed out (message carries its output)."""
 
 
+class BuildTimeout(BuildError):
+    """The compiler ran past ``ACCEL_COMPILE_TIMEOUT`` seconds and was killed."""
+
+
 @functools.lru_cache(maxsize=None)
 def _identity(cxx: str) -> str:
     """The compiler's identity for store keys: its resolved path, size and modification
@@ -184,7 +188,7 @@ def _run(path: str, source: str, src_name: str, lib_name: str, command) -> bytes
         try:
             out = subprocess.run(command(src, lib), capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired as e:
-            raise BuildError(f"compile timed out after {timeout} s") from e
+            raise BuildTimeout(f"compile timed out after {timeout} s") from e
         except OSError as e:
             raise BuildError(f"cannot run {path}: {e}") from e
         if out.returncode != 0 or not os.path.exists(lib):

@@ -110,7 +110,8 @@ def store_key() -> str:
 
 def _build(key: str, store):
     """Under the store's compile lock: the filter's entry, built and stored unless another
-    process stored it meanwhile; a failure is stored as a negative entry."""
+    process stored it meanwhile; a failure is stored as a negative entry, but for a
+    timeout (:class:`accel.build.BuildTimeout`, raised), which a later process retries."""
     import torch
 
     with store.compile_lock(key):
@@ -121,6 +122,8 @@ def _build(key: str, store):
         source = _source()
         try:
             artifact = build.build_torch_extension(source, "accel_dispatch_filter")
+        except build.BuildTimeout:  # at the lowest priority on a busy machine: not remembered,
+            raise  # the next process builds it again (this one keeps the mode's path)
         except Exception as e:  # noqa: BLE001 - any failure: the mode's path
             reason = f"{type(e).__name__}: {e}"
             store.put_negative(key, reason, {"readable": "dispatch filter"})

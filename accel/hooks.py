@@ -12,6 +12,7 @@ eagerly; ``torch.autograd.backward`` also ends the thread's step for step sampli
 """
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import threading
 
@@ -159,6 +160,31 @@ def _eagerly(fn):
     return wrapper
 
 
+def _handing_off(fn):
+    """``fn`` hands work or a signal to another thread: flush the calling thread's pending
+    region first, so that a tensor handed over is filled (another thread's reads do not
+    pass through this thread's mode, and read its memory directly)."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        st = _ic._state
+        if st.worker is not None or st.region.calls:
+            _ic.flush()
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
+#: The ways a thread hands tensors to another: ``Condition.notify`` (``notify_all`` calls
+#: it), through which ``threading.Event.set``, ``queue.Queue.put``, semaphores, barriers
+#: and ``concurrent.futures`` results signal; starting a thread (its arguments); and
+#: ``ThreadPoolExecutor.submit`` (whose work queue is a C ``SimpleQueue``). Each flushes
+#: the calling thread's region first. Not covered: a bare ``threading.Lock`` released (a C
+#: type, whose methods cannot be wrapped), a ``queue.SimpleQueue``, and a thread that reads
+#: a tensor another thread stored with no signal at all (README, Limitations).
+_HANDOFF_HOOKS = ((threading.Condition, "notify"), (threading.Thread, "start"),
+                  (concurrent.futures.ThreadPoolExecutor, "submit"))
+
+
 def _table():
     """(owner, name, original, wrapper) for every hooked entry point (built once)."""
     global _HOOKS
@@ -170,6 +196,7 @@ def _table():
                        _stepping(torch.autograd.backward)))
         _HOOKS += [(o, n, getattr(o, n), _eagerly(getattr(o, n))) for o, n in _EAGER_HOOKS
                    if hasattr(o, n)]
+        _HOOKS += [(o, n, getattr(o, n), _handing_off(getattr(o, n))) for o, n in _HANDOFF_HOOKS]
         _HOOKS += [(o, n, getattr(o, n), wrap(getattr(o, n))) for o, n, wrap in _SHARED_MEMORY_HOOKS
                    if hasattr(o, n)]
     return _HOOKS

@@ -372,6 +372,8 @@ class AccelMode(TorchDispatchMode):
                 return self.__torch_dispatch__(func, types, args, kwargs)
         kwargs = kwargs or {}
         spec = self.table.get(id(func))  # by id: OpOverload's __hash__ is Python code
+        if spec is not None and _len_modes() and _traced_below():
+            spec = None  # another mode below records the calls: eager (regions flushed)
         if _get_ident() != self.owner:  # an autograd engine thread
             if spec is None and id(func) in self.views:  # (unpacking a saved output: detach)
                 return func._op(*args, **kwargs)
@@ -404,6 +406,20 @@ class AccelMode(TorchDispatchMode):
             elif id(func) not in self.views and region.calls:
                 _flush_region(region)
         return func._op(*args, **kwargs)
+
+
+_stack_at = torch._C._get_dispatch_stack_at
+
+
+def _traced_below() -> bool:
+    """Whether a dispatch mode other than accel's is below accel's mode (inside
+    ``__torch_dispatch__`` the stack holds the modes below): make_fx's proxy mode (also
+    under ``torch.func.linearize``), ``torch.export``'s functionalization, FakeTensorMode,
+    a user's mode entered before accel. Deferred, a call would reach such a mode as the
+    allocation of an unfilled output, its values written by a kernel it never sees (a
+    traced graph of ``empty_strided`` calls); so there calls run eagerly, below accel,
+    and a region pending from before is flushed first."""
+    return any(not isinstance(_stack_at(i), AccelMode) for i in range(_len_modes()))
 
 
 @functools.lru_cache(maxsize=1)

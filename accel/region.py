@@ -193,14 +193,20 @@ class Region(RegionCore):
 
     def _new_node(self, func, spec, key, targs, tkw):
         """The trie node of a call seen for the first time after the current one: its output
-        metadata, or ``NOT_DEFERRABLE`` when eager must run the call (see :meth:`_outputs`)."""
+        metadata, or ``NOT_DEFERRABLE`` when eager must run the call (see :meth:`_outputs`),
+        also where its meta evaluation warns (an ``out=`` tensor of another shape, resized:
+        eager's warning then comes from the call, under the program's warning filters)."""
         node = TrieNode(self.node, key)
         NEW_NODES[0] += 1
         rec = _stored_node(node.digest)
         if rec is _MISS:
             busy, self.busy = self.busy, True  # a hooked Tensor method called here must not flush
             try:
-                rec = self._outputs(func, spec, targs, tkw)
+                with warnings.catch_warnings(record=True) as warned:
+                    warnings.simplefilter("always")
+                    rec = self._outputs(func, spec, targs, tkw)
+                if warned:  # (an out= tensor resized) eager warns at the call, as it should
+                    raise Deferred(f"warns: {warned[0].message}")
             except Exception as e:  # eager will raise the user-facing error, if any
                 log.debug("not deferring %s: %s", func, e)
                 rec = None

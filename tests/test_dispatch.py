@@ -505,6 +505,29 @@ def test_a_failed_build_leaves_the_mode_path(tmp_path):
     assert r.stderr.count("no dispatch filter") == 1, r.stderr
 
 
+def test_a_build_that_times_out_is_tried_again_by_the_next_process(tmp_path):
+    """The filter's build runs at the lowest priority, so a busy machine can keep it past
+    ``ACCEL_COMPILE_TIMEOUT``: that process keeps the mode's path (one warning, every
+    result right) and stores nothing, so the next process builds it again (here its
+    compiler fails at once: a negative entry, which a third process reads)."""
+    calls = tmp_path / "calls"
+    cxx = tmp_path / "cxx"
+    cxx.write_text(f"#!/bin/sh\ncase \"$*\" in *accel_dispatch_filter*)\n  echo run >> {calls}\n"
+                   f"  [ -e {tmp_path / 'fast'} ] || sleep 30;;\nesac\nexit 1\n")
+    cxx.chmod(0o755)
+    env = {"ACCEL_CXX": str(cxx), "ACCEL_CACHE_DIR": str(tmp_path / "s"), "ACCEL_COMPILE_TIMEOUT": "1"}
+    r = _run(CHECK, env)
+    assert r.returncode == 0, r.stderr
+    assert "loaded False" in r.stdout and r.stderr.count("no dispatch filter") == 1, r.stderr
+    assert "timed out" in r.stderr
+    (tmp_path / "fast").touch()
+    for _ in range(2):
+        r = _run(CHECK, env)
+        assert r.returncode == 0, r.stderr
+        assert "loaded False" in r.stdout and r.stderr.count("no dispatch filter (BuildError") == 1
+    assert calls.read_text().count("run") == 2
+
+
 def test_a_program_that_ends_first_leaves_the_build_running(tmp_path):
     """A fresh store: the program ends while the filter's build still runs (a compiler that
     waits here for a file when it builds the filter, and then fails), without waiting for

@@ -96,6 +96,56 @@ def test_other_threads_not_intercepted(x):
     close(out["y"], chain(x))
 
 
+@pytest.mark.parametrize("how", ["event", "queue", "thread", "executor", "future"])
+def test_tensors_handed_to_another_thread_are_filled(x, how):
+    """A tensor computed under accel and handed to another thread, which reads it while
+    the computing thread waits: the other thread's reads do not pass through this
+    thread's mode, and read its memory (they read zeros or garbage). Handing over through
+    an Event, a Queue, a thread's arguments, an executor's task or a future's result
+    flushes the region first; the computing thread then waits, its region not flushed by
+    any call of its own."""
+    import concurrent.futures
+    import queue
+
+    seen = {}
+    want = chain(x).sum()
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        with accel.eager():
+            y = chain(x)
+            assert pending() > 0
+            if how == "event":
+                box, ready, done = {"y": y}, threading.Event(), threading.Event()
+
+                def read():
+                    ready.wait()
+                    seen["sum"] = box["y"].sum()
+                    done.set()
+
+                t = threading.Thread(target=read)
+                t.start()
+                ready.set()
+                done.wait(60)
+            elif how == "queue":
+                q, done = queue.Queue(), threading.Event()
+                t = threading.Thread(target=lambda: (seen.setdefault("sum", q.get().sum()), done.set()))
+                t.start()
+                y = chain(x)  # recorded after the thread's start
+                q.put(y)
+                done.wait(60)
+            elif how == "thread":
+                t = threading.Thread(target=lambda v: seen.setdefault("sum", v.sum()), args=(y,))
+                t.start()
+                t.join()
+            elif how == "executor":
+                seen["sum"] = pool.submit(torch.sum, y).result()
+            else:  # a result handed back from another thread's future to this one
+                fut = concurrent.futures.Future()
+                other = pool.submit(lambda: fut.result().sum())
+                fut.set_result(y)
+                seen["sum"] = other.result()
+            assert pending() == 0
+    close(seen["sum"], want)
+
 def test_a_forked_child_builds_kernels_of_its_own(fresh_store):
     """A child forked after the parent built a kernel (a DataLoader worker, say) builds
     the kernels it misses: the parent's build threads are not in the child, whose first
@@ -963,3 +1013,81 @@ def test_torch_function_modes_see_the_programs_calls_alone(device):
         torch.set_default_device(None)
     close(got, want)
     close(y, torch.sigmoid(w) * 3.0 + 1.0)
+
+
+class _OpLog(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records the names of the aten calls that reach it."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(func._opname)
+        return func(*args, **(kwargs or {}))
+
+
+def test_modes_below_accel_see_the_programs_calls(x):
+    """A dispatch mode entered before accel's is below it, and saw accel's allocations of
+    unfilled outputs instead of the program's calls: make_fx traced a graph of
+    ``empty_strided`` calls that returned garbage (so did ``torch.func.linearize``), and
+    ``torch.export`` failed in the flush. With such a mode below, calls run eagerly under
+    accel: the mode sees eager's calls, every result right; a region pending from before
+    is flushed first."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    c = x[0].cos()
+
+    def f(t):
+        return torch.sin(t * 2 + 1) * c
+
+    t = torch.randn(33)
+    with accel.eager():
+        pending_before = torch.tanh(x) * 3  # flushed at the first call under the tracer
+        gm = make_fx(f)(t)
+        _, jvp = torch.func.linearize(torch.sin, t)
+        tangent = jvp(torch.ones(33))
+    ops = {n.target._opname for n in gm.graph.nodes if n.op == "call_function"}
+    assert {"sin", "mul", "add"} <= ops and "empty_strided" not in ops, gm.code
+    close(gm(t), f(t))
+    close(tangent, torch.cos(t))
+    close(pending_before, torch.tanh(x) * 3)
+
+    class M(torch.nn.Module):
+        def forward(self, t):
+            return (t * 2 + 1).sin() * c
+
+    with accel.eager():
+        ep = torch.export.export(M(), (t,))
+    close(ep.module()(t), M()(t))
+    log = _OpLog()
+    with log, accel.eager():
+        y = chain(x)
+    eager_log = _OpLog()
+    with eager_log:
+        want = chain(x)
+    assert log.ops == eager_log.ops
+    close(y, want)
+
+
+def test_out_resized_warns_at_the_call():
+    """An ``out=`` tensor of another shape is resized, with eager's deprecation warning,
+    at the call (deferred, it warned from the region's flush, as a C++ warning the
+    program's filters never saw); under ``simplefilter("error")`` it raises there."""
+    import warnings
+
+    a = torch.randn(10)
+    for _ in range(2):  # the call's trie node new, then known
+        out = torch.empty(3)
+        with accel.eager():
+            with pytest.warns(UserWarning, match="was resized") as got:
+                torch.sin(a * 2, out=out)
+            y = out + 1
+        assert len(got) == 1 and got[0].filename == __file__
+        close(y, torch.sin(a * 2) + 1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            out = torch.empty(3)
+            with accel.eager():
+                with pytest.raises(UserWarning, match="was resized"):
+                    torch.sin(a * 2, out=out)
