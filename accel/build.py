@@ -9,7 +9,9 @@ import functools
 import hashlib
 import os
 import shutil
+import signal
 import subprocess
+import sys
 import tempfile
 
 from . import config
@@ -172,6 +174,20 @@ def build(source: str, name: str, device: str = "cpu") -> bytes:
                 lambda src, lib: [path, *flags, "-I", INCLUDE_DIR, src, "-o", lib, *libs])
 
 
+#: Popen arguments that start the compiler in a process group of its own (in the caller's
+#: session, whose priority a background build lowered: accel.dispatch._lower_priority).
+_OWN_GROUP = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """Kill the compiler's process group (the compiler and what it started), and reap it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:  # gone already
+        pass
+    proc.communicate()
+
+
 def _run(path: str, source: str, src_name: str, lib_name: str, command) -> bytes:
     """Write ``source`` to ``src_name`` in a fresh directory, run ``command(src, lib)``
     (the argv of compiler ``path``) under ``ACCEL_COMPILE_TIMEOUT``; the bytes of ``lib``.
@@ -186,14 +202,24 @@ def _run(path: str, source: str, src_name: str, lib_name: str, command) -> bytes
         with open(src, "w") as f:
             f.write(source)
         try:
-            out = subprocess.run(command(src, lib), capture_output=True, text=True, timeout=timeout)
-        except subprocess.TimeoutExpired as e:
-            raise BuildTimeout(f"compile timed out after {timeout} s") from e
+            # a process group of its own: a timeout kills the compiler's own children too
+            # (g++'s cc1plus, about 1.4 GB while it builds the dispatch filter, outlived a
+            # killed g++ and piled up on a loaded machine)
+            proc = subprocess.Popen(command(src, lib), stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True, **_OWN_GROUP)
         except OSError as e:
             raise BuildError(f"cannot run {path}: {e}") from e
-        if out.returncode != 0 or not os.path.exists(lib):
-            raise BuildError(f"{os.path.basename(path)} failed ({out.returncode}):\n"
-                             f"{(out.stderr or out.stdout)[-4000:]}")
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired as e:
+            _kill_group(proc)
+            raise BuildTimeout(f"compile timed out after {timeout} s") from e
+        except BaseException:
+            _kill_group(proc)
+            raise
+        if proc.returncode != 0 or not os.path.exists(lib):
+            raise BuildError(f"{os.path.basename(path)} failed ({proc.returncode}):\n"
+                             f"{(stderr or stdout)[-4000:]}")
         with open(lib, "rb") as f:
             return f.read()
 

@@ -79,6 +79,7 @@ def _decompositions():
     aten = torch.ops.aten
     table = dict(decomposition_table)
     for op, fix in ((aten.native_layer_norm.default, _native_layer_norm),
+                    (aten.native_group_norm.default, _native_group_norm),
                     (aten.gelu.default, _gelu), (aten.gelu_backward.default, _gelu_backward),
                     *((op, _batch_norm) for op in (
                         aten.native_batch_norm.default, aten._native_batch_norm_legit.default,
@@ -155,6 +156,44 @@ def _native_layer_norm(decomposition, input, normalized_shape, weight, bias, eps
     if bias is not None:
         out = out + bias
     return out.to(input.dtype), mean, rstd
+
+
+def _native_group_norm(decomposition, input, weight, bias, N, C, HxW, group, eps):
+    """``aten.native_group_norm`` as torch._decomp's ``decomposition`` of it (the same
+    arithmetic: on the CPU with a weight, eager's ``x * (rstd * w) + (b - mean * rstd * w)``),
+    but computed on ``input`` seen as ``[N, group, C / group, *spatial]`` (dim 1 split),
+    where the decomposition reshapes through ``as_strided`` (the per-channel scale) or
+    merges the spatial dims into the group's (a 4-d input): views that read a merged
+    index, which the lowering cannot express (a division and a modulo of a loop index),
+    so the region ran eagerly. Here the only merge left is the output's own (``[N, group,
+    C / group, ...]`` back to ``input``'s shape), which the lowering stores as the split
+    dims (:func:`accel.lowering._peel_views`). Returns ``(out, mean, rstd)``, ``mean``
+    and ``rstd`` of shape ``[N, group]``, all three in ``input``'s dtype."""
+    shape = tuple(input.shape)
+    if (input.ndim < 2 or 0 in shape or C % group or shape[:2] != (N, C)
+            or any(not isinstance(v, int) for v in shape)):
+        return decomposition(input, weight, bias, N, C, HxW, group, eps)
+    acc = torch.float32 if input.dtype in (torch.float16, torch.bfloat16) else input.dtype
+    split = (N, group, C // group) + shape[2:]
+    x = input.to(acc).reshape(split)
+    dims = list(range(2, x.ndim))
+    var, mean = torch.var_mean(x, dim=dims, correction=0, keepdim=True)
+    rstd = torch.rsqrt(var + eps)
+    param = (1, group, C // group) + (1,) * (input.ndim - 2)
+    if input.device.type == "cpu" and weight is not None:
+        w = rstd * weight.reshape(param)
+        b = -mean * w
+        if bias is not None:
+            b = b + bias.reshape(param)
+        out = x * w + b
+    else:
+        out = (x - mean) * rstd
+        if weight is not None:
+            out = out * weight.reshape(param)
+        if bias is not None:
+            out = out + bias.reshape(param)
+    return (out.to(input.dtype).reshape(shape), mean.to(input.dtype).squeeze(dims),
+            rstd.to(input.dtype).squeeze(dims))
 
 
 def _batch_norm(decomposition, input, *args):

@@ -5,7 +5,7 @@ named ``graph_rewrite``). The registry is data: :data:`PASSES`.
 from __future__ import annotations
 
 import logging
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.fx as fx
@@ -205,6 +205,134 @@ def constant_folding(gm: fx.GraphModule) -> int:
     return n_folded
 
 
+def _elementwise(n: fx.Node) -> bool:
+    """A prims elementwise op, a dtype conversion or one of accel's own (positional
+    arguments only)."""
+    from .lowering import ACCEL_ELEMENTWISE, ELEMENTWISE
+
+    t = n.target
+    if n.op != "call_function" or n.kwargs or not isinstance(t, torch._ops.OpOverload):
+        return False
+    if t is prims.convert_element_type.default:
+        return True
+    name = t._opname
+    return ((t.namespace == "prims" and name in ELEMENTWISE)
+            or (t.namespace == "accel" and name in ACCEL_ELEMENTWISE))
+
+
+def _split_back(g: fx.Graph, a: fx.Node, start: int, sizes: tuple) -> fx.Node:
+    """``a`` (a merged dim at ``start``) seen with that dim split into ``sizes`` again:
+    the source of a ``collapse_view`` doing the same merge, or ``split_dim`` calls."""
+    if (a.target is prims.collapse_view.default and a.args[1] == start
+            and a.args[2] == start + len(sizes) - 1
+            and tuple(a.args[0].meta["val"].shape[start:start + len(sizes)]) == sizes):
+        return a.args[0]
+    for k, outer in enumerate(sizes[:-1]):
+        a_val = a.meta["val"]
+        a = g.call_function(prims.split_dim.default, (a, start + k, outer))
+        a.meta["val"] = prims.split_dim.default(a_val, start + k, outer)
+    return a
+
+
+_SINK_REDUCTIONS = {prims.sum.default, prims.prod.default, prims.amax.default, prims.amin.default}
+
+
+def _reduce_split(g: fx.Graph, u: fx.Node) -> int:
+    """A reduction of a ``collapse_view`` over every merged dim (and maybe others) reads
+    the view's source instead, over the split dims (its result has no merged dim)."""
+    c, dims = u.args[0], u.args[1]
+    if not (isinstance(c, fx.Node) and c.target is prims.collapse_view.default):
+        return 0
+    x, start, end = c.args
+    nd = c.meta["val"].dim()
+    dims = sorted({d % nd for d in dims})
+    if start not in dims:
+        return 0
+    shift = end - start
+    split = [d for d in dims if d < start] + list(range(start, end + 1)) + [d + shift for d in dims if d > start]
+    u.args = (x, split) + tuple(u.args[2:])
+    return 1
+
+
+def _as_collapse(g: fx.Graph, n: fx.Node) -> Optional[fx.Node]:
+    """``as_strided(x, size, stride)`` that only merges consecutive dims of a contiguous
+    ``x`` (size-1 dims dropped; the decompositions reshape so: group norm's per-channel
+    scale, its weight gradient) as ``collapse_view`` (after ``squeeze``); None otherwise."""
+    x, size, stride = n.args[0], list(n.args[1]), list(n.args[2])
+    off = n.args[3] if len(n.args) > 3 else n.kwargs.get("storage_offset", 0)
+    xv = x.meta.get("val") if isinstance(x, fx.Node) else None
+    if not isinstance(xv, torch.Tensor) or off not in (0, None) or not xv.is_contiguous():
+        return None
+    if list(torch.empty(size, device="meta").stride()) != stride or xv.numel() != n.meta["val"].numel():
+        return None
+    ones = [d for d, v in enumerate(xv.shape) if v == 1]
+    xs = [v for v in xv.shape if v != 1]
+    for start in range(len(xs)):
+        for end in range(start, len(xs)):
+            merged = xs[:start] + [int(torch.tensor(xs[start:end + 1]).prod())] + xs[end + 1:]
+            if merged == size:
+                if ones:
+                    sq = g.call_function(prims.squeeze.default, (x, ones))
+                    sq.meta["val"] = prims.squeeze.default(xv, ones)
+                    x, xv = sq, sq.meta["val"]
+                if end == start:
+                    return x
+                c = g.call_function(prims.collapse_view.default, (x, start, end))
+                c.meta["val"] = prims.collapse_view.default(xv, start, end)
+                return c
+    return None
+
+
+def sink_collapse_views(gm: fx.GraphModule) -> int:
+    """Move each ``collapse_view`` (a merge of dims) below the elementwise ops that read
+    it, their other operands (of the same shape) seen split back with ``split_dim``:
+    ``silu(collapse_view(x))`` becomes ``collapse_view(silu(x))``. The lowering indexes a
+    split (an affine index) but not a merge (a division and a modulo); a merge that
+    reaches a region's output is stored as the split dims (``lowering._peel_views``), so
+    a group norm followed by its activation (a normalization's output reshaped back from
+    ``[N, groups, C / groups, ...]``) becomes one kernel. One pass in graph order, so that
+    an op's operands have moved their merges below them before it is looked at. Returns
+    the ops moved."""
+    g = gm.graph
+    moved = 0
+    for n in list(g.nodes):
+        if n.op == "call_function" and n.target is aten.as_strided.default:
+            with g.inserting_before(n):
+                c = _as_collapse(g, n)
+            if c is not None:
+                n.replace_all_uses_with(c)
+                g.erase_node(n)
+                moved += 1
+    for u in list(g.nodes):
+        if u.op == "call_function" and u.target in _SINK_REDUCTIONS and not u.kwargs:
+            moved += _reduce_split(g, u)
+            continue
+        if not _elementwise(u):
+            continue
+        c = next((a for a in u.args if isinstance(a, fx.Node)
+                  and a.target is prims.collapse_view.default), None)
+        if c is None:
+            continue
+        x, start, end = c.args
+        sizes = tuple(x.meta["val"].shape[start:end + 1])
+        shape = tuple(c.meta["val"].shape)
+        if any(isinstance(a, fx.Node) and tuple(a.meta["val"].shape) != shape for a in u.args):
+            continue
+        with g.inserting_before(u):
+            args = tuple(_split_back(g, a, start, sizes) if isinstance(a, fx.Node) else a
+                         for a in u.args)
+            v = g.call_function(u.target, args)
+            v.meta["val"] = u.target(*(a.meta["val"] if isinstance(a, fx.Node) else a for a in args))
+            nc = g.call_function(prims.collapse_view.default, (v, start, end))
+            nc.meta["val"] = prims.collapse_view.default(v.meta["val"], start, end)
+        u.replace_all_uses_with(nc)
+        g.erase_node(u)
+        moved += 1
+    if moved:
+        dce(gm)
+    return moved
+
+
 #: The pass pipeline, in order.
 def patterns(gm: fx.GraphModule) -> int:
     """The registered replacements of :mod:`accel.patterns` (online softmax, Welford
@@ -220,6 +348,7 @@ PASSES: List[Tuple[str, Callable[[fx.GraphModule], int]]] = [
     ("constant_folding", constant_folding),
     ("cse", cse),
     ("dce", dce),
+    ("sink_collapse_views", sink_collapse_views),
     ("patterns", patterns),
 ]
 

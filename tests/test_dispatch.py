@@ -528,6 +528,26 @@ def test_a_build_that_times_out_is_tried_again_by_the_next_process(tmp_path):
     assert calls.read_text().count("run") == 2
 
 
+def test_a_compile_that_times_out_is_killed_with_its_children(tmp_path, monkeypatch):
+    """The timeout kills the compiler's whole process group: g++'s cc1plus (here the
+    script's ``sleep``) outlived a killed g++, and on a loaded machine such orphans, 1.4
+    GB each while they built the filter, piled up until memory ran out."""
+    from accel import build
+
+    pid_file = tmp_path / "child"
+    cxx = tmp_path / "cxx"
+    cxx.write_text(f"#!/bin/sh\nsleep 300 &\necho $! > {pid_file}\nwait\n")
+    cxx.chmod(0o755)
+    monkeypatch.setenv("ACCEL_COMPILE_TIMEOUT", "1")
+    with pytest.raises(build.BuildTimeout):
+        build._run(str(cxx), "", "a.cpp", "a.so", lambda src, lib: [str(cxx), src])
+    child = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while os.path.exists(f"/proc/{child}") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not os.path.exists(f"/proc/{child}")
+
+
 def test_a_program_that_ends_first_leaves_the_build_running(tmp_path):
     """A fresh store: the program ends while the filter's build still runs (a compiler that
     waits here for a file when it builds the filter, and then fails), without waiting for

@@ -390,3 +390,59 @@ def test_constant_folding():
     gm.recompile()
     x = torch.randn(4, 8)
     torch.testing.assert_close(gm(x, 1.5)[0], fn(x, 1.5))
+
+
+# -- merged dims (group norm) -------------------------------------------------------------------
+@pytest.mark.parametrize("affine", [True, False])
+def test_sink_collapse_views_moves_merges_below_elementwise_ops_and_reductions(affine):
+    """Group norm computed on ``[N, groups, C / groups, H, W]`` ends in a merge back to
+    ``[N, C, H, W]`` (a ``collapse_view``), which the lowering cannot read; the pass moves
+    it below the activation's elementwise ops (their other operands split back) and into
+    a full reduction (over the split dims), so that only the region's outputs are merges,
+    which the lowering stores as the split dims. The values stay eager's."""
+    from accel.passes import sink_collapse_views
+
+    aten = torch.ops.aten
+
+    def fn(x, w, b):
+        y = aten.native_group_norm.default(x, w, b, 2, 8, 12, 2, 1e-5)[0]
+        z = aten.silu.default(y)
+        return z, aten.sum.default(z * y)
+
+    x = torch.randn(2, 8, 3, 4) * 3 + 1
+    w, b = (torch.randn(8), torch.randn(8)) if affine else (None, None)
+    ext = [x] + ([w, b] if affine else [])
+    refs = (("x", 0), ("x", 1) if affine else ("c", None), ("x", 2) if affine else ("c", None))
+    calls = [(fn, refs, {}, 2)]
+    gm = trace_region(calls, ext, 2, (0, 1), []).gm
+
+    def merges_read(g):
+        return [n for n in g.graph.nodes if n.target is torch.ops.prims.collapse_view.default
+                and any(u.op != "output" for u in n.users)]
+
+    assert "aten.as_strided.default" not in targets(gm)  # accel's group norm: no as_strided
+    assert merges_read(gm)
+    assert sink_collapse_views(gm) > 0
+    assert not merges_read(gm), gm.code
+    gm.recompile()
+    got = gm(*ext)
+    want = fn(x, w, b)
+    torch.testing.assert_close(got[0], want[0])
+    torch.testing.assert_close(got[1], want[1])
+
+
+def test_group_norm_and_its_activation_run_as_one_kernel():
+    """GroupNorm (affine, a 4-d input) and SiLU, forward: one kernel (its region ran
+    eagerly: the decomposition's ``as_strided`` and merged dims did not lower)."""
+    import accel
+
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.GroupNorm(4, 32), torch.nn.SiLU())
+    x = torch.randn(8, 32, 16, 16)
+    accel.reset_stats()
+    with torch.no_grad():
+        with accel.eager():
+            y = m(x)
+        torch.testing.assert_close(y, m(x))
+    s = accel.stats()
+    assert s["kernel_runs"] == 1 and s["eager_replays"] == 0, s

@@ -71,7 +71,7 @@ def test_dce_and_noop_removal():
     extra.meta["val"] = torch.empty(4, 8, device="meta")
     log = run_passes(gm)
     assert [line.split(":")[0] for line in log] == ["remove_noops", "specialize_pow", "constant_folding",
-                                                      "cse", "dce", "patterns"]
+                                                      "cse", "dce", "sink_collapse_views", "patterns"]
     assert _targets(gm) == ["prims.neg.default"], gm.graph
     assert dce(gm) == 0 and remove_noops(gm) == 0
 
