@@ -241,7 +241,8 @@ def _reduce_split(g: fx.Graph, u: fx.Node) -> int:
     """A reduction of a ``collapse_view`` over every merged dim (and maybe others) reads
     the view's source instead, over the split dims (its result has no merged dim)."""
     c, dims = u.args[0], u.args[1]
-    if not (isinstance(c, fx.Node) and c.target is prims.collapse_view.default):
+    if not (isinstance(c, fx.Node) and c.target is prims.collapse_view.default
+            and c.meta["val"].device.type == "cpu"):
         return 0
     x, start, end = c.args
     nd = c.meta["val"].dim()
@@ -291,12 +292,15 @@ def sink_collapse_views(gm: fx.GraphModule) -> int:
     reaches a region's output is stored as the split dims (``lowering._peel_views``), so
     a group norm followed by its activation (a normalization's output reshaped back from
     ``[N, groups, C / groups, ...]``) becomes one kernel. One pass in graph order, so that
-    an op's operands have moved their merges below them before it is looked at. Returns
-    the ops moved."""
+    an op's operands have moved their merges below them before it is looked at. CPU
+    graphs only: on a GPU, group norm keeps torch._decomp's decomposition, whose 16-bit
+    results are not eager's there (its regions run eagerly, as before). Returns the ops
+    moved."""
     g = gm.graph
     moved = 0
     for n in list(g.nodes):
-        if n.op == "call_function" and n.target is aten.as_strided.default:
+        if (n.op == "call_function" and n.target is aten.as_strided.default
+                and n.meta["val"].device.type == "cpu"):
             with g.inserting_before(n):
                 c = _as_collapse(g, n)
             if c is not None:
@@ -311,7 +315,7 @@ def sink_collapse_views(gm: fx.GraphModule) -> int:
             continue
         c = next((a for a in u.args if isinstance(a, fx.Node)
                   and a.target is prims.collapse_view.default), None)
-        if c is None:
+        if c is None or c.meta["val"].device.type != "cpu":
             continue
         x, start, end = c.args
         sizes = tuple(x.meta["val"].shape[start:end + 1])
