@@ -507,7 +507,7 @@ def test_a_failed_build_leaves_the_mode_path(tmp_path):
 
 def test_a_build_that_times_out_is_tried_again_by_the_next_process(tmp_path):
     """The filter's build runs at the lowest priority, so a busy machine can keep it past
-    ``ACCEL_COMPILE_TIMEOUT``: that process keeps the mode's path (one warning, every
+    its timeout (5 times ``ACCEL_COMPILE_TIMEOUT``): that process keeps the mode's path (one warning, every
     result right) and stores nothing, so the next process builds it again (here its
     compiler fails at once: a negative entry, which a third process reads)."""
     calls = tmp_path / "calls"
