@@ -3,8 +3,9 @@ sight, wrapped so that a deferred result is never read or handed out unfilled.
 
 Reads of tensor data that bypass the dispatcher (``numpy()``, ``tolist()``, ``data_ptr()``,
 DLPack, pickling, printing, ``backward``), and the host's ways of ordering GPU work or
-waiting for it (streams, events, CUDA graph capture and replay, synchronizing), each flush
-the calling thread's pending region first (:func:`accel.interceptor.flush`). Entry points
+waiting for it (streams, events, CUDA graph capture and replay, synchronizing), and the
+ways a thread hands work or a signal to another, each flush the calling thread's pending
+region first (:func:`accel.interceptor.flush`). Entry points
 that share memory with code outside torch register the storage (accel/shared.py); C++
 functions that read aten results directly run with the thread's calls passing through
 eagerly; ``torch.autograd.backward`` also ends the thread's step for step sampling
@@ -160,25 +161,12 @@ def _eagerly(fn):
     return wrapper
 
 
-def _handing_off(fn):
-    """``fn`` hands work or a signal to another thread: flush the calling thread's pending
-    region first, so that a tensor handed over is filled (another thread's reads do not
-    pass through this thread's mode, and read its memory directly)."""
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        st = _ic._state
-        if st.worker is not None or st.region.calls:
-            _ic.flush()
-        return fn(*args, **kwargs)
-
-    return wrapper
-
-
 #: The ways a thread hands tensors to another: ``Condition.notify`` (``notify_all`` calls
 #: it), through which ``threading.Event.set``, ``queue.Queue.put``, semaphores, barriers
 #: and ``concurrent.futures`` results signal; starting a thread (its arguments); and
 #: ``ThreadPoolExecutor.submit`` (whose work queue is a C ``SimpleQueue``). Each flushes
-#: the calling thread's region first. Not covered: a bare ``threading.Lock`` released (a C
+#: the calling thread's region first (another thread's reads do not pass through this
+#: thread's mode: they read its memory directly). Not covered: a bare ``threading.Lock`` released (a C
 #: type, whose methods cannot be wrapped), a ``queue.SimpleQueue``, and a thread that reads
 #: a tensor another thread stored with no signal at all (README, Limitations).
 _HANDOFF_HOOKS = ((threading.Condition, "notify"), (threading.Thread, "start"),
@@ -190,13 +178,12 @@ def _table():
     global _HOOKS
     if _HOOKS is None:
         targets = [(torch.Tensor, n) for n in _TENSOR_HOOKS] + list(_MODULE_HOOKS)
-        targets += [(o, n) for o, n in _STREAM_HOOKS if hasattr(o, n)]
+        targets += [(o, n) for o, n in _STREAM_HOOKS if hasattr(o, n)] + list(_HANDOFF_HOOKS)
         _HOOKS = [(o, n, getattr(o, n), _flushing(getattr(o, n))) for o, n in targets]
         _HOOKS.append((torch.autograd, "backward", torch.autograd.backward,
                        _stepping(torch.autograd.backward)))
         _HOOKS += [(o, n, getattr(o, n), _eagerly(getattr(o, n))) for o, n in _EAGER_HOOKS
                    if hasattr(o, n)]
-        _HOOKS += [(o, n, getattr(o, n), _handing_off(getattr(o, n))) for o, n in _HANDOFF_HOOKS]
         _HOOKS += [(o, n, getattr(o, n), wrap(getattr(o, n))) for o, n, wrap in _SHARED_MEMORY_HOOKS
                    if hasattr(o, n)]
     return _HOOKS

@@ -5,6 +5,7 @@ named ``graph_rewrite``). The registry is data: :data:`PASSES`.
 from __future__ import annotations
 
 import logging
+import math
 from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
@@ -237,12 +238,11 @@ def _split_back(g: fx.Graph, a: fx.Node, start: int, sizes: tuple) -> fx.Node:
 _SINK_REDUCTIONS = {prims.sum.default, prims.prod.default, prims.amax.default, prims.amin.default}
 
 
-def _reduce_split(g: fx.Graph, u: fx.Node) -> int:
+def _reduce_split(u: fx.Node) -> int:
     """A reduction of a ``collapse_view`` over every merged dim (and maybe others) reads
     the view's source instead, over the split dims (its result has no merged dim)."""
     c, dims = u.args[0], u.args[1]
-    if not (isinstance(c, fx.Node) and c.target is prims.collapse_view.default
-            and c.meta["val"].device.type == "cpu"):
+    if not (isinstance(c, fx.Node) and c.target is prims.collapse_view.default):
         return 0
     x, start, end = c.args
     nd = c.meta["val"].dim()
@@ -270,7 +270,7 @@ def _as_collapse(g: fx.Graph, n: fx.Node) -> Optional[fx.Node]:
     xs = [v for v in xv.shape if v != 1]
     for start in range(len(xs)):
         for end in range(start, len(xs)):
-            merged = xs[:start] + [int(torch.tensor(xs[start:end + 1]).prod())] + xs[end + 1:]
+            merged = xs[:start] + [math.prod(xs[start:end + 1])] + xs[end + 1:]
             if merged == size:
                 if ones:
                     sq = g.call_function(prims.squeeze.default, (x, ones))
@@ -297,10 +297,12 @@ def sink_collapse_views(gm: fx.GraphModule) -> int:
     results are not eager's there (its regions run eagerly, as before). Returns the ops
     moved."""
     g = gm.graph
+    if any(isinstance(n.meta.get("val"), torch.Tensor) and n.meta["val"].device.type != "cpu"
+           for n in g.nodes):
+        return 0
     moved = 0
     for n in list(g.nodes):
-        if (n.op == "call_function" and n.target is aten.as_strided.default
-                and n.meta["val"].device.type == "cpu"):
+        if n.op == "call_function" and n.target is aten.as_strided.default:
             with g.inserting_before(n):
                 c = _as_collapse(g, n)
             if c is not None:
@@ -309,13 +311,13 @@ def sink_collapse_views(gm: fx.GraphModule) -> int:
                 moved += 1
     for u in list(g.nodes):
         if u.op == "call_function" and u.target in _SINK_REDUCTIONS and not u.kwargs:
-            moved += _reduce_split(g, u)
+            moved += _reduce_split(u)
             continue
         if not _elementwise(u):
             continue
         c = next((a for a in u.args if isinstance(a, fx.Node)
                   and a.target is prims.collapse_view.default), None)
-        if c is None or c.meta["val"].device.type != "cpu":
+        if c is None:
             continue
         x, start, end = c.args
         sizes = tuple(x.meta["val"].shape[start:end + 1])
