@@ -19,7 +19,7 @@ import torch
 import torch.fx as fx
 
 from . import library  # noqa: F401 - registers torch.ops.accel.*, which _decompositions uses
-from .ops import run_calls
+from .ops import HALF, ROUNDS_NUMBER_AT_HALF, run_calls
 
 log = logging.getLogger("accel.graph")
 
@@ -56,7 +56,44 @@ def _sentinels(scalar_types: Sequence[str], which: int) -> List[Any]:
     return [-v if t.endswith("-") else v for v, t in zip(vals, scalar_types)]
 
 
+def _number_rounded(func):
+    """``func`` (an op of ``ops.ROUNDS_NUMBER_AT_HALF``) as eager's CPU kernel computes it
+    where its two operands' common dtype is float16 or bfloat16: TensorIterator casts every
+    operand to that dtype first, a number (a Python number, a 0-dim tensor) included, and
+    ``add``'s, ``sub``'s and ``rsub``'s kernels round ``alpha`` to it too and compute
+    ``self + other * alpha`` in float32 (a fused multiply-add, rounded once). torch's
+    decompositions keep numbers in float32. Elsewhere (another dtype, a GPU, whose kernels
+    read numbers in float32) ``func`` itself."""
+    def call(*args, **kwargs):
+        a, b = args[:2]
+        tensors = [t for t in (a, b) if isinstance(t, torch.Tensor)]
+        if not tensors or tensors[0].device.type != "cpu":
+            return func(*args, **kwargs)
+        dtype = torch.result_type(a, b)
+        if dtype not in HALF:
+            return func(*args, **kwargs)
+        a, b = (t.to(dtype) if isinstance(t, torch.Tensor) else torch.scalar_tensor(t, dtype=dtype)
+                for t in (a, b))
+        kwargs = dict(kwargs)
+        alpha = kwargs.pop("alpha", args[2] if len(args) > 2 else 1)
+        into = args[0] if func._opname.endswith("_") else kwargs.pop("out", None)
+        name = func._opname.rstrip("_")
+        if alpha == 1:
+            out = getattr(torch.ops.aten, name)(a, b, **kwargs)
+        else:
+            alpha = torch.scalar_tensor(alpha, dtype=dtype).float()
+            x, y = a.float(), b.float()
+            out = (x + y * alpha if name == "add" else x - y * alpha if name == "sub"
+                   else y - x * alpha).to(dtype)
+        return out if into is None else into.copy_(out)
+
+    return call
+
+
 def _region_fn(calls, n_ext, n_out_slots, live_idx, scalars, out_dtypes=None):
+    calls = [(_number_rounded(func) if func._opname.rstrip("_") in ROUNDS_NUMBER_AT_HALF else func,
+              *rest) for func, *rest in calls]
+
     def fn(*ext):
         outs: List[Any] = [None] * n_out_slots
 
@@ -81,6 +118,8 @@ def _decompositions():
     for op, fix in ((aten.native_layer_norm.default, _native_layer_norm),
                     (aten.native_group_norm.default, _native_group_norm),
                     (aten.gelu.default, _gelu), (aten.gelu_backward.default, _gelu_backward),
+                    (aten.softshrink.default, _softshrink),
+                    (aten.smooth_l1_loss.default, _smooth_l1_loss),
                     *((op, _batch_norm) for op in (
                         aten.native_batch_norm.default, aten._native_batch_norm_legit.default,
                         aten._native_batch_norm_legit.no_stats,
@@ -131,6 +170,35 @@ def _gelu_backward(decomposition, grad, x, approximate="none"):
     cdf = 0.5 * (1 + torch.ops.accel.vec_erf(v * _SQRT1_2))
     pdf = _GELU_BETA * torch.exp(v * v * -0.5)
     return (g * (cdf + v * pdf)).to(dtype)
+
+
+def _softshrink(decomposition, a, lambd=0.5):
+    """``aten.softshrink`` as torch._decomp's ``decomposition`` of it, except on float16 and
+    bfloat16 CPU tensors, where eager's kernel (``softshrink_kernel``) computes ``x - lambd``
+    / ``x + lambd`` / 0 in float32 from a float32 ``lambd`` and rounds once, and the
+    decomposition (``a - sign(a) * lambd``) rounds the product ``sign(a) * lambd`` to the
+    16-bit dtype first (887 of 4096 bfloat16 elements differed)."""
+    if not (a.device.type == "cpu" and a.dtype in HALF):
+        return decomposition(a, lambd)
+    x = a.float()
+    # -x > lambd, not x < -lambd: a runtime lambd's sentinel appears as itself (accel.graph)
+    return torch.where(x > lambd, x - lambd, torch.where(-x > lambd, x + lambd, 0.0)).to(a.dtype)
+
+
+def _smooth_l1_loss(decomposition, input, target, reduction=1, beta=1.0):
+    """``aten.smooth_l1_loss`` as torch._decomp's ``decomposition`` of it, except on float16
+    CPU tensors, where eager's kernel (``smooth_l1_kernel``, ``Vectorized<Half>``) rounds
+    ``beta`` and every step to float16: ``z = |input - target|``, then ``((0.5 * z) * z) /
+    beta`` where ``z < beta``, else ``z - 0.5 * beta`` (the decomposition computes from
+    float32 ``beta``; 2 % of the elements of a ``reduction="none"`` loss were further from
+    eager's than ``assert_close`` allows). ``reduction``: 0 none, 1 mean, 2 sum."""
+    if not (input.device.type == "cpu" and input.dtype == torch.float16
+            and target.dtype == torch.float16 and beta > 0):
+        return decomposition(input, target, reduction, beta)
+    b = torch.scalar_tensor(beta, dtype=torch.float16)
+    z = (input - target).abs()
+    loss = torch.where(z < b, 0.5 * z * z / b, z - 0.5 * b)
+    return loss if reduction == 0 else loss.mean() if reduction == 1 else loss.sum()
 
 
 def _native_layer_norm(decomposition, input, normalized_shape, weight, bias, eps):

@@ -96,6 +96,15 @@ INTEGER_DIVISION = frozenset({"div", "floor_divide", "remainder", "fmod"})
 #: eager's kernel does (eager's CPU binary_cross_entropy_with_logits rounds log_sigmoid,
 #: the weight product and the difference separately): at float16/bfloat16 they run eagerly
 EAGER_AT_HALF = frozenset({"binary_cross_entropy_with_logits"})
+#: binary ops whose eager CPU kernel rounds a number operand (a Python number, a 0-dim
+#: tensor) to the common dtype when that is float16 or bfloat16, and computes from the
+#: rounded value (TensorIterator casts a CPU scalar to the common dtype; ``mul`` and ``div``
+#: instead read it in float32, ``original_scalar_value``), ``add``'s and ``sub``'s
+#: ``alpha`` too (``alpha.to<scalar_t>()``); measured op by op on torch 2.13. torch's
+#: decompositions keep the number in float32: accel's trace rounds it first
+#: (:func:`accel.graph._number_rounded`). GPU kernels read such numbers in float32.
+ROUNDS_NUMBER_AT_HALF = frozenset({"add", "sub", "rsub", "pow", "remainder", "fmod", "eq", "ne",
+                                   "lt", "le", "gt", "ge", "logaddexp", "atan2"})
 #: ops whose eager kernel returns a floating result in another dtype than the meta function
 #: (CPU layer norm of bfloat16 / float16: its mean and rstd in that dtype, float32 by the
 #: meta function) by rounding the value the meta dtype holds: accel rounds it alike (the

@@ -107,6 +107,61 @@ def test_workloads_match_eager(name, dtype, device):
     torch.testing.assert_close(actual, expected, equal_nan=True)
 
 
+#: ops with a number that float16 and bfloat16 cannot hold (2.37), by name. Eager's CPU
+#: kernels round it to the tensor's dtype for some ops and not others (and GPU kernels read
+#: it in float32): accel.graph._number_rounded, _softshrink, _smooth_l1_loss
+NUMBERS = {
+    "add": lambda x, s: x + s, "radd": lambda x, s: s + x, "sub": lambda x, s: x - s,
+    "rsub": lambda x, s: s - x, "rsub_alpha": lambda x, s: torch.rsub(x, s, alpha=2),
+    "add_alpha": lambda x, s: torch.add(x, x * 0.5, alpha=s),
+    "sub_alpha": lambda x, s: torch.sub(x, x * 0.5, alpha=s),
+    "add_tensor_alpha": lambda x, s: torch.add(x, s, alpha=s),
+    "mul": lambda x, s: x * s, "div": lambda x, s: x / s, "rdiv": lambda x, s: s / x,
+    "pow": lambda x, s: x.abs() ** s, "rpow": lambda x, s: s ** x,
+    "remainder": lambda x, s: torch.remainder(x, s), "fmod": lambda x, s: torch.fmod(x, s),
+    "eq": lambda x, s: x == s, "ne": lambda x, s: x != s, "lt": lambda x, s: x < s,
+    "le": lambda x, s: x <= s, "gt": lambda x, s: x > s, "ge": lambda x, s: x >= s,
+    "add_0dim": lambda x, s: x + torch.tensor(s, device=x.device),
+    "mul_0dim": lambda x, s: x * torch.tensor(s, device=x.device),
+    "eq_0dim": lambda x, s: x == torch.tensor(s, device=x.device),
+    "lt_0dim_float64": lambda x, s: x < torch.tensor(s, dtype=torch.float64, device=x.device),
+    "logaddexp_0dim": lambda x, s: torch.logaddexp(x, torch.tensor(s, device=x.device)),
+    "atan2_0dim": lambda x, s: torch.atan2(x, torch.tensor(s, device=x.device)),
+    "add_inplace": lambda x, s: x.add_(s), "sub_inplace_alpha": lambda x, s: x.sub_(x * 0.5, alpha=s),
+    "fmod_inplace": lambda x, s: x.fmod_(s),
+    "add_out": lambda x, s: torch.add(x, s, out=torch.empty_like(x)),
+    "lt_out": lambda x, s: torch.lt(x, s, out=torch.empty_like(x, dtype=torch.bool)),
+    "int_tensor": lambda x, s: x + torch.full(x.shape, 257, dtype=torch.int32, device=x.device),
+    "chain": lambda x, s: (x - s) * (s - x) + (x == s),
+    "softshrink": lambda x, s: F.softshrink(x, s / 3),
+    "smooth_l1": lambda x, s: F.smooth_l1_loss(x, x * 0.5, beta=s, reduction="none"),
+    "clamp": lambda x, s: x.clamp(-s, s), "where": lambda x, s: torch.where(x > 0, x, s),
+    "leaky_relu": lambda x, s: F.leaky_relu(x, s / 10), "lerp": lambda x, s: torch.lerp(x, x * 2, s),
+}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("name", sorted(NUMBERS))
+def test_numbers_with_16_bit_tensors_as_eager(name, dtype, device):
+    """A 16-bit tensor with a number it cannot hold exactly, some elements equal to the
+    number rounded to the dtype: a kernel's results have eager's bits (``lerp`` within
+    ``assert_close``: eager's vectorized lerp is a fused multiply-add)."""
+    s = 2.37
+    g = torch.Generator().manual_seed(2)
+    x = (torch.randn(4096, generator=g) * 4).to(device, dtype)
+    x[:64] = s
+    expected = NUMBERS[name](x.clone(), s)
+    actual, st = _run(NUMBERS[name], x.clone(), s)
+    assert st["kernel_runs"] >= 1 and st["eager_replays"] == 0 and st["compile_failures"] == 0, st
+    if name == "lerp":
+        torch.testing.assert_close(actual, expected)
+    elif actual.dtype == torch.bool:
+        assert torch.equal(actual, expected)
+    else:
+        _same_bits(actual, expected)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", HALF, ids=str)
 def test_native_layer_norm_in_16_bits_returns_eagers_dtypes_from_a_kernel(dtype, device):
