@@ -91,7 +91,8 @@ def _number_rounded(func):
 
 
 def _region_fn(calls, n_ext, n_out_slots, live_idx, scalars, out_dtypes=None):
-    calls = [(_number_rounded(func) if func._opname.rstrip("_") in ROUNDS_NUMBER_AT_HALF else func,
+    calls = [(_number_rounded(func) if getattr(func, "_opname", "").rstrip("_") in ROUNDS_NUMBER_AT_HALF
+              else func,
               *rest) for func, *rest in calls]
 
     def fn(*ext):

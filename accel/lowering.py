@@ -546,7 +546,7 @@ def lower(gm: fx.GraphModule, ext: Sequence[BufferSpec], outs: Sequence[BufferSp
             dst, src = n.args
             if dst not in lw.tensor_ph:
                 raise LoweringError("copy_ into a non-input")
-            jobs.append((lw.tensor_ph[dst], src, ext[lw.tensor_ph[dst]], True))
+            jobs.append((lw.tensor_ph[dst], *_peel_views(src, ext[lw.tensor_ph[dst]]), True))
     jobs.sort(key=lambda j: (j[3], -_prod(j[2].shape)))  # biggest first, mutations last
     nests: List[Nest] = []
     placed: List[List[tuple]] = []  # per nest: its jobs (buffer, node, spec, is mutation)
@@ -695,10 +695,14 @@ def _reuse_memory(lw: _Lowerer, gm, buffers, nests, placed, shapes) -> None:
 
 
 def _peel_views(node: fx.Node, b: BufferSpec) -> Tuple[fx.Node, BufferSpec]:
-    """Store ``collapse_view(x)`` as ``x`` into the output seen with ``x``'s dims (the
+    """Store ``collapse_view(x)`` (or a ``clone`` of it) as ``x`` into the output seen with ``x``'s dims (the
     merged dims split back), when the output's strides allow it: the lowering does not
     express the div/mod that reading a collapsed index would need (group norm ends so)."""
-    while node.op == "call_function" and node.target is prims.collapse_view.default:
+    while node.op == "call_function" and node.target in (prims.collapse_view.default,
+                                                         prims.clone.default):
+        if node.target is prims.clone.default:  # the same values
+            node = node.args[0]
+            continue
         x, start, end = node.args  # merges dims start..end, inclusive
         end += 1
         xs = tuple(x.meta["val"].shape)

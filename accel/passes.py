@@ -20,10 +20,20 @@ _IMPURE = {aten.copy_.default}
 
 def remove_noops(gm: fx.GraphModule) -> int:
     """Drop nodes that return their input unchanged: a cast to the same dtype, ``view_of``,
-    ``alias``, a ``broadcast_in_dim`` to the same shape with identity dims."""
+    ``alias``, a ``broadcast_in_dim`` to the same shape with identity dims, a functional
+    ``copy(dst, src)`` of a ``src`` of ``dst``'s shape and dtype (its value is ``src``)."""
     n_removed = 0
     for n in list(gm.graph.nodes):
         if n.op != "call_function":
+            continue
+        if n.target is aten.copy.default and not n.kwargs:  # functionalized copy_: src's values
+            dst, src = n.args
+            if (isinstance(src, fx.Node) and "val" in src.meta
+                    and src.meta["val"].shape == dst.meta["val"].shape
+                    and src.meta["val"].dtype == dst.meta["val"].dtype):
+                n.replace_all_uses_with(src)
+                gm.graph.erase_node(n)
+                n_removed += 1
             continue
         src = n.args[0] if n.args else None
         if not isinstance(src, fx.Node) or "val" not in src.meta or "val" not in n.meta:
@@ -255,6 +265,64 @@ def _reduce_split(u: fx.Node) -> int:
     return 1
 
 
+_RESHAPES = (prims.collapse_view.default, prims.split_dim.default, prims.squeeze.default)
+
+
+def _merge_groups(xs: tuple, ys: tuple) -> Optional[List[Tuple[int, int]]]:
+    """The runs ``[start, end]`` of ``xs``'s dims whose products are ``ys``'s dims, in
+    order, or None where ``ys`` is not such a merge of ``xs`` (size-1 dims join the run
+    before them)."""
+    groups, i = [], 0
+    for y in ys:
+        if i >= len(xs):
+            return None
+        start, p = i, xs[i]
+        i += 1
+        while p != y and i < len(xs) and p * xs[i] <= y:
+            p *= xs[i]
+            i += 1
+        if p != y:
+            return None
+        groups.append((start, i - 1))
+    if i < len(xs):
+        if any(v != 1 for v in xs[i:]) or not groups:
+            return None
+        groups[-1] = (groups[-1][0], len(xs) - 1)
+    return groups
+
+
+def _fold_reshapes(g: fx.Graph, n: fx.Node) -> Optional[fx.Node]:
+    """A chain of ``collapse_view`` / ``split_dim`` / ``squeeze`` ending at ``n`` (each a row-major
+    reshape, so the chain is the reshape from its source's shape to ``n``'s) as the fewest
+    of them: the source itself, merges only (``collapse_view``) or splits only
+    (``split_dim``); None where the chain is already one op or needs both."""
+    x, steps = n, 0
+    while isinstance(x, fx.Node) and x.target in _RESHAPES:
+        x, steps = x.args[0], steps + 1
+    if steps < 2 or not isinstance(x, fx.Node):
+        return None
+    xs, ys = tuple(x.meta["val"].shape), tuple(n.meta["val"].shape)
+    if xs == ys:
+        return x
+    merges = _merge_groups(xs, ys)
+    if merges is not None:
+        for start, end in reversed(merges):  # right to left: the starts stay valid
+            if end > start:
+                v = x.meta["val"]
+                x = g.call_function(prims.collapse_view.default, (x, start, end))
+                x.meta["val"] = prims.collapse_view.default(v, start, end)
+        return x
+    splits = _merge_groups(ys, xs)
+    if splits is None:
+        return None
+    for start, end in splits:  # left to right: each split's dims are final
+        for d in range(start, end):
+            v = x.meta["val"]
+            x = g.call_function(prims.split_dim.default, (x, d, ys[d]))
+            x.meta["val"] = prims.split_dim.default(v, d, ys[d])
+    return x
+
+
 def _as_collapse(g: fx.Graph, n: fx.Node) -> Optional[fx.Node]:
     """``as_strided(x, size, stride)`` that only merges consecutive dims of a contiguous
     ``x`` (size-1 dims dropped; the decompositions reshape so: group norm's per-channel
@@ -310,6 +378,14 @@ def sink_collapse_views(gm: fx.GraphModule) -> int:
                 g.erase_node(n)
                 moved += 1
     for u in list(g.nodes):
+        if u.op == "call_function" and u.target in _RESHAPES and u.users:
+            # merges and splits that undo each other (a 4-d group norm's backward)
+            with g.inserting_before(u):
+                f = _fold_reshapes(g, u)
+            if f is not None:
+                u.replace_all_uses_with(f)
+                moved += 1
+            continue
         if u.op == "call_function" and u.target in _SINK_REDUCTIONS and not u.kwargs:
             moved += _reduce_split(u)
             continue
@@ -322,11 +398,13 @@ def sink_collapse_views(gm: fx.GraphModule) -> int:
         x, start, end = c.args
         sizes = tuple(x.meta["val"].shape[start:end + 1])
         shape = tuple(c.meta["val"].shape)
-        if any(isinstance(a, fx.Node) and tuple(a.meta["val"].shape) != shape for a in u.args):
+        # other operands: of the same shape (seen split back), or 0-dim (read as they are)
+        if any(isinstance(a, fx.Node) and a.meta["val"].dim() and tuple(a.meta["val"].shape) != shape
+               for a in u.args):
             continue
         with g.inserting_before(u):
-            args = tuple(_split_back(g, a, start, sizes) if isinstance(a, fx.Node) else a
-                         for a in u.args)
+            args = tuple(_split_back(g, a, start, sizes) if isinstance(a, fx.Node) and a.meta["val"].dim()
+                         else a for a in u.args)
             v = g.call_function(u.target, args)
             v.meta["val"] = u.target(*(a.meta["val"] if isinstance(a, fx.Node) else a for a in args))
             nc = g.call_function(prims.collapse_view.default, (v, start, end))

@@ -446,3 +446,66 @@ def test_group_norm_and_its_activation_run_as_one_kernel():
         torch.testing.assert_close(y, m(x))
     s = accel.stats()
     assert s["kernel_runs"] == 1 and s["eager_replays"] == 0, s
+
+
+def test_sink_collapse_views_folds_merges_and_splits_that_undo_each_other():
+    """A chain of merges, splits and squeezes is one row-major reshape: the pass writes it
+    as the fewest of them (a 4-d group norm's backward merges ``[N, G, C/G, H, W]`` dim by
+    dim and splits ``H * W`` back; its 2-d one squeezes a size-1 dim after the merge),
+    so that the merge left reaches the output, where the lowering stores it split."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from accel.passes import sink_collapse_views
+
+    prims = torch.ops.prims
+    reshapes = (prims.collapse_view.default, prims.split_dim.default, prims.squeeze.default)
+
+    def chain(x, y):
+        a = prims.split_dim(prims.collapse_view(prims.collapse_view(x, 3, 4), 1, 2), 2, 4)
+        b = prims.squeeze(prims.collapse_view(y, 1, 2), [2])
+        return torch.exp(a), b * 2
+
+    x, y = torch.randn(2, 3, 5, 4, 6), torch.randn(4, 4, 8, 1)
+    gm = make_fx(chain, tracing_mode="fake")(x, y)
+    assert sum(n.target in reshapes for n in gm.graph.nodes) == 5
+    assert sink_collapse_views(gm) > 0
+    gm.recompile()
+    left = [(n.target, n.args[1:]) for n in gm.graph.nodes if n.target in reshapes]
+    # [2, 3, 5, 4, 6] -> [2, 15, 4, 6]: one merge, below exp; [4, 4, 8, 1] -> [4, 32]: one
+    assert sorted(left, key=str) == sorted([(prims.collapse_view.default, (1, 2)),
+                                            (prims.collapse_view.default, (1, 3))], key=str), gm.code
+    for got, want in zip(gm(x, y), chain(x, y)):
+        torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("shape,dtype", [((4, 32), torch.float32), ((4, 32, 8, 8), torch.float32),
+                                         ((2, 32, 4, 3, 5), torch.float64), ((4, 32, 8, 8), torch.bfloat16)],
+                         ids=str)
+def test_group_norm_training_step_runs_as_kernels(shape, dtype):
+    """GroupNorm and SiLU forward and backward, the parameters' gradients accumulated into
+    existing ``.grad`` tensors (``copy_``): two kernels, no region run eagerly (the
+    backward's merges fed the copies, and ran eagerly), values as eager's."""
+    import accel
+
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.GroupNorm(4, 32), torch.nn.SiLU()).to(dtype)
+    with torch.no_grad():
+        m[0].weight.normal_()
+        m[0].bias.normal_()
+    x0 = torch.randn(shape, dtype=dtype) * 3 + 1
+
+    def step():
+        x = x0.clone().requires_grad_()
+        y = m(x)
+        (y * y).mean().backward()
+        return [y.detach(), x.grad, m[0].weight.grad.clone(), m[0].bias.grad.clone()]
+
+    m.zero_grad(set_to_none=False)
+    want = step()
+    m.zero_grad(set_to_none=False)
+    accel.reset_stats()
+    with accel.eager():
+        got = step()
+    s = accel.stats()
+    assert s["kernel_runs"] == 2 and s["eager_replays"] == 0, s
+    torch.testing.assert_close(got, want)

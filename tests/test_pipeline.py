@@ -454,3 +454,19 @@ def test_scalars_folded_by_decompositions_are_keyed_by_value(name, fn):
         st = accel.stats()
         assert st["compile_failures"] == 0 and st["eager_replays"] == 0 and st["kernel_runs"] >= 1, st
         torch.testing.assert_close((actual, ga), (expected, gx))
+
+
+def test_noop_removal_drops_a_functional_copy_of_the_same_shape_and_dtype():
+    """``copy(dst, src)`` (functionalization's ``dst.copy_(src)``) is ``src``'s values when
+    ``src`` has ``dst``'s shape and dtype: the node goes; one that converts stays."""
+    x, y, h = torch.empty(4, 8), torch.empty(4, 8), torch.empty(4, 8, dtype=torch.float64)
+    calls = [(aten.sin.default, (("x", 1),), {}, 1), (aten.copy_.default, (("x", 0), ("o", 0)), {}, 0),
+             (aten.copy_.default, (("x", 2), ("o", 0)), {}, 0)]
+    gm = trace_region(calls, [x, y, h], 1, (), []).gm
+    copies = [n for n in gm.graph.nodes if n.target is aten.copy.default]
+    assert len(copies) == 2, gm.graph
+    assert remove_noops(gm) == 1
+    (kept,) = [n for n in gm.graph.nodes if n.target is aten.copy.default]
+    assert kept.meta["val"].dtype == torch.float64
+    mutations = [n.args[1] for n in gm.graph.nodes if n.target is aten.copy_.default]
+    assert mutations[0].target is prims.sin.default and mutations[1] is kept
