@@ -92,6 +92,11 @@ _LOWERED = ("argmax", "argmin", "max.dim", "min.dim", "max", "min")
 #: ops that eager refuses to run on integer tensors with a zero divisor, raising at the call;
 #: a kernel cannot raise there, so on integer (and bool) results they run eagerly.
 INTEGER_DIVISION = frozenset({"div", "floor_divide", "remainder", "fmod"})
+#: ops whose eager CPU kernel checks its input's values and raises at the call, which a
+#: kernel cannot do (``binary_cross_entropy``: "all elements of input should be between 0
+#: and 1"; NaN included): on the CPU they run eagerly (its backward, which checks nothing,
+#: stays fusible; eager's CUDA kernel only asserts on the device)
+EAGER_ON_CPU = frozenset({"binary_cross_entropy"})
 #: composite ops whose torch._decomp decomposition rounds 16-bit floats at other steps than
 #: eager's kernel does (eager's CPU binary_cross_entropy_with_logits rounds log_sigmoid,
 #: the weight product and the difference separately): at float16/bfloat16 they run eagerly

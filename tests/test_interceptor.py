@@ -355,6 +355,32 @@ def test_inplace_partial_overlap_raises_like_eager(x):
             a[1:].add_(a[:-1])
 
 
+def test_binary_cross_entropy_of_an_input_out_of_range_raises_at_the_call():
+    """Eager's CPU ``binary_cross_entropy`` raises on an input outside [0, 1] (NaN too); a
+    kernel would return NaN, so on the CPU the op runs eagerly under accel: the same error
+    at the call, every time, and the program's other results and an in-range loss (and its
+    gradient, whose backward region stays fusible) as eager's."""
+    g = torch.Generator().manual_seed(0)
+    p = torch.rand(64, 32, generator=g)
+    t = (torch.rand(64, 32, generator=g) > 0.5).float()
+    F = torch.nn.functional
+    with accel.eager():
+        for bad in (p + 1, p - 1, p.masked_fill(p > 0.9, float("nan"))):
+            h = torch.sigmoid(p) * 2
+            for _ in range(2):
+                with pytest.raises(RuntimeError, match="between 0 and 1"):
+                    F.binary_cross_entropy(bad, t)
+        q = torch.sigmoid(p * 3).requires_grad_()
+        loss = F.binary_cross_entropy(q, t)
+        loss.backward()
+    close(h, torch.sigmoid(p) * 2)
+    q0 = torch.sigmoid(p * 3).requires_grad_()
+    want = F.binary_cross_entropy(q0, t)
+    want.backward()
+    close(loss, want)
+    close(q.grad, q0.grad)
+
+
 def test_inplace_partial_overlap_raises_at_the_call(x):
     """An in-place call whose written input shares storage with another of its arguments
     raises eager's error at the call, not at a later flush (it once joined the region,
