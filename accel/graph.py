@@ -19,7 +19,7 @@ import torch
 import torch.fx as fx
 
 from . import library  # noqa: F401 - registers torch.ops.accel.*, which _decompositions uses
-from .ops import HALF, ROUNDS_NUMBER_AT_HALF, run_calls
+from .ops import HALF, ROUNDED_NUMBERS, run_calls
 
 log = logging.getLogger("accel.graph")
 
@@ -57,29 +57,42 @@ def _sentinels(scalar_types: Sequence[str], which: int) -> List[Any]:
 
 
 def _number_rounded(func):
-    """``func`` (an op of ``ops.ROUNDS_NUMBER_AT_HALF``) as eager's CPU kernel computes it
-    where its two operands' common dtype is float16 or bfloat16: TensorIterator casts every
-    operand to that dtype first, a number (a Python number, a 0-dim tensor) included, and
-    ``add``'s, ``sub``'s and ``rsub``'s kernels round ``alpha`` to it too and compute
-    ``self + other * alpha`` in float32 (a fused multiply-add, rounded once). torch's
-    decompositions keep numbers in float32. Elsewhere (another dtype, a GPU, whose kernels
-    read numbers in float32) ``func`` itself."""
+    """``func`` (an op of ``ops.ROUNDED_NUMBERS``, ``mul``, ``div``) as eager's kernel
+    computes it where its two operands' common dtype is float16 or bfloat16: TensorIterator
+    converts each operand to that dtype first (an integer tensor too), a number (a Python
+    number, a 0-dim tensor) included, except where a kernel
+    reads a CPU scalar in float32 (``ops.ROUNDED_NUMBERS`` lists, per device type, the ops
+    that round a Python number; on a GPU every op rounds a 0-dim GPU tensor, which it loads
+    like any operand). On the CPU ``add``'s, ``sub``'s and ``rsub``'s kernels round
+    ``alpha`` too and compute ``self + other * alpha`` in float32, rounded once. torch's
+    decompositions keep numbers in float32. Elsewhere ``func`` itself."""
+    name = func._opname.rstrip("_")
+
     def call(*args, **kwargs):
         a, b = args[:2]
         tensors = [t for t in (a, b) if isinstance(t, torch.Tensor)]
-        if not tensors or tensors[0].device.type != "cpu":
-            return func(*args, **kwargs)
-        dtype = torch.result_type(a, b)
+        dtype = torch.result_type(a, b) if tensors else None
         if dtype not in HALF:
             return func(*args, **kwargs)
-        a, b = (t.to(dtype) if isinstance(t, torch.Tensor) else torch.scalar_tensor(t, dtype=dtype)
-                for t in (a, b))
+        dev = tensors[0].device.type
+        numbers = name in ROUNDED_NUMBERS.get(dev, ())  # Python numbers (and CPU 0-dim tensors)
+        zero_dim = numbers if dev == "cpu" else dev == "cuda"
+        alpha = kwargs.get("alpha", args[2] if len(args) > 2 else 1)
+        round_alpha = dev == "cpu" and numbers and alpha != 1
+        if not (round_alpha or any(isinstance(t, torch.Tensor) and (t.dim() == 0 and zero_dim
+                                                                    or t.dim() and t.dtype != dtype)
+                                   or not isinstance(t, torch.Tensor) and numbers for t in (a, b))):
+            return func(*args, **kwargs)
+        a, b = (t.to(dtype) if isinstance(t, torch.Tensor) and (t.dim() or zero_dim)
+                else torch.scalar_tensor(t, dtype=dtype) if not isinstance(t, torch.Tensor) and numbers
+                else t for t in (a, b))
         kwargs = dict(kwargs)
-        alpha = kwargs.pop("alpha", args[2] if len(args) > 2 else 1)
+        kwargs.pop("alpha", None)
         into = args[0] if func._opname.endswith("_") else kwargs.pop("out", None)
-        name = func._opname.rstrip("_")
         if alpha == 1:
             out = getattr(torch.ops.aten, name)(a, b, **kwargs)
+        elif not round_alpha:
+            out = getattr(torch.ops.aten, name)(a, b, alpha=alpha, **kwargs)
         else:
             alpha = torch.scalar_tensor(alpha, dtype=dtype).float()
             x, y = a.float(), b.float()
@@ -90,9 +103,11 @@ def _number_rounded(func):
     return call
 
 
+_WRAPPED = frozenset().union(*ROUNDED_NUMBERS.values(), ("mul", "div"))
+
+
 def _region_fn(calls, n_ext, n_out_slots, live_idx, scalars, out_dtypes=None):
-    calls = [(_number_rounded(func) if getattr(func, "_opname", "").rstrip("_") in ROUNDS_NUMBER_AT_HALF
-              else func,
+    calls = [(_number_rounded(func) if getattr(func, "_opname", "").rstrip("_") in _WRAPPED else func,
               *rest) for func, *rest in calls]
 
     def fn(*ext):
@@ -188,15 +203,17 @@ def _softshrink(decomposition, a, lambd=0.5):
 
 def _smooth_l1_loss(decomposition, input, target, reduction=1, beta=1.0):
     """``aten.smooth_l1_loss`` as torch._decomp's ``decomposition`` of it, except on float16
-    CPU tensors, where eager's kernel (``smooth_l1_kernel``, ``Vectorized<Half>``) rounds
-    ``beta`` and every step to float16: ``z = |input - target|``, then ``((0.5 * z) * z) /
+    CPU tensors and 16-bit CUDA tensors, where eager's kernels (``smooth_l1_kernel``,
+    ``Vectorized<Half>`` and CUDA's ``scalar_t`` arithmetic) round ``beta`` and every step
+    to the tensor's dtype (on the CPU, eager's bits; on an H200 within ``assert_close`` of
+    eager's, 20 % of the elements an ulp off): ``z = |input - target|``, then ``((0.5 * z) * z) /
     beta`` where ``z < beta``, else ``z - 0.5 * beta`` (the decomposition computes from
     float32 ``beta``; 2 % of the elements of a ``reduction="none"`` loss were further from
     eager's than ``assert_close`` allows). ``reduction``: 0 none, 1 mean, 2 sum."""
-    if not (input.device.type == "cpu" and input.dtype == torch.float16
-            and target.dtype == torch.float16 and beta > 0):
+    half = (torch.float16,) if input.device.type == "cpu" else HALF if input.device.type == "cuda" else ()
+    if not (input.dtype in half and target.dtype == input.dtype and beta > 0):
         return decomposition(input, target, reduction, beta)
-    b = torch.scalar_tensor(beta, dtype=torch.float16)
+    b = torch.scalar_tensor(beta, dtype=input.dtype)
     z = (input - target).abs()
     loss = torch.where(z < b, 0.5 * z * z / b, z - 0.5 * b)
     return loss if reduction == 0 else loss.mean() if reduction == 1 else loss.sum()

@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from . import config
-from .ops import (DTYPES, EAGER_AT_HALF, EAGER_ON_CPU, EMPTY_RESULTS, HALF, INTEGER_DIVISION, NOT_DEFERRABLE,
+from .ops import (DTYPES, EAGER_AT_HALF, EAGER_AT_HALF_ON_GPU, EAGER_ON_CPU, EMPTY_RESULTS, HALF, INTEGER_DIVISION, NOT_DEFERRABLE,
                   ROUNDED_RESULTS, Deferred, written_refs)
 
 if config.flag("ACCEL_PURE_PYTHON"):
@@ -225,7 +225,7 @@ class Region(RegionCore):
             Exception: the meta function rejects the call; a result is not a tensor of a
                 dtype in ``DTYPES``; it is an integer division (eager raises on a zero
                 divisor at the call, a kernel could not); an op of ``EAGER_AT_HALF`` on
-                16-bit floats; an op of ``EAGER_ON_CPU`` on the CPU; it writes in place
+                16-bit floats (``EAGER_AT_HALF_ON_GPU``: on a GPU); an op of ``EAGER_ON_CPU`` on the CPU; it writes in place
                 into a tensor whose elements overlap
                 (eager refuses); eager's kernel rejects it where the meta function does
                 not, or returns other dtypes than it (:meth:`_probe`).
@@ -239,7 +239,9 @@ class Region(RegionCore):
             raise Deferred("result type")
         if func._opname.rstrip("_") in INTEGER_DIVISION and not results[0].dtype.is_floating_point:
             raise Deferred("integer division")
-        if func._opname in EAGER_AT_HALF and any(r is not None and r.dtype in HALF for r in results):
+        if ((func._opname in EAGER_AT_HALF or func._opname in EAGER_AT_HALF_ON_GPU
+             and self.device is not None and self.device.type != "cpu")
+                and any(r is not None and r.dtype in HALF for r in results)):
             raise Deferred("16-bit float rounding unlike eager's")
         if func._opname in EAGER_ON_CPU and (self.device is None or self.device.type == "cpu"):
             raise Deferred("eager's CPU kernel checks its input's values")
