@@ -99,8 +99,9 @@ INTEGER_DIVISION = frozenset({"div", "floor_divide", "remainder", "fmod"})
 EAGER_ON_CPU = frozenset({"binary_cross_entropy"})
 #: composite ops whose torch._decomp decomposition rounds 16-bit floats at other steps than
 #: eager's kernel does (eager's CPU binary_cross_entropy_with_logits rounds log_sigmoid,
-#: the weight product and the difference separately): at float16/bfloat16 they run eagerly
-EAGER_AT_HALF = frozenset({"binary_cross_entropy_with_logits"})
+#: the weight product and the difference separately; ``nextafter``'s decomposition steps by
+#: a float32 ulp, which rounds back to its input): at float16/bfloat16 they run eagerly
+EAGER_AT_HALF = frozenset({"binary_cross_entropy_with_logits", "nextafter"})
 #: the same on a GPU only: neither the decomposition of ``softshrink`` nor the CPU kernel's
 #: float32 arithmetic (:func:`accel.graph._softshrink`) gave CUDA's 16-bit results on an
 #: H200 (1 % of the elements outside ``assert_close``)

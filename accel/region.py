@@ -239,7 +239,7 @@ class Region(RegionCore):
             raise Deferred("result type")
         if func._opname.rstrip("_") in INTEGER_DIVISION and not results[0].dtype.is_floating_point:
             raise Deferred("integer division")
-        if ((func._opname in EAGER_AT_HALF or func._opname in EAGER_AT_HALF_ON_GPU
+        if ((func._opname.rstrip("_") in EAGER_AT_HALF or func._opname in EAGER_AT_HALF_ON_GPU
              and self.device is not None and self.device.type != "cpu")
                 and any(r is not None and r.dtype in HALF for r in results)):
             raise Deferred("16-bit float rounding unlike eager's")

@@ -169,6 +169,26 @@ def test_numbers_with_16_bit_tensors_as_eager(name, dtype, device):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", HALF, ids=str)
+def test_nextafter_of_16_bit_floats_steps_by_their_ulp(dtype, device):
+    """``nextafter`` of 16-bit floats moves each element by one ulp of its dtype, as eager's
+    kernel does (computed in float32, a float32 ulp rounded back to the input: every
+    element came back unchanged): it runs eagerly at 16 bits (``ops.EAGER_AT_HALF``),
+    in place too."""
+    g = torch.Generator().manual_seed(3)
+    x, y = ((torch.randn(4096, generator=g) * 100).to(device, dtype) for _ in range(2))
+
+    def fn(x, y):
+        return torch.nextafter(x * 1, y), (x * 1).nextafter_(y + 1)
+
+    expected = fn(x, y)
+    actual, _ = _run(fn, x, y)
+    for a, e in zip(actual, expected):
+        _same_bits(a, e)
+    assert not torch.equal(actual[0], x)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", HALF, ids=str)
 def test_native_layer_norm_in_16_bits_returns_eagers_dtypes_from_a_kernel(dtype, device):
     """``native_layer_norm`` of a 16-bit input returns its mean and rstd in the dtype eager's
     kernel gives (bfloat16 and float16 on the CPU, where the meta function says float32;
