@@ -106,8 +106,40 @@ def _number_rounded(func):
 _WRAPPED = frozenset().union(*ROUNDED_NUMBERS.values(), ("mul", "div"))
 
 
+def _integers_converted(func):
+    """A pointwise ``func`` (other than :func:`_number_rounded`'s) as eager computes it
+    where an integer tensor meets a float16 or bfloat16 one: TensorIterator converts the
+    integer operand to the 16-bit dtype first (in bfloat16 an integer above 256 rounds,
+    ``xlogy(257, x)`` is ``xlogy(256, x)``), the decompositions to float32."""
+    def call(*args, **kwargs):
+        halves = {a.dtype for a in args if isinstance(a, torch.Tensor) and a.dim() and a.dtype in HALF}
+        if len(halves) != 1 or not any(isinstance(a, torch.Tensor) and a.dim() and _integer(a)
+                                       for a in args):
+            return func(*args, **kwargs)
+        dtype = halves.pop()
+        args = tuple(a.to(dtype) if isinstance(a, torch.Tensor) and a.dim() and _integer(a) else a
+                     for a in args)
+        return func(*args, **kwargs)
+
+    return call
+
+
+def _integer(t: torch.Tensor) -> bool:
+    return not (t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool)
+
+
+def _eager_operands(func):
+    """``func`` wrapped, during tracing, to convert its operands as eager's kernel does
+    (:func:`_number_rounded`, :func:`_integers_converted`), or ``func`` itself."""
+    if getattr(func, "_opname", "").rstrip("_") in _WRAPPED:
+        return _number_rounded(func)
+    if torch.Tag.pointwise in getattr(func, "tags", ()):
+        return _integers_converted(func)
+    return func
+
+
 def _region_fn(calls, n_ext, n_out_slots, live_idx, scalars, out_dtypes=None):
-    calls = [(_number_rounded(func) if getattr(func, "_opname", "").rstrip("_") in _WRAPPED else func,
+    calls = [(_eager_operands(func),
               *rest) for func, *rest in calls]
 
     def fn(*ext):

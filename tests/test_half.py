@@ -169,6 +169,27 @@ def test_numbers_with_16_bit_tensors_as_eager(name, dtype, device):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", HALF, ids=str)
+def test_integer_tensors_with_16_bit_tensors_as_eager(dtype, device):
+    """An int32 tensor (values up to 3000: above 256 bfloat16 rounds them, above 2048
+    float16) with a 16-bit one in pointwise ops: eager converts the integers to the 16-bit
+    dtype first, and so does the kernel (the decompositions converted them to float32;
+    ``accel.graph._integers_converted``, ``_number_rounded``)."""
+    g = torch.Generator().manual_seed(4)
+    x = (torch.randn(4096, generator=g) * 300).to(device, dtype)
+    i = torch.randint(-3000, 3000, (4096,), generator=g, dtype=torch.int32).to(device)
+
+    def fn(x, i):
+        return torch.hypot(x, i), torch.addcmul(x, x, i), i + x, torch.maximum(i, x)
+
+    expected = fn(x, i)
+    actual, st = _run(fn, x, i)
+    assert st["kernel_runs"] >= 1 and st["eager_replays"] == 0, st
+    for a, e in zip(actual, expected):
+        _same_bits(a, e)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", HALF, ids=str)
 def test_nextafter_of_16_bit_floats_steps_by_their_ulp(dtype, device):
     """``nextafter`` of 16-bit floats moves each element by one ulp of its dtype, as eager's
     kernel does (computed in float32, a float32 ulp rounded back to the input: every
