@@ -56,17 +56,17 @@ def _sentinels(scalar_types: Sequence[str], which: int) -> List[Any]:
     return [-v if t.endswith("-") else v for v, t in zip(vals, scalar_types)]
 
 
-def _number_rounded(func):
-    """``func`` (an op of ``ops.ROUNDED_NUMBERS``, ``mul``, ``div``) as eager's kernel
-    computes it where its two operands' common dtype is float16 or bfloat16: TensorIterator
-    converts each operand to that dtype first (an integer tensor too), a number (a Python
-    number, a 0-dim tensor) included, except where a kernel
+def _number_rounded(func, name: str):
+    """``func`` (op ``name`` of ``ops.ROUNDED_NUMBERS``, ``mul``, ``div``, its integer
+    operands converted: :func:`_integers_converted`) as eager's kernel computes it where
+    its two operands' common dtype is float16 or bfloat16: TensorIterator converts a
+    number operand (a Python number, a 0-dim tensor) to that dtype first, except where a kernel
     reads a CPU scalar in float32 (``ops.ROUNDED_NUMBERS`` lists, per device type, the ops
     that round a Python number; on a GPU every op rounds a 0-dim GPU tensor, which it loads
     like any operand). On the CPU ``add``'s, ``sub``'s and ``rsub``'s kernels round
     ``alpha`` too and compute ``self + other * alpha`` in float32, rounded once. torch's
     decompositions keep numbers in float32. Elsewhere ``func`` itself."""
-    name = func._opname.rstrip("_")
+    inplace, name = name.endswith("_"), name.rstrip("_")
 
     def call(*args, **kwargs):
         a, b = args[:2]
@@ -79,16 +79,15 @@ def _number_rounded(func):
         zero_dim = numbers if dev == "cpu" else dev == "cuda"
         alpha = kwargs.get("alpha", args[2] if len(args) > 2 else 1)
         round_alpha = dev == "cpu" and numbers and alpha != 1
-        if not (round_alpha or any(isinstance(t, torch.Tensor) and (t.dim() == 0 and zero_dim
-                                                                    or t.dim() and t.dtype != dtype)
-                                   or not isinstance(t, torch.Tensor) and numbers for t in (a, b))):
+        if not (round_alpha or any(t.dim() == 0 and zero_dim if isinstance(t, torch.Tensor) else numbers
+                                   for t in (a, b))):
             return func(*args, **kwargs)
         a, b = (t.to(dtype) if isinstance(t, torch.Tensor) and (t.dim() or zero_dim)
                 else torch.scalar_tensor(t, dtype=dtype) if not isinstance(t, torch.Tensor) and numbers
                 else t for t in (a, b))
         kwargs = dict(kwargs)
         kwargs.pop("alpha", None)
-        into = args[0] if func._opname.endswith("_") else kwargs.pop("out", None)
+        into = args[0] if inplace else kwargs.pop("out", None)
         if alpha == 1:
             out = getattr(torch.ops.aten, name)(a, b, **kwargs)
         elif not round_alpha:
@@ -107,7 +106,7 @@ _WRAPPED = frozenset().union(*ROUNDED_NUMBERS.values(), ("mul", "div"))
 
 
 def _integers_converted(func):
-    """A pointwise ``func`` (other than :func:`_number_rounded`'s) as eager computes it
+    """A pointwise ``func`` as eager computes it
     where an integer tensor meets a float16 or bfloat16 one: TensorIterator converts the
     integer operand to the 16-bit dtype first (in bfloat16 an integer above 256 rounds,
     ``xlogy(257, x)`` is ``xlogy(256, x)``), the decompositions to float32."""
@@ -131,8 +130,9 @@ def _integer(t: torch.Tensor) -> bool:
 def _eager_operands(func):
     """``func`` wrapped, during tracing, to convert its operands as eager's kernel does
     (:func:`_number_rounded`, :func:`_integers_converted`), or ``func`` itself."""
-    if getattr(func, "_opname", "").rstrip("_") in _WRAPPED:
-        return _number_rounded(func)
+    name = getattr(func, "_opname", "")
+    if name.rstrip("_") in _WRAPPED:
+        return _number_rounded(_integers_converted(func), name)
     if torch.Tag.pointwise in getattr(func, "tags", ()):
         return _integers_converted(func)
     return func

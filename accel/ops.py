@@ -92,20 +92,26 @@ _LOWERED = ("argmax", "argmin", "max.dim", "min.dim", "max", "min")
 #: ops that eager refuses to run on integer tensors with a zero divisor, raising at the call;
 #: a kernel cannot raise there, so on integer (and bool) results they run eagerly.
 INTEGER_DIVISION = frozenset({"div", "floor_divide", "remainder", "fmod"})
-#: ops whose eager CPU kernel checks its input's values and raises at the call, which a
-#: kernel cannot do (``binary_cross_entropy``: "all elements of input should be between 0
-#: and 1"; NaN included): on the CPU they run eagerly (its backward, which checks nothing,
-#: stays fusible; eager's CUDA kernel only asserts on the device)
-EAGER_ON_CPU = frozenset({"binary_cross_entropy"})
-#: composite ops whose torch._decomp decomposition rounds 16-bit floats at other steps than
-#: eager's kernel does (eager's CPU binary_cross_entropy_with_logits rounds log_sigmoid,
-#: the weight product and the difference separately; ``nextafter``'s decomposition steps by
-#: a float32 ulp, which rounds back to its input): at float16/bfloat16 they run eagerly
-EAGER_AT_HALF = frozenset({"binary_cross_entropy_with_logits", "nextafter"})
-#: the same on a GPU only: neither the decomposition of ``softshrink`` nor the CPU kernel's
-#: float32 arithmetic (:func:`accel.graph._softshrink`) gave CUDA's 16-bit results on an
-#: H200 (1 % of the elements outside ``assert_close``)
-EAGER_AT_HALF_ON_GPU = frozenset({"softshrink"})
+_HALF_ROUNDING = "16-bit float rounding unlike eager's"
+#: ops that run eagerly where a kernel cannot do what eager's does: op name (in-place
+#: variants included) -> (device types, None for all; only where a result is float16 or
+#: bfloat16; the reason logged):
+#: - ``binary_cross_entropy_with_logits``: its torch._decomp decomposition rounds 16-bit
+#:   floats at other steps than eager's CPU kernel (log_sigmoid, the weight product and the
+#:   difference separately);
+#: - ``nextafter``: the kernel steps by a float32 ulp, which rounds back to a 16-bit input;
+#: - ``softshrink`` on a GPU: neither its decomposition nor the CPU kernel's float32
+#:   arithmetic (:func:`accel.graph._softshrink`) gave CUDA's 16-bit results on an H200 (1 %
+#:   of the elements outside ``assert_close``);
+#: - ``binary_cross_entropy`` on the CPU: eager's kernel raises at the call on an input
+#:   outside [0, 1] (NaN included), which a kernel cannot (its backward checks nothing and
+#:   stays fusible; eager's CUDA kernel only asserts on the device).
+RUNS_EAGERLY = {
+    "binary_cross_entropy_with_logits": (None, True, _HALF_ROUNDING),
+    "nextafter": (None, True, _HALF_ROUNDING),
+    "softshrink": (("cuda",), True, _HALF_ROUNDING),
+    "binary_cross_entropy": (("cpu",), False, "eager's CPU kernel checks its input's values"),
+}
 #: per device type, the binary ops whose eager kernel rounds a Python number operand to the
 #: common dtype when that is float16 or bfloat16 and computes from the rounded value
 #: (TensorIterator converts a CPU scalar to the common dtype; CPU ``mul`` and ``div`` and

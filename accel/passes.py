@@ -260,7 +260,8 @@ def _reduce_split(u: fx.Node) -> int:
     if start not in dims:
         return 0
     shift = end - start
-    split = [d for d in dims if d < start] + list(range(start, end + 1)) + [d + shift for d in dims if d > start]
+    split = ([d for d in dims if d < start] + list(range(start, end + 1))
+             + [d + shift for d in dims if d > start])
     u.args = (x, split) + tuple(u.args[2:])
     return 1
 

@@ -17,8 +17,8 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from . import config
-from .ops import (DTYPES, EAGER_AT_HALF, EAGER_AT_HALF_ON_GPU, EAGER_ON_CPU, EMPTY_RESULTS, HALF, INTEGER_DIVISION, NOT_DEFERRABLE,
-                  ROUNDED_RESULTS, Deferred, written_refs)
+from .ops import (DTYPES, EMPTY_RESULTS, HALF, INTEGER_DIVISION, NOT_DEFERRABLE, ROUNDED_RESULTS,
+                  RUNS_EAGERLY, Deferred, written_refs)
 
 if config.flag("ACCEL_PURE_PYTHON"):
     from . import _core_py as native
@@ -224,9 +224,9 @@ class Region(RegionCore):
         Raises (the call then runs eagerly, which raises the user-facing error if any):
             Exception: the meta function rejects the call; a result is not a tensor of a
                 dtype in ``DTYPES``; it is an integer division (eager raises on a zero
-                divisor at the call, a kernel could not); an op of ``EAGER_AT_HALF`` on
-                16-bit floats (``EAGER_AT_HALF_ON_GPU``: on a GPU); an op of ``EAGER_ON_CPU`` on the CPU; it writes in place
-                into a tensor whose elements overlap
+                divisor at the call, a kernel could not); an op of ``RUNS_EAGERLY`` on
+                its devices (and dtypes); it writes in place into a tensor whose elements
+                overlap
                 (eager refuses); eager's kernel rejects it where the meta function does
                 not, or returns other dtypes than it (:meth:`_probe`).
         """
@@ -239,12 +239,12 @@ class Region(RegionCore):
             raise Deferred("result type")
         if func._opname.rstrip("_") in INTEGER_DIVISION and not results[0].dtype.is_floating_point:
             raise Deferred("integer division")
-        if ((func._opname.rstrip("_") in EAGER_AT_HALF or func._opname in EAGER_AT_HALF_ON_GPU
-             and self.device is not None and self.device.type != "cpu")
-                and any(r is not None and r.dtype in HALF for r in results)):
-            raise Deferred("16-bit float rounding unlike eager's")
-        if func._opname in EAGER_ON_CPU and (self.device is None or self.device.type == "cpu"):
-            raise Deferred("eager's CPU kernel checks its input's values")
+        rule = RUNS_EAGERLY.get(func._opname.rstrip("_"))
+        if rule is not None:
+            devices, half_only, why = rule
+            if ((devices is None or (self.device.type if self.device else "cpu") in devices)
+                    and (not half_only or any(r is not None and r.dtype in HALF for r in results))):
+                raise Deferred(why)
         writes = [ref for ref in written_refs(spec, targs, tkw) if ref[0] in ("x", "o")]
         for ref in writes:
             if ref[0] == "x" and torch._debug_has_internal_overlap(self.ext[ref[1]]) == 1:

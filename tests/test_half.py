@@ -154,7 +154,7 @@ def test_numbers_with_16_bit_tensors_as_eager(name, dtype, device):
     x[:64] = s
     expected = NUMBERS[name](x.clone(), s)
     actual, st = _run(NUMBERS[name], x.clone(), s)
-    # on a GPU these run eagerly: softshrink at 16 bits (ops.EAGER_AT_HALF_ON_GPU); the
+    # on a GPU these run eagerly: softshrink at 16 bits (ops.RUNS_EAGERLY); the
     # decomposition multiplies add's two runtime numbers at trace time (accel.graph's
     # sentinels); 16-bit leaky_relu is not deferred through the dispatch filter there
     if device == "cpu" or name not in ("softshrink", "add_tensor_alpha", "leaky_relu"):
@@ -193,7 +193,7 @@ def test_integer_tensors_with_16_bit_tensors_as_eager(dtype, device):
 def test_nextafter_of_16_bit_floats_steps_by_their_ulp(dtype, device):
     """``nextafter`` of 16-bit floats moves each element by one ulp of its dtype, as eager's
     kernel does (computed in float32, a float32 ulp rounded back to the input: every
-    element came back unchanged): it runs eagerly at 16 bits (``ops.EAGER_AT_HALF``),
+    element came back unchanged): it runs eagerly at 16 bits (``ops.RUNS_EAGERLY``),
     in place too."""
     g = torch.Generator().manual_seed(3)
     x, y = ((torch.randn(4096, generator=g) * 100).to(device, dtype) for _ in range(2))
