@@ -277,19 +277,20 @@ def _native_layer_norm(decomposition, input, normalized_shape, weight, bias, eps
 
 
 def _native_group_norm(decomposition, input, weight, bias, N, C, HxW, group, eps):
-    """``aten.native_group_norm`` on the CPU as eager's kernel computes it (``x * (rstd *
-    w) + (b - mean * rstd * w)``, weight and bias optional), on ``input`` seen as ``[N,
-    group, C / group, *spatial]`` (dim 1 split), where torch._decomp's ``decomposition``
-    (kept on GPUs, whose 16-bit results from this one were an ulp from eager's on 2-4 % of
-    the elements on the H200) reshapes through ``as_strided`` (the per-channel scale) or
-    merges the spatial dims into the group's (a 4-d input): views that read a merged
-    index, which the lowering cannot express (a division and a modulo of a loop index),
-    so the region ran eagerly. Here the only merge left is the output's own (``[N, group,
-    C / group, ...]`` back to ``input``'s shape), which the lowering stores as the split
-    dims (:func:`accel.lowering._peel_views`). Returns ``(out, mean, rstd)``, ``mean``
-    and ``rstd`` of shape ``[N, group]``, all three in ``input``'s dtype."""
+    """``aten.native_group_norm`` as eager's CPU and CUDA kernels compute it (``x * (rstd *
+    w) + (b - mean * rstd * w)``, weight and bias optional; ``GroupNormKernel.cpp``,
+    ``group_norm_kernel.cu``), on ``input`` seen as ``[N, group, C / group, *spatial]``
+    (dim 1 split), where torch._decomp's ``decomposition`` reshapes through
+    ``as_strided`` (the per-channel scale) or merges the spatial dims into the group's (a
+    4-d input): views that read a merged index, which the lowering cannot express (a
+    division and a modulo of a loop index), so the region ran eagerly. Here the only
+    merge left is the output's own (``[N, group, C / group, ...]`` back to ``input``'s
+    shape), which the lowering stores as the split dims
+    (:func:`accel.lowering._peel_views`). (A GPU's 16-bit group norm runs eagerly:
+    ``accel.ops.RUNS_EAGERLY``.) Returns ``(out, mean, rstd)``, ``mean`` and ``rstd`` of
+    shape ``[N, group]``, all three in ``input``'s dtype."""
     shape = tuple(input.shape)
-    if (input.device.type != "cpu" or input.ndim < 2 or 0 in shape or C % group
+    if (input.ndim < 2 or 0 in shape or C % group
             or shape[:2] != (N, C) or any(not isinstance(v, int) for v in shape)):
         return decomposition(input, weight, bias, N, C, HxW, group, eps)
     acc = torch.float32 if input.dtype in (torch.float16, torch.bfloat16) else input.dtype

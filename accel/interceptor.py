@@ -259,6 +259,8 @@ def _record(mode, region, func, spec, args, kwargs):
         if e.args[0] != "alias":
             if e.args[0] == "small region":
                 runtime.STATS["small_region_calls"] += 1
+            else:
+                log.debug("accel: %s runs eagerly (%s)", func, e.args[0])
             return _EAGER
         try:  # it read a view of a pending output: now a plain input
             out = region.record(func, spec, args, kwargs)

@@ -88,6 +88,10 @@ COMPOSITES = ("_softmax", "_log_softmax", "_softmax_backward_data", "_log_softma
 # and eager raises at the call on an index out of range, which a kernel cannot do.
 #: ops without a decomposition that the lowering handles itself.
 _LOWERED = ("argmax", "argmin", "max.dim", "min.dim", "max", "min")
+#: pointwise ops that torch tags ``pointwise`` only from 2.13 on (torch 2.11's tags lack it):
+#: deferred on every torch accel supports
+POINTWISE_UNTAGGED = frozenset({"leaky_relu", "leaky_relu_", "elu_", "celu_", "selu_", "hardtanh_",
+                                "hardsigmoid_"})
 
 #: ops that eager refuses to run on integer tensors with a zero divisor, raising at the call;
 #: a kernel cannot raise there, so on integer (and bool) results they run eagerly.
@@ -105,12 +109,17 @@ _HALF_ROUNDING = "16-bit float rounding unlike eager's"
 #:   of the elements outside ``assert_close``);
 #: - ``binary_cross_entropy`` on the CPU: eager's kernel raises at the call on an input
 #:   outside [0, 1] (NaN included), which a kernel cannot (its backward checks nothing and
-#:   stays fusible; eager's CUDA kernel only asserts on the device).
+#:   stays fusible; eager's CUDA kernel only asserts on the device);
+#: - ``native_group_norm`` and its backward on a GPU at 16 bits: accel's decomposition
+#:   (:func:`accel.graph._native_group_norm`) was an ulp from eager's CUDA results on 2-4 %
+#:   of the elements on an H200, and torch._decomp's reads merged dims the lowering cannot.
 RUNS_EAGERLY = {
     "binary_cross_entropy_with_logits": (None, True, _HALF_ROUNDING),
     "nextafter": (None, True, _HALF_ROUNDING),
     "softshrink": (("cuda",), True, _HALF_ROUNDING),
     "binary_cross_entropy": (("cpu",), False, "eager's CPU kernel checks its input's values"),
+    "native_group_norm": (("cuda",), True, _HALF_ROUNDING),
+    "native_group_norm_backward": (("cuda",), True, _HALF_ROUNDING),
 }
 #: per device type, the binary ops whose eager kernel rounds a Python number operand to the
 #: common dtype when that is float16 or bfloat16 and computes from the rounded value
@@ -230,7 +239,8 @@ def fusible_ops() -> Dict[object, OpSpec]:
         tags = op.tags
         if torch.Tag.nondeterministic_seeded in tags:
             continue
-        if torch.Tag.pointwise not in tags and name not in REDUCTIONS and name not in COMPOSITES:
+        if (torch.Tag.pointwise not in tags and name not in REDUCTIONS and name not in COMPOSITES
+                and name not in POINTWISE_UNTAGGED):
             continue
         spec = _spec(op)
         if spec is not None:

@@ -361,14 +361,9 @@ def sink_collapse_views(gm: fx.GraphModule) -> int:
     reaches a region's output is stored as the split dims (``lowering._peel_views``), so
     a group norm followed by its activation (a normalization's output reshaped back from
     ``[N, groups, C / groups, ...]``) becomes one kernel. One pass in graph order, so that
-    an op's operands have moved their merges below them before it is looked at. CPU
-    graphs only: on a GPU, group norm keeps torch._decomp's decomposition, whose 16-bit
-    results are not eager's there (its regions run eagerly, as before). Returns the ops
-    moved."""
+    an op's operands have moved their merges below them before it is looked at. Returns
+    the ops moved."""
     g = gm.graph
-    if any(isinstance(n.meta.get("val"), torch.Tensor) and n.meta["val"].device.type != "cpu"
-           for n in g.nodes):
-        return 0
     moved = 0
     for n in list(g.nodes):
         if n.op == "call_function" and n.target is aten.as_strided.default:

@@ -156,8 +156,8 @@ def test_numbers_with_16_bit_tensors_as_eager(name, dtype, device):
     actual, st = _run(NUMBERS[name], x.clone(), s)
     # on a GPU these run eagerly: softshrink at 16 bits (ops.RUNS_EAGERLY); the
     # decomposition multiplies add's two runtime numbers at trace time (accel.graph's
-    # sentinels); 16-bit leaky_relu is not deferred through the dispatch filter there
-    if device == "cpu" or name not in ("softshrink", "add_tensor_alpha", "leaky_relu"):
+    # sentinels)
+    if device == "cpu" or name not in ("softshrink", "add_tensor_alpha"):
         assert st["kernel_runs"] >= 1 and st["eager_replays"] == 0 and st["compile_failures"] == 0, st
     if name == "lerp" or (name, device) == ("smooth_l1", "cuda"):
         torch.testing.assert_close(actual, expected)

@@ -14,6 +14,7 @@ import torch
 
 import accel
 from accel.interceptor import _state
+from devices import DEVICES
 
 close = torch.testing.assert_close
 
@@ -450,6 +451,30 @@ def test_unsupported_op_runs_eagerly(x):
     with accel.eager():
         y = torch.relu(x @ w) * 2 + torch.cumsum(x, 0)[:, :7]
     close(y, torch.relu(x @ w) * 2 + torch.cumsum(x, 0)[:, :7])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_pointwise_ops_tagged_late_run_as_kernels(device):
+    """The activations torch tags ``pointwise`` only from 2.13 on (``accel.ops.
+    POINTWISE_UNTAGGED``: torch 2.11 lacks the tag, so they ran eagerly there) are deferred
+    and fused on every torch."""
+    import torch.nn.functional as F
+    from accel.ops import POINTWISE_UNTAGGED, fusible_ops
+
+    assert POINTWISE_UNTAGGED <= {op._schema.name[6:] for op in fusible_ops()}
+    x = torch.randn(64, 33, device=device) * 3
+
+    def fn(x):
+        a = F.leaky_relu(x, 0.2) + F.leaky_relu(x * 2, 0.3, inplace=True)
+        b = F.elu(x * 1, inplace=True) + F.celu(x * 1, inplace=True) + F.selu(x * 1, inplace=True)
+        return a + b + F.hardtanh(x * 1, inplace=True) + F.hardsigmoid(x * 1, inplace=True)
+
+    accel.reset_stats()
+    with accel.eager():
+        y = fn(x)
+    s = accel.stats()
+    assert s["kernel_runs"] == 1 and s["eager_replays"] == 0, s
+    close(y, fn(x))
 
 
 def test_half_dtypes_stay_correct(x):
