@@ -487,10 +487,10 @@ def test_sink_collapse_views_folds_merges_and_splits_that_undo_each_other():
 def test_group_norm_training_step_runs_as_kernels(shape, dtype, device):
     """GroupNorm and SiLU forward and backward, the parameters' gradients accumulated into
     existing ``.grad`` tensors (``copy_``): two kernels, no region run eagerly (the
-    backward's merges fed the copies, and ran eagerly), values as eager's. On a GPU, where
-    the backward runs on autograd's device thread, the step runs as three kernels (an
-    H200), and a 16-bit group norm runs eagerly (``accel.ops.RUNS_EAGERLY``): its
-    activation's regions alone are kernels."""
+    backward's merges fed the copies, and ran eagerly), values as eager's. On a GPU (an
+    H200) the step ran as three kernels (its backward runs on autograd's device thread;
+    with the gradients set to None, two), and a 16-bit group norm runs eagerly
+    (``accel.ops.RUNS_EAGERLY``): its activation's regions alone are kernels."""
     import accel
 
     torch.manual_seed(0)
