@@ -5,6 +5,7 @@ built. It keeps the native hot path honest and debuggable; tests run both.
 from __future__ import annotations
 
 import ctypes
+import math
 import sys
 
 import torch
@@ -222,8 +223,11 @@ class RegionCore:
                     raise Deferred("device")
             if tv is float and v != v:
                 v = "nan"  # NaN != NaN would break dict lookups
-            # with its type: 0 == 0.0 == False as dict keys
-            key.append((tv, v) if tv in (int, float, bool) else v)
+            # with its type: 0 == 0.0 == False as dict keys; and -0.0 apart from 0.0
+            if tv is float and v == 0.0 and math.copysign(1.0, v) < 0:
+                key.append((tv, "-0.0"))
+            else:
+                key.append((tv, v) if tv in (int, float, bool) else v)
             tmpl.append(("c", v))
 
     def record(self, func, spec: OpSpec, args, kwargs):

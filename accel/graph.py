@@ -278,7 +278,7 @@ def _native_layer_norm(decomposition, input, normalized_shape, weight, bias, eps
 
 def _native_group_norm(decomposition, input, weight, bias, N, C, HxW, group, eps):
     """``aten.native_group_norm`` as eager's CPU and CUDA kernels compute it (``x * (rstd *
-    w) + (b - mean * rstd * w)``, weight and bias optional; ``GroupNormKernel.cpp``,
+    w) + (b - mean * rstd * w)``, weight and bias optional; ATen's ``group_norm_kernel.cpp``,
     ``group_norm_kernel.cu``), on ``input`` seen as ``[N, group, C / group, *spatial]``
     (dim 1 split), where torch._decomp's ``decomposition`` reshapes through
     ``as_strided`` (the per-channel scale) or merges the spatial dims into the group's (a

@@ -17,6 +17,7 @@ Expressions are hash-consed: equal subexpressions are one object (CSE across a n
 """
 from __future__ import annotations
 
+import math
 import operator
 from dataclasses import dataclass, field
 from typing import Dict, FrozenSet, List, Sequence, Tuple
@@ -227,7 +228,8 @@ class _Lowerer:
         return e if e.dtype == dtype else self.mk("cast", dtype, e)
 
     def const(self, v, dtype) -> Expr:
-        return self.mk("const", dtype, v)
+        # the sign rides along so that -0.0 and 0.0, equal as values, stay two Exprs
+        return self.mk("const", dtype, v, math.copysign(1.0, v) if isinstance(v, float) else 1.0)
 
     def operand(self, a, idx, dtype) -> Expr:
         """Lower an argument: a node evaluated at idx, or a constant of ``dtype``."""

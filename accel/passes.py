@@ -81,8 +81,8 @@ def _freeze(a):
         return tuple(_freeze(x) for x in a)
     if isinstance(a, dict):
         return tuple(sorted((k, _freeze(v)) for k, v in a.items()))
-    if isinstance(a, float) and a != a:
-        return ("nan",)
+    if isinstance(a, float):  # NaN != NaN; -0.0 == 0.0, yet x + -0.0 and x + 0.0 differ
+        return ("nan",) if a != a else ("float", a, math.copysign(1.0, a))
     return (type(a).__name__, a) if not isinstance(a, fx.Node) else a
 
 

@@ -189,6 +189,28 @@ def test_integer_tensors_with_16_bit_tensors_as_eager(dtype, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", (torch.float32, torch.float64) + HALF, ids=str)
+def test_floats_out_of_an_integers_range_convert_as_eager(dtype, device):
+    """NaN, infinities and values out of int32's or int64's range, computed on (rounded to
+    ``dtype``) and then converted to an integer type: eager's values (on x86 CPUs the
+    type's minimum; a C++ cast leaves them undefined, and gcc turned a bfloat16 NaN into
+    0 where it was converted to int64)."""
+    vals = [float("nan"), float("inf"), -float("inf"), 1e10, -1e10, 3e9, -3e9, 40000.0, -40000.0,
+            300.0, -2.7, 0.5]
+    x = torch.tensor(vals * 8, dtype=torch.float64).to(device, dtype)
+
+    def fn(x):
+        return [f(x).to(d) for f in (lambda v: v, torch.abs, lambda v: v * 1, torch.neg)
+                for d in (torch.int64, torch.int32, torch.int16, torch.uint8)]
+
+    expected = fn(x)
+    actual, st = _run(fn, x)
+    assert st["kernel_runs"] >= 1 and st["eager_replays"] == 0, st
+    for a, e in zip(actual, expected):
+        assert torch.equal(a, e), (a, e)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", HALF, ids=str)
 def test_nextafter_of_16_bit_floats_steps_by_their_ulp(dtype, device):
     """``nextafter`` of 16-bit floats moves each element by one ulp of its dtype, as eager's

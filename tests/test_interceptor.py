@@ -477,6 +477,35 @@ def test_pointwise_ops_tagged_late_run_as_kernels(device):
     close(y, fn(x))
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_negative_zero_constants_are_not_zero(device):
+    """-0.0 and 0.0 are equal as Python values (and dict keys) but not as results: ``x +
+    0.0`` of -0.0 is 0.0, ``clamp``'s bounds and ``copysign`` pass their sign on. Each
+    constant gives eager's bits, in any order, also once the dispatch filter records the
+    calls (its number classes and checks; the region key, CSE and the lowering's
+    expressions each took one zero for the other)."""
+    from accel import dispatch
+
+    dispatch.wait(300)
+    one = torch.ones(20, device=device)
+    xs = [torch.tensor([True, False] * 10, device=device),
+          torch.tensor([0.0, -0.0, 1.0, -1.0] * 5, device=device)]
+    zeros = [(-0.0, 0.0), (0.0, -0.0), (0.0, 0.0), (-0.0, -0.0)]
+
+    def fn(x, lo, hi):
+        return [torch.copysign(one, torch.clamp(x, lo, hi)), torch.copysign(one, x.float() + lo),
+                torch.copysign(one, (x.float() * 2 + lo) + (x.float() * 2 + hi))]
+
+    for _ in range(3):  # the mode records the calls first, then the filter
+        for x in xs:
+            for lo, hi in zeros:
+                want = fn(x, lo, hi)
+                with accel.eager():
+                    got = fn(x, lo, hi)
+                for g, w in zip(got, want):
+                    assert torch.equal(g, w), (x, lo, hi, g, w)
+
+
 def test_half_dtypes_stay_correct(x):
     for dt in (torch.float16, torch.bfloat16):
         h = x.to(dt)

@@ -17,7 +17,8 @@ from typing import Dict, List, Optional
 import torch
 
 from ..lowering import Addr, Expr, LoopIR, Nest, Store, free_vars, walk
-from . import CodegenError, CStyle, llc_bytes, machine_threads
+from ..ops import HALF
+from . import FLOATS, CodegenError, CStyle, llc_bytes, machine_threads
 
 #: nests with less work than this (elements visited) run on one thread.
 PARALLEL_MIN = 32768
@@ -185,6 +186,15 @@ class CppRenderer(CStyle):
     f16_row_passes = True  # a row's float16 conversions as whole-row passes (_plan_f16_rows)
     stream_stores = True  # write outputs larger than the cache with streaming stores
     launches = None  # how to launch what render() returned (CUDA); a CPU region is a call
+
+    def cast(self, x: str, src, dst) -> str:
+        """As :meth:`CStyle.cast`; a floating value converted to int32 or int64 takes
+        ``trunc_to`` (include/accel/cpu_math.h): x86's result for NaN and values out of
+        range, which a C++ cast leaves undefined."""
+        if dst in (torch.int32, torch.int64) and (src in FLOATS or src in HALF):
+            x = super().cast(x, src, torch.float32) if src in HALF else x
+            return f"{self.fn}trunc_to<{self.ctype(dst)}>({x})"
+        return super().cast(x, src, dst)
 
     def render(self, ir: LoopIR, name: str) -> str:
         lines = [self.prefix, f'extern "C" int {name}(void* const* bufs, const accel_scalar_t* s) {{']

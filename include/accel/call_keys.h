@@ -11,6 +11,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -67,7 +68,10 @@ inline std::unordered_map<std::vector<int64_t>, std::unique_ptr<Edge>, KeyHash> 
 
 // A number's class: what the interceptor's key and its choice between a runtime scalar
 // and a constant depend on, besides the value of a constant.
-inline int64_t number_class(double d) { return d != d ? 3 : d == 0 ? 0 : d < 0 ? 2 : 1; }
+// NaN, zero (-0.0 apart from 0.0: equal as values, not in results), negative, positive
+inline int64_t number_class(double d) {
+  return d != d ? 3 : d == 0 ? (std::signbit(d) ? 4 : 0) : d < 0 ? 2 : 1;
+}
 
 inline bool number_like(const c10::Argument& a) {
   c10::TypePtr t = a.type();
@@ -239,14 +243,17 @@ inline PyObject* number_object(const c10::IValue& x) {
   return nullptr;
 }
 
+// Equal, and of the same sign where both are zero (NaN is keyed by class, not checked).
+inline bool same_double(double a, double b) { return a == b && std::signbit(a) == std::signbit(b); }
+
 inline bool same_number(const c10::IValue& x, const Check& c) {
   double d = 0;
   int64_t i = 0;
   int type = 0;
-  if (x.isDouble()) return !c.is_int && x.toDouble() == c.d;
+  if (x.isDouble()) return !c.is_int && same_double(x.toDouble(), c.d);
   if (x.isInt()) return c.is_int && x.toInt() == c.i;
   if (x.isTensor() && wrapped_value(x.toTensor(), &d, &i, &type) && type != 2) {
-    return type == 0 ? !c.is_int && d == c.d : c.is_int && i == c.i;
+    return type == 0 ? !c.is_int && same_double(d, c.d) : c.is_int && i == c.i;
   }
   return false;
 }

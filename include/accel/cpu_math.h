@@ -130,6 +130,15 @@ template <typename T> static inline bool isfinite(T x) {
   if constexpr (std::is_floating_point_v<T>) return x - x == x - x;
   else return true;
 }
+/* A floating value truncated to int32_t or int64_t as x86's conversion instructions give
+ * it (cvttss2si, vcvttps2qq, ...: eager's conversion on x86 CPUs): NaN and values outside
+ * the type's range give its minimum, the "integer indefinite" value. C++ leaves those
+ * conversions undefined, and gcc turned a bfloat16 NaN, rounded from float32 and widened
+ * again, into 0 where it was converted to int64_t. The select vectorizes. */
+template <typename I, typename F> static inline I trunc_to(F x) {
+  constexpr F lim = F(-(double)std::numeric_limits<I>::min());  /* 2^31 or 2^63, exact */
+  return (x >= -lim && x < lim) ? static_cast<I>(x) : std::numeric_limits<I>::min();
+}
 #define ACCEL_FN static inline
 #include "accel/scalar_ops.h"
 #undef ACCEL_FN
