@@ -14,10 +14,9 @@ include "_launch.pxi"
 
 # -- recording: the per-call hot path (pure-Python twin: accel/_core_py.py) -----------------
 import sys
-from math import copysign as _copysign
 import torch
 from accel.allocator import MIN_BLOCK, empty_strided as _pool_empty_strided
-from accel.ops import DTYPES, NOT_DEFERRABLE, SCALAR, TENSOR, Deferred, overlap_args as _overlap_args
+from accel.ops import DTYPES, NOT_DEFERRABLE, SCALAR, TENSOR, Deferred, float_key as _float_key, overlap_args as _overlap_args
 from accel._core_py import ext_overlap as _ext_overlap_py
 
 cdef object _data_ptr = torch._C.TensorBase.data_ptr
@@ -478,9 +477,9 @@ cdef class RegionCore:
             if tv is float and v != v:
                 v = "nan"
             # with its type: 0 == 0.0 == False as dict keys (x + 0.0 found x + 0's node and
-            # returned int64); and -0.0 apart from 0.0, equal as keys (clamp's bounds)
-            if tv is float and v == 0.0 and _copysign(1.0, v) < 0:
-                key.append((tv, "-0.0"))
+            # returned int64); and -0.0 apart from 0.0 (ops.float_key)
+            if tv is float and v == 0.0:
+                key.append((tv, _float_key(v)))
             else:
                 key.append((tv, v) if tv is int or tv is float or tv is bool else v)
             tmpl.append(("c", v))

@@ -5,13 +5,12 @@ built. It keeps the native hot path honest and debuggable; tests run both.
 from __future__ import annotations
 
 import ctypes
-import math
 import sys
 
 import torch
 
 from .allocator import empty_strided
-from .ops import DTYPES, HALF, NOT_DEFERRABLE, SCALAR, TENSOR, Deferred, OpSpec, overlap_args
+from .ops import DTYPES, HALF, NOT_DEFERRABLE, SCALAR, TENSOR, Deferred, OpSpec, float_key, overlap_args
 
 _data_ptr = torch._C.TensorBase.data_ptr
 _CPU = torch.device("cpu")
@@ -224,10 +223,7 @@ class RegionCore:
             if tv is float and v != v:
                 v = "nan"  # NaN != NaN would break dict lookups
             # with its type: 0 == 0.0 == False as dict keys; and -0.0 apart from 0.0
-            if tv is float and v == 0.0 and math.copysign(1.0, v) < 0:
-                key.append((tv, "-0.0"))
-            else:
-                key.append((tv, v) if tv in (int, float, bool) else v)
+            key.append((tv, float_key(v) if tv is float else v) if tv in (int, float, bool) else v)
             tmpl.append(("c", v))
 
     def record(self, func, spec: OpSpec, args, kwargs):

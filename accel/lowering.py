@@ -17,7 +17,6 @@ Expressions are hash-consed: equal subexpressions are one object (CSE across a n
 """
 from __future__ import annotations
 
-import math
 import operator
 from dataclasses import dataclass, field
 from typing import Dict, FrozenSet, List, Sequence, Tuple
@@ -25,7 +24,7 @@ from typing import Dict, FrozenSet, List, Sequence, Tuple
 import torch
 import torch.fx as fx
 
-from .ops import HALF
+from .ops import HALF, float_key
 
 prims = torch.ops.prims
 aten = torch.ops.aten
@@ -228,8 +227,8 @@ class _Lowerer:
         return e if e.dtype == dtype else self.mk("cast", dtype, e)
 
     def const(self, v, dtype) -> Expr:
-        # the sign rides along so that -0.0 and 0.0, equal as values, stay two Exprs
-        return self.mk("const", dtype, v, math.copysign(1.0, v) if isinstance(v, float) else 1.0)
+        # the key rides along so that -0.0 and 0.0, equal as values, stay two Exprs
+        return self.mk("const", dtype, v, float_key(v) if isinstance(v, float) else v)
 
     def operand(self, a, idx, dtype) -> Expr:
         """Lower an argument: a node evaluated at idx, or a constant of ``dtype``."""

@@ -10,6 +10,7 @@ and runs eagerly.
 from __future__ import annotations
 
 import functools
+import math
 from typing import Dict, NamedTuple, Optional, Tuple
 
 import torch
@@ -196,6 +197,15 @@ def _spec(op) -> Optional[OpSpec]:
     if returns_input and len(rets) != 1:
         return None
     return OpSpec(tuple(pos), kw, tuple(mut), returns_input)
+
+
+def float_key(v: float):
+    """A float constant as a dict key that tells apart what ``==`` does not: NaN is equal to
+    itself (``"nan"``), -0.0 differs from 0.0 (``"-0.0"``: equal as values, not as results:
+    ``x + 0.0`` of -0.0, clamp's bounds, ``copysign``); any other value is itself."""
+    if v != v:
+        return "nan"
+    return "-0.0" if v == 0.0 and math.copysign(1.0, v) < 0 else v
 
 
 def written_refs(spec: OpSpec, targs, tkw) -> list:

@@ -11,6 +11,8 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 import torch.fx as fx
 
+from .ops import float_key
+
 log = logging.getLogger("accel.passes")
 prims = torch.ops.prims
 aten = torch.ops.aten
@@ -82,7 +84,7 @@ def _freeze(a):
     if isinstance(a, dict):
         return tuple(sorted((k, _freeze(v)) for k, v in a.items()))
     if isinstance(a, float):  # NaN != NaN; -0.0 == 0.0, yet x + -0.0 and x + 0.0 differ
-        return ("nan",) if a != a else ("float", a, math.copysign(1.0, a))
+        return ("float", float_key(a))
     return (type(a).__name__, a) if not isinstance(a, fx.Node) else a
 
 
