@@ -506,6 +506,28 @@ def test_negative_zero_constants_are_not_zero(device):
                     assert torch.equal(g, w), (x, lo, hi, g, w)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_float_int_float_round_trip_keeps_zero_positive(device):
+    """A float in (-1, 0) converted to an integer and back is 0.0, as eager gives it: gcc
+    12 folds ``(float)(int64_t)x`` into ``trunc(x)`` (-0.0 there) under
+    ``-fno-trapping-math``, in the scalar loops of strided inputs and vector tails; a CPU
+    kernel with both conversions is compiled with trapping math."""
+    g = torch.Generator().manual_seed(0)
+    xs = [torch.rand(4099, generator=g) - 1, (torch.rand(67, 129, generator=g) - 1).t()]
+
+    def fn(x):
+        return [torch.atan2(x.long(), x), torch.copysign(torch.ones(()), x.int().float() * 1),
+                1 / (x.long().to(x.dtype) + 2 * x) - x.long()]
+
+    for x in xs:
+        x = x.to(device)
+        want = fn(x)
+        with accel.eager():
+            for _ in range(2):
+                got = fn(x)
+        for a, e in zip(got, want):
+            assert torch.equal(a, e) and torch.equal(a.signbit(), e.signbit()), (a, e)
+
 def test_half_dtypes_stay_correct(x):
     for dt in (torch.float16, torch.bfloat16):
         h = x.to(dt)

@@ -176,6 +176,22 @@ def _f16_round(x: Expr) -> bool:
             and x.args[0].dtype == torch.float16 and x.args[0].args[0].dtype == torch.float32)
 
 
+def _int_round_trip(ir: LoopIR) -> bool:
+    """``ir`` converts a floating value to an integer type and an integer value to a
+    floating type (not necessarily the same value: a conservative test)."""
+    to_int = to_float = False
+    seen: set = set()
+    for nest in ir.nests:
+        for st in nest.stores:
+            for e in walk(st.value, seen):
+                if e.op == "cast" and isinstance(e.args[0], Expr):
+                    src_float = e.args[0].dtype in FLOATS or e.args[0].dtype in HALF
+                    dst_float = e.dtype in FLOATS or e.dtype in HALF
+                    to_int |= src_float and not dst_float and e.dtype != torch.bool
+                    to_float |= dst_float and not src_float
+    return to_int and to_float
+
+
 class CppRenderer(CStyle):
     """Renders a :class:`LoopIR` as a C++ translation unit for gcc/clang with OpenMP."""
 
@@ -197,7 +213,14 @@ class CppRenderer(CStyle):
         return super().cast(x, src, dst)
 
     def render(self, ir: LoopIR, name: str) -> str:
-        lines = [self.prefix, f'extern "C" int {name}(void* const* bufs, const accel_scalar_t* s) {{']
+        prefix = self.prefix
+        if _int_round_trip(ir):
+            # gcc 12 folds (float)(int)x into trunc(x) under -fno-trapping-math, which is
+            # -0.0 for x in (-1, 0) where eager's (and the unfolded code's) is 0.0; the
+            # fold survives trunc_to's select and an added + 0.0f. Such a kernel alone
+            # (both conversions in one kernel: rare) is compiled with trapping math.
+            prefix = '#pragma GCC optimize ("trapping-math")\n' + prefix
+        lines = [prefix, f'extern "C" int {name}(void* const* bufs, const accel_scalar_t* s) {{']
         written = {st.buf for nest in ir.nests for st in nest.stores}
         for i, b in enumerate(ir.buffers):
             q = "" if i in written else "const "
