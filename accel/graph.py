@@ -168,6 +168,10 @@ def _decompositions():
                     (aten.gelu.default, _gelu), (aten.gelu_backward.default, _gelu_backward),
                     (aten.softshrink.default, _softshrink),
                     (aten.smooth_l1_loss.default, _smooth_l1_loss),
+                    (aten.relu.default, _relu),
+                    *((getattr(getattr(aten, name), ov), functools.partial(_clamp, name))
+                      for name in ("clamp", "clamp_min", "clamp_max", "clamp_", "clamp_min_", "clamp_max_")
+                      for ov in ("default", "Tensor")),
                     *((op, _batch_norm) for op in (
                         aten.native_batch_norm.default, aten._native_batch_norm_legit.default,
                         aten._native_batch_norm_legit.no_stats,
@@ -231,6 +235,41 @@ def _softshrink(decomposition, a, lambd=0.5):
     x = a.float()
     # -x > lambd, not x < -lambd: a runtime lambd's sentinel appears as itself (accel.graph)
     return torch.where(x > lambd, x - lambd, torch.where(-x > lambd, x + lambd, 0.0)).to(a.dtype)
+
+
+def _relu(decomposition, a):
+    """``aten.relu`` as eager computes it on the CPU: ``-0.0`` stays ``-0.0`` (eager's
+    kernel is ``clamp_min(x, 0)``, which keeps ``x`` where it equals the bound; torch's
+    decomposition, ``where(x <= 0, 0, x)``, gives 0.0). On a GPU eager's is 0.0, as the
+    decomposition's."""
+    if a.device.type != "cpu":
+        return decomposition(a)
+    return torch.where(torch.lt(a, 0), 0, a)
+
+
+def _clamp(name, decomposition, a, *bounds, **kwargs):
+    """``aten.clamp`` (``name``: also ``clamp_min``, ``clamp_max`` and their in-place forms),
+    as eager computes it on a GPU: ``fminf(fmaxf(x, lo), hi)`` (``clamp_kernel_cuda``;
+    ``lo``/``hi`` numbers or tensors), where -0.0 is below 0.0 (``clamp(0.0, min=-0.0,
+    max=-0.0)`` is -0.0, ``clamp_min(-0.0, 0.0)`` is 0.0). torch's decomposition keeps ``x``
+    where it equals a bound (as eager's CPU kernels for numbers). NaN in ``x`` or a bound
+    gives NaN. Elsewhere, and for integer results, ``decomposition`` itself."""
+    inplace, base = name.endswith("_"), name.rstrip("_")
+    if a.device.type != "cuda":
+        return decomposition(a, *bounds, **kwargs)
+    dtype = a.dtype if inplace else decomposition(a, *bounds, **kwargs).dtype  # (traced, then dead)
+    if not dtype.is_floating_point:
+        return decomposition(a, *bounds, **kwargs)
+    given = dict(zip(("min", "max") if base == "clamp" else (base[6:],), bounds), **kwargs)
+    lo, hi = given.get("min"), given.get("max")
+    x = a.to(dtype)
+    if lo is not None:  # eq and a sign bit: x is -0.0 (or a negative number equal to lo)
+        x = torch.where(torch.eq(x, lo) & torch.signbit(x), lo,
+                        torch.where(torch.ge(x, lo) | torch.isnan(x), x, lo))
+    if hi is not None:  # eq and no sign bit: x is 0.0 (or a positive number equal to hi)
+        x = torch.where(torch.eq(x, hi) & ~torch.signbit(x), hi,
+                        torch.where(torch.le(x, hi) | torch.isnan(x), x, hi))
+    return a.copy_(x) if inplace else x.to(dtype)
 
 
 def _smooth_l1_loss(decomposition, input, target, reduction=1, beta=1.0):

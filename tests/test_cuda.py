@@ -49,6 +49,8 @@ WORKLOADS = {
     "var_mean": lambda x: torch.var_mean(x * 3, 1),
     "column_var": lambda x: torch.var(x * 3, 0),
     "column_sums_split": lambda x: (x * 2).sum(0) + (x * x).sum(0),
+    # float -> int64/int32 -> float (the CPU backend's trunc_to and trapping math; CUDA's cast)
+    "conversions": lambda x: (x * 3).long() * 2 + (x * 7).int().float(),
 }
 
 

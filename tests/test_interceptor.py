@@ -507,6 +507,35 @@ def test_negative_zero_constants_are_not_zero(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_clamp_and_relu_give_eagers_sign_of_zero(device):
+    """Where ``x`` equals a bound up to the sign of zero: on a GPU eager's clamps are
+    ``fminf(fmaxf(x, lo), hi)`` (-0.0 below 0.0) with numbers and tensors as bounds, in place
+    too; on the CPU its clamps keep ``x`` (numbers as bounds; with tensors eager's own
+    vectorized and scalar loops differ) and ``relu(-0.0)`` is -0.0 (torch's decomposition:
+    0.0). Each result has eager's bits."""
+    x = torch.tensor([0.0, -0.0, 1.0, -1.0], device=device).repeat(1024)
+    b = torch.tensor([0.0, -0.0, -0.0, 0.0], device=device).repeat_interleave(4).repeat(256)
+    cases = [lambda: torch.relu(x * 1), lambda: (x * 1).relu_()]
+    for lo in (0.0, -0.0):
+        cases += [lambda lo=lo: torch.clamp_min(x * 1, lo), lambda lo=lo: torch.clamp_max(x * 1, lo),
+                  lambda lo=lo: (x * 1).clamp_min_(lo), lambda lo=lo: (x * 1).clamp_max_(lo)]
+        for hi in (0.0, -0.0):
+            cases += [lambda lo=lo, hi=hi: torch.clamp(x * 1, lo, hi),
+                      lambda lo=lo, hi=hi: (x * 1).clamp_(min=lo, max=hi)]
+    if device == "cuda":
+        cases += [lambda: torch.clamp(x * 1, b, -b), lambda: torch.clamp_min(x * 1, b),
+                  lambda: torch.clamp_max(x * 1, b), lambda: (x * 1).clamp_(b, b)]
+    for fn in cases:
+        want = fn()
+        accel.reset_stats()
+        with accel.eager():
+            got = fn()
+        st = accel.stats()
+        assert st["kernel_runs"] >= 1 and st["eager_replays"] == 0, st
+        assert torch.equal(got, want) and torch.equal(got.signbit(), want.signbit()), (got, want)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_float_int_float_round_trip_keeps_zero_positive(device):
     """A float in (-1, 0) converted to an integer and back is 0.0, as eager gives it: gcc
     12 folds ``(float)(int64_t)x`` into ``trunc(x)`` (-0.0 there) under
@@ -524,7 +553,10 @@ def test_float_int_float_round_trip_keeps_zero_positive(device):
         want = fn(x)
         with accel.eager():
             for _ in range(2):
+                accel.reset_stats()
                 got = fn(x)
+        st = accel.stats()
+        assert st["kernel_runs"] >= 1 and st["eager_replays"] == 0, st
         for a, e in zip(got, want):
             assert torch.equal(a, e) and torch.equal(a.signbit(), e.signbit()), (a, e)
 
