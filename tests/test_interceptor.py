@@ -512,10 +512,12 @@ def test_clamp_and_relu_give_eagers_sign_of_zero(device):
     ``fminf(fmaxf(x, lo), hi)`` (-0.0 below 0.0) with numbers and tensors as bounds, in place
     too; on the CPU its clamps keep ``x`` (numbers as bounds; with tensors eager's own
     vectorized and scalar loops differ) and ``relu(-0.0)`` is -0.0 (torch's decomposition:
-    0.0). Each result has eager's bits."""
+    0.0); ``fmax``/``fmin`` of two zeros is the first on the CPU (libm's: the second) and
+    IEEE's on a GPU. Each result has eager's bits."""
     x = torch.tensor([0.0, -0.0, 1.0, -1.0], device=device).repeat(1024)
     b = torch.tensor([0.0, -0.0, -0.0, 0.0], device=device).repeat_interleave(4).repeat(256)
-    cases = [lambda: torch.relu(x * 1), lambda: (x * 1).relu_()]
+    cases = [lambda: torch.relu(x * 1), lambda: (x * 1).relu_(), lambda: torch.fmax(x * 1, b),
+             lambda: torch.fmin(x * 1, b)]
     for lo in (0.0, -0.0):
         cases += [lambda lo=lo: torch.clamp_min(x * 1, lo), lambda lo=lo: torch.clamp_max(x * 1, lo),
                   lambda lo=lo: (x * 1).clamp_min_(lo), lambda lo=lo: (x * 1).clamp_max_(lo)]

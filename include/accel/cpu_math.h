@@ -114,6 +114,11 @@ static inline double vec_erf(double x) { return ::erf(x); }
   static inline double name(double a, double b) { return ::name(a, b); }
 ACCEL_LIBM_BINARY(ACCEL_BINARY)
 #undef ACCEL_BINARY
+/* fmax/fmin as eager's CPU kernels (std::fmax and Vectorized's fmax, both loops): a NaN
+ * operand gives the other, and where the two are zeros of either sign the first is
+ * returned (libm's fmaxf returned the second). Selects: they vectorize. */
+template <typename T> static inline T fmax(T a, T b) { return (a < b || a != a) ? b : a; }
+template <typename T> static inline T fmin(T a, T b) { return (a > b || a != a) ? b : a; }
 
 static inline float round(float x) { return __builtin_roundevenf(x); }
 static inline double round(double x) { return __builtin_roundeven(x); }

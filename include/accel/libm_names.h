@@ -12,5 +12,8 @@
   X(lgamma, lgammaf)
 #define ACCEL_LIBM_BINARY(X)                                                        \
   X(pow, powf) X(atan2, atan2f) X(hypot, hypotf) X(fmod, fmodf)                     \
-  X(nextafter, nextafterf) X(copysign, copysignf) X(fmax, fmaxf) X(fmin, fminf)
+  X(nextafter, nextafterf) X(copysign, copysignf)
+/* fmax/fmin: libm's on the GPU (eager's there: -0.0 below 0.0); the CPU header has its own
+ * (eager's CPU kernels return the first operand where the two are zeros). */
+#define ACCEL_LIBM_MINMAX(X) X(fmax, fmaxf) X(fmin, fminf)
 #endif /* ACCEL_LIBM_NAMES_H */
