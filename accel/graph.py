@@ -234,7 +234,8 @@ def _softshrink(decomposition, a, lambd=0.5):
         return decomposition(a, lambd)
     x = a.float()
     # -x > lambd, not x < -lambd: a runtime lambd's sentinel appears as itself (accel.graph)
-    return torch.where(x > lambd, x - lambd, torch.where(-x > lambd, x + lambd, 0.0)).to(a.dtype)
+    rest = torch.where(torch.isnan(x), x, 0.0)  # NaN stays NaN, as in eager's kernel
+    return torch.where(x > lambd, x - lambd, torch.where(-x > lambd, x + lambd, rest)).to(a.dtype)
 
 
 def _relu(decomposition, a):

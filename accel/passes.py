@@ -114,19 +114,43 @@ POW_SPECIALIZATIONS: Dict[float, Callable] = {
 }
 
 
+def _constant_number(c):
+    """``c`` as a Python number where it is one, or a number made a tensor while traced
+    (``scalar_tensor(c)``, converted: a number beside a 16-bit tensor, ``ROUNDED_NUMBERS``);
+    else None."""
+    while isinstance(c, fx.Node) and c.target is prims.convert_element_type.default:
+        c = c.args[0]
+    if isinstance(c, fx.Node) and c.target in (aten.scalar_tensor.default, prims.scalar_tensor.default):
+        c = c.args[0]
+    return c if isinstance(c, (int, float)) and not isinstance(c, bool) else None
+
+
+def _widened_cpu_float16(x: fx.Node) -> bool:
+    """``x`` is a CPU float16 value converted to float32: eager's float16 ``pow`` calls
+    ``pow`` for every exponent (its sqrt/rsqrt fast path is float32, float64 and bfloat16
+    only), whose ``pow(-inf, 0.5)`` is inf and ``pow(-0.0, -0.5)`` inf where ``sqrt`` and
+    ``rsqrt`` give NaN and -inf."""
+    if x.target is not prims.convert_element_type.default or not isinstance(x.args[0], fx.Node):
+        return False
+    src = x.args[0].meta.get("val")
+    return isinstance(src, torch.Tensor) and src.dtype == torch.float16 and src.device.type == "cpu"
+
+
 def specialize_pow(gm: fx.GraphModule) -> int:
     """Replace ``prims.pow(x, c)`` (floating ``x``, constant ``c`` in
     :data:`POW_SPECIALIZATIONS`) by the products, roots and reciprocals eager uses."""
     n_replaced = 0
     for n in list(gm.graph.nodes):
-        if n.target is not prims.pow.default or not isinstance(n.args[1], (int, float)):
+        if n.target is not prims.pow.default:
             continue
-        x, c = n.args
+        x, c = n.args[0], _constant_number(n.args[1])
+        if c is None:
+            continue
         val = n.meta.get("val")
         build = POW_SPECIALIZATIONS.get(float(c))
         if build is None or not isinstance(x, fx.Node) or val is None or not val.is_floating_point():
             continue
-        if x.meta["val"].dtype != val.dtype:
+        if x.meta["val"].dtype != val.dtype or (abs(c) == 0.5 and _widened_cpu_float16(x)):
             continue
         with gm.graph.inserting_before(n):
             new = build(gm.graph, x)

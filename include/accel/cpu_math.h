@@ -114,6 +114,17 @@ static inline double vec_erf(double x) { return ::erf(x); }
   static inline double name(double a, double b) { return ::name(a, b); }
 ACCEL_LIBM_BINARY(ACCEL_BINARY)
 #undef ACCEL_BINARY
+/* pow as pow defines it at an exponent of 0.5 (pow(-inf, 0.5) = inf, pow(-0.0, 0.5) = 0.0):
+ * gcc 12 folds powf(x, 0.5f) with a constant exponent into sqrtf(x) (NaN and -0.0 there)
+ * even without -funsafe-math-optimizations. Where accel means sqrt the passes say so
+ * (passes.specialize_pow, as eager's fast path); an exponent left as 0.5 is eager's pow
+ * (float16 on the CPU). */
+static inline float pow(float a, float b) {
+  return b == 0.5f ? (a == -INFINITY ? INFINITY : __builtin_sqrtf(a) + 0.0f) : ::powf(a, b);
+}
+static inline double pow(double a, double b) {
+  return b == 0.5 ? (a == -INFINITY ? INFINITY : __builtin_sqrt(a) + 0.0) : ::pow(a, b);
+}
 /* fmax/fmin as eager's CPU kernels (std::fmax and Vectorized's fmax, both loops): a NaN
  * operand gives the other, and where the two are zeros of either sign the first is
  * returned (libm's fmaxf returned the second). Selects: they vectorize. */

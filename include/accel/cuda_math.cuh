@@ -33,7 +33,7 @@ ACCEL_UNARY(exp, expf) ACCEL_LIBM_UNARY(ACCEL_UNARY)
   __device__ __forceinline__ float name(float a, float b) { return ::f32(a, b); }            \
   __device__ __forceinline__ double name(double a, double b) { return ::name(a, b); }
 ACCEL_LIBM_BINARY(ACCEL_BINARY)
-ACCEL_LIBM_MINMAX(ACCEL_BINARY)
+ACCEL_LIBM_GPU(ACCEL_BINARY)
 #undef ACCEL_BINARY
 
 __device__ __forceinline__ float round(float x) { return ::rintf(x); }  /* half to even */

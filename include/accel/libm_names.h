@@ -11,9 +11,10 @@
   X(cbrt, cbrtf) X(sqrt, sqrtf) X(floor, floorf) X(ceil, ceilf) X(trunc, truncf)    \
   X(lgamma, lgammaf)
 #define ACCEL_LIBM_BINARY(X)                                                        \
-  X(pow, powf) X(atan2, atan2f) X(hypot, hypotf) X(fmod, fmodf)                     \
+  X(atan2, atan2f) X(hypot, hypotf) X(fmod, fmodf)                     \
   X(nextafter, nextafterf) X(copysign, copysignf)
-/* fmax/fmin: libm's on the GPU (eager's there: -0.0 below 0.0); the CPU header has its own
- * (eager's CPU kernels return the first operand where the two are zeros). */
-#define ACCEL_LIBM_MINMAX(X) X(fmax, fmaxf) X(fmin, fminf)
+/* libm's on the GPU; the CPU header has its own: fmax/fmin (eager's CPU kernels return the
+ * first operand where the two are zeros; on the GPU -0.0 is below 0.0, as libm's), pow
+ * (gcc folds a constant exponent of 0.5 into sqrt). */
+#define ACCEL_LIBM_GPU(X) X(pow, powf) X(fmax, fmaxf) X(fmin, fminf)
 #endif /* ACCEL_LIBM_NAMES_H */
