@@ -169,6 +169,7 @@ def _decompositions():
                     (aten.softshrink.default, _softshrink),
                     (aten.smooth_l1_loss.default, _smooth_l1_loss),
                     (aten.relu.default, _relu),
+                    (aten.fmax.default, _fmax_fmin), (aten.fmin.default, _fmax_fmin),
                     *((getattr(getattr(aten, name), ov), functools.partial(_clamp, name))
                       for name in ("clamp", "clamp_min", "clamp_max", "clamp_", "clamp_min_", "clamp_max_")
                       for ov in ("default", "Tensor")),
@@ -246,6 +247,16 @@ def _relu(decomposition, a):
     if a.device.type != "cpu":
         return decomposition(a)
     return torch.where(torch.lt(a, 0), 0, a)
+
+
+def _fmax_fmin(decomposition, a, b):
+    """``aten.fmax`` / ``aten.fmin`` (``decomposition``) with eager's choice between two
+    zeros of different signs on the CPU: the first operand (accel's CPU ``fmax``,
+    include/accel/cpu_math.h), but the second for bfloat16 (eager's bfloat16 kernels, both
+    loops), computed here as the operation of ``(b, a)``. Elsewhere ``decomposition`` itself."""
+    if a.device.type == "cpu" and torch.result_type(a, b) == torch.bfloat16:
+        return decomposition(b, a)
+    return decomposition(a, b)
 
 
 def _clamp(name, decomposition, a, *bounds, **kwargs):

@@ -212,17 +212,19 @@ def test_floats_out_of_an_integers_range_convert_as_eager(dtype, device):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", HALF, ids=str)
-def test_special_values_of_16_bit_pow_and_softshrink_as_eager(dtype, device):
+def test_special_values_of_16_bit_pow_fmax_and_softshrink_as_eager(dtype, device):
     """``pow`` at the exponents eager specializes, and ``softshrink``, on -0.0, infinities
     and NaN. On the CPU eager's float16 ``pow(x, 0.5)`` is ``pow`` (inf at -inf, 0.0 at
     -0.0; its sqrt fast path is float32, float64 and bfloat16 only), and gcc folded a
     constant 0.5 exponent into sqrt; elsewhere it is sqrt (and -0.5 rsqrt), also for a
-    16-bit exponent made a tensor (it was pow). The 16-bit ``softshrink`` of NaN is NaN (it
-    was 0)."""
+    16-bit exponent made a tensor (it was pow). ``fmax``/``fmin`` of two zeros: on the CPU
+    eager's bfloat16 kernels return the second, its float16 ones the first. The 16-bit
+    ``softshrink`` of NaN is NaN (it was 0)."""
     x = torch.tensor([-0.0, 0.0, -float("inf"), float("inf"), float("nan"), 4.0, -1.0, 0.3, -0.7, 2.5] * 410,
                      device=device).to(dtype)
     cases = [lambda v, e=e: v.pow(e) for e in (0.5, -0.5, 2.0, 3.0, -1.0, -2.0, 0.25)]
-    cases += [lambda v: (v * 1).pow_(0.5), lambda v: F.softshrink(v, 0.5), lambda v: F.softshrink(v * 1, 0.25)]
+    cases += [lambda v: (v * 1).pow_(0.5), lambda v: torch.fmax(v * 1, -v), lambda v: torch.fmin(v * 1, -v)]
+    cases += [lambda v: F.softshrink(v, 0.5), lambda v: F.softshrink(v * 1, 0.25)]
     for fn in cases:
         expected = fn(x)
         actual, st = _run(fn, x)
