@@ -173,6 +173,26 @@ def vec_erf(x: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.signbit(x), -y, y)  # ATen flips y's sign bit by x's
 
 
+def _fake_fma(a, b, c):
+    if not (a.is_floating_point() and a.shape == b.shape == c.shape and a.dtype == b.dtype == c.dtype):
+        raise RuntimeError("accel.fma takes three floating tensors of one shape and dtype")
+    return torch.empty_like(a)
+
+
+@_define("fma(Tensor a, Tensor b, Tensor c) -> Tensor", _fake_fma)
+def fma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """``a * b + c`` rounded once (C's ``fma``), elementwise: three floating tensors of one
+    shape and dtype. ATen's vectorized CPU ``lerp`` computes with it (``lerp_vec``:
+    ``fmadd(coeff, end - start, base)``; its scalar loop's contracted ``a + w * d`` too), and
+    generated CPU kernels call ``fma``; this reference computes in float64 for float32 and
+    16-bit inputs (a product of two float32 values is exact there; the sum is rounded twice,
+    which may differ from one rounding in the last bit) and in two roundings for float64.
+    Only :func:`accel.graph._decompositions` emits it (``lerp`` on the CPU)."""
+    if a.dtype == torch.float64:
+        return a * b + c
+    return (a.double() * b.double() + c.double()).to(a.dtype)
+
+
 # -- the rewrites that produce these ops (registered by accel.patterns) ----------------------
 aten = torch.ops.aten
 _SQRT_2_OVER_PI = 0.7978845608028654  # math.sqrt(2 / math.pi), as HF's NewGELUActivation

@@ -131,7 +131,7 @@ where gcd
 """.split())
 
 #: accel's own elementwise operators (accel/library.py), rendered by name.
-ACCEL_ELEMENTWISE = frozenset({"silu", "gelu_tanh", "vec_erf"})
+ACCEL_ELEMENTWISE = frozenset({"silu", "gelu_tanh", "vec_erf", "fma"})
 
 _PRIM_REDUCTIONS = {"sum": "sum", "prod": "prod", "amax": "amax", "amin": "amin"}
 
@@ -376,7 +376,7 @@ class _Lowerer:
             xd = x.meta["val"].dtype
             return self.cast(self.reduce("online_softmax", x, dims, idx, xd, which), xd)
         if ns == "accel" and name in ACCEL_ELEMENTWISE:
-            return self.mk(name, dtype, self.value(n.args[0], idx))
+            return self.mk(name, dtype, *(self.operand(a, idx, dtype) for a in n.args))
         if name in ELEMENTWISE and ns == "prims":
             tensors = [a for a in n.args if isinstance(a, fx.Node) and a not in self.scalar_ph]
             comp = dtype if name == "where" or not tensors else tensors[0].meta["val"].dtype

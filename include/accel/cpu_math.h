@@ -125,6 +125,11 @@ static inline float pow(float a, float b) {
 static inline double pow(double a, double b) {
   return b == 0.5 ? (a == -INFINITY ? INFINITY : __builtin_sqrt(a) + 0.0) : ::pow(a, b);
 }
+/* a * b + c rounded once (accel.library.fma: ATen's vectorized lerp); an FMA instruction
+ * where the CPU has one (-march=native), vectorized. */
+static inline float fma(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
+static inline double fma(double a, double b, double c) { return __builtin_fma(a, b, c); }
+
 /* fmax/fmin as eager's CPU kernels (std::fmax and Vectorized's fmax, both loops): a NaN
  * operand gives the other, and where the two are zeros of either sign the first is
  * returned (libm's fmaxf returned the second). Selects: they vectorize. */

@@ -34,6 +34,8 @@ ACCEL_UNARY(exp, expf) ACCEL_LIBM_UNARY(ACCEL_UNARY)
   __device__ __forceinline__ double name(double a, double b) { return ::name(a, b); }
 ACCEL_LIBM_BINARY(ACCEL_BINARY)
 ACCEL_LIBM_GPU(ACCEL_BINARY)
+__device__ __forceinline__ float fma(float a, float b, float c) { return ::fmaf(a, b, c); }
+__device__ __forceinline__ double fma(double a, double b, double c) { return ::fma(a, b, c); }
 #undef ACCEL_BINARY
 
 __device__ __forceinline__ float round(float x) { return ::rintf(x); }  /* half to even */
