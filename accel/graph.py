@@ -170,6 +170,8 @@ def _decompositions():
                     (aten.smooth_l1_loss.default, _smooth_l1_loss),
                     (aten.relu.default, _relu),
                     (aten.fmax.default, _fmax_fmin), (aten.fmin.default, _fmax_fmin),
+                    (aten.std.correction, functools.partial(_std, aten.var.correction)),
+                    (aten.std_mean.correction, functools.partial(_std, aten.var_mean.correction)),
                     *((getattr(getattr(aten, name), ov), functools.partial(_lerp, name.endswith("_")))
                       for name in ("lerp", "lerp_") for ov in ("Scalar", "Tensor")),
                     *((getattr(getattr(aten, name), ov), functools.partial(_clamp, name))
@@ -270,6 +272,22 @@ def _lerp(inplace, decomposition, start, end, weight):
     coeff, diff, base = torch.broadcast_tensors(torch.where(mask, w - 1, w), e - s, torch.where(mask, e, s))
     out = torch.ops.accel.fma(coeff.contiguous(), diff.contiguous(), base.contiguous()).to(dtype)
     return start.copy_(out) if inplace else out
+
+
+def _std(variance, decomposition, a, *args, **kwargs):
+    """``aten.std`` (``variance``: ``aten.var``) and ``aten.std_mean`` (``aten.var_mean``)
+    as eager's CPU kernel computes them for float32 and 16-bit inputs: the variance in
+    float64 (``std_var_kernel_impl``'s double accumulators), its square root taken there,
+    then rounded. torch's decomposition rounds the variance first, so the std of float32
+    values above about 1.8e19 was inf (the variance overflowed float32) where eager's is
+    finite. Elsewhere (a GPU, whose kernel accumulates float32 as the decomposition does;
+    float64) ``decomposition`` itself."""
+    if a.device.type != "cpu" or not a.is_floating_point() or a.is_complex() or a.dtype == torch.float64:
+        return decomposition(a, *args, **kwargs)
+    out = variance(a.double(), *args, **kwargs)
+    if isinstance(out, tuple):
+        return torch.sqrt(out[0]).to(a.dtype), out[1].to(a.dtype)
+    return torch.sqrt(out).to(a.dtype)
 
 
 def _fmax_fmin(decomposition, a, b):

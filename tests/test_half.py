@@ -238,6 +238,26 @@ def test_special_values_of_16_bit_pow_fmax_and_softshrink_as_eager(dtype, device
         assert torch.equal(actual[special].signbit(), expected[special].signbit()), (actual, expected)
 
 
+@pytest.mark.parametrize("dtype", (torch.float32,) + HALF, ids=str)
+def test_cpu_std_takes_its_root_in_float64_as_eager(dtype):
+    """``std`` / ``std_mean`` on the CPU: the variance's square root taken in float64 before
+    rounding, as eager's kernel does, bit for bit; the std of float32 values near 1e25 is
+    finite (it was inf: the decomposition rounded the variance, 1e50, to float32 first)."""
+    g = torch.Generator().manual_seed(7)
+    for scale in (1.0, 1e25):
+        x = (torch.randn(64, 257, generator=g) * scale).to(dtype)
+        cases = [lambda: (x * 1).std(-1), lambda: torch.std(x * 1, 0, correction=0, keepdim=True),
+                 lambda: torch.std_mean(x * 1, -1), lambda: (x * 1).std()]
+        for fn in cases:
+            expected = fn()
+            actual, st = _run(fn)
+            assert st["kernel_runs"] >= 1 and st["eager_replays"] == 0, st
+            for a, e in zip(*((r if isinstance(r, tuple) else (r,)) for r in (actual, expected))):
+                _same_bits(a, e)
+            if dtype == torch.float32:
+                assert torch.isfinite(actual[0] if isinstance(actual, tuple) else actual).all()
+
+
 @pytest.mark.parametrize("dtype", (torch.float32, torch.float64) + HALF, ids=str)
 def test_cpu_lerp_has_eagers_bits(dtype):
     """``lerp`` on the CPU, bit for bit as eager's: one rounding of ``coeff * (end - start)
