@@ -260,17 +260,15 @@ def _lerp(inplace, decomposition, start, end, weight):
     start)``; 16-bit floats in float32. torch's decomposition is the same formula with two
     roundings (11-25 % of float32 results were an ulp from eager's). Elsewhere (a GPU, where
     nvcc contracts the same formula; non-float dtypes) ``decomposition`` itself."""
-    if start.device.type != "cpu":
-        return decomposition(start, end, weight)
-    dtype = start.dtype if inplace else decomposition(start, end, weight).dtype  # (traced, then dead)
-    if not dtype.is_floating_point:
+    dtype = start.dtype  # eager's lerp takes end and a weight tensor of start's dtype only
+    if start.device.type != "cpu" or not dtype.is_floating_point:
         return decomposition(start, end, weight)
     opm = torch.float32 if dtype in HALF else dtype
     s, e = start.to(opm), end.to(opm)
     w = weight.to(opm) if isinstance(weight, torch.Tensor) else s.new_full((), weight)
     mask = w.abs() >= 0.5
     coeff, diff, base = torch.broadcast_tensors(torch.where(mask, w - 1, w), e - s, torch.where(mask, e, s))
-    out = torch.ops.accel.fma(coeff.contiguous(), diff.contiguous(), base.contiguous()).to(dtype)
+    out = torch.ops.accel.fma(coeff, diff, base).to(dtype)
     return start.copy_(out) if inplace else out
 
 
@@ -282,7 +280,7 @@ def _std(variance, decomposition, a, *args, **kwargs):
     values above about 1.8e19 was inf (the variance overflowed float32) where eager's is
     finite. Elsewhere (a GPU, whose kernel accumulates float32 as the decomposition does;
     float64) ``decomposition`` itself."""
-    if a.device.type != "cpu" or not a.is_floating_point() or a.is_complex() or a.dtype == torch.float64:
+    if a.device.type != "cpu" or not a.is_floating_point() or a.dtype == torch.float64:
         return decomposition(a, *args, **kwargs)
     out = variance(a.double(), *args, **kwargs)
     if isinstance(out, tuple):

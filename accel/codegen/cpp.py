@@ -202,12 +202,13 @@ class CppRenderer(CStyle):
     f16_row_passes = True  # a row's float16 conversions as whole-row passes (_plan_f16_rows)
     stream_stores = True  # write outputs larger than the cache with streaming stores
     launches = None  # how to launch what render() returned (CUDA); a CPU region is a call
+    x86_conversions = True  # float to int32/int64 as x86 converts (see cast)
 
     def cast(self, x: str, src, dst) -> str:
-        """As :meth:`CStyle.cast`; a floating value converted to int32 or int64 takes
-        ``trunc_to`` (include/accel/cpu_math.h): x86's result for NaN and values out of
-        range, which a C++ cast leaves undefined."""
-        if dst in (torch.int32, torch.int64) and (src in FLOATS or src in HALF):
+        """As :meth:`CStyle.cast`; with :attr:`x86_conversions`, a floating value converted
+        to int32 or int64 takes ``trunc_to`` (include/accel/cpu_math.h): x86's result for
+        NaN and values out of range, which a C++ cast leaves undefined."""
+        if self.x86_conversions and dst in (torch.int32, torch.int64) and (src in FLOATS or src in HALF):
             x = super().cast(x, src, torch.float32) if src in HALF else x
             return f"{self.fn}trunc_to<{self.ctype(dst)}>({x})"
         return super().cast(x, src, dst)

@@ -26,7 +26,7 @@ import torch
 
 from ..lowering import Expr, LoopIR, Nest
 from ..ops import HALF
-from . import CodegenError, CStyle
+from . import CodegenError
 from .cpp import ARG, SIMPLE, CppRenderer, _Group, _Scope, _subst
 
 #: threads per block of an elementwise or one-thread-per-result kernel, and how many
@@ -96,15 +96,11 @@ class CudaRenderer(CppRenderer):
     keep_widened_f16 = False  # (one instruction here; the row's loads are kept already)
     f16_row_passes = False  # (conversions are single instructions in device code)
     stream_stores = False  # (CPU only)
+    x86_conversions = False  # a C++ cast in device code is CUDA's saturating one, eager's there
     vec = None  # in a vector tile: load Expr -> its vector's name
     vw = VEC  # elements a vector
     row_vec = frozenset()  # a row kernel's vector variant: the buffers moved as vectors
     vec_stores: Dict[int, str] = {}
-
-    def cast(self, x: str, src, dst) -> str:
-        """As :meth:`CStyle.cast`: a C++ cast in device code is CUDA's saturating
-        conversion (NaN to 0), eager's on the GPU (not the CPU backend's ``trunc_to``)."""
-        return CStyle.cast(self, x, src, dst)
 
     def render(self, ir: LoopIR, name: str) -> str:
         """The module's source: one ``extern "C" __global__`` kernel per nest (and its
