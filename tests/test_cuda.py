@@ -160,6 +160,23 @@ def test_variance_far_from_zero(name, fn, shape, dtype, offset):
 
 
 @cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("shape", [(16, 24576), (8, 40000), (4, 65536)], ids=str)
+@pytest.mark.parametrize("name", ["softmax", "layer_norm", "rms"])
+def test_long_rows_match_eager(name, shape, dtype):
+    """Rows a thread keeps up to 32 values of in registers (24576 float32 values on 1024
+    threads), and longer rows, which block loops read twice in 16-byte vectors (4 float32
+    or 8 16-bit values a thread at a time): every result as eager's, aligned (the vector
+    variant) and 2 bytes off (the scalar one)."""
+    fn = WORKLOADS[name]
+    base = _x(shape[0] * shape[1] + 8).to(dtype)
+    for x in (base[: shape[0] * shape[1]].view(shape), base[1: shape[0] * shape[1] + 1].view(shape)):
+        actual, st = _run(fn, x)
+        torch.testing.assert_close(actual, fn(x))
+        assert st["kernel_runs"] == 1 and st["eager_replays"] == 0, st
+
+
+@cuda
 @pytest.mark.parametrize("name", ["chain", "softmax", "layer_norm", "rms"])
 def test_misaligned_operands_take_the_scalar_kernel(name):
     """A view starting 4 bytes into its storage is not 16-byte aligned: the same kernel
@@ -494,6 +511,42 @@ def test_cuda_rows_with_moments_take_more_values_a_thread():
         src = r.render(ir, "accel_region_t")
         assert r.launches[0]["block"] == [threads, 1, 1]
         assert "float c" in src and f"[{4096 // threads}];" in src  # the row in registers
+
+
+@pytest.mark.parametrize("n,dtype,kept", [(24576, torch.float32, 24), (32768, torch.float32, 32),
+                                           (65536, torch.float32, None), (65536, torch.bfloat16, None)],
+                         ids=str)
+def test_cuda_long_rows_keep_32_values_a_thread_then_loop_over_vectors(n, dtype, kept, tmp_path):
+    """A float32 softmax row of up to 32 values a thread of 1024 stays in registers; a
+    longer row runs in block loops that read it twice, whose vector variant moves 16 bytes
+    a thread at a time (one vector load per pass, one vector store: nvcc's PTX)."""
+    import subprocess
+
+    from accel.build import INCLUDE_DIR, NVCCFLAGS
+
+    x = torch.empty(8, n, dtype=dtype)
+    ir = _lowered([(aten._softmax.default, (("x", 0), ("c", 1), ("c", False)), {}, 1)], [x],
+                  [((8, n), (n, 1), dtype)], (0,))
+    r = CudaRenderer()
+    src = r.render(ir, "accel_region_t")
+    [launch] = r.launches
+    assert launch["block"] == [1024, 1, 1] and "vector" in launch
+    kv = src[src.index("accel_region_t_k0v("):]
+    width = 16 // dtype.itemsize
+    if kept:
+        assert f"[{kept}];" in src and "for (int64_t q" not in src
+        return
+    assert kv.count(f"for (int64_t q = threadIdx.x; q < {n // width}; q += 1024)") == 3  # max, sum, out
+    assert kv.count("accel::load_once(") == 3
+    if shutil.which("nvcc") is None:
+        return
+    (tmp_path / "m.cu").write_text(src)
+    subprocess.run(["nvcc", *NVCCFLAGS, "-arch", "sm_90a", "-ptx", "-I", INCLUDE_DIR, str(tmp_path / "m.cu"),
+                    "-o", str(tmp_path / "m.ptx")], check=True, capture_output=True, timeout=300)
+    ptx = (tmp_path / "m.ptx").read_text()
+    ptx_v = ptx[ptx.index(".entry accel_region_t_k0v"):]
+    accesses = [ln.split()[0] for ln in ptx_v.splitlines() if "ld.global" in ln or "st.global" in ln]
+    assert accesses and all(".v4." in a for a in accesses), accesses
 
 
 def test_cuda_reduction_modes_render():
