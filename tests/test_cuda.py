@@ -51,6 +51,8 @@ WORKLOADS = {
     "column_sums_split": lambda x: (x * 2).sum(0) + (x * x).sum(0),
     # float -> int64/int32 -> float (the CPU backend's trunc_to and trapping math; CUDA's cast)
     "conversions": lambda x: (x * 3).long() * 2 + (x * 7).int().float(),
+    # groups of 2 channels: block loops over (channel, position), vectors along positions
+    "group_norm": lambda x: F.silu(F.group_norm(x.reshape(x.shape[0] // 4, 4, -1), 2)),
 }
 
 
@@ -160,14 +162,16 @@ def test_variance_far_from_zero(name, fn, shape, dtype, offset):
 
 
 @cuda
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("shape", [(16, 24576), (8, 40000), (4, 65536)], ids=str)
-@pytest.mark.parametrize("name", ["softmax", "layer_norm", "rms"])
+@pytest.mark.parametrize("name,dtype", [  # a GPU's 16-bit group norm runs eagerly (ops.RUNS_EAGERLY)
+    (n, d) for n in ("softmax", "layer_norm", "rms", "group_norm")
+    for d in (torch.float32, torch.bfloat16, torch.float16) if n != "group_norm" or d == torch.float32],
+    ids=lambda v: str(v)[6:] if isinstance(v, torch.dtype) else v)
 def test_long_rows_match_eager(name, shape, dtype):
     """Rows a thread keeps up to 32 values of in registers (24576 float32 values on 1024
-    threads), and longer rows, which block loops read twice in 16-byte vectors (4 float32
-    or 8 16-bit values a thread at a time): every result as eager's, aligned (the vector
-    variant) and 2 bytes off (the scalar one)."""
+    threads), and longer rows and group norm's groups, which block loops read twice in
+    16-byte vectors (4 float32 or 8 16-bit values a thread at a time): every result as
+    eager's, aligned (the vector variant) and one element off (the scalar one)."""
     fn = WORKLOADS[name]
     base = _x(shape[0] * shape[1] + 8).to(dtype)
     for x in (base[: shape[0] * shape[1]].view(shape), base[1: shape[0] * shape[1] + 1].view(shape)):
@@ -621,6 +625,8 @@ def test_every_kernel_mode_builds_a_cubin_with_its_planned_kernels(name, dtype, 
         image = (tmp_path / f"m{k}.cubin").read_bytes()
         names = [l["kernel"] for l in launches] + [l["vector"]["kernel"] for l in launches if "vector" in l]
         assert names and all(n.encode() + b"\0" in image for n in names)
+    if name == "group_norm":  # its block loops move vectors
+        assert any("vector" in l for _, launches in modules for l in launches)
 
 
 @pytest.mark.parametrize("pure", [False, True], ids=["cython", "python"])

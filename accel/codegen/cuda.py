@@ -10,7 +10,9 @@ how loops map to threads, by nest:
 * row reductions (their loads contiguous along the reduction): one block per iteration of
   the loops the reductions depend on; the block's threads share each reduction (strided over
   it, then warp shuffles and shared memory, every thread getting the result) and the loops
-  inside (a softmax or layer norm row per block);
+  inside (a softmax or layer norm row per block). A row each thread keeps a few values of in
+  registers is a row kernel (read once); a longer one, or group norm's group, runs block
+  loops that read it again, in 16-byte vectors where every loop allows;
 * reductions along a strided dimension whose result varies along a contiguous one (a column
   sum): one thread per result, each running its reduction on its own, neighbouring threads
   reading neighbouring addresses.
@@ -67,10 +69,10 @@ ROW_HALF_SCALE = 2
 #: iterations of a block-mode thread loop (a row longer than a row kernel keeps in
 #: registers: group norm's) unrolled, so that as many loads are in flight per thread.
 BLOCK_UNROLL = 8
-#: the same for block loops over a row moving 16-byte vectors (an iteration: a vector of each
-#: such buffer). H200, [1024, 65536] float32 rows, ms back to back, eager / accel /
-#: torch.compile: softmax 0.401 / 0.262 / 0.290, RMSNorm 0.596 / 0.201 / 0.220, LayerNorm
-#: 0.236 / 0.220 / 0.243 (scalar block loops: long rows were slower than eager's).
+#: the same for block loops moving 16-byte vectors (an iteration: a vector of each such
+#: buffer). H200, ms back to back, scalar -> vector loops (torch.compile): RMSNorm over rows
+#: of 65536 float32 0.252 -> 0.212 (0.204), bfloat16 0.169 -> 0.118 (0.104); GroupNorm+SiLU
+#: [64, 256, 64, 64] 0.284 -> 0.243 (0.204).
 BLOCK_VEC_UNROLL = 4
 #: full reductions at least this long run over many blocks (grid mode).
 GRID_MIN = 1 << 16
@@ -214,19 +216,27 @@ class CudaRenderer(CppRenderer):
         :data:`VEC_TYPES` buffers read only in the row's loops, contiguously along each (a loop per
         reduction over the whole row, and the loop over the row), or written only in the
         loop over the row, contiguously; every other stride a multiple of ``vw``. Empty where
-        the row's length is not a multiple of ``vw`` or a reduction runs over another domain."""
-        if self.mode != "block" or (self.elems is None and not self.long_row):
+        the row's length is not a multiple of ``vw`` or a reduction runs over another domain.
+        Block loops (:meth:`_block_loop_vars`) take the same rule, each loop along its own
+        variable."""
+        if self.mode != "block" or (self.elems is None and not self.block_loops):
             return frozenset()
-        v, n, w = nest.vars[-1], ir.sizes[nest.vars[-1]], self.vw
-        if n % w or (self.elems is not None and -(-self.elems // w) * w > self.row_limit):
-            return frozenset()
-        outer, inner = self.nest_scopes[-2], self.nest_scopes[-1]
-        loop_var = {id(inner): v}
-        for k, g in outer.items:
-            if k == "group":
-                if len(g.rvars) != 1 or ir.sizes[g.rvars[0]] != n:
-                    return frozenset()
-                loop_var[id(self.group_scope[id(g)])] = g.rvars[0]
+        w = self.vw
+        if self.block_loops:
+            loop_var = self._block_loop_vars(nest, ir)
+            if loop_var is None:
+                return frozenset()
+        else:
+            v, n = nest.vars[-1], ir.sizes[nest.vars[-1]]
+            if n % w or -(-self.elems // w) * w > self.row_limit:
+                return frozenset()
+            outer, inner = self.nest_scopes[-2], self.nest_scopes[-1]
+            loop_var = {id(inner): v}
+            for k, g in outer.items:
+                if k == "group":
+                    if len(g.rvars) != 1 or ir.sizes[g.rvars[0]] != n:
+                        return frozenset()
+                    loop_var[id(self.group_scope[id(g)])] = g.rvars[0]
         scopes = list(self.nest_scopes) + list(self.group_scope.values())
         ok, bad = set(), set()
 
@@ -256,7 +266,7 @@ class CudaRenderer(CppRenderer):
         levels = [j for j, sc in enumerate(self.nest_scopes) for k, _ in sc.items if k == "group"]
         out: List[str] = []
         self.elems = None
-        self.long_row = False
+        self.block_loops = False
         self.vec = None
         self.row_vec = frozenset()
         self.row_regs, self.row_decls = {}, []  # row kernels' vector registers (_rhs)
@@ -291,14 +301,15 @@ class CudaRenderer(CppRenderer):
         if scale == 1 and self._widest(nest, ir) <= 4:
             self.row_limit = ROW_REGISTERS_32_MOMENTS if moments else ROW_REGISTERS_32
         elems = -(-longest // self.threads)
-        self.long_row = len(inner) == 1 and elems > self.row_limit  # block loops over one row
+        self.block_lvl = lvl
+        self.block_loops = not (elems <= self.row_limit and len(inner) == 1)  # else a row kernel
         if vbufs:  # vw neighbouring elements a thread at a time
             self.row_vec = vbufs
-            self.row_vars = {inner[0]} | {g.rvars[0] for k, g in self.nest_scopes[-2].items if k == "group"}
             for b in sorted({st.buf for st in nest.stores} & vbufs):
                 out.append(f"  {self._vec(b)} w{b};")
-        if elems <= self.row_limit and len(inner) == 1:  # a row kernel: the row in registers
+        if not self.block_loops:  # a row kernel: the row in registers
             if vbufs:
+                self.row_vars = {inner[0]} | {g.rvars[0] for k, g in self.nest_scopes[-2].items if k == "group"}
                 elems = -(-elems // self.vw) * self.vw
             self.elems = elems
             self._plan_row_cache(inner[0], self.nest_scopes[-2], self.nest_scopes[-1], "j")
@@ -314,6 +325,27 @@ class CudaRenderer(CppRenderer):
         for sc in list(self.nest_scopes) + list(self.group_scope.values()):
             bufs |= {x.args[0] for k, x in sc.items if k == "expr" and x.op == "load"}
         return bufs
+
+    def _block_loop_vars(self, nest: Nest, ir: LoopIR):
+        """Block loops (rows too long for registers, group norm's groups): the variable each
+        thread loop's scope moves vectors along (a reduction's own variable; the last of
+        the loops after the block's, for their scopes), by scope id; None where some thread
+        loop cannot step a vector at a time (a reduction over several variables, or a
+        size, or the last loop's, not a multiple of :attr:`vw`)."""
+        w, lvl = self.vw, self.block_lvl
+        loop_var = {}
+        for sc in self.nest_scopes[:lvl + 1]:
+            for k, g in sc.items:
+                if k == "group":
+                    if len(g.rvars) != 1 or ir.sizes[g.rvars[0]] % w:
+                        return None
+                    loop_var[id(self.group_scope[id(g)])] = g.rvars[0]
+        inner = nest.vars[lvl:]
+        if inner:
+            if ir.sizes[inner[-1]] % w:
+                return None
+            loop_var.update((id(sc), inner[-1]) for sc in self.nest_scopes[lvl + 1:])
+        return loop_var
 
     def _half_row(self, nest: Nest, ir: LoopIR) -> bool:
         """Every buffer ``nest`` loads or stores holds 16-bit floats."""
@@ -433,8 +465,11 @@ class CudaRenderer(CppRenderer):
             # per element: softmax f16 0.120 -> 0.093 ms, add+LayerNorm bf16 0.153 -> 0.136
             # on the H100 with the wider rows; float32 rows alike)
             m, sh, t, a = self.vw - 1, self.vw.bit_length() - 1, self._vec(e.args[0]), e.args[1]
-            r = next(v for v, c in a.terms if c == 1 and v in self.row_vars)
-            ptr = f"reinterpret_cast<const {t}*>(b{e.args[0]} + {self._addr(a, {r: self._row_vec_first()})})"
+            if self.elems is None:  # block loops: lane j is j elements on from the vector's first
+                ptr = f"reinterpret_cast<const {t}*>(b{e.args[0]} + {self._addr(a)} - j)"
+            else:
+                r = next(v for v, c in a.terms if c == 1 and v in self.row_vars)
+                ptr = f"reinterpret_cast<const {t}*>(b{e.args[0]} + {self._addr(a, {r: self._row_vec_first()})})"
             reg = self.row_regs.get((e.args[0], ptr))
             if reg is None:
                 reg = self.row_regs[(e.args[0], ptr)] = f"rv{self.ntemp}"
@@ -578,10 +613,7 @@ class CudaRenderer(CppRenderer):
 
     def _row_vec_first(self) -> str:
         """A row kernel's vector variant: the row index of the first element of the vector
-        holding element ``j`` of the thread's share (the same expression for its lanes);
-        block loops over a long row: of vector ``q``."""
-        if self.elems is None:
-            return f"q * {self.vw}"
+        holding element ``j`` of the thread's share (the same expression for its lanes)."""
         return f"(threadIdx.x + (j >> {self.vw.bit_length() - 1}) * {self.threads}) * {self.vw}"
 
     def _decompose(self, flat: str, vars_, out: List[str], ind: str) -> None:
