@@ -458,15 +458,26 @@ def test_cuda_row_kernels_have_a_vector_variant(shape, vector):
         assert "b0[" not in kv
 
 
+def _vector_kernel_accesses(src, tmp_path):
+    """The global loads and stores (PTX instructions) of the vector variant of kernel 0 of
+    module ``src`` (named ``accel_region_t``), compiled by nvcc for ``sm_90a``."""
+    import subprocess
+
+    from accel.build import INCLUDE_DIR, NVCCFLAGS
+
+    (tmp_path / "m.cu").write_text(src)
+    subprocess.run(["nvcc", *NVCCFLAGS, "-arch", "sm_90a", "-ptx", "-I", INCLUDE_DIR, str(tmp_path / "m.cu"),
+                    "-o", str(tmp_path / "m.ptx")], check=True, capture_output=True, timeout=300)
+    ptx = (tmp_path / "m.ptx").read_text()
+    ptx_v = ptx[ptx.index(".entry accel_region_t_k0v"):]
+    return [ln.split()[0] for ln in ptx_v.splitlines() if "ld.global" in ln or "st.global" in ln]
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 def test_cuda_vectors_are_16_bytes(dtype, tmp_path):
     """Vector variants move 16 bytes a thread at a time: 4 float32 or 8 16-bit floats, each
     vector loaded and stored whole (one vector access in nvcc's PTX), in elementwise and in
     row kernels (a row kernel reads each vector once, at its first lane, into a register)."""
-    import subprocess
-
-    from accel.build import INCLUDE_DIR, NVCCFLAGS
-
     ctype = {torch.float32: "float", torch.bfloat16: "accel::bf16", torch.float16: "accel::f16"}[dtype]
     width = 4 if dtype == torch.float32 else 8
     x = torch.empty(64, 4096, dtype=dtype)
@@ -487,12 +498,7 @@ def test_cuda_vectors_are_16_bytes(dtype, tmp_path):
             assert launch["vector"]["grid"] == [-(-vectors // (256 * 2)), 1, 1]
         if shutil.which("nvcc") is None:
             continue
-        (tmp_path / "m.cu").write_text(src)
-        subprocess.run(["nvcc", *NVCCFLAGS, "-arch", "sm_90a", "-ptx", "-I", INCLUDE_DIR, str(tmp_path / "m.cu"),
-                        "-o", str(tmp_path / "m.ptx")], check=True, capture_output=True, timeout=300)
-        ptx = (tmp_path / "m.ptx").read_text()
-        ptx_v = ptx[ptx.index(".entry accel_region_t_k0v"):]
-        accesses = [ln.split()[0] for ln in ptx_v.splitlines() if "ld.global" in ln or "st.global" in ln]
+        accesses = _vector_kernel_accesses(src, tmp_path)
         assert accesses and all(".v4." in a for a in accesses), accesses
         if k == 0:  # one load and one store per vector of the thread's row share
             assert len(accesses) == 4, accesses
@@ -524,10 +530,6 @@ def test_cuda_long_rows_keep_32_values_a_thread_then_loop_over_vectors(n, dtype,
     """A float32 softmax row of up to 32 values a thread of 1024 stays in registers; a
     longer row runs in block loops that read it twice, whose vector variant moves 16 bytes
     a thread at a time (one vector load per pass, one vector store: nvcc's PTX)."""
-    import subprocess
-
-    from accel.build import INCLUDE_DIR, NVCCFLAGS
-
     x = torch.empty(8, n, dtype=dtype)
     ir = _lowered([(aten._softmax.default, (("x", 0), ("c", 1), ("c", False)), {}, 1)], [x],
                   [((8, n), (n, 1), dtype)], (0,))
@@ -544,12 +546,7 @@ def test_cuda_long_rows_keep_32_values_a_thread_then_loop_over_vectors(n, dtype,
     assert kv.count("accel::load_once(") == 3
     if shutil.which("nvcc") is None:
         return
-    (tmp_path / "m.cu").write_text(src)
-    subprocess.run(["nvcc", *NVCCFLAGS, "-arch", "sm_90a", "-ptx", "-I", INCLUDE_DIR, str(tmp_path / "m.cu"),
-                    "-o", str(tmp_path / "m.ptx")], check=True, capture_output=True, timeout=300)
-    ptx = (tmp_path / "m.ptx").read_text()
-    ptx_v = ptx[ptx.index(".entry accel_region_t_k0v"):]
-    accesses = [ln.split()[0] for ln in ptx_v.splitlines() if "ld.global" in ln or "st.global" in ln]
+    accesses = _vector_kernel_accesses(src, tmp_path)
     assert accesses and all(".v4." in a for a in accesses), accesses
 
 
