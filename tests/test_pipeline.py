@@ -381,6 +381,18 @@ def test_last_level_cache_size_is_read_and_keyed():
     assert cpu_isa().endswith(f":{n >> 10}KiB")
 
 
+def test_streaming_threshold_is_three_quarters_of_the_cache_up_to_32_mib(monkeypatch):
+    """Outputs over three quarters of the last-level cache are streamed; a cache listed
+    larger than 32 MiB (a VM listing its host's) counts as 32 MiB."""
+    import accel.codegen.cpp as cpp
+
+    for listed, threshold in ((16 << 20, 12 << 20), (32 << 20, 24 << 20), (480 << 20, 24 << 20)):
+        monkeypatch.setattr(cpp, "llc_bytes", lambda: listed)
+        assert cpp.stream_min_bytes() == threshold
+    monkeypatch.setattr(cpp, "STREAM_MIN_BYTES", 1)
+    assert cpp.stream_min_bytes() == 1
+
+
 def test_streamed_outputs_match_eager(fresh_store, monkeypatch):
     """Streamed stores with every size the kernel meets: rows whose length is not a
     multiple of the block (the plain tail), rows not aligned to a vector (the general

@@ -57,13 +57,31 @@ ARG = {"argmax": ("$lowest", "accel::argmax_better"), "argmin": ("$highest", "ac
 ROW_CACHE_MAX = 16384
 
 #: a nest whose innermost loop stores at least this many bytes contiguously (None: three
-#: quarters of the last-level cache, glibc memcpy's non-temporal threshold) writes them
+#: quarters of the last-level cache, glibc memcpy's non-temporal threshold, the cache taken
+#: at most STREAM_LLC_MAX: :func:`stream_min_bytes`) writes them
 #: with streaming stores, in blocks of STREAM_BLOCK values computed into a stack array
 #: (accel::stream_store): such outputs cannot stay in the cache, and a plain store first
 #: reads the line it writes. RMSNorm on [8192, 1024] float32, one kernel on the 2-core VM:
 #: 1.90 -> 1.54 ms.
 STREAM_MIN_BYTES: Optional[int] = None
 STREAM_BLOCK = 64
+#: the cache size the streaming threshold takes at most. A VM may list its host's whole
+#: last-level cache (480 MiB on a 2-core Xeon 6 VM, whose triad over 3 x 64 MiB runs at
+#: DRAM speed, 27.6 GB/s): there a 32 MiB output cannot stay in the cache either, and
+#: streaming its stores made [8192, 1024] float32 rows faster with tuned malloc (ms, plain
+#: -> streamed; torch.compile): RMSNorm 3.07-3.37 -> 2.75-3.04 (2.44-3.14), softmax
+#: 5.27-5.86 -> 5.05-5.11 (5.54-6.20), residual add + LayerNorm 5.76-5.82 -> 4.51-4.93
+#: (6.44-6.97).
+STREAM_LLC_MAX = 32 << 20
+
+
+def stream_min_bytes() -> int:
+    """Bytes an innermost loop stores at least to be written with streaming stores:
+    :data:`STREAM_MIN_BYTES` where set, else three quarters of the last-level cache
+    (:func:`accel.codegen.llc_bytes`, at most :data:`STREAM_LLC_MAX`)."""
+    if STREAM_MIN_BYTES is not None:
+        return STREAM_MIN_BYTES
+    return min(llc_bytes(), STREAM_LLC_MAX) * 3 // 4
 #: ops cheap enough per element that a loop of them is memory-bound: only such loops
 #: stream. A loop calling exp, tanh, sin... is compute-bound, and the block's round trip
 #: through the stack costs more there than streaming saves (bias + tanh-GELU on [8192,
@@ -299,9 +317,8 @@ class CppRenderer(CStyle):
             return {}
         stores = [st for k, st in inner.items if k == "store" and st.addr.coeff(v) == 1
                   and st.buf not in self.read_bufs and id(st) not in self.narrowed]
-        limit = STREAM_MIN_BYTES if STREAM_MIN_BYTES is not None else llc_bytes() * 3 // 4
         n = self._size(nest.vars)
-        if not stores or n * sum(self.ir.buffers[st.buf].dtype.itemsize for st in stores) < limit:
+        if not stores or n * sum(self.ir.buffers[st.buf].dtype.itemsize for st in stores) < stream_min_bytes():
             return {}
         return {id(st): f"nt{k}" for k, st in enumerate(stores)}
 
