@@ -475,7 +475,7 @@ class CudaRenderer(CppRenderer):
                 reg = self.row_regs[(e.args[0], ptr)] = f"rv{self.ntemp}"
                 self.ntemp += 1
                 self.row_decls.append(f"  {t} {reg}" + (f"[{self.elems // self.vw}];" if self.elems else ";"))
-            if self.elems is None:  # block loops over a long row: the thread's current vector
+            if self.elems is None:  # block loops: the thread's current vector
                 return f"accel::lane(accel::load_once({reg}, {ptr}, j == 0), j)"
             return f"accel::lane(accel::load_once({reg}[j >> {sh}], {ptr}, (j & {m}) == 0), j & {m})"
         return super()._rhs(e, scope)
@@ -575,14 +575,13 @@ class CudaRenderer(CppRenderer):
             self._inner_loop(order[upto:], upto, out, ind + "      ")
         out += [f"{ind}    }}", f"{ind}  }}", f"{ind}}}"]
 
-    def _thread_loop(self, n: int, open_lines: List[str], ind: str):
+    def _thread_loop(self, n: int, open_lines: List[str], ind: str) -> str:
         """Open a loop of this thread's share of ``n`` iterations (block mode: threadIdx.x,
-        then a block apart; a row kernel's fully unrolled, iteration ``j``, so that its
-        cached values stay in registers); return the iteration variable and the lines that
-        close the loop (the body goes at ``ind`` + 4 spaces)."""
+        then a block apart, or vector ``q`` and its lanes ``j``; a row kernel's fully
+        unrolled, iteration ``j``, so that its cached values stay in registers); return the
+        iteration variable. Two braces close it."""
         f = f"f{self.ntemp}"
         self.ntemp += 1
-        close = [f"{ind}  }}", f"{ind}}}"]
         if self.elems is not None:
             open_lines.append(f"{ind}#pragma unroll")
             open_lines.append(f"{ind}for (int j = 0; j < {self.elems}; ++j) {{")
@@ -596,20 +595,20 @@ class CudaRenderer(CppRenderer):
             # no guard where the threads' elements cover the row exactly: the unrolled lanes
             # of a vector then share its load (a guard per element keeps a load per element)
             open_lines.append(f"{ind}  if ({'true' if self.elems * self.threads == n else guard}) {{")
-            return f, close
+            return f
         if self.row_vec:  # vector q of the row, a block apart; its lanes j unrolled
             open_lines.append(f"{ind}#pragma unroll {BLOCK_VEC_UNROLL}")
             open_lines.append(f"{ind}for (int64_t q = threadIdx.x; q < {n // self.vw}; q += {self.threads}) {{")
             open_lines.append(f"{ind}  #pragma unroll")
             open_lines.append(f"{ind}  for (int j = 0; j < {self.vw}; ++j) {{")
             open_lines.append(f"{ind}    const int64_t {f} = q * {self.vw} + j;")
-            return f, [f"{ind}  }}", f"{ind}}}"]
+            return f
         # the block's size as a constant: nvcc then unrolls the loop and puts BLOCK_UNROLL
         # loads in flight per thread, where the loop's trip count at runtime kept one
         open_lines.append(f"{ind}#pragma unroll {BLOCK_UNROLL}")
         open_lines.append(f"{ind}for (int64_t {f} = threadIdx.x; {f} < {n}; {f} += {self.threads}) {{")
         open_lines.append(f"{ind}  {{")
-        return f, close
+        return f
 
     def _row_vec_first(self) -> str:
         """A row kernel's vector variant: the row index of the first element of the vector
@@ -645,7 +644,8 @@ class CudaRenderer(CppRenderer):
         """The loops ``vars_`` inside level ``lvl``: the block's threads' share of them
         (block mode) or all of them (a thread's own, thread mode)."""
         if self.mode == "block":
-            f, close = self._thread_loop(self._size(vars_), out, ind)
+            f = self._thread_loop(self._size(vars_), out, ind)
+            close = [f"{ind}  }}", f"{ind}}}"]
             ind2 = ind + "    "
         else:
             f = f"f{self.ntemp}"
@@ -751,8 +751,8 @@ class CudaRenderer(CppRenderer):
                        f"{f} += (int64_t)gridDim.x * blockDim.x) {{")
             close, ind2 = [f"{ind}}}"], ind + "  "
         elif coop:
-            f, close = self._thread_loop(n, out, ind)
-            ind2 = ind + "    "
+            f = self._thread_loop(n, out, ind)
+            close, ind2 = [f"{ind}  }}", f"{ind}}}"], ind + "    "
         else:
             f = f"r{self.ntemp}"
             self.ntemp += 1
