@@ -66,7 +66,7 @@ ROW_CACHE_MAX = 16384
 STREAM_MIN_BYTES: Optional[int] = None
 STREAM_BLOCK = 64
 #: the cache size the streaming threshold takes at most. A VM may list its host's whole
-#: last-level cache (480 MiB on a 2-core Xeon 6 VM, whose triad over 3 x 64 MiB runs at
+#: last-level cache (480 MiB on a 2-core Intel Xeon VM, whose triad over 3 x 64 MiB runs at
 #: DRAM speed, 27.6 GB/s): there a 32 MiB output cannot stay in the cache either, and
 #: streaming its stores made [8192, 1024] float32 rows faster with tuned malloc (ms, plain
 #: -> streamed; torch.compile): RMSNorm 3.07-3.37 -> 2.75-3.04 (2.44-3.14), softmax
