@@ -219,10 +219,10 @@ class CudaRenderer(CppRenderer):
         the row's length is not a multiple of ``vw`` or a reduction runs over another domain.
         Block loops (:meth:`_block_loop_vars`) take the same rule, each loop along its own
         variable."""
-        if self.mode != "block" or (self.elems is None and not self.block_loops):
+        if self.mode != "block":
             return frozenset()
         w = self.vw
-        if self.block_loops:
+        if self.elems is None:  # block loops
             loop_var = self._block_loop_vars(nest, ir)
             if loop_var is None:
                 return frozenset()
@@ -265,8 +265,7 @@ class CudaRenderer(CppRenderer):
         order = nest.vars
         levels = [j for j, sc in enumerate(self.nest_scopes) for k, _ in sc.items if k == "group"]
         out: List[str] = []
-        self.elems = None
-        self.block_loops = False
+        self.elems = None  # set for a row kernel; block mode without it runs block loops
         self.vec = None
         self.row_vec = frozenset()
         self.row_regs, self.row_decls = {}, []  # row kernels' vector registers (_rhs)
@@ -302,12 +301,11 @@ class CudaRenderer(CppRenderer):
             self.row_limit = ROW_REGISTERS_32_MOMENTS if moments else ROW_REGISTERS_32
         elems = -(-longest // self.threads)
         self.block_lvl = lvl
-        self.block_loops = not (elems <= self.row_limit and len(inner) == 1)  # else a row kernel
         if vbufs:  # vw neighbouring elements a thread at a time
             self.row_vec = vbufs
             for b in sorted({st.buf for st in nest.stores} & vbufs):
                 out.append(f"  {self._vec(b)} w{b};")
-        if not self.block_loops:  # a row kernel: the row in registers
+        if elems <= self.row_limit and len(inner) == 1:  # a row kernel: the row in registers
             if vbufs:
                 self.row_vars = {inner[0]} | {g.rvars[0] for k, g in self.nest_scopes[-2].items if k == "group"}
                 elems = -(-elems // self.vw) * self.vw

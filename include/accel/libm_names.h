@@ -11,7 +11,7 @@
   X(cbrt, cbrtf) X(sqrt, sqrtf) X(floor, floorf) X(ceil, ceilf) X(trunc, truncf)    \
   X(lgamma, lgammaf)
 #define ACCEL_LIBM_BINARY(X)                                                        \
-  X(atan2, atan2f) X(hypot, hypotf) X(fmod, fmodf)                     \
+  X(atan2, atan2f) X(hypot, hypotf) X(fmod, fmodf)                                  \
   X(nextafter, nextafterf) X(copysign, copysignf)
 /* libm's on the GPU; the CPU header has its own: fmax/fmin (eager's CPU kernels return the
  * first operand where the two are zeros; on the GPU -0.0 is below 0.0, as libm's), pow
