@@ -523,6 +523,31 @@ def test_cuda_rows_with_moments_take_more_values_a_thread():
         assert "float c" in src and f"[{4096 // threads}];" in src  # the row in registers
 
 
+@pytest.mark.parametrize("n,dtype,residual,threads", [
+    (24576, torch.bfloat16, False, 512), (24576, torch.bfloat16, True, 512),
+    (32768, torch.float32, False, 512), (24576, torch.float32, True, 1024),
+    (65536, torch.float32, False, 1024), (16384, torch.float32, False, 1024)], ids=str)
+def test_cuda_long_layer_norm_rows_take_half_blocks_where_two_fit_in_l2(n, dtype, residual, threads):
+    """A layer norm row longer than 16 values a thread of 1024 runs on blocks of 512 threads
+    (block loops, two rows in flight a multiprocessor) where its inputs hold at most 128 KiB
+    a row; a row reading more (a residual add at float32) keeps 1024 threads, as do rows of
+    up to 16 values a thread."""
+    x, w = torch.empty(8, n, dtype=dtype), torch.empty(n, dtype=dtype)
+    meta = [((8, n), (n, 1), dtype)]
+    calls = [(aten.native_layer_norm.default, (("x", 0), ("c", [n]), ("x", 1), ("x", 1), ("c", 1e-5)), {}, 3)]
+    inputs = [x, w]
+    if residual:
+        calls = [(aten.add.Tensor, (("x", 0), ("x", 2)), {}, 1),
+                 (aten.native_layer_norm.default, (("o", 0), ("c", [n]), ("x", 1), ("x", 1), ("c", 1e-5)), {}, 3)]
+        inputs, meta = [x, w, torch.empty_like(x)], meta * 2
+    ir = _lowered(calls, inputs, meta + [((8, 1), (1, 1), torch.float32)] * 2, (len(meta) - 1,))
+    r = CudaRenderer()
+    src = r.render(ir, "accel_region_t")
+    assert r.launches[0]["block"] == [threads, 1, 1], r.launches
+    if threads == 512:
+        assert f"q += 512)" in src  # block loops of 16-byte vectors
+
+
 @pytest.mark.parametrize("n,dtype,kept", [(24576, torch.float32, 24), (32768, torch.float32, 32),
                                            (65536, torch.float32, None), (65536, torch.bfloat16, None)],
                          ids=str)

@@ -11,7 +11,7 @@ from accel.codegen.cpp import CppRenderer
 from accel.graph import TraceError, trace_region
 from accel.lowering import BufferSpec, LoweringError, free_vars, lower, reductions, walk
 from accel.passes import cse, dce, remove_noops, run_passes, specialize_pow
-from plugin_runs import run_under  # tests/plugin_runs.py
+from plugin_runs import run_under, seed_dispatch_filter  # tests/plugin_runs.py
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -438,7 +438,9 @@ def test_streamed_outputs_match_eager(fresh_store, monkeypatch):
 def test_random_chains_with_every_eligible_store_streamed(tmp_path):
     """The random chains (pointwise, reductions, views, in-place writes) with every store
     the CPU codegen may stream streamed, whatever its size (tests/stream_everything.py), in
-    a store of their own (the kernels differ from the same regions' unstreamed ones)."""
+    a store of their own (the kernels differ from the same regions' unstreamed ones), which
+    gets this process's dispatch filter first."""
+    seed_dispatch_filter(tmp_path / "store")
     run_under("stream_everything", ["test_chains.py"], "-k", "not cuda",
               ACCEL_CACHE_DIR=str(tmp_path / "store"))
 

@@ -22,6 +22,7 @@ expression tables are shared (:class:`accel.codegen.CStyle`).
 """
 from __future__ import annotations
 
+import math
 from typing import Dict, List
 
 import torch
@@ -51,6 +52,17 @@ VEC_ILP = 2
 #: 0.242 -> 0.157 / 0.215, RMSNorm 0.168 / 0.233 -> 0.163 / 0.200, LayerNorm 0.210 / 0.352
 #: -> (block loops) / 0.289, its residual add 0.331 / 0.436 -> (block) / 0.348.
 ROW_THREADS = 1024
+#: threads a block for a long row with a mean and variance (more than ROW_ELEMS_MOMENTS
+#: values a thread at ROW_THREADS) whose per-row inputs hold at most
+#: MOMENTS_HALF_BLOCK_BYTES: twice the rows in flight a multiprocessor, in block loops
+#: (their second pass reads the row again, from L2 while the rows in flight fit there).
+#: H200, ms back to back, ROW_THREADS -> 512: LayerNorm bfloat16 [4096, 24576] 0.230 ->
+#: 0.155 (eager 0.187), [2048, 32768] 0.130 -> 0.111; its residual add 0.267 -> 0.209,
+#: 0.163 -> 0.145; LayerNorm float32 [4096, 24576] 0.287 -> 0.258; GroupNorm(32) + SiLU
+#: [64, 256, 64, 64] 0.246 -> 0.222. Rows reading more (residual add + LayerNorm float32 over
+#: 24576: 0.353 -> 0.483) stay at ROW_THREADS: two blocks' rows no longer fit in L2.
+MOMENTS_HALF_BLOCK_THREADS = 512
+MOMENTS_HALF_BLOCK_BYTES = 128 << 10
 ROW_REGISTERS = 16
 ROW_REGISTERS_32 = 32
 ROW_REGISTERS_32_MOMENTS = 24
@@ -296,6 +308,9 @@ class CudaRenderer(CppRenderer):
         scale = ROW_HALF_SCALE if self._half_row(nest, ir) else 1
         per = -(-longest // ((ROW_ELEMS_MOMENTS if moments else ROW_ELEMS) * scale))  # threads a row
         self.threads = max(32, min(ROW_THREADS, 1 << (per - 1).bit_length()))
+        if (moments and -(-longest // ROW_THREADS) > ROW_ELEMS_MOMENTS
+                and self._row_bytes_read(ir, n_out, longest) <= MOMENTS_HALF_BLOCK_BYTES):
+            self.threads = MOMENTS_HALF_BLOCK_THREADS
         self.row_limit = ROW_REGISTERS * scale
         if scale == 1 and self._widest(nest, ir) <= 4:
             self.row_limit = ROW_REGISTERS_32_MOMENTS if moments else ROW_REGISTERS_32
@@ -317,12 +332,22 @@ class CudaRenderer(CppRenderer):
         out[at:at] = self.row_decls
         return out, min(n_out, MAX_GRID), self.threads
 
-    def _accessed(self, nest: Nest) -> set:
-        """The buffers ``nest`` loads or stores."""
-        bufs = {st.buf for st in nest.stores}
+    def _loaded(self) -> set:
+        """The buffers the nest being rendered loads."""
+        bufs = set()
         for sc in list(self.nest_scopes) + list(self.group_scope.values()):
             bufs |= {x.args[0] for k, x in sc.items if k == "expr" and x.op == "load"}
         return bufs
+
+    def _accessed(self, nest: Nest) -> set:
+        """The buffers ``nest`` loads or stores."""
+        return self._loaded() | {st.buf for st in nest.stores}
+
+    def _row_bytes_read(self, ir: LoopIR, rows: int, n: int) -> int:
+        """Bytes a row of ``n`` values reads from the buffers holding ``rows`` such rows or
+        more (not a layer norm's weight, which every row shares)."""
+        return sum(n * ir.buffers[b].dtype.itemsize for b in self._loaded()
+                   if math.prod(ir.buffers[b].shape) >= rows * n)
 
     def _block_loop_vars(self, nest: Nest, ir: LoopIR):
         """Block loops (rows too long for registers, group norm's groups): the variable each
