@@ -253,3 +253,35 @@ def test_the_kernel_runs_in_a_new_process_with_the_filter_stored():
                          timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["True", "1"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_cpu_linears_bias_add_joins_the_region_that_reads_it(dtype, fresh_store, monkeypatch):
+    """With eager's matmul (ACCEL_CPU_MATMUL=off), a CPU Linear's addmm runs ``mm`` and its
+    bias add is deferred into the region of the activation that reads it (eager's addmm
+    copies the bias into its output for the gemm to read back): one kernel, add then GELU;
+    the output and every gradient match eager's, at the mode's first call and the filter's
+    later ones. A bias of more than one row keeps eager's addmm."""
+    monkeypatch.setenv("ACCEL_CPU_MATMUL", "off")
+    g = torch.Generator().manual_seed(0)
+    x = _randn(64, 128, k=128, gen=g).to(dtype).requires_grad_()
+    lin = torch.nn.Linear(128, 256, dtype=dtype)
+
+    def f(x):
+        return torch.nn.functional.gelu(lin(x))
+
+    want = f(x)
+    grads = torch.autograd.grad(want.sum(), (x, lin.weight, lin.bias))
+    for _ in range(3):
+        accel.reset_stats()
+        with accel.eager():
+            got = f(x)
+            got_grads = torch.autograd.grad(got.sum(), (x, lin.weight, lin.bias))
+        close(got, want)
+        close(got_grads, grads)
+        assert accel.stats()["eager_replays"] == 0
+    readable = [e["readable"] for e in accel.runtime.get_store().entries()]
+    assert any(r.startswith("add.Tensor > gelu.default") for r in readable), readable
+    full = torch.randn(64, 256, dtype=dtype)  # a bias of 64 rows: addmm as eager runs it
+    got, _ = _ran(lambda: torch.addmm(full, x.detach(), lin.weight.detach().t()))
+    close(got, torch.addmm(full, x.detach(), lin.weight.detach().t()))

@@ -123,10 +123,12 @@ const DispatchKeySet kBelowSnapshot(DispatchKeySet::FULL_AFTER, DispatchKey::Pyt
 // autograd (CompositeImplicitAutograd: its parts are calls of their own), kDeferMutable
 // such an op that writes an argument (in place, or out=), whose autograd kernel may make a
 // call of its own (`mul_` and most in-place ops clone `self` for their backward); kView,
-// kPlain: run past the mode where they can; kMatmul: mm, addmm and bmm, run past the mode
-// as plain ops are, and through matmul() below autograd
+// kPlain: run past the mode where they can; kMatmul: mm and bmm, kAddmm: addmm, run past
+// the mode as plain ops are, and through the matmul kernels below autograd (addmm always
+// there: matmul_addmm() leaves a CPU bias to the thread's region)
 enum Kind : uint8_t {
-  kMode = 0, kView = 1, kPlain = 2, kDefer = 3, kDeferComposite = 4, kDeferMutable = 5, kMatmul = 6
+  kMode = 0, kView = 1, kPlain = 2, kDefer = 3, kDeferComposite = 4, kDeferMutable = 5, kMatmul = 6,
+  kAddmm = 7
 };
 
 std::mutex g_mu;  // guards the tables below
@@ -159,8 +161,10 @@ uint8_t kind_locked(const OperatorHandle& op) {
   if (it != g_kinds.end()) return it->second;
   std::string name = full_name(op.operator_name());
   uint8_t k = kPlain;
-  if (name == "aten::mm" || name == "aten::addmm" || name == "aten::bmm") {
+  if (name == "aten::mm" || name == "aten::bmm") {
     k = kMatmul;
+  } else if (name == "aten::addmm") {
+    k = kAddmm;
   } else if (g_deferrable.count(name)) {
     k = op.hasKernelForDispatchKey(DispatchKey::CompositeImplicitAutograd) ? kDeferComposite
         : op.schema().is_mutable()                                          ? kDeferMutable
@@ -304,13 +308,13 @@ decltype(auto) route(DispatchKeySet ks, Kind kind_of_op, OnlyAccel only_accel,
     uint8_t kind = kind_of_op();
     const accel_region_view* v = t_view;
     // a plain call with a region pending: flushed here first, as the mode would have
-    bool plain = (kind == kPlain || kind == kMatmul) && v != nullptr &&
+    bool plain = (kind == kPlain || kind == kMatmul || kind == kAddmm) && v != nullptr &&
                  (!v->pending || (v->replay && !v->busy));
     if ((kind == kView || plain) && only_accel() &&
         (kind == kView || !v->pending || flush_region())) {
       ++t_counts[0];
       c10::impl::ExcludeDispatchKeyGuard guard(kBypass);
-      if (kind == kMatmul && g_matmul_on.load(std::memory_order_relaxed)) {
+      if (kind == kAddmm || (kind == kMatmul && g_matmul_on.load(std::memory_order_relaxed))) {
         return redispatch((ks - kBypass) | kRecord);  // to matmul(), after autograd
       }
       return redispatch(ks - kBypass);
@@ -586,12 +590,33 @@ at::Tensor matmul_bmm(DispatchKeySet ks, const at::Tensor& self, const at::Tenso
   return c.defined() ? c : at::_ops::bmm::redispatch(ks & kBelowRecord, self, mat2);
 }
 
+// Whether `bias + mat1 @ mat2` (addmm, beta = alpha = 1) runs as mm, then the add deferred
+// into the thread's region: a float32 or float64 CPU product with a bias of one row. Eager's
+// CPU addmm copies the bias into its output and has the gemm read it back (beta = 1);
+// deferred, the add is fused into the region that reads the product (a Linear's
+// activation, its residual add + LayerNorm): MLP block forward on the Intel dev VM, [2048,
+// 1024] -> 4096 -> 1024 float32, ms -> (see bench/README.md, thirty-ninth round).
+bool defers_bias(const at::Tensor& bias, const at::Tensor& mat1, const at::Tensor& mat2) {
+  auto t = bias.scalar_type();
+  return (t == at::kFloat || t == at::kDouble) && bias.dim() == 1 && mat1.scalar_type() == t &&
+         mat2.scalar_type() == t && bias.device().is_cpu() && mat1.device().is_cpu() &&
+         mat2.device().is_cpu() && bias.layout() == at::kStrided && !bias.is_nested() &&
+         mat1.dim() == 2 && mat2.dim() == 2 && bias.size(0) == mat2.size(1) && mat1.numel() > 0 &&
+         mat2.numel() > 0;
+}
+
 at::Tensor matmul_addmm(DispatchKeySet ks, const at::Tensor& self, const at::Tensor& mat1,
                         const at::Tensor& mat2, const c10::Scalar& beta, const c10::Scalar& alpha) {
   at::Tensor c;
-  if (is_one(beta) && is_one(alpha)) c = accel_matmul(mat1, mat2, self, false);
-  return c.defined() ? c
-                     : at::_ops::addmm::redispatch(ks & kBelowRecord, self, mat1, mat2, beta, alpha);
+  bool ones = is_one(beta) && is_one(alpha);
+  if (ones && g_matmul_on.load(std::memory_order_relaxed)) c = accel_matmul(mat1, mat2, self, false);
+  if (c.defined()) return c;
+  if (ones && defers_bias(self, mat1, mat2)) {
+    at::Tensor product = at::_ops::mm::redispatch(ks & kBelowRecord, mat1, mat2);
+    // to record(), as a deferred call that autograd has seen already (addmm's)
+    return at::_ops::add_Tensor::redispatch(ks & (kRecord | kBelowRecord), product, self, 1);
+  }
+  return at::_ops::addmm::redispatch(ks & kBelowRecord, self, mat1, mat2, beta, alpha);
 }
 
 // Registers the matmul kernels on the record key (caller holds g_mu).
