@@ -518,13 +518,14 @@ void record(const OperatorHandle& op, DispatchKeySet ks, torch::jit::Stack* stac
 
 // -- matmuls ---------------------------------------------------------------------------
 // The matmuls route() runs past the mode reach these kernels on the record key, after
-// autograd (which saves their inputs as for any matmul), while accel_filter_matmul() has
-// turned them on (ACCEL_CPU_MATMUL: AMD CPUs with AVX-512F by default). A float32 CPU
-// product runs accel's kernel (include/accel/gemm.h: on the dev VM's AMD EPYC about twice
-// MKL's speed, with MKL's results bit for bit); every other call goes on below the key
-// to the op's usual kernel, as do products of a reduced float32 matmul precision
-// (torch.set_float32_matmul_precision: eager's oneDNN path), empty ones and small ones,
-// where packing costs more than MKL's own small-matrix paths.
+// autograd (which saves their inputs as for any matmul): addmm always (defers_bias()), mm
+// and bmm while accel_filter_matmul() has turned accel's kernel on (ACCEL_CPU_MATMUL: AMD
+// CPUs with AVX-512F by default). There a float32 CPU product runs accel's kernel
+// (include/accel/gemm.h: on the dev VM's AMD EPYC about twice MKL's speed, with MKL's
+// results bit for bit); every other call goes on below the key to the op's usual kernel,
+// as do products of a reduced float32 matmul precision (torch.set_float32_matmul_precision:
+// eager's oneDNN path), empty ones and small ones, where packing costs more than MKL's own
+// small-matrix paths.
 const DispatchKeySet kBelowRecord(DispatchKeySet::FULL_AFTER, kRecordKey);
 constexpr int64_t kMatmulMinFlops = int64_t(1) << 22;  // 2 x 128 x 128 x 128
 
@@ -594,8 +595,9 @@ at::Tensor matmul_bmm(DispatchKeySet ks, const at::Tensor& self, const at::Tenso
 // into the thread's region: a float32 or float64 CPU product with a bias of one row. Eager's
 // CPU addmm copies the bias into its output and has the gemm read it back (beta = 1);
 // deferred, the add is fused into the region that reads the product (a Linear's
-// activation, its residual add + LayerNorm): MLP block forward on the Intel dev VM, [2048,
-// 1024] -> 4096 -> 1024 float32, ms -> (see bench/README.md, thirty-ninth round).
+// activation, its residual add + LayerNorm): the MLP block's forward ([2048, 1024] -> 4096
+// -> 1024 float32) about 3 % faster on the Intel dev VM (bench/README.md, thirty-ninth
+// round).
 bool defers_bias(const at::Tensor& bias, const at::Tensor& mat1, const at::Tensor& mat2) {
   auto t = bias.scalar_type();
   return (t == at::kFloat || t == at::kDouble) && bias.dim() == 1 && mat1.scalar_type() == t &&
