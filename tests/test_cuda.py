@@ -545,7 +545,7 @@ def test_cuda_long_layer_norm_rows_take_half_blocks_where_two_fit_in_l2(n, dtype
     src = r.render(ir, "accel_region_t")
     assert r.launches[0]["block"] == [threads, 1, 1], r.launches
     if threads == 512:
-        assert f"q += 512)" in src  # block loops of 16-byte vectors
+        assert "q += 512)" in src  # block loops of 16-byte vectors
 
 
 @pytest.mark.parametrize("n,dtype,kept", [(24576, torch.float32, 24), (32768, torch.float32, 32),

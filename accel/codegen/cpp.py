@@ -82,6 +82,8 @@ def stream_min_bytes() -> int:
     if STREAM_MIN_BYTES is not None:
         return STREAM_MIN_BYTES
     return min(llc_bytes(), STREAM_LLC_MAX) * 3 // 4
+
+
 #: ops cheap enough per element that a loop of them is memory-bound: only such loops
 #: stream. A loop calling exp, tanh, sin... is compute-bound, and the block's round trip
 #: through the stack costs more there than streaming saves (bias + tanh-GELU on [8192,

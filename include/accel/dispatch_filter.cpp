@@ -599,12 +599,12 @@ at::Tensor matmul_bmm(DispatchKeySet ks, const at::Tensor& self, const at::Tenso
 // -> 1024 float32) about 3 % faster on the Intel dev VM (bench/README.md, thirty-ninth
 // round).
 bool defers_bias(const at::Tensor& bias, const at::Tensor& mat1, const at::Tensor& mat2) {
+  if (!bias.device().is_cpu() || !mat1.device().is_cpu() || !mat2.device().is_cpu()) return false;
   auto t = bias.scalar_type();
-  return (t == at::kFloat || t == at::kDouble) && bias.dim() == 1 && mat1.scalar_type() == t &&
-         mat2.scalar_type() == t && bias.device().is_cpu() && mat1.device().is_cpu() &&
-         mat2.device().is_cpu() && bias.layout() == at::kStrided && !bias.is_nested() &&
-         mat1.dim() == 2 && mat2.dim() == 2 && bias.size(0) == mat2.size(1) && mat1.numel() > 0 &&
-         mat2.numel() > 0;
+  return (t == at::kFloat || t == at::kDouble) && mat1.scalar_type() == t &&
+         mat2.scalar_type() == t && bias.layout() == at::kStrided && !bias.is_nested() &&
+         bias.dim() == 1 && mat1.dim() == 2 && mat2.dim() == 2 && bias.size(0) == mat2.size(1) &&
+         mat1.numel() > 0 && mat2.numel() > 0;
 }
 
 at::Tensor matmul_addmm(DispatchKeySet ks, const at::Tensor& self, const at::Tensor& mat1,
