@@ -176,7 +176,7 @@ def _compile(region: Region, live, key: str, store):
         renderer = CppRenderer() if device == "cpu" else CudaRenderer()
         source = renderer.render(ir, name)
         launches = renderer.launches
-    artifact = build(source, name, device)
+    artifact = build(source, name, device, store)
     dt = time.perf_counter() - t0
     meta = {"readable": _readable(region.calls, region), "symbol": name, "source": source,
             "live_idx": list(live_idx), "pass_log": pass_log, "compile_time_s": dt,

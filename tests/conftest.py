@@ -25,9 +25,21 @@ os.environ.setdefault("ACCEL_STEP_SAMPLING", "off")
 @pytest.fixture(scope="session", autouse=True)
 def dispatch_filter():
     """Build (or load) the dispatch filter before the first test, so that every test runs
-    with it, as a process does once the store has it (accel.dispatch)."""
+    with it, as a process does once the store has it (accel.dispatch). Under pytest-xdist
+    the workers' stores share one build: the first worker builds it and copies it into a
+    store beside theirs, from which the others copy it into their own."""
     import accel.dispatch
 
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import filelock
+
+        from plugin_runs import seed_dispatch_filter  # tests/plugin_runs.py
+
+        shared = os.path.join(os.path.dirname(os.environ["ACCEL_CACHE_DIR"]), "shared")
+        with filelock.FileLock(shared + ".lock"):
+            if not seed_dispatch_filter(os.environ["ACCEL_CACHE_DIR"], source=shared):
+                accel.dispatch.wait()
+                seed_dispatch_filter(shared)
     accel.dispatch.wait()
     yield
 

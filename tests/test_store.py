@@ -337,3 +337,75 @@ def test_compile_lock_timeout_proceeds_with_warning(cache_dir, monkeypatch, capl
             t.join(timeout=10)
     assert done and 1.5 < done[0] - t0 < 5
     assert "no compile lock" in caplog.text
+
+
+# -- the precompiled header -----------------------------------------------------------------
+_KERNEL = ('#include "accel/cpu_math.h"\n'
+           'extern "C" void k(const float* x, float* y, int n) {\n'
+           '  #pragma omp simd\n  for (int i = 0; i < n; ++i) y[i] = sinf(x[i]) * 2.0f + 1.0f;\n}\n')
+
+
+@pytest.fixture
+def pch(monkeypatch):
+    """accel.build's precompiled-header state, fresh for the test (and restored after it)."""
+    from accel import build
+
+    monkeypatch.setattr(build, "_pch", {})
+    monkeypatch.setattr(build, "_cpu_builds", 0)
+    return build
+
+
+def test_kernels_build_with_the_precompiled_header_in_the_store(cache_dir, pch):
+    """A process's second CPU kernel build starts building accel/cpu_math.h's precompiled
+    header into the store; the builds after it include it (gcc finds the header through it
+    alone) and give the library built without it, byte for byte; a new process's first
+    build finds it in the store."""
+    s = Store()
+    plain = pch.build(_KERNEL, "k")  # no store: never the precompiled header
+    assert pch.build(_KERNEL, "k", store=s) == plain  # first build: looked up, not there
+    assert pch.build(_KERNEL, "k", store=s) == plain  # second: its build starts
+    key = pch.pch_key()
+    for t in threading.enumerate():
+        if t.name == "accel-pch":
+            t.join(120)
+    d = pch._pch[key]
+    assert d is not None and s.inspect(key)["readable"] == "precompiled header accel/cpu_math.h"
+    assert pch.build(_KERNEL, "k", store=s) == plain
+    # without accel's include directory, the header is found only through the .gch
+    src = cache_dir.parent / "k.cpp"
+    src.write_text(_KERNEL)
+    r = subprocess.run([pch._cxx(), *pch.CXXFLAGS, "-I", d, str(src), "-o", str(cache_dir.parent / "k.so")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    pch._pch.clear()
+    pch._cpu_builds = 0
+    assert pch.build(_KERNEL, "k", store=Store()) == plain and pch._pch[key] is not None
+    assert s.stats()["compiles"] == 0  # not a kernel
+
+
+def test_a_precompiled_header_that_breaks_a_build_is_dropped(cache_dir, pch, caplog):
+    """A precompiled header in the store that gcc reads but that breaks a kernel (here one of
+    a header that defines ``sinf`` away; gcc ignores one it cannot read) is retried without:
+    the kernel builds as without it, and the process stops using it, with a warning. A
+    failed build of the header is a negative entry: no build uses or retries it."""
+    s = Store()
+    key = pch.pch_key()
+    bad = cache_dir.parent / "bad.h"
+    bad.write_text("#define sinf(x) not_a_function(x)\n")
+    subprocess.run([pch._cxx(), *pch.CXXFLAGS, "-x", "c++-header", str(bad), "-o", str(bad) + ".gch"],
+                   check=True)
+    s.put(key, (cache_dir.parent / "bad.h.gch").read_bytes(), {"readable": "precompiled header"})
+    plain = pch.build(_KERNEL, "k")
+    with caplog.at_level(logging.WARNING, logger="accel.build"):
+        for _ in range(3):
+            assert pch.build(_KERNEL, "k", store=s) == plain
+    assert pch._pch[key] is None and "failed with it" in caplog.text
+    s.put_negative(key, "g++ failed", {})
+    pch._pch.clear()
+    pch._cpu_builds = 0
+    for _ in range(3):
+        assert pch.build(_KERNEL, "k", store=s) == plain
+    for t in threading.enumerate():
+        if t.name == "accel-pch":
+            t.join(120)
+    assert pch._pch[key] is None and s.get(key).negative
