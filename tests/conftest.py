@@ -45,6 +45,16 @@ def dispatch_filter():
 
 
 @pytest.fixture
+def needs_dispatch_filter():
+    """Skips a test that needs the dispatch filter where it could not be built (waited for
+    in the test, not at import: collecting a module must not build it)."""
+    import accel.dispatch
+
+    if not accel.dispatch.wait():
+        pytest.skip("dispatch filter not built here")
+
+
+@pytest.fixture
 def train_as_eager():
     """``run(base, x, target, steps, before=None)``: trains two copies of module ``base``
     side by side, one eagerly and one under ``accel.eager()`` (forward on ``x``, cross

@@ -30,7 +30,9 @@ def run_under(plugin, files, *args, **env) -> str:
     """Run ``files`` (names in ``tests/``) with ``-p plugin`` (None: none) and pytest
     arguments ``args``, the environment updated by ``env``; assert that all passed. Returns
     pytest's stdout."""
-    env = dict(os.environ, **env,
+    # not an xdist worker: conftest would give the run a store below ACCEL_CACHE_DIR, empty
+    # (every kernel and the dispatch filter built again)
+    env = dict({k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST_")}, **env,
                PYTHONPATH=os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")]))
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                         *(("-p", plugin) if plugin else ()), *args, *(os.path.join(HERE, f) for f in files)],

@@ -21,7 +21,7 @@ from accel.interceptor import AccelMode, _state
 
 close = torch.testing.assert_close
 
-pytestmark = pytest.mark.skipif(not dispatch.wait(), reason="dispatch filter not built here")
+pytestmark = pytest.mark.usefixtures("needs_dispatch_filter")
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from accel import config, dispatch
 
 close = torch.testing.assert_close
 
-pytestmark = pytest.mark.skipif(not dispatch.wait(), reason="dispatch filter not built here")
+pytestmark = pytest.mark.usefixtures("needs_dispatch_filter")
 
 
 def _kernel_where() -> tuple:

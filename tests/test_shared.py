@@ -94,7 +94,7 @@ def test_inplace_writes_through_from_numpy_are_seen_by_numpy():
     np.testing.assert_array_equal(got, want)
 
 
-@pytest.mark.skipif(not dispatch.wait(), reason="dispatch filter not built here")
+@pytest.mark.usefixtures("needs_dispatch_filter")
 @pytest.mark.skipif(native.shared_table_address() == 0,
                     reason="the pure-Python core: the dispatch filter records nothing")
 def test_the_dispatch_filter_leaves_shared_inputs_to_the_interceptor():
