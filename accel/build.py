@@ -213,9 +213,9 @@ def build(source: str, name: str, device: str = "cpu", store=None) -> bytes:
 #: the same library byte for byte.
 PCH_HEADER = "accel/cpu_math.h"
 #: A process starts building the precompiled header at its this-many-th CPU kernel build, in
-#: the background (about 1.7 s of a core): one that builds a single kernel would not get it
-#: back.
-PCH_AFTER_BUILDS = 2
+#: the background (0.6-1.7 s of a core, about as much as the builds of 4-12 kernels save):
+#: one that builds a few kernels would not get it back.
+PCH_AFTER_BUILDS = 4
 
 _pch_lock = threading.Lock()
 _pch: dict = {}  # store key -> this process's include directory holding the .gch, or None

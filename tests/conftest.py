@@ -3,13 +3,11 @@ import tempfile
 
 import pytest
 
-# One store for the whole test session (unless a test points ACCEL_CACHE_DIR elsewhere).
+# One store for the whole test session (unless a test points ACCEL_CACHE_DIR elsewhere),
+# shared by pytest-xdist's workers as by any processes: the kernels one builds, the other
+# loads, and the dispatch filter is built once (its build takes the store's compile lock).
+# Tests that count compiles or read the store's counters use stores of their own.
 os.environ.setdefault("ACCEL_CACHE_DIR", os.path.join(tempfile.mkdtemp(prefix="accel-test-"), "store"))
-# Under pytest-xdist each worker gets a store of its own: tests read the store's counters
-# (hits, compiles), which another worker's kernels would move.
-if os.environ.get("PYTEST_XDIST_WORKER"):
-    os.environ["ACCEL_CACHE_DIR"] = os.path.join(
-        os.environ["ACCEL_CACHE_DIR"], os.environ["PYTEST_XDIST_WORKER"])
 
 # Small regions (accel.interceptor.SMALL_REGION_CALLS): once seen, a region of a few calls on
 # tiny tensors runs eagerly. The suite's tensors are tiny and what it tests is regions and
@@ -25,21 +23,9 @@ os.environ.setdefault("ACCEL_STEP_SAMPLING", "off")
 @pytest.fixture(scope="session", autouse=True)
 def dispatch_filter():
     """Build (or load) the dispatch filter before the first test, so that every test runs
-    with it, as a process does once the store has it (accel.dispatch). Under pytest-xdist
-    the workers' stores share one build: the first worker builds it and copies it into a
-    store beside theirs, from which the others copy it into their own."""
+    with it, as a process does once the store has it (accel.dispatch)."""
     import accel.dispatch
 
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        import filelock
-
-        from plugin_runs import seed_dispatch_filter  # tests/plugin_runs.py
-
-        shared = os.path.join(os.path.dirname(os.environ["ACCEL_CACHE_DIR"]), "shared")
-        with filelock.FileLock(shared + ".lock"):
-            if not seed_dispatch_filter(os.environ["ACCEL_CACHE_DIR"], source=shared):
-                accel.dispatch.wait()
-                seed_dispatch_filter(shared)
     accel.dispatch.wait()
     yield
 

@@ -8,17 +8,21 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def seed_dispatch_filter(directory, source=None) -> bool:
-    """Put the dispatch filter of the store at ``source`` (None: this process's store, where
-    conftest's fixture built or loaded it) into the store at ``directory``, so that a
-    process with that store loads it instead of building it again (about 100 s of a core on
-    the dev VM). Returns whether there was one to put."""
+#: The test session's store (conftest set ACCEL_CACHE_DIR before any test module imported
+#: this one), where conftest's fixture builds or loads the dispatch filter.
+SESSION_STORE = os.environ.get("ACCEL_CACHE_DIR")
+
+
+def seed_dispatch_filter(directory, source=SESSION_STORE) -> bool:
+    """Put the dispatch filter of the store at ``source`` (the session's store by default,
+    whatever store a test switched to) into the store at ``directory``, so that a process
+    with that store loads it instead of building it again (about 100 s of a core on the dev
+    VM). Returns whether there was one to put."""
     import accel.dispatch
-    import accel.runtime
     from accel.store import Store
 
     key = accel.dispatch.store_key()
-    entry = (Store(str(source)) if source is not None else accel.runtime.get_store()).get(key)
+    entry = Store(str(source)).get(key)
     if entry is None or entry.negative:
         return False
     with open(entry.path, "rb") as f:

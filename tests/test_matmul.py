@@ -3,6 +3,7 @@
 that do not fill its tiles, strided, transposed and broadcast operands, and every case it
 leaves to eager's kernel."""
 import copy
+import functools
 import os
 import subprocess
 import sys
@@ -15,29 +16,34 @@ from accel import config, dispatch
 
 close = torch.testing.assert_close
 
-pytestmark = pytest.mark.usefixtures("needs_dispatch_filter")
 
-
+@functools.lru_cache(maxsize=None)
 def _kernel_where() -> tuple:
-    """(whether the kernel runs here by default, whether it can run here at all)."""
+    """(whether the kernel runs here by default, whether it can run here at all); asked
+    once the filter is loaded (never at import: collecting must not wait for its build)."""
     with accel.eager():
         auto, on = dispatch.set_matmul("auto"), dispatch.set_matmul("on")
         dispatch.set_matmul(config.flag("ACCEL_CPU_MATMUL"))
     return auto, on
 
 
-AUTO, RUNS = _kernel_where()
-
-
 @pytest.fixture(autouse=True)
-def _kernel_on(monkeypatch):
+def _kernel_on(needs_dispatch_filter, monkeypatch):
     """On a CPU where it is off by default (Intel's, with AVX-512F), the kernel forced on
     for these tests (ACCEL_CPU_MATMUL=on)."""
-    if RUNS and not AUTO:
+    auto, runs = _kernel_where()
+    if runs and not auto:
         monkeypatch.setenv("ACCEL_CPU_MATMUL", "on")
 
 
-needs_kernel = pytest.mark.skipif(not RUNS, reason="no AVX-512F on this CPU: eager's matmuls")
+@pytest.fixture
+def kernel_runs_here():
+    """Skips a test of accel's matmul kernel where it cannot run."""
+    if not _kernel_where()[1]:
+        pytest.skip("no AVX-512F on this CPU: eager's matmuls")
+
+
+needs_kernel = pytest.mark.usefixtures("kernel_runs_here")
 
 
 def _randn(*shape, k=1, gen=None):
@@ -216,7 +222,7 @@ def test_accel_cpu_matmul_off_keeps_eagers_kernel(monkeypatch):
     close(out, a @ b)
     monkeypatch.setenv("ACCEL_CPU_MATMUL", on)
     _, n = _ran(lambda: a @ b)
-    assert n == (1 if RUNS else 0)
+    assert n == (1 if _kernel_where()[1] else 0)
 
 
 def test_auto_runs_the_kernel_on_amd_cpus_only():
@@ -225,7 +231,8 @@ def test_auto_runs_the_kernel_on_amd_cpus_only():
     with accel.eager():
         auto = dispatch.set_matmul("auto")
         dispatch.set_matmul(os.environ.get("ACCEL_CPU_MATMUL", "auto"))
-    assert auto == (amd and RUNS) == AUTO
+    runs_by_default, runs = _kernel_where()
+    assert auto == (amd and runs) == runs_by_default
 
 
 @needs_kernel

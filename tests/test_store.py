@@ -356,14 +356,14 @@ def pch(monkeypatch):
 
 
 def test_kernels_build_with_the_precompiled_header_in_the_store(cache_dir, pch):
-    """A process's second CPU kernel build starts building accel/cpu_math.h's precompiled
-    header into the store; the builds after it include it (gcc finds the header through it
-    alone) and give the library built without it, byte for byte; a new process's first
-    build finds it in the store."""
+    """A process's PCH_AFTER_BUILDS-th CPU kernel build starts building accel/cpu_math.h's
+    precompiled header into the store; the builds after it include it (gcc finds the header
+    through it alone) and give the library built without it, byte for byte; a new
+    process's first build finds it in the store."""
     s = Store()
     plain = pch.build(_KERNEL, "k")  # no store: never the precompiled header
-    assert pch.build(_KERNEL, "k", store=s) == plain  # first build: looked up, not there
-    assert pch.build(_KERNEL, "k", store=s) == plain  # second: its build starts
+    for _ in range(pch.PCH_AFTER_BUILDS):  # the first looks it up; the last starts its build
+        assert pch.build(_KERNEL, "k", store=s) == plain
     key = pch.pch_key()
     for t in threading.enumerate():
         if t.name == "accel-pch":
@@ -403,7 +403,7 @@ def test_a_precompiled_header_that_breaks_a_build_is_dropped(cache_dir, pch, cap
     s.put_negative(key, "g++ failed", {})
     pch._pch.clear()
     pch._cpu_builds = 0
-    for _ in range(3):
+    for _ in range(pch.PCH_AFTER_BUILDS + 1):
         assert pch.build(_KERNEL, "k", store=s) == plain
     for t in threading.enumerate():
         if t.name == "accel-pch":
