@@ -674,7 +674,8 @@ def _reuse_memory(lw: _Lowerer, gm, buffers, nests, placed, shapes) -> None:
     from .partition import choose_materialized
 
     groups = [[node for _, node, _, _ in jobs] for jobs in placed]
-    chosen = [m for m in gm.graph.nodes if m in choose_materialized(gm, groups)]
+    materialized = choose_materialized(gm, groups)  # once: not in the comprehension's test
+    chosen = [m for m in gm.graph.nodes if m in materialized]
     lw.in_memory = {}  # refilled nest by nest: what earlier nests wrote
     for k, nest in enumerate(nests):
         lw.memo.clear()
