@@ -255,11 +255,12 @@ def _pch_dir(store) -> tuple:
         return None, None
     with _pch_lock:
         _cpu_builds += 1
-        if key in _pch or (_cpu_builds > 1 and _cpu_builds < PCH_AFTER_BUILDS):
+        n = _cpu_builds
+        if key in _pch or 1 < n < PCH_AFTER_BUILDS:
             return key, _pch.get(key)
-        if _cpu_builds >= PCH_AFTER_BUILDS:
+        if n >= PCH_AFTER_BUILDS:
             _pch[key] = None  # being built
-    if _cpu_builds == 1:
+    if n < PCH_AFTER_BUILDS:  # the first build: look it up
         _find_pch(key, store, build=False)
     else:
         threading.Thread(target=_find_pch, args=(key, store), name="accel-pch", daemon=True).start()
