@@ -224,20 +224,14 @@ _cpu_builds = 0
 
 def pch_key() -> str:
     """The precompiled header's store key: the compiler's identity and flags, the CPU's
-    instruction set and accel's kernel headers.
+    instruction set and accel's sources and headers (:func:`source_hash`).
 
     Raises:
         BuildError: the C++ compiler cannot be found.
     """
     from .store import STORE_VERSION
 
-    h = hashlib.sha256(f"pch|{STORE_VERSION}|{compiler_key('cpu')}".encode())
-    folder = os.path.join(INCLUDE_DIR, "accel")
-    for name in sorted(os.listdir(folder)):
-        if name.endswith(".h"):
-            with open(os.path.join(folder, name), "rb") as f:
-                h.update(name.encode() + b"\0" + f.read())
-    return h.hexdigest()
+    return hashlib.sha256(f"pch|{STORE_VERSION}|{compiler_key('cpu')}|{source_hash()}".encode()).hexdigest()
 
 
 def _pch_dir(store) -> tuple:
