@@ -46,7 +46,7 @@ log = logging.getLogger("accel")
 
 __all__ = ["SOURCE", "store_key", "prefetch", "start", "active", "loaded", "wait", "set_included", "bind",
            "counts", "recorded", "unboxed", "small_region_calls", "set_small_regions", "eager_first", "off_reason",
-           "set_matmul", "matmuls"]
+           "set_matmul", "matmuls", "set_matmul_pool", "pooled_matmuls"]
 
 SOURCE = os.path.join(build.INCLUDE_DIR, "accel", "dispatch_filter.cpp")
 #: the headers it includes: the region view it shares with the region core, the core's
@@ -63,6 +63,7 @@ building = False  # a background build is in flight or done and not loaded yet
 _small_regions = True  # ACCEL_EAGER_SMALL_REGIONS (set_small_regions)
 _MATMUL_MODES = {"off": 0, "auto": 1, "on": 2}
 _matmul = 1  # ACCEL_CPU_MATMUL (set_matmul)
+_matmul_pool = False  # matmul outputs from accel's CPU output pool (set_matmul_pool)
 _prefetch: Optional[threading.Thread] = None  # prefetch()'s thread, until start() waits for _found
 _prefetched = None  # what it found: (store, key, entry), or None
 _found = threading.Event()  # set once that thread is done with the filter
@@ -337,6 +338,9 @@ def _load(entry) -> None:
         lib.accel_filter_matmul.argtypes = [ctypes.c_int]
         lib.accel_filter_matmuls.restype = ctypes.c_uint64
         lib.accel_filter_matmul(_matmul)
+        lib.accel_filter_pool.argtypes = [ctypes.py_object]
+        lib.accel_filter_pooled.restype = ctypes.c_uint64
+        _set_pool(lib)
         err = _register(lib, fusible_ops())
     except (OSError, AttributeError) as e:
         _give_up(f"{type(e).__name__}: {e}")
@@ -503,6 +507,35 @@ def set_matmul(mode: str) -> bool:
     global _matmul
     _matmul = _MATMUL_MODES[mode]
     return bool(_lib.accel_filter_matmul(_matmul)) if _lib is not None else False
+
+
+def set_matmul_pool(on: bool) -> bool:
+    """Whether the CPU ``mm``, ``bmm`` and ``addmm`` calls the filter runs past the mode
+    write outputs of at least ``accel.allocator.MIN_BLOCK`` bytes (float32, float64, float16,
+    bfloat16) into blocks of accel's CPU output pool (:func:`accel.allocator.empty_strided`)
+    through their ``out=`` overloads: the same kernels and bits, without the first-touch
+    page faults of a freshly mapped output. The interceptor turns it on at each enable where
+    regions use the pool (``ACCEL_CPU_POOL``, glibc's malloc defaults), off elsewhere; kept
+    for a filter loaded later. Returns whether they now do: never while the filter is not
+    loaded."""
+    global _matmul_pool
+    _matmul_pool = bool(on)
+    if _lib is None:
+        return False
+    _set_pool(_lib)
+    return _matmul_pool
+
+
+def _set_pool(lib) -> None:
+    from . import allocator
+
+    lib.accel_filter_pool(allocator.empty_strided if _matmul_pool else None)
+
+
+def pooled_matmuls() -> int:
+    """Matmul outputs the filter has taken from accel's CPU output pool, on every thread of
+    the process; 0 while the filter is not loaded."""
+    return 0 if _lib is None else _lib.accel_filter_pooled()
 
 
 def matmuls() -> int:

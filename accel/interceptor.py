@@ -560,7 +560,9 @@ def _apply(cfg) -> None:
     _sampling_cuda = cfg["ACCEL_STEP_SAMPLING"] == "all"
     if cfg["ACCEL_MALLOC_TUNING"]:
         allocator.tune_allocator()
-    native.set_cpu_pool(allocator.configure(cfg["ACCEL_CPU_POOL_MB"], cfg["ACCEL_CPU_POOL"]))
+    pool = allocator.configure(cfg["ACCEL_CPU_POOL_MB"], cfg["ACCEL_CPU_POOL"])
+    native.set_cpu_pool(pool)
+    dispatch.set_matmul_pool(pool)
     set_cuda_half(cfg["ACCEL_CUDA_HALF"])
     set_launch_ahead_min(cfg["ACCEL_LAUNCH_AHEAD_MIN_MB"])
     _eager_small = cfg["ACCEL_EAGER_SMALL_REGIONS"]

@@ -27,7 +27,13 @@ The :class:`Sampler` of a thread, step by step:
   median so far ends the trial at once (interception clearly pays: a trial then costs the
   program one slow step). A step that is not quiet ends it too, back to *warm*. At the
   end, interception is turned off where the unintercepted steps' median is below
-  ``1 - MARGIN`` times the intercepted steps';
+  ``1 - MARGIN`` times the intercepted steps'. A verdict of *off* where the last decision
+  was not off is confirmed first, by a second trial at once: on a busy machine one trial's
+  steps can meet a burst of other work (a compiler the program started, say) that favours
+  either side, and a wrong *off* would hold for :data:`HOLD_MIN` steps (in a
+  ``bench_cpu.py`` run the demo's CPU step ran unintercepted after one such trial, at 105.6
+  ms, eager's speed, where the next run's intercepted steps took 92.3). A program that
+  changed (below) has its next *off* verdict confirmed again;
 - *hold*: the decision stands for a number of steps, :data:`HOLD_MIN` at first, doubled
   each time a trial confirms it, up to :data:`HOLD_MAX`; then a new trial. A step that is
   not quiet ends the hold, back to *warm*: the program changed (another model's steps, new
@@ -190,6 +196,7 @@ class Sampler:
         self.trials = 0
         self.cuda = False  # trials where CUDA is initialized (steps timed on the GPU)
         self.broken = None  # why sampling stopped on this thread (an error), if it did
+        self.confirming = False  # the trial confirms an "off" verdict of the one before
 
     # -- the step's clock: accel enabled on the thread (start) or not (stop) -------------
     def start(self) -> None:
@@ -290,7 +297,7 @@ class Sampler:
 
     def _rewarm(self, why: str) -> bool:
         """Back to the warm-up, intercepting."""
-        self.pending = []
+        self.pending, self.confirming, self.last_off = [], False, None
         self.state, self.quiet_steps = _WARM, 0
         log.debug("accel: step sampling starts again (%s)", why)
         return self._next(True)
@@ -298,6 +305,13 @@ class Sampler:
     def _end_trial(self, turn_off: Optional[bool], why: str) -> bool:
         if turn_off is None:
             return self._rewarm(why)
+        if turn_off and self.last_off is not True and not self.confirming:
+            log.debug("accel: step sampling: a second trial to confirm turning interception "
+                      "off (%s)", why)
+            self.confirming = True
+            self._begin_trial()
+            return self._next(self.intercept)
+        self.confirming = False
         self.pending = []
         self.hold = min(2 * self.hold, HOLD_MAX) if turn_off == self.last_off else HOLD_MIN
         self.last_off = turn_off
@@ -309,11 +323,11 @@ class Sampler:
     def give_up(self, why: str) -> None:
         """Stop sampling on this thread (an error of its clock, say): intercept every step."""
         self.broken = why
-        self.state, self.pending, self.intercept = _WARM, [], True
+        self.state, self.pending, self.intercept, self.confirming = _WARM, [], True, False
         self.clock = None
 
     def restart(self) -> None:
         """The thread could not take the state the sampler asked for: start again, keeping
         whatever state the thread is in (the caller sets :attr:`intercept`)."""
-        self.state, self.quiet_steps, self.pending = _WARM, 0, []
+        self.state, self.quiet_steps, self.pending, self.confirming = _WARM, 0, [], False
         self._new_clock(False)

@@ -35,13 +35,14 @@ def intercept_every_step() -> None:
 
 def sampling_warmup() -> int:
     """Calls of an accelerated workload that bring accel's step sampling to its first
-    decision (its warm-up and first trial, a few steps to spare; 0 with sampling off), so
-    that what is timed next is accel's steady state."""
+    decision (its warm-up and first trial, and the second trial that confirms an "off"
+    verdict, a few steps to spare; 0 with sampling off), so that what is timed next is
+    accel's steady state."""
     from accel import config, sampling
 
     if config.flag("ACCEL_STEP_SAMPLING") == "off":
         return 0
-    return sampling.QUIET_STEPS + len(sampling.TRIAL) + 4
+    return sampling.QUIET_STEPS + 2 * len(sampling.TRIAL) + 4
 
 
 def gpt2(device, tiny: bool = False):

@@ -292,3 +292,96 @@ def test_a_cpu_linears_bias_add_joins_the_region_that_reads_it(dtype, fresh_stor
     full = torch.randn(64, 256, dtype=dtype)  # a bias of 64 rows: addmm as eager runs it
     got, _ = _ran(lambda: torch.addmm(full, x.detach(), lin.weight.detach().t()))
     close(got, torch.addmm(full, x.detach(), lin.weight.detach().t()))
+
+
+def _pooled(fn):
+    """fn() under accel; its result and how many matmul outputs came from the pool."""
+    before = dispatch.pooled_matmuls()
+    with accel.eager():
+        out = fn()
+    return out, dispatch.pooled_matmuls() - before
+
+
+def _pool_inputs(dtype, gen):
+    """[512, 256] by [256, n] operands and a [512, n] bias, the product 1-2 MiB."""
+    n = 1024 if dtype == torch.bfloat16 else 512
+    a, b = _randn(512, 256, k=256, gen=gen).to(dtype), _randn(256, n, gen=gen).to(dtype)
+    return a, b, torch.randn(512, n, generator=gen).to(dtype)
+
+
+POOLED_OPS = {  # each on rows `m` of the [512, 256] operand: 512 (1-2 MiB), or 64
+    "mm": lambda a, b, c, m: torch.mm(a[:m], b),
+    "bmm": lambda a, b, c, m: torch.bmm(a[:m].view(4, m // 4, 256), b.expand(4, *b.shape)),
+    "addmm": lambda a, b, c, m: torch.addmm(c[:m], a[:m], b),  # every row a bias: eager's addmm
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("op", sorted(POOLED_OPS))
+def test_cpu_matmul_outputs_come_from_the_pool(op, dtype, monkeypatch):
+    """Where regions take their CPU outputs from accel's pool, eager's mm, bmm and addmm
+    write outputs of 1 MiB or more into pooled blocks (their out= overloads): the same
+    bits as eager's, a freed output's block handed to the next matmul of its size, a live
+    one never; with the pool off, and below 1 MiB, eager allocates them."""
+    monkeypatch.setenv("ACCEL_CPU_MATMUL", "off")
+    monkeypatch.setenv("ACCEL_CPU_POOL", "on")
+    f = POOLED_OPS[op]
+    a, b, c = _pool_inputs(dtype, torch.Generator().manual_seed(4))
+    want = f(a, b, c, 512)
+    got, pooled = _pooled(lambda: f(a, b, c, 512))
+    assert pooled == 1
+    assert torch.equal(got, want)
+    ptr = got.data_ptr()
+    again, pooled = _pooled(lambda: f(a, b, c, 512))  # `got` still holds its block
+    assert pooled == 1 and again.data_ptr() != ptr
+    assert torch.equal(got, want) and torch.equal(again, want)
+    del got
+    third, _ = _pooled(lambda: f(a, b, c, 512))
+    assert third.data_ptr() == ptr and torch.equal(third, want)
+    small, pooled = _pooled(lambda: f(a, b, c, 64))
+    assert pooled == 0 and torch.equal(small, f(a, b, c, 64))
+    monkeypatch.setenv("ACCEL_CPU_POOL", "off")
+    got, pooled = _pooled(lambda: f(a, b, c, 512))
+    assert pooled == 0 and torch.equal(got, want)
+
+
+def test_pooled_matmuls_train_as_eager(monkeypatch):
+    """Forward and backward through Linears (their products and gradients' matmuls on pooled
+    blocks): the loss and every gradient match eager's."""
+    monkeypatch.setenv("ACCEL_CPU_MATMUL", "off")
+    monkeypatch.setenv("ACCEL_CPU_POOL", "on")
+    torch.manual_seed(5)
+    base = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 256))
+    x = torch.randn(512, 256)
+    copies = [copy.deepcopy(base) for _ in range(2)]
+    losses = [copies[0](x).square().mean()]
+    losses[0].backward()
+    before = dispatch.pooled_matmuls()
+    with accel.eager():
+        losses.append(copies[1](x).square().mean())
+        losses[1].backward()
+    assert dispatch.pooled_matmuls() - before >= 3  # fc1's product, its input's gradient, ...
+    close(losses[1], losses[0])
+    for p, q in zip(copies[1].parameters(), copies[0].parameters()):
+        close(p.grad, q.grad)
+
+
+def test_a_pool_allocator_that_raises_leaves_matmuls_to_eager(monkeypatch):
+    """An error from the pool's allocator is dropped: the matmul allocates its own output,
+    with eager's result."""
+    monkeypatch.setenv("ACCEL_CPU_MATMUL", "off")
+    monkeypatch.setenv("ACCEL_CPU_POOL", "on")
+    a, b = torch.randn(512, 256), torch.randn(256, 1024)
+
+    def broken(*args):
+        raise MemoryError("no block")
+
+    with accel.eager():
+        pass  # settings applied: the pool on
+    dispatch._lib.accel_filter_pool(broken)
+    try:
+        got, pooled = _pooled(lambda: torch.mm(a, b))
+    finally:
+        dispatch._set_pool(dispatch._lib)
+    assert pooled == 0
+    assert torch.equal(got, torch.mm(a, b))

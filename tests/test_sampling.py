@@ -19,7 +19,8 @@ from accel import dispatch, interceptor, runtime, sampling
 from devices import DEVICES  # tests/devices.py
 from plugin_runs import run_under  # tests/plugin_runs.py
 
-TRIAL_END = sampling.QUIET_STEPS + len(sampling.TRIAL)  # steps to the first decision
+TRIAL_END = sampling.QUIET_STEPS + len(sampling.TRIAL)  # steps to the first trial's verdict
+OFF_END = TRIAL_END + len(sampling.TRIAL)  # to interception turned off: a second trial confirms
 
 
 class _Scripted:
@@ -59,11 +60,25 @@ def _run(s, steps):
 
 def test_interception_turned_off_where_steps_run_faster_without_it():
     s, _ = _sampler({True: 10.0, False: 5.0})
-    states = _run(s, TRIAL_END + 3)
+    states = _run(s, OFF_END + 3)
     assert states[:sampling.QUIET_STEPS - 1] == [True] * (sampling.QUIET_STEPS - 1)
     assert tuple(states[sampling.QUIET_STEPS - 1:TRIAL_END - 1]) == sampling.TRIAL
-    assert states[TRIAL_END - 1:] == [False] * 4  # decided: off, held
-    assert s.left == sampling.HOLD_MIN - 3
+    assert tuple(states[TRIAL_END - 1:OFF_END - 1]) == sampling.TRIAL  # the confirming trial
+    assert states[OFF_END - 1:] == [False] * 4  # decided: off, held
+    assert s.left == sampling.HOLD_MIN - 3 and s.trials == 2
+
+
+def test_an_off_verdict_the_second_trial_does_not_confirm_keeps_interception_on():
+    """A first trial whose unintercepted steps met a quiet machine, and intercepted ones a
+    busy one, says off; the confirming trial, on a machine alike for both, does not."""
+    times = {True: 10.0, False: 5.0}
+    s, _ = _sampler(times)
+    states = _run(s, TRIAL_END)
+    assert s.state == "trial" and s.confirming
+    times[False] = 10.0
+    states = _run(s, len(sampling.TRIAL) + 2)
+    assert s.state == "hold" and s.intercept and all(states[len(sampling.TRIAL) - 1:])
+    assert s.trials == 2 and not s.confirming
 
 
 def test_a_clearly_slower_step_without_interception_ends_the_trial_at_once():
@@ -106,8 +121,8 @@ def test_a_step_that_compiles_starts_the_warm_up_again():
     assert s.state == "trial" and s.intercept
     fp[0] += 1  # a kernel compiled during this step
     assert s.boundary() is True and s.state == "warm"
-    states = _run(s, TRIAL_END + 1)
-    assert states[-1] is False  # a whole warm-up and trial later
+    states = _run(s, OFF_END + 1)
+    assert states[-1] is False  # a whole warm-up and two trials later
 
 
 def test_a_step_that_compiles_during_a_hold_starts_the_warm_up_again():
@@ -118,16 +133,17 @@ def test_a_step_that_compiles_during_a_hold_starts_the_warm_up_again():
     _run(s, 2)
     fp[0] += 1  # the program changed (another workload's steps, say): a kernel compiled
     assert s.boundary() is True and s.state == "warm"
-    states = _run(s, TRIAL_END + 1)
-    assert states[-1] is False  # a whole warm-up and trial later
+    states = _run(s, OFF_END + 1)
+    assert states[-1] is False  # a whole warm-up and two trials later
 
 
 def test_readings_that_come_late_delay_the_decision_but_keep_it():
     s, _ = _sampler({True: 10.0, False: 5.0}, lag=2)
-    states = _run(s, TRIAL_END + 6)
+    states = _run(s, OFF_END + 8)
     assert tuple(states[sampling.QUIET_STEPS - 1:TRIAL_END - 1]) == sampling.TRIAL
-    assert not any(states[TRIAL_END - 1:])  # the trial's last state, then the decision's
-    assert s.state == "hold" and not s.intercept
+    assert states[TRIAL_END - 1:TRIAL_END + 1] == [False, False]  # the last state, held
+    assert not any(states[-6:])  # the trial's last state, then the decision's
+    assert s.state == "hold" and not s.intercept and s.trials == 2
     assert s.left > sampling.HOLD_MIN - 6  # decided once the last step's time was read
 
 
@@ -145,7 +161,7 @@ def test_gpu_steps_are_sampled_only_where_asked(monkeypatch):
     s, _ = _sampler({True: 10.0, False: 5.0})
     assert all(_run(s, 3 * TRIAL_END)) and s.state == "warm"  # ACCEL_STEP_SAMPLING=cpu
     s.cuda = True  # =all (the default)
-    assert not _run(s, TRIAL_END)[-1]
+    assert not _run(s, OFF_END)[-1] and s.state == "hold"
 
 
 # -- the interceptor's side ---------------------------------------------------------------
@@ -225,7 +241,7 @@ def _side_by_side(steps, block=accel.eager, device="cpu"):
 @pytest.mark.parametrize("device", DEVICES)
 def test_training_steps_run_without_interception_once_that_is_faster(sampled, device):
     sampled(off=0.5)
-    seen = _side_by_side(TRIAL_END + 12, device=device)
+    seen = _side_by_side(OFF_END + 12, device=device)
     # a step that began without interception ran no region and passed no call to the filter
     assert all(not moved for on, moved in seen[-8:]) and not any(on for on, _ in seen[-8:])
     assert any(on and moved for on, moved in seen[:sampling.QUIET_STEPS])
@@ -251,7 +267,7 @@ def test_one_enable_around_the_loop_switches_at_backward_calls(sampled):
     depths = []
     accel.enable()
     try:
-        for _ in range(TRIAL_END + 6):
+        for _ in range(OFF_END + 6):
             ma.zero_grad(set_to_none=True)
             pending = torch.tanh(ma(x)) * 2  # recorded: pending at the backward call
             la = torch.nn.functional.cross_entropy(pending, torch.arange(4).repeat(4))
@@ -295,7 +311,7 @@ def _trained_to_off():
     turned interception off (the ``sampled`` fixture's clock makes that faster)."""
     m = _model()
     x = torch.randn(16, 16)
-    for _ in range(TRIAL_END + 2):
+    for _ in range(OFF_END + 2):
         with accel.eager():
             _step(m, x)
     return m, x
@@ -334,7 +350,7 @@ def test_inference_blocks_are_steps_too(sampled):
     y = torch.randn(32, 32)
     runtime.reset_stats()
     outs = []
-    for _ in range(TRIAL_END + 4):
+    for _ in range(OFF_END + 4):
         with accel.eager():
             outs.append(torch.softmax(torch.sin(y) * 2, -1))
     want = torch.softmax(torch.sin(y) * 2, -1)

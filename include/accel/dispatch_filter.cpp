@@ -77,6 +77,8 @@
 #include <ATen/ops/addmm_ops.h>
 #include <ATen/ops/bmm_ops.h>
 #include <ATen/ops/mm_ops.h>
+#include <c10/util/accumulate.h>
+#include <torch/csrc/DynamicTypes.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/SavedTensorHooks.h>
 #include <ATen/core/PythonFallbackKernel.h>
@@ -149,6 +151,11 @@ std::atomic<uint64_t> g_small{0};  // small or idle regions' first calls run eag
 std::atomic<bool> g_small_on{true};   // ACCEL_EAGER_SMALL_REGIONS (accel_filter_small_regions)
 std::atomic<bool> g_matmul_on{false};  // ACCEL_CPU_MATMUL, on a CPU that runs the kernel
 std::atomic<uint64_t> g_matmuls{0};     // matmuls run by accel's kernel, every thread
+// accel.allocator.empty_strided while regions take their CPU outputs from accel's pool
+// (ACCEL_CPU_POOL; accel_filter_pool), which the matmuls below then take theirs from too
+PyObject* g_pool_alloc = nullptr;
+std::atomic<bool> g_pool_on{false};
+std::atomic<uint64_t> g_pooled{0};  // matmul outputs taken from the pool, every thread
 PyObject* g_replay = nullptr;  // RegionCore._replay (unbound)
 PyObject* g_flush = nullptr;   // accel.interceptor.flush
 
@@ -314,7 +321,8 @@ decltype(auto) route(DispatchKeySet ks, Kind kind_of_op, OnlyAccel only_accel,
         (kind == kView || !v->pending || flush_region())) {
       ++t_counts[0];
       c10::impl::ExcludeDispatchKeyGuard guard(kBypass);
-      if (kind == kAddmm || (kind == kMatmul && g_matmul_on.load(std::memory_order_relaxed))) {
+      if (kind == kAddmm || (kind == kMatmul && (g_matmul_on.load(std::memory_order_relaxed) ||
+                                                 g_pool_on.load(std::memory_order_relaxed)))) {
         return redispatch((ks - kBypass) | kRecord);  // to matmul(), after autograd
       }
       return redispatch(ks - kBypass);
@@ -520,7 +528,8 @@ void record(const OperatorHandle& op, DispatchKeySet ks, torch::jit::Stack* stac
 // The matmuls route() runs past the mode reach these kernels on the record key, after
 // autograd (which saves their inputs as for any matmul): addmm always (defers_bias()), mm
 // and bmm while accel_filter_matmul() has turned accel's kernel on (ACCEL_CPU_MATMUL: AMD
-// CPUs with AVX-512F by default). There a float32 CPU product runs accel's kernel
+// CPUs with AVX-512F by default) or accel_filter_pool() has them write into accel's output
+// pool (pooled() below). With accel's kernel on, a float32 CPU product runs accel's kernel
 // (include/accel/gemm.h: on the dev VM's AMD EPYC about twice MKL's speed, with MKL's
 // results bit for bit); every other call goes on below the key to the op's usual kernel,
 // as do products of a reduced float32 matmul precision (torch.set_float32_matmul_precision:
@@ -581,14 +590,84 @@ at::Tensor accel_matmul(const at::Tensor& a, const at::Tensor& b, const at::Tens
 
 bool is_one(const c10::Scalar& s) { return !s.isComplex() && s.toDouble() == 1.0; }
 
+// -- matmul outputs from accel's pool ------------------------------------------------
+// Where regions take their large CPU outputs from accel's pool of reused blocks (glibc's
+// malloc defaults: ACCEL_CPU_POOL=auto), eager's matmuls write theirs into fresh pages:
+// glibc maps a block over its mmap threshold (at most 32 MiB) afresh at each allocation,
+// and the gemm's threads page-fault it in as they write. On the dev VM a [2048, 1024] x
+// [1024, 4096] float32 mm took 97 ms into a fresh output against 72 into a reused one. So
+// there mm, bmm and addmm on the record key write into a pooled block (their `out=`
+// overloads: the same kernels, the same bits), where the output holds at least
+// kPoolMinBytes (allocator.MIN_BLOCK).
+constexpr int64_t kPoolMinBytes = int64_t(1) << 20;
+
+bool pool_operand(const at::Tensor& t, int64_t dim) {
+  auto d = t.scalar_type();
+  return t.dim() == dim && t.layout() == at::kStrided && t.device().is_cpu() && !t.is_nested() &&
+         (d == at::kFloat || d == at::kDouble || d == at::kHalf || d == at::kBFloat16);
+}
+
+// A contiguous CPU tensor of `shape` and `dtype` on a block of accel's pool, or an
+// undefined tensor where the pool is off, the output is smaller than a block, or the
+// allocator raised (the error is dropped: the matmul then allocates its output itself).
+at::Tensor pooled(c10::IntArrayRef shape, at::ScalarType dtype) {
+  if (!g_pool_on.load(std::memory_order_relaxed)) return {};
+  int64_t n = c10::multiply_integers(shape), nbytes = n * int64_t(c10::elementSize(dtype));
+  if (nbytes < kPoolMinBytes) return {};
+  pybind11::gil_scoped_acquire gil;
+  if (g_pool_alloc == nullptr) return {};
+  Py_ssize_t d = Py_ssize_t(shape.size());
+  PyObject* sizes = PyTuple_New(d);
+  PyObject* strides = PyTuple_New(d);
+  PyObject* r = nullptr;
+  if (sizes != nullptr && strides != nullptr) {
+    int64_t stride = 1;
+    for (Py_ssize_t k = d - 1; k >= 0; --k) {
+      PyTuple_SET_ITEM(sizes, k, PyLong_FromLongLong(shape[k]));
+      PyTuple_SET_ITEM(strides, k, PyLong_FromLongLong(stride));
+      stride *= std::max<int64_t>(shape[k], 1);
+    }
+    r = PyObject_CallFunction(g_pool_alloc, "OOOL", sizes, strides,
+                              reinterpret_cast<PyObject*>(torch::getTHPDtype(dtype)),
+                              static_cast<long long>(nbytes));
+  }
+  Py_XDECREF(sizes);
+  Py_XDECREF(strides);
+  if (r == nullptr || !THPVariable_Check(r)) {
+    PyErr_Clear();
+    Py_XDECREF(r);
+    return {};
+  }
+  at::Tensor t = THPVariable_Unpack(r);
+  Py_DECREF(r);
+  g_pooled.fetch_add(1, std::memory_order_relaxed);
+  return t;
+}
+
 at::Tensor matmul_mm(DispatchKeySet ks, const at::Tensor& self, const at::Tensor& mat2) {
-  at::Tensor c = accel_matmul(self, mat2, at::Tensor(), false);
-  return c.defined() ? c : at::_ops::mm::redispatch(ks & kBelowRecord, self, mat2);
+  if (g_matmul_on.load(std::memory_order_relaxed)) {
+    at::Tensor c = accel_matmul(self, mat2, at::Tensor(), false);
+    if (c.defined()) return c;
+  }
+  if (pool_operand(self, 2) && pool_operand(mat2, 2) && self.size(1) == mat2.size(0) &&
+      self.scalar_type() == mat2.scalar_type()) {
+    at::Tensor out = pooled({self.size(0), mat2.size(1)}, self.scalar_type());
+    if (out.defined()) return at::_ops::mm_out::redispatch(ks & kBelowRecord, self, mat2, out);
+  }
+  return at::_ops::mm::redispatch(ks & kBelowRecord, self, mat2);
 }
 
 at::Tensor matmul_bmm(DispatchKeySet ks, const at::Tensor& self, const at::Tensor& mat2) {
-  at::Tensor c = accel_matmul(self, mat2, at::Tensor(), true);
-  return c.defined() ? c : at::_ops::bmm::redispatch(ks & kBelowRecord, self, mat2);
+  if (g_matmul_on.load(std::memory_order_relaxed)) {
+    at::Tensor c = accel_matmul(self, mat2, at::Tensor(), true);
+    if (c.defined()) return c;
+  }
+  if (pool_operand(self, 3) && pool_operand(mat2, 3) && self.size(0) == mat2.size(0) &&
+      self.size(2) == mat2.size(1) && self.scalar_type() == mat2.scalar_type()) {
+    at::Tensor out = pooled({self.size(0), self.size(1), mat2.size(2)}, self.scalar_type());
+    if (out.defined()) return at::_ops::bmm_out::redispatch(ks & kBelowRecord, self, mat2, out);
+  }
+  return at::_ops::bmm::redispatch(ks & kBelowRecord, self, mat2);
 }
 
 // Whether `bias + mat1 @ mat2` (addmm, beta = alpha = 1) runs as mm, then the add deferred
@@ -614,9 +693,18 @@ at::Tensor matmul_addmm(DispatchKeySet ks, const at::Tensor& self, const at::Ten
   if (ones && g_matmul_on.load(std::memory_order_relaxed)) c = accel_matmul(mat1, mat2, self, false);
   if (c.defined()) return c;
   if (ones && defers_bias(self, mat1, mat2)) {
-    at::Tensor product = at::_ops::mm::redispatch(ks & kBelowRecord, mat1, mat2);
+    at::Tensor product = matmul_mm(ks, mat1, mat2);
     // to record(), as a deferred call that autograd has seen already (addmm's)
     return at::_ops::add_Tensor::redispatch(ks & (kRecord | kBelowRecord), product, self, 1);
+  }
+  if (pool_operand(mat1, 2) && pool_operand(mat2, 2) && mat1.size(1) == mat2.size(0) &&
+      self.device().is_cpu() && self.scalar_type() == mat1.scalar_type() &&
+      mat2.scalar_type() == mat1.scalar_type() &&
+      at::is_expandable_to(self.sizes(), {mat1.size(0), mat2.size(1)})) {
+    at::Tensor out = pooled({mat1.size(0), mat2.size(1)}, mat1.scalar_type());
+    if (out.defined()) {
+      return at::_ops::addmm_out::redispatch(ks & kBelowRecord, self, mat1, mat2, beta, alpha, out);
+    }
   }
   return at::_ops::addmm::redispatch(ks & kBelowRecord, self, mat1, mat2, beta, alpha);
 }
@@ -761,5 +849,24 @@ int accel_filter_matmul(int mode) {
 
 // Matmuls run by accel's kernel, on every thread.
 uint64_t accel_filter_matmuls() { return g_matmuls.load(std::memory_order_relaxed); }
+
+// Whether CPU mm, bmm and addmm calls the filter runs past the mode write their outputs of
+// at least 1 MiB into blocks of accel's output pool: `alloc` (a new reference is taken;
+// the GIL taken) is accel.allocator.empty_strided while regions take their outputs from the
+// pool, None where they do not (the matmuls then allocate theirs as eager does). Takes the
+// GIL (ctypes releases it).
+void accel_filter_pool(PyObject* alloc) {
+  pybind11::gil_scoped_acquire gil;  // pooled() reads g_pool_alloc under it
+  bool on = alloc != nullptr && alloc != Py_None;
+  if (on) Py_INCREF(alloc);
+  g_pool_on.store(false, std::memory_order_relaxed);
+  PyObject* old = g_pool_alloc;
+  g_pool_alloc = on ? alloc : nullptr;
+  Py_XDECREF(old);
+  g_pool_on.store(on, std::memory_order_relaxed);
+}
+
+// Matmul outputs taken from the pool, on every thread.
+uint64_t accel_filter_pooled() { return g_pooled.load(std::memory_order_relaxed); }
 
 }  // extern "C"
