@@ -682,7 +682,11 @@ def _reuse_memory(lw: _Lowerer, gm, buffers, nests, placed, shapes) -> None:
         lw.rvars.clear()
         stores = [_store(lw, shapes[id(nest)], buf, spec, node) for buf, node, spec, _ in placed[k]]
         reach = _reach(groups[k])
-        for m in [m for m in chosen if m in reach and m not in lw.in_memory]:
+        # a chosen value this nest stores as an output already is read from there (the
+        # update below): no scratch copy (a residual sum saved for a layer norm's backward
+        # and read again by the loss's sum was written twice)
+        outputs = {node for _, node, _, mutation in placed[k] if not mutation}
+        for m in [m for m in chosen if m in reach and m not in lw.in_memory and m not in outputs]:
             val = m.meta["val"]
             spec = BufferSpec(val.dtype, tuple(val.shape), _contiguous(val.shape), True, scratch=True)
             st = _store(lw, shapes[id(nest)], len(buffers), spec, m)

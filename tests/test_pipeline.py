@@ -295,6 +295,29 @@ def test_later_nest_reads_an_earlier_nests_output():
     assert not any(e.op == "exp" for st in ir.nests[1].stores for e in walk(st.value, set()))
 
 
+def test_a_materialized_value_that_is_an_output_is_written_once():
+    """A Linear's bias and residual adds saved as an output (the layer norm's input, for its
+    backward) and read again by a later nest (the loss's sum of the layer norm, as in the
+    MLP block's training step): the later nest loads the output buffer; no scratch buffer
+    holds a second copy of it (one did, written beside the output in the same nest)."""
+    x, r, b, w, bb = torch.empty(32, 48), torch.empty(32, 48), *(torch.empty(48) for _ in range(3))
+    calls = [(aten.add.Tensor, (("x", 0), ("x", 2)), {}, 1),
+             (aten.add.Tensor, (("x", 1), ("o", 0)), {}, 1),
+             (aten.native_layer_norm.default, (("o", 1), ("c", (48,)), ("x", 3), ("x", 4),
+                                                ("c", 1e-5)), {}, 3),
+             (aten.sum.default, (("o", 2),), {}, 1)]
+    meta = ([((32, 48), (48, 1), torch.float32)] * 3 + [((32, 1), (1, 1), torch.float32)] * 2
+            + [((), (), torch.float32)])
+    ir = _lowered(calls, [x, r, b, w, bb], meta, (1, 3, 4, 5))
+    saved = 5  # the first output buffer: the residual sum
+    assert not [i for i, b in enumerate(ir.buffers) if b.scratch and b.shape == (32, 48)], \
+        [(i, b.shape, b.scratch) for i, b in enumerate(ir.buffers)]
+    stored = [st.buf for nest in ir.nests for st in nest.stores]
+    assert stored.count(saved) == 1
+    loads = {e.args[0] for st in ir.nests[-1].stores for e in walk(st.value, set()) if e.op == "load"}
+    assert saved in loads and not loads & {0, 1, 2}, ir.describe()  # the sum reads the saved output
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
     not torch.cuda.is_available(), reason="no CUDA device"))])
 def test_region_with_more_buffers_than_the_core_keeps_on_its_stack(device):
