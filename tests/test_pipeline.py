@@ -367,6 +367,36 @@ def test_exp_at_the_ends_of_its_range(device):
     assert tiny.any() and ((got - want).abs()[tiny] <= 1.5e-45).all()  # one subnormal step
 
 
+def test_gelu_erf_where_its_exp_is_clamped():
+    """A float32 CPU GELU and its backward (erf by accel::vec_erf, whose exp(-x^2 / 2)
+    clamps its argument at -87: include/accel/cpu_math.h, exp_erf) on both sides of that
+    clamp (|x| about 13.19) and of exp's own ends, on infinities, NaN, zeros and
+    subnormals, in the vector loop and its scalar tail: eager's results, saturated values
+    and NaNs exactly. Eager's reference is ATen's vectorized kernel, which a strided input
+    takes (a contiguous float32 one runs oneDNN's, which gives NaN at +inf and inf at
+    3.4e38, and flushes tiny gradients to 0: README, limitations)."""
+    import accel
+
+    ends = [float("nan"), float("inf"), float("-inf"), 0.0, -0.0, 1e-40, -1e-40, 1.0, -1.0,
+            13.18, 13.19, 13.2, -13.18, -13.19, -13.2, 14.4, -14.4, 14.5, -14.5, 40.0,
+            -40.0, 1e30, -1e30, 3.4e38, -3.4e38, 5.0, -5.0]
+    x = torch.tensor(ends * 9)[:-1]  # not a whole number of vectors
+    x = torch.stack([x, x], 1)[:, 0]  # strided: eager's ATen kernel
+    g = torch.linspace(-2, 2, 2 * x.numel())[::2]
+    accel.reset_stats()
+    with accel.eager():
+        got = torch.nn.functional.gelu(x * 1.0)
+        got_grad = torch.ops.aten.gelu_backward(g * 1.0, x)
+    assert accel.stats()["kernel_runs"] == 1  # one region, both ops
+    want, want_grad = torch.nn.functional.gelu(x), torch.ops.aten.gelu_backward(g, x)
+    torch.testing.assert_close(got, want, equal_nan=True)
+    torch.testing.assert_close(got_grad, want_grad, equal_nan=True)
+    big = x.abs() >= 13.18
+    for a, b in ((got, want), (got_grad, want_grad)):
+        assert torch.equal(a.isnan(), b.isnan())
+        assert torch.equal(a[big & ~b.isnan()], b[big & ~b.isnan()])
+
+
 def test_streaming_stores_only_for_large_memory_bound_stores(monkeypatch):
     """Where a nest's innermost loop stores at least STREAM_MIN_BYTES contiguously and
     computes only cheap ops, its stores go through a stack block to

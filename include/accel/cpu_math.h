@@ -69,10 +69,10 @@ ACCEL_LIBM_UNARY(ACCEL_UNARY)
  * the time). Out of range, (int32_t)fx is the x86 conversion's INT_MIN, as for a NaN.
  * Within 1.01 ulp of the exact exp on every float in [-110, 100] (checked on every 7th;
  * mean 0.0045 ulp), as eager's (SLEEF's u10). */
-static inline float exp(float x) {
-  const float fx = __builtin_rintf(x * 1.44269504088896341f);  /* vectorizes; roundeven does not */
-  float r = ACCEL_FMA(fx, -0.693359375f, x);
-  r = ACCEL_FMA(fx, 2.12194440e-4f, r);
+static inline float exp_reduced(float x, float* fx) {  /* e^r, x = fx ln2 + r */
+  *fx = __builtin_rintf(x * 1.44269504088896341f);  /* vectorizes; roundeven does not */
+  float r = ACCEL_FMA(*fx, -0.693359375f, x);
+  r = ACCEL_FMA(*fx, 2.12194440e-4f, r);
   const float z = r * r;
   float y = 1.9875691500e-4f;
   y = ACCEL_FMA(y, r, 1.3981999507e-3f);
@@ -80,7 +80,11 @@ static inline float exp(float x) {
   y = ACCEL_FMA(y, r, 4.1665795894e-2f);
   y = ACCEL_FMA(y, r, 1.6666665459e-1f);
   y = ACCEL_FMA(y, r, 5.0000001201e-1f);
-  y = ACCEL_FMA(y, z, r) + 1.0f;
+  return ACCEL_FMA(y, z, r) + 1.0f;
+}
+static inline float exp(float x) {
+  float fx;
+  const float y = exp_reduced(x, &fx);
   const int32_t n = (int32_t)fx, h = n >> 1;
   const float p1 = __builtin_bit_cast(float, (h + 127) << 23);
   const float p2 = __builtin_bit_cast(float, (n - h + 127) << 23);
@@ -89,6 +93,17 @@ static inline float exp(float x) {
   return x < -104.0f ? 0.0f : e_hi;
 }
 static inline double exp(double x) { return ::exp(x); }
+
+/* exp(a) for erf's a = -x^2 <= 0 (or NaN): exp above with a clamped to -87 (a NaN stays
+ * NaN), so that 2^n, n >= -126, is one normal power of two and no range select is left.
+ * Below -87 exp's result (< 1.7e-38, against t P(t) < 1) no longer moves 1 - t P(t) exp(a)
+ * off 1.0f, and for a >= -87 both forms round y 2^n once: vec_erf gives the same bits with
+ * it on every float (checked on all 2^32), about 9 % faster. */
+static inline float exp_erf(float a) {
+  float fx;
+  const float y = exp_reduced(a < -87.0f ? -87.0f : a, &fx);
+  return y * __builtin_bit_cast(float, ((int32_t)fx + 127) << 23);
+}
 
 /* erf as ATen's Vectorized<float>::erf (aten/src/ATen/cpu/vec/vec512/vec512_float.h, the
  * same in vec256), the erf of torch.compile's CPU code and of ATen's vectorized GELU:
@@ -103,7 +118,7 @@ static inline float vec_erf(float x) {
   r = ACCEL_FMA(r, t, 1.421413741f);
   r = ACCEL_FMA(r, t, -0.284496736f);
   r = ACCEL_FMA(r, t, 0.254829592f);
-  const float y = ACCEL_FMA(-accel::exp(-(x * x)) * t, r, 1.0f);
+  const float y = ACCEL_FMA(-exp_erf(-(x * x)) * t, r, 1.0f);
   return __builtin_bit_cast(float, __builtin_bit_cast(uint32_t, y) ^
                                        (__builtin_bit_cast(uint32_t, x) & 0x80000000u));
 }

@@ -620,13 +620,22 @@ at::Tensor pooled(c10::IntArrayRef shape, at::ScalarType dtype) {
   PyObject* sizes = PyTuple_New(d);
   PyObject* strides = PyTuple_New(d);
   PyObject* r = nullptr;
-  if (sizes != nullptr && strides != nullptr) {
-    int64_t stride = 1;
-    for (Py_ssize_t k = d - 1; k >= 0; --k) {
-      PyTuple_SET_ITEM(sizes, k, PyLong_FromLongLong(shape[k]));
-      PyTuple_SET_ITEM(strides, k, PyLong_FromLongLong(stride));
-      stride *= std::max<int64_t>(shape[k], 1);
+  bool ok = sizes != nullptr && strides != nullptr;
+  int64_t stride = 1;
+  for (Py_ssize_t k = d - 1; ok && k >= 0; --k) {
+    PyObject* size = PyLong_FromLongLong(shape[k]);
+    PyObject* step = PyLong_FromLongLong(stride);
+    ok = size != nullptr && step != nullptr;
+    if (!ok) {
+      Py_XDECREF(size);
+      Py_XDECREF(step);
+      break;
     }
+    PyTuple_SET_ITEM(sizes, k, size);  // steals the references
+    PyTuple_SET_ITEM(strides, k, step);
+    stride *= std::max<int64_t>(shape[k], 1);
+  }
+  if (ok) {
     r = PyObject_CallFunction(g_pool_alloc, "OOOL", sizes, strides,
                               reinterpret_cast<PyObject*>(torch::getTHPDtype(dtype)),
                               static_cast<long long>(nbytes));
@@ -640,6 +649,9 @@ at::Tensor pooled(c10::IntArrayRef shape, at::ScalarType dtype) {
   }
   at::Tensor t = THPVariable_Unpack(r);
   Py_DECREF(r);
+  if (t.sizes() != shape || t.scalar_type() != dtype || !t.device().is_cpu() || !t.is_contiguous()) {
+    return {};  // not what was asked for: the matmul allocates its own
+  }
   g_pooled.fetch_add(1, std::memory_order_relaxed);
   return t;
 }
