@@ -511,8 +511,10 @@ def set_matmul(mode: str) -> bool:
 
 def set_matmul_pool(on: bool) -> bool:
     """Whether the CPU ``mm``, ``bmm`` and ``addmm`` calls the filter runs past the mode
-    write outputs of at least ``accel.allocator.MIN_BLOCK`` bytes (float32, float64, float16,
-    bfloat16) into blocks of accel's CPU output pool (:func:`accel.allocator.empty_strided`)
+    write outputs of at least 32 MiB (float32, float64, float16, bfloat16: glibc's largest
+    adaptive mmap threshold, above which its blocks are always mapped afresh; see
+    ``kPoolMinBytes`` in include/accel/dispatch_filter.cpp) into blocks of accel's CPU
+    output pool (:func:`accel.allocator.empty_strided`)
     through their ``out=`` overloads: the same kernels and bits, without the first-touch
     page faults of a freshly mapped output. The interceptor turns it on at each enable where
     regions use the pool (``ACCEL_CPU_POOL``, glibc's malloc defaults), off elsewhere; kept

@@ -598,8 +598,12 @@ bool is_one(const c10::Scalar& s) { return !s.isComplex() && s.toDouble() == 1.0
 // [1024, 4096] float32 mm took 97 ms into a fresh output against 72 into a reused one. So
 // there mm, bmm and addmm on the record key write into a pooled block (their `out=`
 // overloads: the same kernels, the same bits), where the output holds at least
-// kPoolMinBytes (allocator.MIN_BLOCK).
-constexpr int64_t kPoolMinBytes = int64_t(1) << 20;
+// kPoolMinBytes: glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit, above which every block is
+// mapped afresh. A smaller block comes from the heap once glibc's adaptive threshold has
+// seen one of its size freed, and pooled ones are never freed: with every matmul output of
+// 1 MiB or more pooled, eager's own ops in the demo's GPT-2 step (cat, the embedding's
+// backward, ...) page-faulted 5600-13000 times a step against 1000-2500.
+constexpr int64_t kPoolMinBytes = int64_t(32) << 20;
 
 bool pool_operand(const at::Tensor& t, int64_t dim) {
   auto d = t.scalar_type();
