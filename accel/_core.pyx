@@ -36,7 +36,6 @@ cdef list _NO_SCRATCH = []
 cdef bint _cuda_half = True
 cdef bint _small_regions = True
 cdef bint _cpu_pool = True
-cdef Py_ssize_t _pool_min = MIN_BLOCK  # the smallest output the pool takes (set_cpu_pool)
 
 
 def kernel_ptrs(list ext, list outs, tuple live_idx, list scratch):
@@ -74,21 +73,18 @@ def set_helpers(size_t empty_strided, size_t liveness, size_t overlap=0, size_t 
     _fast_reuse = <reuse_fn>reuse
 
 
-def set_cpu_pool(bint on, Py_ssize_t min_bytes=MIN_BLOCK):
-    """Whether regions take their CPU outputs of at least ``min_bytes`` bytes
-    (:func:`accel.allocator.min_block`) from accel's output pool
-    (:func:`accel.allocator.empty_strided`); others, and all with the pool off, come from
-    ``torch.empty_strided``, and at each flush their live ones of at least
-    ``allocator.MIN_BLOCK`` bytes take the blocks of dead ones (:func:`reuse_blocks`;
-    pooled blocks are never donors: the pool holds them). accel.interceptor sets it at
-    each enable from :func:`accel.allocator.configure`."""
-    global _cpu_pool, _pool_min
+def set_cpu_pool(bint on):
+    """Whether regions take their large CPU outputs (at least ``allocator.MIN_BLOCK``
+    bytes) from accel's output pool (:func:`accel.allocator.empty_strided`); off, from
+    ``torch.empty_strided``, and at each flush their live ones take the blocks of dead ones
+    (:func:`reuse_blocks`). accel.interceptor sets it at each enable from
+    :func:`accel.allocator.configure`."""
+    global _cpu_pool
     _cpu_pool = on
-    _pool_min = min_bytes
 
 
 cdef inline _reuse(list outs, tuple live_idx):
-    if _fast_reuse != NULL and (not _cpu_pool or _pool_min > _MIN_BLOCK):
+    if not _cpu_pool and _fast_reuse != NULL:
         _fast_reuse(outs, live_idx, _MIN_BLOCK)
 
 
@@ -97,9 +93,8 @@ def reuse_blocks(list outs, tuple live_idx):
     ``live_idx``) of at least ``allocator.MIN_BLOCK`` bytes takes the memory of the earliest
     dead output before it of the same storage size (see ``accel_reuse_blocks`` in
     include/accel/core_helpers.h), so that it is written where eager's output would have
-    been, into a temporary's block freed moments before. Only where the output pool leaves
-    such outputs to ``torch.empty_strided`` (off, or taking only larger ones:
-    :func:`set_cpu_pool`) and the dispatch filter's helper is loaded; otherwise nothing.
+    been, into a temporary's block freed moments before. Only with the output pool off
+    (:func:`set_cpu_pool`) and the dispatch filter's helper loaded; otherwise nothing.
 
     Raises:
         TypeError, IndexError: ``outs`` holds a non-tensor, or an index is out of range.
@@ -639,7 +634,7 @@ cdef class RegionCore:
             self.ahead[i] = None
         if r is None:
             if self.device is None or self.device is _CPU:
-                if _cpu_pool and <Py_ssize_t>meta[3] >= _pool_min:  # a reused block: no page faults
+                if _cpu_pool and <Py_ssize_t>meta[3] >= _MIN_BLOCK:  # a reused block: no page faults
                     r = _pool_empty_strided(meta[0], meta[1], meta[2], meta[3])
                 elif _fast_empty != NULL:
                     r = _fast_empty(meta[0], meta[1], meta[2], None)

@@ -26,7 +26,7 @@ def set_helpers(empty_strided: int, liveness: int, overlap: int = 0, reuse: int 
     the twin does without them."""
 
 
-def set_cpu_pool(on: bool, min_bytes: int = 0) -> None:
+def set_cpu_pool(on: bool) -> None:
     """See accel/_core.pyx. The twin always asks :func:`accel.allocator.empty_strided`,
     which uses the pool only where :func:`accel.allocator.configure` turned it on."""
 

@@ -5,10 +5,8 @@ On Linux, glibc gives every block above ``M_MMAP_THRESHOLD`` (128 KiB, adapting 
 is page-faulted in on first touch: on the dev VM, 16M float32 ``x + 1`` takes 19 ms into a
 fresh tensor against 4 ms into a reused one. Two remedies, both here:
 
-* :func:`empty_strided` — the pool. A region's large CPU outputs (at least
-  :func:`min_block` bytes: ``AUTO_MIN_BLOCK``, 32 MiB, where glibc maps every such block
-  afresh; ``MIN_BLOCK`` where ``ACCEL_CPU_POOL=on`` forces the pool) are carved from
-  storages the pool keeps; once every tensor on a block is gone
+* :func:`empty_strided` — the pool. A region's large CPU outputs (at least ``MIN_BLOCK``
+  bytes) are carved from storages the pool keeps; once every tensor on a block is gone
   (its storage's use count is back to the pool's own reference) the next output of that
   size reuses it, already mapped. It affects only accel's outputs, whatever the process's
   allocator, and holds at most ``ACCEL_CPU_POOL_MB`` (blocks in use included); the
@@ -45,19 +43,10 @@ log = logging.getLogger("accel")
 
 __all__ = ["empty_strided", "empty_cache", "pool_stats", "set_capacity", "configure",
            "maps_large_blocks", "program_key", "prefill_plan", "prefill", "tune_allocator",
-           "min_block", "MIN_BLOCK", "AUTO_MIN_BLOCK"]
+           "MIN_BLOCK"]
 
-#: smallest output (bytes) taken from the pool with ``ACCEL_CPU_POOL=on``, and the smallest
-#: a region's buffer reuse exchanges: below it glibc's heap reuses freed memory
+#: smallest output (bytes) taken from the pool: below it glibc's heap reuses freed memory
 MIN_BLOCK = 1 << 20
-#: smallest output taken from the pool with ``ACCEL_CPU_POOL=auto``: glibc's
-#: ``DEFAULT_MMAP_THRESHOLD_MAX`` on 64-bit, above which it maps every block afresh. Its
-#: threshold rises to the size of each mapped block freed, so a smaller block comes from the
-#: heap once one of its size was freed; pooled blocks never are, and pooling them kept the
-#: threshold low for the program's other allocations (in the demo's GPT-2 step on the dev
-#: VM, eager's steps in the same process page-faulted 5600-9200 times a step against
-#: 1000-2000: bench/README.md, forty-first round). Smaller outputs get buffer reuse instead.
-AUTO_MIN_BLOCK = 32 << 20
 
 _use_count = torch._C._storage_Use_Count
 _untyped_storage = torch._C.TensorBase.untyped_storage  # not accel's flushing hook
@@ -73,7 +62,6 @@ _blocks: OrderedDict = OrderedDict()  # id(block) -> _Block, oldest first
 _by_size: dict = {}  # nbytes -> [_Block, ...]
 _held = 0  # bytes of every block in the pool, in use or free
 _cap = None  # most bytes held (ACCEL_CPU_POOL_MB as of the last enable); None: not read yet
-_min = MIN_BLOCK  # smallest output pooled (configure: MIN_BLOCK for "on", AUTO_MIN_BLOCK for "auto")
 _record = None  # (program, pid) whose used blocks are recorded at exit; None: not registered
 _prefilled: list = []  # the record the pool was prefilled from (sizes): rewritten only if changed
 #: called with a free block's storage as it is handed out again, while storages are
@@ -131,9 +119,8 @@ _POOL_REFS = _pool_refs()
 
 def empty_strided(shape, stride, dtype: torch.dtype, nbytes: int, device=None) -> torch.Tensor:
     """An uninitialized tensor of ``shape`` and ``stride`` (elements) and ``dtype`` whose
-    storage spans ``nbytes`` bytes, on ``device`` (None: the CPU). On the CPU, where
-    ``nbytes`` is at least :func:`min_block`, it comes from a reused pool block where one of
-    exactly that size is free (no first-touch page
+    storage spans ``nbytes`` bytes, on ``device`` (None: the CPU). On the CPU it comes
+    from a reused pool block where one of exactly that size is free (no first-touch page
     faults), else it is freshly allocated (and kept in the pool while the pool holds less
     than ``ACCEL_CPU_POOL_MB``); elsewhere it is ``torch.empty_strided``'s.
 
@@ -148,7 +135,7 @@ def empty_strided(shape, stride, dtype: torch.dtype, nbytes: int, device=None) -
     if device is not None and device.type != "cpu":
         return torch.empty_strided(shape, stride, dtype=dtype, device=device)
     cap = _cap if _cap is not None else _capacity()
-    if nbytes < _min or cap <= 0:
+    if nbytes < MIN_BLOCK or cap <= 0:
         return torch.empty_strided(shape, stride, dtype=dtype)
     with _lock:
         same = _by_size.get(nbytes, ())
@@ -213,20 +200,11 @@ def configure(mib: int, mode: str) -> bool:
     torch.compile's calls: 1.80 ms from the pool, 1.60 without it, 1.48 with buffer reuse;
     torch.compile 1.52).
     """
-    global _min
     use = _wanted(mode)
-    _min = MIN_BLOCK if mode == "on" else max(MIN_BLOCK, AUTO_MIN_BLOCK)
     set_capacity(mib if use else 0)
     if not use or mib <= 0:
         empty_cache()  # blocks prefilled at import, or pooled before a setting changed
     return use and mib > 0
-
-
-def min_block() -> int:
-    """The smallest output (bytes) the pool takes now: ``MIN_BLOCK`` where
-    ``ACCEL_CPU_POOL=on`` forced it, ``AUTO_MIN_BLOCK`` where ``auto`` chose it (see
-    :func:`configure`)."""
-    return _min
 
 
 def _wanted(mode: str) -> bool:

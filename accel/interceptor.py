@@ -561,7 +561,7 @@ def _apply(cfg) -> None:
     if cfg["ACCEL_MALLOC_TUNING"]:
         allocator.tune_allocator()
     pool = allocator.configure(cfg["ACCEL_CPU_POOL_MB"], cfg["ACCEL_CPU_POOL"])
-    native.set_cpu_pool(pool, allocator.min_block())
+    native.set_cpu_pool(pool)
     dispatch.set_matmul_pool(pool)
     set_cuda_half(cfg["ACCEL_CUDA_HALF"])
     set_launch_ahead_min(cfg["ACCEL_LAUNCH_AHEAD_MIN_MB"])

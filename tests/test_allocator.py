@@ -162,27 +162,6 @@ def test_small_outputs_not_pooled():
     close(y, ref(a))
 
 
-def test_auto_pools_only_blocks_glibc_always_maps_afresh(x, monkeypatch):
-    """Where ACCEL_CPU_POOL=auto chooses the pool (malloc maps large blocks afresh: glibc's
-    defaults), it takes outputs of AUTO_MIN_BLOCK (32 MiB) or more, which glibc maps afresh
-    whatever its adaptive threshold; a 2 MiB output comes from the heap (and buffer reuse),
-    so that glibc's threshold still adapts for the program's other allocations."""
-    monkeypatch.setattr(allocator, "maps_large_blocks", lambda: True)
-    monkeypatch.setenv("ACCEL_CPU_POOL", "auto")
-    big = torch.randn(allocator.AUTO_MIN_BLOCK // 4)
-    n = allocator.pool_stats()["blocks"]
-    y = step(x)  # 2 MiB
-    assert allocator.min_block() == allocator.AUTO_MIN_BLOCK
-    assert allocator.pool_stats()["blocks"] == n
-    z = step(big)
-    assert allocator.pool_stats()["blocks"] > n  # its outputs (the intermediates too)
-    close(y, ref(x))
-    close(z, ref(big))
-    monkeypatch.setenv("ACCEL_CPU_POOL", "on")
-    step(x)
-    assert allocator.min_block() == allocator.MIN_BLOCK
-
-
 def test_dead_pooled_intermediates_are_not_written(x):
     """A pooled output is live only while held outside the pool: the region's dead
     intermediates stay unwritten (one live output), as without the pool."""
