@@ -660,16 +660,29 @@ at::Tensor pooled(c10::IntArrayRef shape, at::ScalarType dtype) {
   return t;
 }
 
+// A pooled output for the product a @ b (a: [batch, M, K], b: [batch, K, N] where batched,
+// else 2-D), or an undefined tensor where pooled() gives none or the operands do not make
+// a product (eager's kernel then raises its own error).
+at::Tensor pooled_product(const at::Tensor& a, const at::Tensor& b, bool batched) {
+  if (!g_pool_on.load(std::memory_order_relaxed)) return {};
+  int64_t d = batched ? 3 : 2;
+  if (!pool_operand(a, d) || !pool_operand(b, d) || a.scalar_type() != b.scalar_type() ||
+      a.size(d - 1) != b.size(d - 2) || (batched && a.size(0) != b.size(0))) {
+    return {};
+  }
+  c10::SmallVector<int64_t, 3> shape;
+  if (batched) shape.push_back(a.size(0));
+  shape.append({a.size(d - 2), b.size(d - 1)});
+  return pooled(shape, a.scalar_type());
+}
+
 at::Tensor matmul_mm(DispatchKeySet ks, const at::Tensor& self, const at::Tensor& mat2) {
   if (g_matmul_on.load(std::memory_order_relaxed)) {
     at::Tensor c = accel_matmul(self, mat2, at::Tensor(), false);
     if (c.defined()) return c;
   }
-  if (pool_operand(self, 2) && pool_operand(mat2, 2) && self.size(1) == mat2.size(0) &&
-      self.scalar_type() == mat2.scalar_type()) {
-    at::Tensor out = pooled({self.size(0), mat2.size(1)}, self.scalar_type());
-    if (out.defined()) return at::_ops::mm_out::redispatch(ks & kBelowRecord, self, mat2, out);
-  }
+  at::Tensor out = pooled_product(self, mat2, false);
+  if (out.defined()) return at::_ops::mm_out::redispatch(ks & kBelowRecord, self, mat2, out);
   return at::_ops::mm::redispatch(ks & kBelowRecord, self, mat2);
 }
 
@@ -678,11 +691,8 @@ at::Tensor matmul_bmm(DispatchKeySet ks, const at::Tensor& self, const at::Tenso
     at::Tensor c = accel_matmul(self, mat2, at::Tensor(), true);
     if (c.defined()) return c;
   }
-  if (pool_operand(self, 3) && pool_operand(mat2, 3) && self.size(0) == mat2.size(0) &&
-      self.size(2) == mat2.size(1) && self.scalar_type() == mat2.scalar_type()) {
-    at::Tensor out = pooled({self.size(0), self.size(1), mat2.size(2)}, self.scalar_type());
-    if (out.defined()) return at::_ops::bmm_out::redispatch(ks & kBelowRecord, self, mat2, out);
-  }
+  at::Tensor out = pooled_product(self, mat2, true);
+  if (out.defined()) return at::_ops::bmm_out::redispatch(ks & kBelowRecord, self, mat2, out);
   return at::_ops::bmm::redispatch(ks & kBelowRecord, self, mat2);
 }
 
@@ -713,14 +723,10 @@ at::Tensor matmul_addmm(DispatchKeySet ks, const at::Tensor& self, const at::Ten
     // to record(), as a deferred call that autograd has seen already (addmm's)
     return at::_ops::add_Tensor::redispatch(ks & (kRecord | kBelowRecord), product, self, 1);
   }
-  if (pool_operand(mat1, 2) && pool_operand(mat2, 2) && mat1.size(1) == mat2.size(0) &&
-      self.device().is_cpu() && self.scalar_type() == mat1.scalar_type() &&
-      mat2.scalar_type() == mat1.scalar_type() &&
-      at::is_expandable_to(self.sizes(), {mat1.size(0), mat2.size(1)})) {
-    at::Tensor out = pooled({mat1.size(0), mat2.size(1)}, mat1.scalar_type());
-    if (out.defined()) {
-      return at::_ops::addmm_out::redispatch(ks & kBelowRecord, self, mat1, mat2, beta, alpha, out);
-    }
+  at::Tensor out;
+  if (self.device().is_cpu() && self.scalar_type() == mat1.scalar_type()) out = pooled_product(mat1, mat2, false);
+  if (out.defined() && at::is_expandable_to(self.sizes(), out.sizes())) {
+    return at::_ops::addmm_out::redispatch(ks & kBelowRecord, self, mat1, mat2, beta, alpha, out);
   }
   return at::_ops::addmm::redispatch(ks & kBelowRecord, self, mat1, mat2, beta, alpha);
 }
@@ -867,7 +873,7 @@ int accel_filter_matmul(int mode) {
 uint64_t accel_filter_matmuls() { return g_matmuls.load(std::memory_order_relaxed); }
 
 // Whether CPU mm, bmm and addmm calls the filter runs past the mode write their outputs of
-// at least 1 MiB into blocks of accel's output pool: `alloc` (a new reference is taken;
+// at least kPoolMinBytes into blocks of accel's output pool: `alloc` (a new reference is taken;
 // the GIL taken) is accel.allocator.empty_strided while regions take their outputs from the
 // pool, None where they do not (the matmuls then allocate theirs as eager does). Takes the
 // GIL (ctypes releases it).
