@@ -67,6 +67,7 @@ _matmul_pool = False  # matmul outputs from accel's CPU output pool (set_matmul_
 _prefetch: Optional[threading.Thread] = None  # prefetch()'s thread, until start() waits for _found
 _prefetched = None  # what it found: (store, key, entry), or None
 _found = threading.Event()  # set once that thread is done with the filter
+_registering = threading.Lock()  # held while that thread registers the filter's fallbacks
 
 
 def _after_fork_in_child() -> None:
@@ -82,6 +83,8 @@ def _after_fork_in_child() -> None:
         _future, building = None, False
 
 
+os.register_at_fork(before=_registering.acquire, after_in_parent=_registering.release,
+                    after_in_child=_registering.release)  # (before _after_fork_in_child)
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
@@ -138,14 +141,18 @@ def _build(key: str, store):
 def prefetch() -> None:
     """Where the kernel store exists already (at ``import accel`` with torch imported: see
     ``accel._preload``), open it in a background thread, find the filter's entry in it,
-    and then fault in the CPU output pool's blocks the program's last process recorded
+    load the library and register its two boxed fallbacks (``accel_filter_fallbacks``,
+    safe while the program makes calls: see its comment), and then fault in the CPU
+    output pool's blocks the program's last process recorded
     (:func:`accel.allocator.prefill`, where the pool is in use). The first enable makes
     that store the process's, where it is still the one the environment names
     (:func:`accel.runtime.adopt_store`: a program may set ``ACCEL_CACHE_DIR`` after the
-    import), and then only loads the library and registers its fallbacks (about 6 ms on
-    the dev VM), which must happen on a thread that makes no call meanwhile; opening the
-    store and looking the filter up (about 9 ms) is done while the program builds its
-    model instead of in its first iteration. The enable waits for the filter's part only.
+    import), and then only registers the filter's unboxed kernels (about 2 ms on the dev
+    VM), which must happen on a thread that makes no call meanwhile; opening the store,
+    looking the filter up (about 9 ms) and the fallbacks (about 20 ms) are done while the
+    program builds its model instead of in its first iteration. The enable waits for the
+    filter's part only; a fork waits for the fallbacks' registration (which holds the
+    dispatcher's lock) to end.
     Creates nothing: without a store, or under ``ACCEL_DISABLE=1``, it does nothing; with
     ``ACCEL_DISPATCH_FILTER=0`` only the pool's part runs. Never raises: an invalid
     ``ACCEL_*`` value or a broken store is left to the first enable to report."""
@@ -178,7 +185,10 @@ def _prefetch_run(find: bool, pool) -> None:
             key = store_key()
             entry = store.get(key)
             if entry is not None and not entry.negative:
-                ctypes.CDLL(entry.path, mode=ctypes.RTLD_LOCAL)  # mapped and relocated now
+                lib = ctypes.CDLL(entry.path, mode=ctypes.RTLD_LOCAL)  # mapped and relocated now
+                lib.accel_filter_fallbacks.restype = ctypes.c_char_p
+                with _registering:  # (a fork waits for it: the dispatcher's lock is held)
+                    lib.accel_filter_fallbacks()  # a failure: the first enable reports it
             _prefetched = (store, key, entry)
     except Exception:  # noqa: BLE001 - start() looks again and reports what it finds
         return

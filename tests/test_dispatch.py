@@ -679,6 +679,59 @@ def test_import_finds_the_filter_in_the_background():
     assert "adopted True" in r.stdout, r.stdout
 
 
+_FALLBACKS = """
+def fallbacks():
+    table = torch._C._dispatch_dump_table("aten::sin").splitlines()
+    return sorted(l.split(":")[0] for l in table if "backend fallback" in l and "accel" in l)
+"""
+
+
+def test_import_registers_the_fallbacks_in_the_background():
+    """The import's thread also registers the filter's two boxed fallbacks (most of the
+    registration's time): before the first enable they are in the dispatcher's tables, the
+    library not yet loaded; the first enable loads it, and results are right."""
+    code = ("import torch\n" + _FALLBACKS + "print('before', fallbacks())\n" + _PREFETCHED
+            + "print('after', fallbacks(), dispatch._lib is None)\n"
+            + CHECK.replace("import torch, accel\n", ""))
+    r = _run(code, {})
+    assert r.returncode == 0, r.stderr
+    assert "before []" in r.stdout, r.stdout
+    assert "after ['Fake', 'TESTING_ONLY_GenericMode'] True" in r.stdout, r.stdout
+    assert "loaded True" in r.stdout, r.stdout
+
+
+def test_calls_while_the_fallbacks_are_registered_are_right():
+    """The program's calls go on while the import's thread registers the fallbacks (it
+    writes only their keys' entries of the dispatch tables, keys no call carries before an
+    enable): every result meanwhile is eager's, bit for bit, and so is every result under
+    accel after it. (A fork meanwhile waits for the registration to end:
+    test_a_fork_during_the_prefetch_loads_the_filter_in_the_child forks then.)"""
+    code = """
+import torch
+x = torch.randn(64, 64)
+def program():
+    return [torch.sin(x) @ x, torch.relu(x) + 1, x.sum(0), torch.cat([x, x]).view(-1)[:7], x.t().contiguous()]
+want = program()
+import accel
+from accel import dispatch
+thread, n, during = dispatch._prefetch, 0, 0
+while n < 200 or thread.is_alive():
+    during += thread.is_alive()
+    for a, b in zip(program(), want):
+        assert torch.equal(a, b)
+    n += 1
+with accel.eager():
+    got = [program() for _ in range(3)]
+for g in got:
+    for a, b in zip(g, want):
+        torch.testing.assert_close(a, b)
+print("ok", dispatch.wait(60), "during", during > 0)
+"""
+    r = _run(code, {})
+    assert r.returncode == 0, r.stderr
+    assert "ok True during" in r.stdout, (r.stdout, r.stderr)  # (during: True here)
+
+
 def test_a_store_set_up_after_the_import_is_the_one_used():
     """A program that changes the store's settings after ``import accel`` (here its size
     limit) gets a store opened with them: the prefetched one is left, and the first enable

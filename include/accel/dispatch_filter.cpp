@@ -748,12 +748,55 @@ void split_lines(const char* text, std::unordered_set<std::string>* out) {
   }
 }
 
+// (g_mu held) The two boxed fallbacks, once per process: "" or the reason they cannot be
+// registered.
+const char* fallbacks_locked() {
+  static std::string error;
+  if (g_library) return "";
+  auto& dispatcher = c10::Dispatcher::singleton();
+  if (dispatcher.hasBackendFallbackForDispatchKey(kFilterKey)) {
+    return "another library registered a fallback for TESTING_ONLY_GenericMode";
+  }
+  if (dispatcher.hasBackendFallbackForDispatchKey(kRecordKey)) {
+    return "another library registered a fallback for Fake";
+  }
+  try {
+    auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, "_", kFilterKey,
+                                                __FILE__, __LINE__);
+    lib->fallback(torch::CppFunction::makeFromBoxedFunction<&filter>());
+    auto rec = std::make_unique<torch::Library>(torch::Library::IMPL, "_", kRecordKey,
+                                                __FILE__, __LINE__);
+    rec->fallback(torch::CppFunction::makeFromBoxedFunction<&record>());
+    g_library = std::move(lib);
+    g_record_library = std::move(rec);
+  } catch (const std::exception& e) {
+    error = e.what();
+    return error.c_str();
+  }
+  return "";
+}
+
 }  // namespace
 
 extern "C" {
 
-// Register the fallback (once per process). Returns an empty string, or the reason it
-// cannot be registered (the interceptor then keeps every call on the mode's path).
+// Register the two boxed fallbacks (once per process): most of the registration's time
+// (every operator's dispatch table gets an entry for each key: about 20 ms on the dev
+// VM), which accel.dispatch.prefetch does on its thread while the program builds its
+// model. Safe while other threads make calls: a fallback's registration writes only its
+// own key's entry of each operator's table (and sets the key's bit of the operator's
+// non-fallthrough keys, already set), keys no call carries before accel_filter_include,
+// under the dispatcher's lock against other registrations. Returns "" or the reason.
+const char* accel_filter_fallbacks() {
+  std::lock_guard<std::mutex> guard(g_mu);
+  return fallbacks_locked();
+}
+
+// Register the filter (once per process; again: the op names only). Returns an empty
+// string, or the reason it cannot be registered (the interceptor then keeps every call on
+// the mode's path). The fallbacks where accel_filter_fallbacks has not, then the unboxed
+// kernels and the matmuls' kernels, which add to operators' kernel maps: on a thread that
+// makes no call meanwhile.
 // deferrable / views: op names ("aten::add.Tensor"), one per line; mode_type_a/b: the
 // interceptor's mode classes (type objects).
 const char* accel_filter_register(const char* deferrable, const char* views,
@@ -774,23 +817,10 @@ const char* accel_filter_register(const char* deferrable, const char* views,
     Py_INCREF(g_replay);
     Py_INCREF(g_flush);
   }
-  if (g_library) return "";
-  auto& dispatcher = c10::Dispatcher::singleton();
-  if (dispatcher.hasBackendFallbackForDispatchKey(kFilterKey)) {
-    return "another library registered a fallback for TESTING_ONLY_GenericMode";
-  }
-  if (dispatcher.hasBackendFallbackForDispatchKey(kRecordKey)) {
-    return "another library registered a fallback for Fake";
-  }
+  if (g_matmul_library) return "";
+  const char* err = fallbacks_locked();
+  if (*err) return err;
   try {
-    auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, "_", kFilterKey,
-                                                __FILE__, __LINE__);
-    lib->fallback(torch::CppFunction::makeFromBoxedFunction<&filter>());
-    auto rec = std::make_unique<torch::Library>(torch::Library::IMPL, "_", kRecordKey,
-                                                __FILE__, __LINE__);
-    rec->fallback(torch::CppFunction::makeFromBoxedFunction<&record>());
-    g_library = std::move(lib);
-    g_record_library = std::move(rec);
     g_matmul_library = matmul_library();
     register_unboxed();
   } catch (const std::exception& e) {
@@ -830,7 +860,7 @@ int accel_filter_unboxed() { return g_unboxed; }
 // process: only while no other thread makes calls (the dispatcher's tables change).
 int accel_filter_set_unboxed(int on) {
   std::lock_guard<std::mutex> guard(g_mu);
-  if (!g_library) return 0;
+  if (!g_matmul_library) return 0;
   if (on == 0) {
     g_unboxed_library.reset();
     g_unboxed = 0;
