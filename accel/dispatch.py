@@ -65,7 +65,7 @@ _MATMUL_MODES = {"off": 0, "auto": 1, "on": 2}
 _matmul = 1  # ACCEL_CPU_MATMUL (set_matmul)
 _matmul_pool = False  # matmul outputs from accel's CPU output pool (set_matmul_pool)
 _prefetch: Optional[threading.Thread] = None  # prefetch()'s thread, until start() waits for _found
-_prefetched = None  # what it found: (store, key, entry), or None
+_prefetched = None  # what it found: (store, key, entry, fallbacks registered), or None
 _found = threading.Event()  # set once that thread is done with the filter
 _registering = threading.Lock()  # held while that thread registers the filter's fallbacks
 
@@ -184,12 +184,13 @@ def _prefetch_run(find: bool, pool) -> None:
         if find:
             key = store_key()
             entry = store.get(key)
+            registered = False
             if entry is not None and not entry.negative:
                 lib = ctypes.CDLL(entry.path, mode=ctypes.RTLD_LOCAL)  # mapped and relocated now
                 lib.accel_filter_fallbacks.restype = ctypes.c_char_p
                 with _registering:  # (a fork waits for it: the dispatcher's lock is held)
-                    lib.accel_filter_fallbacks()  # a failure: the first enable reports it
-            _prefetched = (store, key, entry)
+                    registered = not lib.accel_filter_fallbacks()  # else the enable reports it
+            _prefetched = (store, key, entry, registered)
     except Exception:  # noqa: BLE001 - start() looks again and reports what it finds
         return
     finally:
@@ -228,6 +229,11 @@ def start() -> None:
             store = get_store()
             key = store_key()
             entry = pre[2] if adopted and pre[1] == key and pre[2] is not None else store.get(key)
+            if pre is not None and pre[3]:  # its library holds the fallbacks: it is the one used
+                if entry is None and pre[1] == key:  # (the program chose another store since)
+                    with open(pre[2].path, "rb") as f:
+                        store.put(key, f.read(), pre[2].meta)
+                entry = pre[2]
         except Exception as e:  # noqa: BLE001 - no compiler, a broken store
             _give_up(f"{type(e).__name__}: {e}")
             return

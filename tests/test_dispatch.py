@@ -745,6 +745,22 @@ def test_a_store_set_up_after_the_import_is_the_one_used():
     assert "adopted False" in r.stdout and "limit 4321" in r.stdout, r.stdout
 
 
+def test_a_new_store_after_the_import_gets_the_prefetched_filter(tmp_path):
+    """A program that names a fresh store after ``import accel`` (as bench_cpu.py does for
+    its cold start): the library whose fallbacks the import's thread registered is the
+    one loaded (another could not register them), at once and without a build, and it
+    is put into the new store for the program's next processes."""
+    where = tmp_path / "fresh"
+    code = (_PREFETCHED + f"import os\nos.environ['ACCEL_CACHE_DIR'] = {str(where)!r}\n"
+            + CHECK.replace("import torch, accel\n", "")
+            + "print('building', dispatch.building, 'stored', Store().get(dispatch.store_key()) is not None)\n")
+    r = _run(code, {})
+    assert r.returncode == 0, r.stderr
+    assert "loaded True off None" in r.stdout, (r.stdout, r.stderr)
+    assert "building False stored True" in r.stdout, r.stdout
+    assert "dispatch filter" not in r.stderr, r.stderr
+
+
 def test_the_store_is_adopted_only_where_the_environment_names_it(fresh_store, tmp_path,
                                                                   monkeypatch):
     from accel import runtime
