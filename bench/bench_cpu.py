@@ -665,8 +665,9 @@ def _report(args, names, runs, child_args, run_dir, t_start) -> int:
         print(f"\nNote: warm-start processes compiled regions again ({', '.join(recompiled)}): "
               f"{why}.")
     print("\nfirst-steady = the first call in the new process minus that process's steady "
-          "state: for accel, its first enable (registering the dispatch filter: `import accel` "
-          "opened the store and found the filter in the background), trie misses, meta "
+          "state: for accel, its first enable (registering the dispatch filter's unboxed "
+          "kernels: `import accel` opened the store, found the filter and registered its "
+          "fallbacks in the background), trie misses, meta "
           "evaluations, store look-ups and loads, and the first touches of fresh outputs (with "
           "glibc's defaults, of the output pool's blocks, which its steady state reuses, unless "
           "the command ran before: then its import faulted in, in the background, the blocks "
