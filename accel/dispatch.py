@@ -144,7 +144,8 @@ def prefetch() -> None:
     load the library and register its two boxed fallbacks (``accel_filter_fallbacks``,
     safe while the program makes calls: see its comment), and then fault in the CPU
     output pool's blocks the program's last process recorded
-    (:func:`accel.allocator.prefill`, where the pool is in use). The first enable makes
+    (:func:`accel.allocator.prefill`, where the pool is in use), after reading its trie
+    nodes and loading its kernels ahead (:func:`accel.runtime.prefetch_working_set`). The first enable makes
     that store the process's, where it is still the one the environment names
     (:func:`accel.runtime.adopt_store`: a program may set ``ACCEL_CACHE_DIR`` after the
     import), and then only registers the filter's unboxed kernels (about 2 ms on the dev
@@ -154,7 +155,7 @@ def prefetch() -> None:
     filter's part only; a fork waits for the fallbacks' registration (which holds the
     dispatcher's lock) to end.
     Creates nothing: without a store, or under ``ACCEL_DISABLE=1``, it does nothing; with
-    ``ACCEL_DISPATCH_FILTER=0`` only the pool's part runs. Never raises: an invalid
+    ``ACCEL_DISPATCH_FILTER=0`` only the pool's and the working set's parts run. Never raises: an invalid
     ``ACCEL_*`` value or a broken store is left to the first enable to report."""
     global _prefetch
     from . import allocator
@@ -165,22 +166,24 @@ def prefetch() -> None:
             return
         find = config.flag("ACCEL_DISPATCH_FILTER")
         pool = allocator.prefill_plan()
+        program = allocator.program_key()
     except (config.ConfigError, OSError):
         return
-    if find or pool is not None:
+    if find or pool is not None or program is not None:
         _found.clear()
-        _prefetch = threading.Thread(target=_prefetch_run, args=(find, pool),
+        _prefetch = threading.Thread(target=_prefetch_run, args=(find, pool, program),
                                      name="accel-prefetch", daemon=True)
         _prefetch.start()
 
 
-def _prefetch_run(find: bool, pool) -> None:
+def _prefetch_run(find: bool, pool, program) -> None:
     global _prefetched
-    from . import allocator
+    from . import allocator, runtime
     from .store import Store
 
     try:
         store = Store()  # raises where the disk store is unusable: left to the first enable
+        _prefetched = (store, None, None, False)
         if find:
             key = store_key()
             entry = store.get(key)
@@ -195,6 +198,8 @@ def _prefetch_run(find: bool, pool) -> None:
         return
     finally:
         _found.set()
+    if program is not None:
+        runtime.prefetch_working_set(store, program)
     if pool is not None:
         allocator.prefill(store, *pool)
 
@@ -218,14 +223,14 @@ def start() -> None:
     with _lock:
         if _lib is not None or _off is not None or _future is not None:
             return
+        from .runtime import _pool, adopt_store, get_store
+
+        pre, _prefetched = _prefetched, None
+        adopted = pre is not None and adopt_store(pre[0])  # (its working set too)
         if not config.flag("ACCEL_DISPATCH_FILTER"):
             _off = "ACCEL_DISPATCH_FILTER=0"
             return
-        from .runtime import _pool, adopt_store, get_store
-
         try:
-            pre, _prefetched = _prefetched, None
-            adopted = pre is not None and adopt_store(pre[0])
             store = get_store()
             key = store_key()
             entry = pre[2] if adopted and pre[1] == key and pre[2] is not None else store.get(key)

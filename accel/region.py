@@ -121,13 +121,24 @@ PENDING_NODES: Dict[bytes, Optional[tuple]] = {}
 NEW_NODES = [0]
 
 
-def _stored_node(digest: bytes):
-    """The node's metadata from the store: the record, or ``_MISS``."""
-    from .runtime import get_store
+#: digests of the trie nodes made in this process, in order (its working set's nodes)
+USED_NODES: Dict[bytes, None] = {}
+#: node metadata read ahead from the store (:func:`accel.runtime.prefetch_working_set`),
+#: by digest, and the store it was read from
+PREFETCHED_NODES: Dict[bytes, object] = {}
 
+
+def _stored_node(digest: bytes):
+    """The node's metadata from the store (read ahead where the import's thread did):
+    the record, or ``_MISS``."""
+    from . import runtime
+
+    USED_NODES[digest] = None
     try:
-        store = get_store()
-        rec = store.get_node(digest)
+        store = runtime.get_store()
+        rec = PREFETCHED_NODES.pop(digest, None) if store is runtime.prefetched_from else None
+        if rec is None:
+            rec = store.get_node(digest)
     except Exception:  # noqa: BLE001 - a store problem: compute it
         return _MISS
     if rec is None:

@@ -6,7 +6,8 @@
     stats/    diskcache.Cache  counters, and "use:<key>" -> (last use, sha256); never evicted;
                                a found entry's last use and the counts are written at exit (touch);
                                "pool:<program>" -> the CPU output pool's block sizes at a
-                               program's exit (accel.allocator.prefill)
+                               program's exit (accel.allocator.prefill); "ws:<program>" -> the
+                               trie nodes and kernels it used (accel.runtime.prefetch_working_set)
     nodes/    diskcache.Cache  trie node digest -> output metadata of a call (so a new process
                                skips meta evaluation: accel.region.TrieNode)
     objects/  <sha256>.so      artifacts materialized for dlopen (or reading: CUDA cubins), written atomically
@@ -54,7 +55,8 @@ STORE_VERSION = 1
 COUNTERS = ("hits", "misses", "compiles", "compile_failures")
 _PREFIX = f"v{STORE_VERSION}:"  # index keys; another format version never sees these entries
 _USE = "use:"  # side-table keys of last-use records
-_POOL = "pool:"  # side-table keys of programs' pool records; everything else there is a counter
+_POOL = "pool:"  # side-table keys of programs' pool records
+_WS = "ws:"  # side-table keys of programs' working sets; everything else there is a counter
 _COUNT_LOCK = threading.Lock()  # the stores' unwritten counts
 
 
@@ -236,12 +238,30 @@ class _BaseStore:
         (:func:`accel.allocator.prefill`); kept until ``clear()``."""
         self._side.set(_POOL + program, tuple(sorted(int(n) for n in sizes)))
 
+    def working_set(self, program: str) -> tuple[list[bytes], list[str]] | None:
+        """The trie nodes (digests) and kernels (store keys) ``program``'s last process
+        used, as it recorded them at exit (:meth:`put_working_set`), or None: none
+        recorded, or a value of another form (a damaged or foreign record counts as none)."""
+        try:
+            v = self._side.get(_WS + program)
+        except Exception:  # noqa: BLE001 - unreadable: none
+            return None
+        if (not isinstance(v, tuple) or len(v) != 2 or not all(isinstance(p, tuple) for p in v)
+                or not all(type(d) is bytes for d in v[0]) or not all(type(k) is str for k in v[1])):
+            return None
+        return list(v[0]), list(v[1])
+
+    def put_working_set(self, program: str, nodes, kernels) -> None:
+        """Record the trie nodes (digests) and kernels (store keys) ``program`` used, for
+        its next process (:func:`accel.runtime.prefetch_working_set`); kept until ``clear()``."""
+        self._side.set(_WS + program, (tuple(nodes), tuple(kernels)))
+
     def stats(self) -> dict:
         """The counters as ``{name: int}`` (this process's unwritten counts included); the
         four standard ones are always present."""
         out = dict.fromkeys(COUNTERS, 0)
         out.update({k: int(self._side.get(k, 0)) for k in list(self._side.iterkeys())
-                    if isinstance(k, str) and not k.startswith((_USE, _POOL))})
+                    if isinstance(k, str) and not k.startswith((_USE, _POOL, _WS))})
         with _COUNT_LOCK:
             pending = list(self._counts.items())
         for k, n in pending:

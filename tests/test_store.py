@@ -409,3 +409,73 @@ def test_a_precompiled_header_that_breaks_a_build_is_dropped(cache_dir, pch, cap
         if t.name == "accel-pch":
             t.join(120)
     assert pch._pch[key] is None and s.get(key).negative
+
+
+# -- a program's working set: its next process reads it ahead --------------------------------
+@pytest.mark.parametrize("value", ["junk", (1, 2), ((b"a",), ("k", 3)), (("a",), ("k",)), ((b"a",),)])
+def test_a_damaged_working_set_is_none(store, value):
+    store._side.set(st._WS + "p", value)
+    assert store.working_set("p") is None
+    store.put_working_set("p", [b"d1", b"d2"], ["k1"])
+    assert store.working_set("p") == ([b"d1", b"d2"], ["k1"])
+    assert "ws:p" not in store.stats()  # not a counter
+
+
+def test_a_working_set_of_missing_entries_reads_nothing_ahead(store, monkeypatch):
+    """Entries evicted (or never stored) since the record: nothing is read ahead for them,
+    and nothing raises."""
+    from accel import region, runtime
+
+    monkeypatch.setattr(runtime, "prefetched_from", None)
+    monkeypatch.setattr(runtime, "_PREFETCHED_KERNELS", {})
+    monkeypatch.setattr(runtime, "_ws_record", (None, 0, None))  # no exit record
+    monkeypatch.setattr(region, "PREFETCHED_NODES", {})
+    store.put_working_set("p", [b"\0" * 32], ["0" * 64])
+    assert runtime.prefetch_working_set(store, "p") == 0
+    assert runtime.prefetched_from is store and not runtime._PREFETCHED_KERNELS
+    assert not region.PREFETCHED_NODES
+    assert runtime.prefetch_working_set(store, "unknown") == 0
+
+
+_WS_PROGRAM = """
+import sys, torch, accel
+from accel import dispatch, runtime
+from accel.store import Store
+if dispatch._prefetch is not None:
+    dispatch._prefetch.join()
+lookups = []
+get, get_node = Store.get, Store.get_node
+Store.get = lambda self, k, *a, **kw: lookups.append(k) or get(self, k, *a, **kw)
+Store.get_node = lambda self, d: lookups.append(d) or get_node(self, d)
+x = torch.randn(64, 256)
+with accel.eager():
+    y = (torch.sin(x) * 2 + 1).softmax(-1)
+    z = torch.nn.functional.layer_norm(y + x, [256])
+torch.testing.assert_close(z, torch.nn.functional.layer_norm((torch.sin(x) * 2 + 1).softmax(-1) + x, [256]))
+print("lookups", len(lookups), "read ahead", runtime.prefetched_from is not None,
+      "left", len(runtime._PREFETCHED_KERNELS), "stats", accel.stats()["store_hits"], accel.stats()["compiles"])
+"""
+
+
+def test_a_programs_next_process_reads_its_working_set_ahead(tmp_path):
+    """A program's first process records the trie nodes and kernels it used at exit; its
+    next process reads them from the store, and loads the kernels, at ``import accel`` in
+    the background: its first call looks nothing up in the store (a store hit, no
+    compile). Another command has no record yet."""
+    prog = tmp_path / "prog.py"
+    prog.write_text(_WS_PROGRAM)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ACCEL_")}
+    env.update({"ACCEL_DISPATCH_FILTER": "0", "ACCEL_CACHE_DIR": str(tmp_path / "store")})
+
+    def run(*args):
+        p = subprocess.run([sys.executable, str(prog), *args], env=env, capture_output=True,
+                           text=True, timeout=300)
+        assert p.returncode == 0, p.stderr[-3000:]
+        return p.stdout.split()
+
+    first = run()
+    assert first[1] != "0" and first[-1] == "1", first  # looked up, then compiled one kernel
+    second = run()
+    assert second[1] == "0" and second[4:] == ["True", "left", "0", "stats", "1", "0"], second
+    other = run("--other")
+    assert other[1] != "0" and other[4] == "False", other
