@@ -124,7 +124,7 @@ NEW_NODES = [0]
 #: digests of the trie nodes made in this process, in order (its working set's nodes)
 USED_NODES: Dict[bytes, None] = {}
 #: node metadata read ahead from the store (:func:`accel.runtime.prefetch_working_set`),
-#: by digest, and the store it was read from
+#: by digest: taken where that store (``runtime.prefetched_from``) is the process's
 PREFETCHED_NODES: Dict[bytes, object] = {}
 
 
