@@ -27,13 +27,16 @@ The :class:`Sampler` of a thread, step by step:
   median so far ends the trial at once (interception clearly pays: a trial then costs the
   program one slow step). A step that is not quiet ends it too, back to *warm*. At the
   end, interception is turned off where the unintercepted steps' median is below
-  ``1 - MARGIN`` times the intercepted steps'. A verdict of *off* where the last decision
-  was not off is confirmed first, by a second trial at once: on a busy machine one trial's
-  steps can meet a burst of other work (a compiler the program started, say) that favours
-  either side, and a wrong *off* would hold for :data:`HOLD_MIN` steps (in a
+  ``1 - MARGIN`` times the intercepted steps'. A verdict that reverses the last decision
+  (or a first *off*) is confirmed first, by a second trial at once: on a busy machine one
+  trial's steps can meet a burst of other work (a compiler the program started, say) that
+  favours either side, and a wrong verdict would hold for :data:`HOLD_MIN` steps (in a
   ``bench_cpu.py`` run the demo's CPU step ran unintercepted after one such trial, at 105.6
-  ms, eager's speed, where the next run's intercepted steps took 92.3). A program that
-  changed (below) has its next *off* verdict confirmed again;
+  ms, eager's speed, where the next run's intercepted steps took 92.3; on an H200, whose
+  host's step times are noisy, one-trial verdicts to intercept again left the demo's step
+  intercepted for 45 of 80 steps, at 0.89x of eager's speed against 0.99x). An ABORT is
+  clear and is not confirmed. A program that changed (below) has its next *off* verdict
+  confirmed again;
 - *hold*: the decision stands for a number of steps, :data:`HOLD_MIN` at first, doubled
   each time a trial confirms it, up to :data:`HOLD_MAX`; then a new trial. A step that is
   not quiet ends the hold, back to *warm*: the program changed (another model's steps, new
@@ -196,7 +199,7 @@ class Sampler:
         self.trials = 0
         self.cuda = False  # trials where CUDA is initialized (steps timed on the GPU)
         self.broken = None  # why sampling stopped on this thread (an error), if it did
-        self.confirming = False  # the trial confirms an "off" verdict of the one before
+        self.confirming = False  # the trial confirms the one before's reversing verdict
 
     # -- the step's clock: accel enabled on the thread (start) or not (stop) -------------
     def start(self) -> None:
@@ -286,7 +289,8 @@ class Sampler:
             ons = self.times[True]
             if not on and ons and t > ABORT * statistics.median(ons):
                 return self._end_trial(False, f"a step without it took {t * 1e3:.2f} ms "
-                                              f"against {statistics.median(ons) * 1e3:.2f}")
+                                              f"against {statistics.median(ons) * 1e3:.2f}",
+                                       clear=True)
         return None
 
     def _decide(self) -> bool:
@@ -302,12 +306,16 @@ class Sampler:
         log.debug("accel: step sampling starts again (%s)", why)
         return self._next(True)
 
-    def _end_trial(self, turn_off: Optional[bool], why: str) -> bool:
+    def _end_trial(self, turn_off: Optional[bool], why: str, clear: bool = False) -> bool:
+        """End the trial with its verdict (``None``: start again); a verdict that reverses
+        the last decision (or a first *off*) is confirmed by a second trial first, unless
+        it is ``clear`` (an unintercepted step past :data:`ABORT`)."""
         if turn_off is None:
             return self._rewarm(why)
-        if turn_off and self.last_off is not True and not self.confirming:
+        reverses = self.last_off is not True if turn_off else self.last_off is True
+        if reverses and not clear and not self.confirming:
             log.debug("accel: step sampling: a second trial to confirm turning interception "
-                      "off (%s)", why)
+                      "%s (%s)", "off" if turn_off else "on", why)
             self.confirming = True
             self._begin_trial()
             return self._next(self.intercept)

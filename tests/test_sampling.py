@@ -81,6 +81,46 @@ def test_an_off_verdict_the_second_trial_does_not_confirm_keeps_interception_on(
     assert s.trials == 2 and not s.confirming
 
 
+def _held_off(times):
+    """A sampler that turned interception off, at its first hold's end (the next step
+    begins a trial)."""
+    s, _ = _sampler(times)
+    _run(s, OFF_END - 1 + sampling.HOLD_MIN)
+    assert s.state == "hold" and not s.intercept and s.left == 1
+    return s
+
+
+@pytest.mark.parametrize("second", ["on", "off"])
+def test_an_on_verdict_after_off_is_confirmed_by_a_second_trial(second):
+    """A trial during an *off* hold whose unintercepted steps read not faster (within the
+    margin: not an ABORT) turns interception on only where a second trial agrees; where
+    that one reads them faster again, interception stays off, its hold doubled (on a GPU
+    host's noisy step times one-trial verdicts turned it on again and again)."""
+    times = {True: 10.0, False: 5.0}
+    s = _held_off(times)
+    times[False] = 10.2
+    _run(s, 1 + len(sampling.TRIAL))  # the trial: it says on
+    assert s.state == "trial" and s.confirming
+    if second == "off":
+        times[False] = 5.0
+    states = _run(s, len(sampling.TRIAL) + 2)
+    assert s.state == "hold" and not s.confirming
+    if second == "on":
+        assert s.intercept and all(states[len(sampling.TRIAL) - 1:]) and s.hold == sampling.HOLD_MIN
+    else:
+        assert not s.intercept and not any(states[len(sampling.TRIAL) - 1:])
+        assert s.hold == 2 * sampling.HOLD_MIN
+
+
+def test_an_abort_during_an_off_hold_turns_interception_on_at_once():
+    """An unintercepted trial step past ABORT is clear: no second trial."""
+    times = {True: 10.0, False: 5.0}
+    s = _held_off(times)
+    times[False] = 20.0
+    states = _run(s, 1 + sampling.TRIAL.index(False) + 2)
+    assert s.state == "hold" and s.intercept and not s.confirming and states[-1]
+
+
 def test_a_clearly_slower_step_without_interception_ends_the_trial_at_once():
     s, _ = _sampler({True: 5.0, False: 10.0})
     states = _run(s, TRIAL_END + 2)
