@@ -145,8 +145,9 @@ def prefetch() -> None:
     safe while the program makes calls: see its comment), and then fault in the CPU
     output pool's blocks the program's last process recorded
     (:func:`accel.allocator.prefill`, where the pool is in use), after reading its trie
-    nodes and loading its kernels ahead (:func:`accel.runtime.prefetch_working_set`). The first enable makes
-    that store the process's, where it is still the one the environment names
+    nodes and loading its kernels ahead (:func:`accel.runtime.prefetch_working_set`).
+    The first enable makes that store the process's, where it is still the one the
+    environment names
     (:func:`accel.runtime.adopt_store`: a program may set ``ACCEL_CACHE_DIR`` after the
     import), and then only registers the filter's unboxed kernels (about 2 ms on the dev
     VM), which must happen on a thread that makes no call meanwhile; opening the store,
@@ -155,8 +156,9 @@ def prefetch() -> None:
     filter's part only; a fork waits for the fallbacks' registration (which holds the
     dispatcher's lock) to end.
     Creates nothing: without a store, or under ``ACCEL_DISABLE=1``, it does nothing; with
-    ``ACCEL_DISPATCH_FILTER=0`` only the pool's and the working set's parts run. Never raises: an invalid
-    ``ACCEL_*`` value or a broken store is left to the first enable to report."""
+    ``ACCEL_DISPATCH_FILTER=0`` only the pool's and the working set's parts run. Never
+    raises: an invalid ``ACCEL_*`` value or a broken store is left to the first enable to
+    report."""
     global _prefetch
     from . import allocator
 

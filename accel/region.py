@@ -121,8 +121,6 @@ PENDING_NODES: Dict[bytes, Optional[tuple]] = {}
 NEW_NODES = [0]
 
 
-#: digests of the trie nodes made in this process, in order (its working set's nodes)
-USED_NODES: Dict[bytes, None] = {}
 #: node metadata read ahead from the store (:func:`accel.runtime.prefetch_working_set`),
 #: by digest: taken where that store (``runtime.prefetched_from``) is the process's
 PREFETCHED_NODES: Dict[bytes, object] = {}
@@ -133,7 +131,6 @@ def _stored_node(digest: bytes):
     the record, or ``_MISS``."""
     from . import runtime
 
-    USED_NODES[digest] = None
     try:
         store = runtime.get_store()
         rec = PREFETCHED_NODES.pop(digest, None) if store is runtime.prefetched_from else None

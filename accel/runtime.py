@@ -21,7 +21,7 @@ import torch
 
 from . import __version__, allocator, config
 from .ops import run_calls
-from .region import (PENDING_NODES, PREFETCHED_NODES, USED_NODES, Region, TrieNode, _data_ptr,
+from .region import (PENDING_NODES, PREFETCHED_NODES, ROOT, Region, TrieNode, _data_ptr,
                      _untyped_storage, native)
 
 log = logging.getLogger("accel")
@@ -288,7 +288,8 @@ def kernel_for(region: Region, live) -> Optional[CompiledRegion]:
     except Exception as e:  # noqa: BLE001 - no compiler: eager, once warned
         warn_once(("key", type(e).__name__), "accel: kernels disabled (%s); running eagerly", e)
         return None
-    _use(key)
+    if _ws_record is None:
+        _record_at_exit(allocator.program_key(), None)
     kern = _PREFETCHED_KERNELS.pop(key, None) if store is prefetched_from else None
     if kern is not None:
         STATS["store_hits"] += 1
@@ -315,22 +316,31 @@ def kernel_for(region: Region, live) -> Optional[CompiledRegion]:
 
 
 # -- a program's working set: its next process reads it ahead ---------------------------
-#: the store keys of the kernels this process looked up, in order
-USED_KERNELS: dict = {}
 #: kernels loaded ahead from the store by the import's thread, by key, and that store
 _PREFETCHED_KERNELS: dict = {}
 prefetched_from = None
 _ws_record = None  # (program, pid, the working set read ahead) once the exit's record is due
-#: the most nodes and kernels a working set keeps (the first ones the program met)
+#: the most nodes and kernels a working set keeps (the trie's first, breadth first)
 WS_MAX_NODES, WS_MAX_KERNELS = 4096, 1024
 
 
-def _use(key: str) -> None:
+def _record_at_exit(program, read) -> None:
     global _ws_record
-    USED_KERNELS[key] = None
-    if _ws_record is None:
-        _ws_record = (allocator.program_key(), os.getpid(), None)
-        atexit.register(_save_working_set)
+    _ws_record = (program, os.getpid(), read)
+    atexit.register(_save_working_set)
+
+
+def _working_set() -> tuple:
+    """This process's trie nodes (digests) and loaded kernels (store keys), breadth first
+    from the root, at most :data:`WS_MAX_NODES` and :data:`WS_MAX_KERNELS`."""
+    nodes, kernels, level = [], [], [ROOT]
+    while level and len(nodes) < WS_MAX_NODES:
+        below = [c for n in level for c in list(n.children.values())]
+        nodes += [c.digest for c in below]
+        kernels += [k.key for c in below for k in list(c.kernels.values())
+                    if isinstance(k, CompiledRegion)]
+        level = below
+    return nodes[:WS_MAX_NODES], kernels[:WS_MAX_KERNELS]
 
 
 def prefetch_working_set(store, program: str) -> int:
@@ -341,15 +351,14 @@ def prefetch_working_set(store, program: str) -> int:
     23 kernels, 15-20 ms). Run by the import's background thread
     (:func:`accel.dispatch.prefetch`); used only where ``store`` becomes the process's
     store (:func:`adopt_store`). Returns how many kernels it loaded. Never raises."""
-    global prefetched_from, _ws_record
+    global prefetched_from
     try:
         ws = store.working_set(program)
         if not ws:
             return 0
         prefetched_from = store
         if _ws_record is None:
-            _ws_record = (program, os.getpid(), ws)
-            atexit.register(_save_working_set)
+            _record_at_exit(program, ws)
         nodes, keys = ws
         for d in nodes:
             rec = store.get_node(d)
@@ -376,9 +385,11 @@ def _save_working_set() -> None:
     program, pid, read = _ws_record
     if program is None or pid != os.getpid():
         return
-    ws = (list(USED_NODES)[:WS_MAX_NODES], list(USED_KERNELS)[:WS_MAX_KERNELS])
+    ws = _working_set()
     store = _store
-    if not ws[1] or (read is not None and ws == tuple(read)) or store is None or not store.persistent:
+    if not ws[1] or (read is not None and ws == tuple(read)):
+        return
+    if store is None or not store.persistent:
         return
     try:
         store.put_working_set(program, *ws)
