@@ -23,8 +23,9 @@ from typing import Dict, FrozenSet, List, Sequence, Tuple
 
 import torch
 import torch.fx as fx
+from torch._prims_common import make_contiguous_strides_for
 
-from .ops import HALF, float_key
+from .ops import HALF, float_key, splits
 
 prims = torch.ops.prims
 aten = torch.ops.aten
@@ -189,6 +190,50 @@ def _affine(*parts) -> tuple:
     return tuple(sorted((v, m) for v, m in acc.items() if m))
 
 
+def _merges_ones(n: fx.Node) -> bool:
+    """Whether ``collapse_view(x, start, end)`` merges at most one dim of size above 1
+    (``passes._fold_reshapes`` folds two squeezes so): its index is that dim's."""
+    x, start, end = n.args
+    return sum(1 for d in range(start, end + 1) if x.meta["val"].shape[d] != 1) <= 1
+
+
+def _split_index(n: fx.Node, idx: tuple) -> tuple:
+    """The index into ``as_strided``'s input ``x`` of its result's element at ``idx``,
+    where the result reads ``x``'s elements in order with ``x``'s dims split
+    (``ops.splits``; both contiguous, no storage offset): torch's view decomposition
+    emits such an ``as_strided`` for some splits (``[16]`` as ``[4, 4]``, ``[4]`` as
+    ``[4, 1]``) where it emits ``prims.split_dim`` for others.
+
+    Raises:
+        LoweringError: any other ``as_strided``.
+    """
+    x, size, stride = n.args[0], list(n.args[1]), list(n.args[2])
+    offset = n.args[3] if len(n.args) > 3 else n.kwargs.get("storage_offset")
+    xv = x.meta["val"]
+    contiguous = len(stride) == len(size) and all(
+        s == 1 or st == c for s, st, c in zip(size, stride, make_contiguous_strides_for(size)))
+    if (offset not in (None, 0) or not contiguous or not xv.is_contiguous()
+            or xv.numel() != n.meta["val"].numel() or not splits(tuple(xv.shape), tuple(size))):
+        raise LoweringError(f"no lowering for {n.format_node()}")
+    dst = [d for d, s in enumerate(size) if s != 1]
+    out, j = [], 0
+    for s in xv.shape:
+        if s == 1:
+            out.append(())
+            continue
+        group, p = [], 1
+        while p < s:
+            group.append(dst[j])
+            p *= size[dst[j]]
+            j += 1
+        inner, parts = 1, []
+        for d in reversed(group):
+            parts.append((idx[d], inner))
+            inner *= size[d]
+        out.append(_affine(*parts))
+    return tuple(out)
+
+
 class _Lowerer:
     def __init__(self, gm: fx.GraphModule, ext: Sequence[BufferSpec], scalar_types):
         self.gm = gm
@@ -340,6 +385,13 @@ class _Lowerer:
             inner = n.meta["val"].shape[dim + 1]
             merged = _affine((idx[dim], inner), (idx[dim + 1], 1))
             return self.value(x, idx[:dim] + (merged,) + idx[dim + 2:])
+        if t is prims.collapse_view.default and _merges_ones(n):  # a squeeze, in effect
+            x, start, end = n.args
+            xs = x.meta["val"].shape
+            inner = tuple(idx[start] if xs[d] != 1 else () for d in range(start, end + 1))
+            return self.value(x, idx[:start] + inner + idx[start + 1:])
+        if t is aten.as_strided.default:  # a view's decomposition, where it splits dims
+            return self.value(n.args[0], _split_index(n, idx))
         if t in (prims.scalar_tensor.default, aten.scalar_tensor.default):
             return self.operand(n.args[0], (), dtype)
         if t in (prims.full.default, aten.full_like.default):
@@ -554,11 +606,16 @@ def lower(gm: fx.GraphModule, ext: Sequence[BufferSpec], outs: Sequence[BufferSp
     shapes: Dict[int, tuple] = {}  # nest -> (shape, variables in dim order)
     forced = 0  # nests of reductions moved to memory: they run first, in creation order
 
+    home: Dict[fx.Node, Nest] = {}  # the nest of each reduction moved to memory
+
     def place(job, fresh_only=False, among=()):
         """Put ``job``'s store into the first nest it fits (``fresh_only``: only those in
-        ``among``) or a new one; returns that nest, or None."""
+        ``among``) after the nests of the reductions it reads from memory, or a new one;
+        returns that nest, or None."""
         buf, node, spec, mutation = job
-        for nest in (list(among) if fresh_only else nests) + [None]:
+        reads = _reach([node]) if home else ()
+        after = max((nests.index(home[d]) + 1 for d in home if d in reads), default=0)
+        for nest in (list(among) if fresh_only else nests[after:]) + [None]:
             if nest is None:
                 nest = Nest([lw.new_var(s) for s in spec.shape])
                 shapes[id(nest)] = (tuple(spec.shape), tuple(nest.vars))
@@ -587,26 +644,46 @@ def lower(gm: fx.GraphModule, ext: Sequence[BufferSpec], outs: Sequence[BufferSp
             return nest
         return None
 
+    position = {n: k for k, n in enumerate(gm.graph.nodes)}
+
+    def to_memory(inner: List[fx.Node]) -> None:
+        """Store reductions ``inner`` to scratch buffers in nests of their own, which run
+        first, in graph order; one may share a nest of this call's with others (a mean and
+        a variance of one Welford) where it reads none of theirs from a later nest. A
+        reduction that conflicts with others in its own nest (a variance of values centered
+        by a column mean) sends those to memory before it, and so on."""
+        nonlocal forced
+        made: List[Nest] = []
+        for r in sorted(inner, key=position.__getitem__):
+            val = r.meta["val"]
+            spec = BufferSpec(val.dtype, tuple(val.shape), _contiguous(val.shape), True, scratch=True)
+            buffers.append(spec)
+            job = (len(buffers) - 1, r, spec, False)
+            reads = _reach([r])
+            after = max((made.index(home[d]) + 1 for d in home if d in reads and home[d] in made),
+                        default=0)
+            among = made[after:]
+            while (nest := place(job, fresh_only=True, among=among)) is None:
+                deeper = [d for d in _conflicting(lw, job, shapes) if d not in lw.in_memory]
+                if not deeper:
+                    raise LoweringError(f"cannot schedule {r.format_node()}")
+                to_memory(deeper)
+                among = []  # after the nests just made
+            if nest not in made:
+                made.append(nest)
+                forced += 1
+            home[r] = nest
+            lw.in_memory[r] = (len(buffers) - 1, spec)
+        lw.memo.clear()
+
     for job in jobs:
         while place(job) is None:
             # reductions that cannot all be hoisted in one nest (one nested in another's
             # loop, or depending on unrelated loops): the inner ones go to memory first
-            inner = _conflicting(lw, job, shapes)
+            inner = [d for d in _conflicting(lw, job, shapes) if d not in lw.in_memory]
             if not inner:
                 raise LoweringError(f"cannot schedule the reductions of {job[1].format_node()}")
-            made = []  # this round's nests: a mean and a variance of one Welford share one
-            for r in inner:
-                val = r.meta["val"]
-                spec = BufferSpec(val.dtype, tuple(val.shape), _contiguous(val.shape), True, scratch=True)
-                buffers.append(spec)
-                nest = place((len(buffers) - 1, r, spec, False), fresh_only=True, among=made)
-                if nest is None:
-                    raise LoweringError(f"cannot schedule {r.format_node()}")
-                if nest not in made:
-                    made.append(nest)
-                    forced += 1
-                lw.in_memory[r] = (len(buffers) - 1, spec)
-            lw.memo.clear()
+            to_memory(inner)
     if len(nests) > 1:
         _reuse_memory(lw, gm, buffers, nests, placed, shapes)
     ir = LoopIR(buffers, list(scalar_types), lw.sizes, nests)

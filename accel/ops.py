@@ -208,6 +208,54 @@ def float_key(v: float):
     return "-0.0" if v == 0.0 and math.copysign(1.0, v) < 0 else v
 
 
+_data_ptr = torch._C.TensorBase.data_ptr
+
+
+def splits(src, dst) -> bool:
+    """Whether shape ``dst`` splits each dim of ``src`` into consecutive dims, size-1 dims
+    aside (``[1024, 1024]`` -> ``[8, 128, 1024]``): the views a region's loop IR reads
+    through as index arithmetic (``prims.split_dim``, ``prims.squeeze``, and
+    ``as_strided`` where torch's view decomposition splits that way:
+    ``accel.lowering._split_index``); a merge of dims (``prims.collapse_view``) it cannot
+    express. The dispatch filter's ``splits`` (include/accel/call_keys.h) is the same
+    test."""
+    s = [n for n in src if n != 1]
+    d = [n for n in dst if n != 1]
+    j = 0
+    for n in s:
+        p = 1
+        while p < n and j < len(d):
+            p *= d[j]
+            j += 1
+        if p != n:
+            return False
+    return j == len(d)
+
+
+def split_view_of(t: torch.Tensor, outs, base: int) -> int:
+    """The index of the pending region output that ``t`` (whose storage starts at address
+    ``base``, a pending output's) views as a split of its dims, or -1.
+
+    ``t`` qualifies where it reads exactly ``outs[i]``'s elements, reshaped: the same
+    dtype, data address and number of elements (not 0), both contiguous, and ``t``'s shape
+    a refinement of the output's (:func:`splits`): a Linear's ``[B * T, C]`` output
+    viewed as ``[B, T, C]``. A call reading such a view is recorded into the region with
+    the argument ``("v", i, shape, stride)``, which the region's graph reads as
+    ``outs[i].view(shape)``; any other view of a pending output flushes the region first.
+    The dispatch filter's ``split_view`` (include/accel/call_keys.h) decides alike.
+    """
+    n = t.numel()
+    if n == 0 or not t.is_contiguous():
+        return -1
+    for i, o in enumerate(outs):
+        if _data_ptr(o) == base:  # (not Tensor.data_ptr: accel's hook flushes the region)
+            if (o.dtype == t.dtype and _data_ptr(t) == base and o.numel() == n
+                    and o.is_contiguous() and splits(o.shape, t.shape)):
+                return i
+            return -1
+    return -1
+
+
 def written_refs(spec: OpSpec, targs, tkw) -> list:
     """The argument references (``("x", j)``, ``("o", i)``, ...) of the tensors a call writes
     in place or through ``out=`` (``spec.mutates``); ``("c", None)`` for one not passed."""
@@ -261,13 +309,31 @@ def fusible_ops() -> Dict[object, OpSpec]:
             table[op] = spec
     return table
 
+def _split_view(t: torch.Tensor, shape) -> torch.Tensor:
+    """``t.view(shape)`` for a ``shape`` that :func:`splits` ``t``'s, as a squeeze of
+    ``t``'s size-1 dims, a view of the rest and an unsqueeze of ``shape``'s: traced, these
+    decompose into ops the loop IR reads through (``t.view(shape)`` itself can decompose
+    into a merge and a split: ``[64, 1, 48]`` as ``[1, 64, 48, 1]``)."""
+    ones = [d for d, n in enumerate(t.shape) if n == 1]
+    if ones:
+        t = t.squeeze(ones)
+    core = [n for n in shape if n != 1]
+    if list(t.shape) != core:
+        t = t.view(core)
+    for d, n in enumerate(shape):
+        if n == 1:
+            t = t.unsqueeze(d)
+    return t
+
+
 def run_calls(calls, ext, outs, scalars, on_new) -> None:
     """Run a region's recorded calls in order (eagerly, or under a tracer).
 
     ``calls``: (OpOverload, arg templates, kwarg templates, number of new tensors) with
-    templates ``("x", j)`` (``ext[j]``), ``("o", i)`` (``outs[i]``), ``("s", k)``
-    (``scalars[k]``), ``("c", value)``. ``on_new(i, tensor)`` receives the i-th new tensor
-    of the region (``outs[i]`` must resolve to it afterwards).
+    templates ``("x", j)`` (``ext[j]``), ``("o", i)`` (``outs[i]``), ``("v", i, shape,
+    stride)`` (``outs[i].view(shape)``), ``("s", k)`` (``scalars[k]``), ``("c", value)``.
+    ``on_new(i, tensor)`` receives the i-th new tensor of the region (``outs[i]`` must
+    resolve to it afterwards).
     """
     def res(r):
         tag = r[0]
@@ -277,6 +343,8 @@ def run_calls(calls, ext, outs, scalars, on_new) -> None:
             return outs[r[1]]
         if tag == "s":
             return scalars[r[1]]
+        if tag == "v":  # a view of a region output (split_view_of)
+            return _split_view(outs[r[1]], r[2])
         v = r[1]
         return list(v) if isinstance(v, tuple) else v
 

@@ -3,9 +3,10 @@ executed at flush by one compiled kernel (or, as a fallback, eagerly).
 
 A deferred call returns real tensors at once (``torch.empty_strided`` from the output
 metadata cached in its trie node); their contents are written when the region flushes.
-Wiring in a per-call key says which earlier region output (``("o", i)``) or which external
-input (``("x", j, dtype, shape, stride, offset)``) each tensor argument is, so the trie path
-of a region is a complete, static description of the program it runs.
+Wiring in a per-call key says which earlier region output (``("o", i)``), which view of one
+(``("v", i, shape, stride)``: a split of its dims, :func:`accel.ops.split_view_of`) or which
+external input (``("x", j, dtype, shape, stride, offset)``) each tensor argument is, so the
+trie path of a region is a complete, static description of the program it runs.
 """
 from __future__ import annotations
 
@@ -192,6 +193,8 @@ class Region(RegionCore):
             if r[0] == "o":
                 shape, stride, dtype = self.out_meta[r[1]][:3]
                 return torch.empty_strided(shape, stride, dtype=dtype, device="meta")
+            if r[0] == "v":  # a view of an output (ops.split_view_of)
+                return torch.empty_strided(r[2], r[3], dtype=self.out_meta[r[1]][2], device="meta")
             if r[0] == "x":
                 t = self.ext[r[1]]
                 return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
@@ -253,7 +256,9 @@ class Region(RegionCore):
             if ((devices is None or (self.device.type if self.device else "cpu") in devices)
                     and (not half_only or any(r is not None and r.dtype in HALF for r in results))):
                 raise Deferred(why)
-        writes = [ref for ref in written_refs(spec, targs, tkw) if ref[0] in ("x", "o")]
+        writes = [ref for ref in written_refs(spec, targs, tkw) if ref[0] in ("x", "o", "v")]
+        if any(ref[0] == "v" for ref in writes):
+            raise Deferred("writes a view of a pending output")
         for ref in writes:
             if ref[0] == "x" and torch._debug_has_internal_overlap(self.ext[ref[1]]) == 1:
                 raise Deferred("in-place write into overlapping elements")
@@ -309,6 +314,8 @@ class Region(RegionCore):
         def arg(r):
             if r[0] == "o":
                 shape, stride, dtype = self.out_meta[r[1]][:3]
+            elif r[0] == "v":
+                shape, stride, dtype = r[2], r[3], self.out_meta[r[1]][2]
             elif r[0] == "x":
                 t = self.ext[r[1]]
                 shape, stride, dtype = t.shape, t.stride(), t.dtype

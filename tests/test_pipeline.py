@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.fx as fx
 
+import accel
 from accel.codegen.cpp import CppRenderer
 from accel.graph import TraceError, trace_region
 from accel.lowering import BufferSpec, LoweringError, free_vars, lower, reductions, walk
@@ -293,6 +294,32 @@ def test_later_nest_reads_an_earlier_nests_output():
     second = {e.args[0] for st in ir.nests[1].stores for e in walk(st.value, set()) if e.op == "load"}
     assert second == {2}, "the column sum should load only the first nest's output (buffer 2)"
     assert not any(e.op == "exp" for st in ir.nests[1].stores for e in walk(st.value, set()))
+
+
+@pytest.mark.parametrize("keepdim", [True, False])
+def test_reductions_moved_to_memory_run_after_the_ones_they_read(keepdim):
+    """A row variance of softmax values centered by their column mean, added back and
+    reduced over the columns (a random program's): the variance conflicts with the column
+    reductions and goes to memory, and the column mean it reads, in its own nest, goes
+    first, after the softmax statistics that mean reads; then the region output of the
+    variance joins no nest before those. One kernel, eager's values (without ``keepdim``
+    the variance is viewed back as ``[4, 1]``: ``accel.ops.split_view_of``)."""
+    torch.manual_seed(0)
+    x, w = torch.randn(4, 5), torch.randn(1, 5, dtype=torch.float64)
+
+    def f():
+        s = torch.softmax(x, -1)
+        m = (s - s.mean(0, keepdim=True)) * w
+        v = m.var(1, keepdim=True) if keepdim else m.var(1).view(4, 1)
+        return s, v, (m + v).logsumexp(0, keepdim=True)
+
+    accel.reset_stats()
+    with accel.eager():
+        got = f()
+    st = accel.stats()
+    assert (st["kernel_runs"], st["eager_replays"]) == (1, 0), st
+    for g, r in zip(got, f()):
+        torch.testing.assert_close(g, r)
 
 
 def test_a_materialized_value_that_is_an_output_is_written_once():

@@ -1,0 +1,173 @@
+"""Views of pending outputs read inside the region (``accel.ops.split_view_of``): a call
+reading a contiguous view that splits a pending output's dims (a Linear's ``[B * T, C]``
+output viewed as ``[B, T, C]``) is recorded into the region, which reads it as index
+arithmetic; any other view of a pending output flushes the region first. Either way the
+results, the viewed output and the gradients are eager's."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import accel
+from accel import dispatch
+from accel.interceptor import _state
+from accel.ops import splits
+from accel.region import native
+from devices import DEVICES
+
+close = torch.testing.assert_close
+
+
+def pending():
+    return len(_state.region.calls)
+
+
+@pytest.mark.parametrize("src, dst, ok", [
+    ((1024, 1024), (8, 128, 1024), True),
+    ((64, 48), (1, 64, 48), True),
+    ((64, 48), (64, 1, 48), True),
+    ((64, 48), (64, 48, 1), True),
+    ((64, 1, 48), (64, 48), True),
+    ((64, 48), (4, 16, 6, 8), True),
+    ((1,), (1, 1), True),
+    ((8, 128, 1024), (1024, 1024), False),  # a merge
+    ((64, 48), (48, 64), False),
+    ((64, 48), (32, 96), False),
+    ((6, 4), (3, 8), False),
+])
+def test_splits(src, dst, ok):
+    assert splits(src, dst) is ok
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape", [(4, 16, 48), (1, 64, 48), (64, 1, 48), (64, 48, 1), (4, 16, 6, 8)])
+def test_a_split_view_is_read_in_the_region(device, shape):
+    torch.manual_seed(0)
+    x = torch.randn(64, 48, device=device)
+    b = torch.randn(48, device=device)
+    accel.reset_stats()
+    with accel.eager():
+        y = x * 2 + b
+        v = y.view(shape)
+        z = torch.sin(v) * 0.5 + v
+        assert pending() == 5  # the view's reader joined the region
+    st = accel.stats()
+    assert (st["kernel_runs"], st["eager_replays"]) == (1, 0), st
+    ry = x * 2 + b
+    close(y, ry)
+    close(v, ry.view(shape))
+    close(z, torch.sin(ry.view(shape)) * 0.5 + ry.view(shape))
+    assert v._base is y
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_other_views_flush_the_region_first(device):
+    """A merge of dims, a transpose, a view at an offset, a view of another dtype."""
+    torch.manual_seed(0)
+    x = torch.randn(8, 16, 48, device=device)
+    views = {"merge": lambda y: y.view(128, 48), "transpose": lambda y: y.transpose(1, 2),
+             "offset": lambda y: y[1:], "dtype": lambda y: y.view(torch.int32)}
+    for name, view in views.items():
+        accel.reset_stats()
+        with accel.eager():
+            y = x * 2 + 1
+            v = view(y)
+            z = v + v
+            assert pending() == 1, name  # y's region flushed, v's reader pending
+        assert accel.stats()["kernel_runs"] == 2, name
+        close(z, view(x * 2 + 1) + view(x * 2 + 1), msg=name)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_write_to_the_output_between_the_view_and_its_reader(device):
+    torch.manual_seed(0)
+    x = torch.randn(32, 24, device=device)
+
+    def f(x):
+        y = x + 1
+        v = y.view(4, 8, 24)
+        y.mul_(2)  # v sees it: one storage
+        z = v * 3
+        v2 = y.view(2, 16, 24)
+        w = v2.exp()
+        return y, v, z, w
+
+    with accel.eager():
+        got = f(x)
+    for g, r in zip(got, f(x)):
+        close(g, r)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_write_through_a_split_view_runs_eagerly(device):
+    torch.manual_seed(0)
+    x = torch.randn(32, 24, device=device)
+
+    def f(x):
+        y = x + 1
+        v = y.view(4, 8, 24)
+        v.add_(0.5)  # writes y's elements: the region flushes first
+        v.mul_(v)
+        return y, v, y * 2
+
+    with accel.eager():
+        got = f(x)
+    for g, r in zip(got, f(x)):
+        close(g, r)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_view_that_outlives_the_region_reads_the_written_output(device):
+    """The output behind a live view is written, though the region's reader took its values
+    from registers, and nothing refers to the output but the view."""
+    torch.manual_seed(0)
+    x = torch.randn(64, 48, device=device)
+    with accel.eager():
+        v = (x * 2 - 1).view(8, 8, 48)
+        z = v.tanh()
+    close(v, (x * 2 - 1).view(8, 8, 48))
+    close(z, (x * 2 - 1).view(8, 8, 48).tanh())
+    with accel.eager():
+        z = (x * 2 - 1).view(8, 8, 48).tanh()  # the view dies in the region: not written
+    close(z, (x * 2 - 1).view(8, 8, 48).tanh())
+
+
+class Conv1D(torch.nn.Module):
+    """transformers' GPT-2 ``Conv1D``: ``addmm`` on the flattened rows, viewed back."""
+
+    def __init__(self, nx, nf):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(nx, nf) * 0.05)
+        self.bias = torch.nn.Parameter(torch.randn(nf) * 0.1)
+
+    def forward(self, x):
+        size_out = x.size()[:-1] + (self.weight.size(-1),)
+        x = torch.addmm(self.bias, x.view(-1, x.size(-1)), self.weight)
+        return x.view(size_out)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_gpt2_mlp_trains_as_eager(device, needs_dispatch_filter):
+    """GPT-2's MLP (``Conv1D``, tanh-GELU, ``Conv1D``, residual add), forward and backward,
+    four steps: the output and every gradient are eager's, at the mode's first steps and
+    the dispatch filter's later ones (which record the GELU's reads of the viewed output)."""
+    torch.manual_seed(0)
+    fc, proj = Conv1D(48, 192).to(device), Conv1D(192, 48).to(device)
+    x = torch.randn(4, 16, 48, device=device)
+
+    def step():
+        h = fc(x)
+        g = 0.5 * h * (1.0 + torch.tanh(0.7978845608 * (h + 0.044715 * torch.pow(h, 3.0))))
+        out = proj(g) + x
+        loss = (out * out).mean()
+        grads = torch.autograd.grad(loss, [fc.weight, fc.bias, proj.weight, proj.bias])
+        return out, *grads
+
+    want = step()
+    before = dispatch.recorded()
+    for _ in range(4):
+        with accel.eager():
+            got = step()
+        for g, r in zip(got, want):
+            close(g, r)
+    if not native.__name__.endswith("_core_py"):  # (the pure-Python core has no filter)
+        assert dispatch.recorded() > before
