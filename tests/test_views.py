@@ -5,7 +5,6 @@ arithmetic; any other view of a pending output flushes the region first. Either 
 results, the viewed output and the gradients are eager's."""
 import pytest
 import torch
-import torch.nn.functional as F
 
 import accel
 from accel import dispatch
