@@ -614,8 +614,8 @@ def lower(gm: fx.GraphModule, ext: Sequence[BufferSpec], outs: Sequence[BufferSp
         returns that nest, or None."""
         buf, node, spec, mutation = job
         reads = _reach([node]) if home else ()
-        after = max((nests.index(home[d]) + 1 for d in home if d in reads), default=0)
-        for nest in (list(among) if fresh_only else nests[after:]) + [None]:
+        later = nests[max((nests.index(home[d]) + 1 for d in home if d in reads), default=0):]
+        for nest in ([n for n in among if n in later] if fresh_only else later) + [None]:
             if nest is None:
                 nest = Nest([lw.new_var(s) for s in spec.shape])
                 shapes[id(nest)] = (tuple(spec.shape), tuple(nest.vars))
@@ -649,7 +649,7 @@ def lower(gm: fx.GraphModule, ext: Sequence[BufferSpec], outs: Sequence[BufferSp
     def to_memory(inner: List[fx.Node]) -> None:
         """Store reductions ``inner`` to scratch buffers in nests of their own, which run
         first, in graph order; one may share a nest of this call's with others (a mean and
-        a variance of one Welford) where it reads none of theirs from a later nest. A
+        a variance of one Welford), after the nests of those it reads (``place``). A
         reduction that conflicts with others in its own nest (a variance of values centered
         by a column mean) sends those to memory before it, and so on."""
         nonlocal forced
@@ -659,16 +659,11 @@ def lower(gm: fx.GraphModule, ext: Sequence[BufferSpec], outs: Sequence[BufferSp
             spec = BufferSpec(val.dtype, tuple(val.shape), _contiguous(val.shape), True, scratch=True)
             buffers.append(spec)
             job = (len(buffers) - 1, r, spec, False)
-            reads = _reach([r])
-            after = max((made.index(home[d]) + 1 for d in home if d in reads and home[d] in made),
-                        default=0)
-            among = made[after:]
-            while (nest := place(job, fresh_only=True, among=among)) is None:
+            while (nest := place(job, fresh_only=True, among=made)) is None:
                 deeper = [d for d in _conflicting(lw, job, shapes) if d not in lw.in_memory]
                 if not deeper:
                     raise LoweringError(f"cannot schedule {r.format_node()}")
-                to_memory(deeper)
-                among = []  # after the nests just made
+                to_memory(deeper)  # (their nests run after made's: place keeps r after them)
             if nest not in made:
                 made.append(nest)
                 forced += 1

@@ -115,10 +115,7 @@ inline bool splits(c10::IntArrayRef src, c10::IntArrayRef dst) {
   for (int64_t n : src) {
     if (n == 1) continue;
     int64_t p = 1;
-    while (p < n && j < m) {
-      if (dst[j] != 1) p *= dst[j];
-      ++j;
-    }
+    while (p < n && j < m) p *= dst[j++];
     if (p != n) return false;
   }
   for (; j < m; ++j) {
