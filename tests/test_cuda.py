@@ -546,6 +546,12 @@ def test_cuda_long_layer_norm_rows_take_half_blocks_where_two_fit_in_l2(n, dtype
     assert r.launches[0]["block"] == [threads, 1, 1], r.launches
     if threads == 512:
         assert "q += 512)" in src  # block loops of 16-byte vectors
+    kv = src[src.index("accel_region_t_k0v("):]
+    if "for (int64_t q" in kv:  # block loops: each row input read again takes L2 hints, not the weight
+        reads = 2 if residual else 1
+        assert kv.count("accel::load_once<accel::L2_KEEP>(") == reads
+        assert kv.count("accel::load_once<accel::L2_LAST>(") == reads
+        assert kv.count("accel::load_once(rv") == 1  # the weight, read by every row
 
 
 @pytest.mark.parametrize("n,dtype,kept", [(24576, torch.float32, 24), (32768, torch.float32, 32),
@@ -568,7 +574,9 @@ def test_cuda_long_rows_keep_32_values_a_thread_then_loop_over_vectors(n, dtype,
         assert f"[{kept}];" in src and "for (int64_t q" not in src
         return
     assert kv.count(f"for (int64_t q = threadIdx.x; q < {n // width}; q += 1024)") == 3  # max, sum, out
-    assert kv.count("accel::load_once(") == 3
+    # the row stays in L2 between the passes and leaves it after the last (Triton's hints)
+    assert kv.count("accel::load_once<accel::L2_KEEP>(") == 2 and kv.count("accel::load_once<accel::L2_LAST>(") == 1
+    assert "accel::load_once(" not in kv
     if shutil.which("nvcc") is None:
         return
     accesses = _vector_kernel_accesses(src, tmp_path)

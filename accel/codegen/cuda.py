@@ -281,6 +281,7 @@ class CudaRenderer(CppRenderer):
         self.vec = None
         self.row_vec = frozenset()
         self.row_regs, self.row_decls = {}, []  # row kernels' vector registers (_rhs)
+        self.load_hints = {}  # block loops: (scope id, buffer) -> L2 priority (_plan_load_hints)
         if not levels:  # elementwise
             n = self._size(order)
             self.mode = "thread"
@@ -327,6 +328,8 @@ class CudaRenderer(CppRenderer):
             self.elems = elems
             self._plan_row_cache(inner[0], self.nest_scopes[-2], self.nest_scopes[-1], "j")
             self._plan_load_cache(inner[0], self.nest_scopes[-2], self.nest_scopes[-1])
+        elif vbufs:
+            self._plan_load_hints()
         at = len(out)
         self._block_loop(order, n_out, lvl, out)
         out[at:at] = self.row_decls
@@ -378,6 +381,26 @@ class CudaRenderer(CppRenderer):
     def _widest(self, nest: Nest, ir: LoopIR) -> int:
         """Bytes of the widest element ``nest`` loads or stores."""
         return max((ir.buffers[b].dtype.itemsize for b in self._accessed(nest)), default=0)
+
+    def _plan_load_hints(self) -> None:
+        """Block loops of vectors (a row too long for registers, read again by a later
+        pass): a buffer that several of the row's thread loops read (the reductions' loops,
+        then the loop after them) is read with L2 priority ``L2_KEEP`` in all but the last of
+        them and ``L2_LAST`` in that one (``accel::load_vec``), so that the row stays in L2
+        between its passes and leaves it after; the others (a layer norm's weight, read by
+        every row) keep the normal priority."""
+        lvl = self.block_lvl
+        loops = [[self.group_scope[id(g)]] for sc in self.nest_scopes[:lvl + 1]
+                 for k, g in sc.items if k == "group"]
+        loops.append(list(self.nest_scopes[lvl + 1:]))
+        readers: Dict[int, list] = {}  # buffer -> the loops reading it, in order
+        for i, scopes in enumerate(loops):
+            for b in sorted({x.args[0] for sc in scopes for k, x in sc.items if k == "expr" and x.op == "load"}):
+                readers.setdefault(b, []).append(i)
+        for b, ls in readers.items():
+            for i in ls if len(ls) > 1 else ():
+                for sc in loops[i]:
+                    self.load_hints[(id(sc), b)] = "accel::L2_LAST" if i == ls[-1] else "accel::L2_KEEP"
 
     def _plan_load_cache(self, v: int, outer: _Scope, inner: _Scope) -> None:
         """Row kernels: an element the row's first loop loads (softmax's max, layer norm's
@@ -499,7 +522,8 @@ class CudaRenderer(CppRenderer):
                 self.ntemp += 1
                 self.row_decls.append(f"  {t} {reg}" + (f"[{self.elems // self.vw}];" if self.elems else ";"))
             if self.elems is None:  # block loops: the thread's current vector
-                return f"accel::lane(accel::load_once({reg}, {ptr}, j == 0), j)"
+                hint = self.load_hints.get((id(scope), e.args[0]))
+                return f"accel::lane(accel::load_once{f'<{hint}>' if hint else ''}({reg}, {ptr}, j == 0), j)"
             return f"accel::lane(accel::load_once({reg}[j >> {sh}], {ptr}, (j & {m}) == 0), j & {m})"
         return super()._rhs(e, scope)
 
