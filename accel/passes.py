@@ -245,7 +245,7 @@ def constant_folding(gm: fx.GraphModule) -> int:
 def _elementwise(n: fx.Node) -> bool:
     """A prims elementwise op, a dtype conversion or one of accel's own (positional
     arguments only)."""
-    from .lowering import ACCEL_ELEMENTWISE, ELEMENTWISE
+    from .loop_ir import ACCEL_ELEMENTWISE, ELEMENTWISE
 
     t = n.target
     if n.op != "call_function" or n.kwargs or not isinstance(t, torch._ops.OpOverload):

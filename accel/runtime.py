@@ -154,7 +154,8 @@ def _compile(region: Region, live, key: str, store):
     from .codegen.cpp import CppRenderer
     from .codegen.cuda import CudaRenderer
     from .graph import trace_region
-    from .lowering import BufferSpec, lower
+    from .loop_ir import BufferSpec
+    from .lowering import lower
     from .passes import run_passes
 
     import sys

@@ -10,7 +10,8 @@ import torch.fx as fx
 import accel
 from accel.codegen.cpp import CppRenderer
 from accel.graph import TraceError, trace_region
-from accel.lowering import BufferSpec, LoweringError, free_vars, lower, reductions, walk
+from accel.loop_ir import BufferSpec, free_vars, reductions, walk
+from accel.lowering import LoweringError, lower
 from accel.passes import cse, dce, remove_noops, run_passes, specialize_pow
 from plugin_runs import run_under, seed_dispatch_filter  # tests/plugin_runs.py
 

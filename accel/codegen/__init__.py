@@ -11,7 +11,7 @@ from typing import Dict, List
 
 import torch
 
-from ..lowering import Expr
+from ..loop_ir import Expr
 from ..ops import HALF
 
 

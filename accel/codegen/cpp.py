@@ -16,7 +16,7 @@ from typing import Dict, List, Optional
 
 import torch
 
-from ..lowering import Addr, Expr, LoopIR, Nest, Store, free_vars, walk
+from ..loop_ir import Addr, Expr, LoopIR, Nest, Store, free_vars, walk
 from ..ops import HALF
 from . import FLOATS, CodegenError, CStyle, llc_bytes, machine_threads
 

@@ -27,7 +27,7 @@ from typing import Dict, List
 
 import torch
 
-from ..lowering import Expr, LoopIR, Nest
+from ..loop_ir import Expr, LoopIR, Nest
 from ..ops import HALF
 from . import CodegenError
 from .cpp import ARG, SIMPLE, CppRenderer, _Group, _Scope, _subst
