@@ -11,7 +11,6 @@ stores exceed the last-level cache writes them with streaming stores (:data:`STR
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 import torch
@@ -19,6 +18,7 @@ import torch
 from ..loop_ir import Addr, Expr, LoopIR, Nest, Store, free_vars, walk
 from ..ops import HALF
 from . import FLOATS, CodegenError, CStyle, llc_bytes, machine_threads
+from .scopes import Group, Scope, f16_round, int_round_trip, subst, trivial, two_pass_softmax
 
 #: nests with less work than this (elements visited) run on one thread.
 PARALLEL_MIN = 32768
@@ -95,121 +95,11 @@ CHEAP_OPS = frozenset(
     "copysign".split())
 
 
-def _subst(e: Expr, r: int, v: int, memo=None) -> Expr:
-    """``e`` with loop variable ``r`` replaced by ``v``."""
-    memo = {} if memo is None else memo
-    out = memo.get(e)
-    if out is None:
-        if e.op in ("load", "index"):
-            k = 1 if e.op == "load" else 0
-            terms = tuple(sorted((v if x == r else x, c) for x, c in e.args[k].terms))
-            args = list(e.args)
-            args[k] = Addr(terms)
-            out = Expr(e.op, e.dtype, tuple(args))
-        elif e.op == "reduce":
-            out = e
-        else:
-            out = Expr(e.op, e.dtype, tuple(_subst(a, r, v, memo) if isinstance(a, Expr) else a
-                                            for a in e.args))
-        memo[e] = out
-    return out
-
-
-def _two_pass_softmax(e: Expr, memo=None) -> Expr:
-    """CPU forms: an online softmax reduction as the max, then the sum of exp(x - max) (a
-    row is in cache, so a second pass is cheap, and the row's exp values can be kept for
-    the output: one exp per element instead of two); a division by a loop-invariant value
-    as a product with its reciprocal."""
-    memo = {} if memo is None else memo
-    out = memo.get(e)
-    if out is None:
-        if e.op == "reduce" and e.args[0] == "online_softmax":
-            _, (b,), rv, which = e.args
-            m = Expr("reduce", e.dtype, ("amax", (b,), rv, 0))
-            ex = Expr("exp", e.dtype, (Expr("sub", e.dtype, (b, m)),))
-            out = m if which == 0 else Expr("reduce", e.dtype, ("sum", (ex,), rv, 0))
-        elif e.op == "reduce":
-            kind, bodies, rv, which = e.args
-            out = Expr("reduce", e.dtype, (kind, tuple(_two_pass_softmax(b, memo) for b in bodies),
-                                           rv, which))
-        elif e.op == "div" and e.dtype.is_floating_point and free_vars(e.args[1]) < free_vars(e.args[0]):
-            # a loop-invariant divisor: one reciprocal, a product per element (as eager's
-            # softmax and norms do)
-            a, b = (_two_pass_softmax(x, memo) for x in e.args)
-            out = Expr("mul", e.dtype, (a, Expr("reciprocal", e.dtype, (b,))))
-        else:
-            out = Expr(e.op, e.dtype, tuple(_two_pass_softmax(a, memo) if isinstance(a, Expr) else a
-                                            for a in e.args))
-        memo[e] = out
-    return out
-
-
-@dataclass
-class _Group:
-    """Reductions computed by one loop over ``rvars``."""
-
-    rvars: tuple
-    category: str
-    members: List[Expr] = field(default_factory=list)
-
-
-@dataclass
-class _Scope:
-    """A loop body: the items computed in it (Exprs, groups, stores), in order."""
-
-    bound: frozenset
-    parent: Optional["_Scope"]
-    items: list = field(default_factory=list)
-    names: Dict[Expr, str] = field(default_factory=dict)
-
-    def lookup(self, e: Expr) -> Optional[str]:
-        s = self
-        while s is not None:
-            if e in s.names:
-                return s.names[e]
-            s = s.parent
-        return None
-
-
 def _category(e: Expr) -> str:
     kind = e.args[0]
     if kind in SIMPLE:
         return "simple"
     return kind + repr(e.args[1])  # blocked and arg kinds: one group per body
-
-
-def _trivial(x: Expr, widened_f16: bool) -> bool:
-    """A load, constant or scalar, or casts of one: cheaper to compute again than to keep
-    (a cast of computed values, a 16-bit rounding of a sum, is worth keeping; with
-    ``widened_f16``, so is a float16 value widened, a call on the CPU: log_softmax f16
-    [8192, 1024] 7.0 -> 5.8 ms)."""
-    while x.op == "cast":
-        if widened_f16 and x.args[0].dtype == torch.float16:
-            return False
-        x = x.args[0]
-    return x.op in ("load", "const", "scalar")
-
-
-def _f16_round(x: Expr) -> bool:
-    """``x`` is a float32 value rounded to float16 and read back as float32."""
-    return (x.op == "cast" and x.dtype == torch.float32 and x.args[0].op == "cast"
-            and x.args[0].dtype == torch.float16 and x.args[0].args[0].dtype == torch.float32)
-
-
-def _int_round_trip(ir: LoopIR) -> bool:
-    """``ir`` converts a floating value to an integer type and an integer value to a
-    floating type (not necessarily the same value: a conservative test)."""
-    to_int = to_float = False
-    seen: set = set()
-    for nest in ir.nests:
-        for st in nest.stores:
-            for e in walk(st.value, seen):
-                if e.op == "cast" and isinstance(e.args[0], Expr):
-                    src_float = e.args[0].dtype in FLOATS or e.args[0].dtype in HALF
-                    dst_float = e.dtype in FLOATS or e.dtype in HALF
-                    to_int |= src_float and not dst_float and e.dtype != torch.bool
-                    to_float |= dst_float and not src_float
-    return to_int and to_float
 
 
 class CppRenderer(CStyle):
@@ -218,7 +108,7 @@ class CppRenderer(CStyle):
     prefix = '#include "accel/cpu_math.h"\n'
     row_caching = True  # keep a row's values in a stack array between its loops
     cache_across_reductions = True  # ... also between two reductions' loops
-    keep_widened_f16 = True  # ... and float16 values widened (see _trivial)
+    keep_widened_f16 = True  # ... and float16 values widened (see trivial)
     f16_row_passes = True  # a row's float16 conversions as whole-row passes (_plan_f16_rows)
     stream_stores = True  # write outputs larger than the cache with streaming stores
     launches = None  # how to launch what render() returned (CUDA); a CPU region is a call
@@ -235,7 +125,7 @@ class CppRenderer(CStyle):
 
     def render(self, ir: LoopIR, name: str) -> str:
         prefix = self.prefix
-        if _int_round_trip(ir):
+        if int_round_trip(ir):
             # gcc 12 folds (float)(int)x into trunc(x) under -fno-trapping-math, which is
             # -0.0 for x in (-1, 0) where eager's (and the unfolded code's) is 0.0; the
             # fold survives trunc_to's select and an added + 0.0f. Such a kernel alone
@@ -278,14 +168,14 @@ class CppRenderer(CStyle):
         outermost loop that binds what it depends on (``self.nest_scopes``)."""
         self.ir = ir
         order = nest.vars
-        scopes = [_Scope(frozenset(), None)]
+        scopes = [Scope(frozenset(), None)]
         for v in order:
-            scopes.append(_Scope(scopes[-1].bound | {v}, scopes[-1]))
+            scopes.append(Scope(scopes[-1].bound | {v}, scopes[-1]))
         self.pos = {v: i for i, v in enumerate(order)}
         self.nest_scopes = scopes
-        self.group_of: Dict[Expr, _Group] = {}
-        self.group_scope: Dict[int, _Scope] = {}
-        stores = [Store(st.buf, st.addr, _two_pass_softmax(st.value)) for st in nest.stores]
+        self.group_of: Dict[Expr, Group] = {}
+        self.group_scope: Dict[int, Scope] = {}
+        stores = [Store(st.buf, st.addr, two_pass_softmax(st.value)) for st in nest.stores]
         for st in stores:
             for e in walk(st.value, set()):
                 if e.op == "reduce":
@@ -324,7 +214,7 @@ class CppRenderer(CStyle):
             return {}
         return {id(st): f"nt{k}" for k, st in enumerate(stores)}
 
-    def _plan_row_cache(self, v: int, outer: _Scope, inner: _Scope, index: str = "") -> None:
+    def _plan_row_cache(self, v: int, outer: Scope, inner: Scope, index: str = "") -> None:
         """Row kernels: a value a reduction loop computes for each element of the row and
         a later loop over the row computes again (softmax's exp(x - max), layer norm's
         x + r; with :attr:`cache_across_reductions`, also a later reduction's loop:
@@ -336,14 +226,14 @@ class CppRenderer(CStyle):
         offer: Dict[Expr, tuple] = {}  # innermost Expr -> (group, the same value there)
         names: Dict[tuple, str] = {}  # (group id, Expr) -> its array
 
-        def consume(scope: _Scope, r: int, roots) -> None:  # what it computes again
+        def consume(scope: Scope, r: int, roots) -> None:  # what it computes again
             seen, todo = set(), list(roots)
             while todo and offer:
                 y = todo.pop()
                 if y in seen or y.op == "reduce":
                     continue
                 seen.add(y)
-                g, x = offer.get(_subst(y, r, v), (None, None))
+                g, x = offer.get(subst(y, r, v), (None, None))
                 if g is None:
                     todo += [a for a in y.args if isinstance(a, Expr)]
                     continue
@@ -361,11 +251,11 @@ class CppRenderer(CStyle):
             if self.cache_across_reductions:
                 consume(scope, r, [b for e in g.members for b in e.args[1]])
             for k, x in scope.items:
-                if k == "expr" and not _trivial(x, self.keep_widened_f16) and (id(scope), x) not in self.cached:
-                    offer.setdefault(_subst(x, r, v), (g, x))
+                if k == "expr" and not trivial(x, self.keep_widened_f16) and (id(scope), x) not in self.cached:
+                    offer.setdefault(subst(x, r, v), (g, x))
         consume(inner, v, [st.value for k, st in inner.items if k == "store"])
 
-    def _plan_f16_rows(self, v: int, outer: _Scope, inner: _Scope) -> None:
+    def _plan_f16_rows(self, v: int, outer: Scope, inner: Scope) -> None:
         """Row kernels: the float16 conversions of a row as whole-row passes (``accel::
         f16_widen_row`` / ``f16_round_row`` / ``f16_narrow_row``, explicit F16C vectors)
         rather than element by element inside vectorized loops, where each is a call of a
@@ -452,8 +342,8 @@ class CppRenderer(CStyle):
                     group = None
                     break
         if group is None:
-            group = _Group(rvars, cat)
-            self.group_scope[id(group)] = _Scope(scope.bound | set(rvars), scope)
+            group = Group(rvars, cat)
+            self.group_scope[id(group)] = Scope(scope.bound | set(rvars), scope)
             for b in e.args[1]:
                 self._need(b, self.group_scope[id(group)])
             scope.items.append(("group", group))
@@ -467,7 +357,7 @@ class CppRenderer(CStyle):
         group.members.append(e)
         self.group_of[e] = group
 
-    def _need(self, e: Expr, scope: _Scope) -> None:
+    def _need(self, e: Expr, scope: Scope) -> None:
         """Plan ``e`` (and its operands) in the outermost ancestor of ``scope`` that binds
         every variable it depends on."""
         if scope.lookup(e) is not None or e.op in ("const", "scalar"):
@@ -488,7 +378,7 @@ class CppRenderer(CStyle):
             target.items.append(("expr", e))
 
     # -- emission ---------------------------------------------------------------------------
-    def _name(self, e: Expr, scope: _Scope) -> str:
+    def _name(self, e: Expr, scope: Scope) -> str:
         if e.op == "const":
             return self.const(e.args[0], e.dtype)
         if e.op == "scalar":
@@ -498,7 +388,7 @@ class CppRenderer(CStyle):
             raise CodegenError(f"internal: {e.op} used before it is computed")
         return n
 
-    def _accumulators(self, g: _Group, prefix: str) -> Dict[tuple, tuple]:
+    def _accumulators(self, g: Group, prefix: str) -> Dict[tuple, tuple]:
         """One accumulator per distinct (kind, bodies) among the plain (``SIMPLE``)
         reductions of ``g``: key -> (name, initial value, first member)."""
         accs: Dict[tuple, tuple] = {}
@@ -514,19 +404,19 @@ class CppRenderer(CStyle):
         terms = [f"{c} * i{v}" if c != 1 else f"i{v}" for v, c in a.terms]
         return " + ".join(terms) if terms else "0"
 
-    def _rhs(self, e: Expr, scope: _Scope) -> str:
+    def _rhs(self, e: Expr, scope: Scope) -> str:
         if e.op == "load":
             return f"b{e.args[0]}[{self._addr(e.args[1])}]"
         if e.op == "index":
             return f"(int64_t)({self._addr(e.args[0])})"
         if e.op == "cast":
             a = e.args[0]
-            if _f16_round(e):  # float32 rounded to float16 and back
+            if f16_round(e):  # float32 rounded to float16 and back
                 return f"{self.fn}f16_round({self._name(a.args[0], scope)})"
             return self.cast(self._name(a, scope), a.dtype, e.dtype)
         return self.op(e, [self._name(a, scope) if isinstance(a, Expr) else repr(a) for a in e.args])
 
-    def _emit_items(self, scope: _Scope, out: List[str], ind: str) -> None:
+    def _emit_items(self, scope: Scope, out: List[str], ind: str) -> None:
         """A scope's values, then its stores: every read at an element happens before an
         in-place write of that element, whatever order the stores came in."""
         for kind, x in scope.items:
@@ -541,7 +431,7 @@ class CppRenderer(CStyle):
             if kind == "store":
                 out.append(ind + self._store(x, scope))
 
-    def _store(self, st, scope: _Scope) -> str:
+    def _store(self, st, scope: Scope) -> str:
         """The statement writing store ``st`` (into its block array where it is streamed)."""
         if self.streaming and id(st) in self.streamed:
             return f"{self.streamed[id(st)]}[{self.streaming}_k] = {self._name(st.value, scope)};"
@@ -646,7 +536,7 @@ class CppRenderer(CStyle):
         self._emit_nest(j + 1, out, ind + "  ", nest)
         out.append(f"{ind}}}")
 
-    def _vertical(self, v: int, scope: _Scope) -> bool:
+    def _vertical(self, v: int, scope: Scope) -> bool:
         """A reduction over a strided dimension whose result varies along the contiguous
         innermost loop ``v`` (a column sum): worth accumulating a vector of ``v`` values.
         Every load is contiguous along ``v`` or the same for all of it (LayerNorm
@@ -660,7 +550,7 @@ class CppRenderer(CStyle):
         return all(a.coeff(v) in (0, 1) for a in loads) and any(
             a.coeff(v) == 1 and abs(a.coeff(last)) > 1 for a in loads)
 
-    def _emit_vertical(self, v: int, scope: _Scope, out: List[str], ind: str, parallel: bool) -> None:
+    def _emit_vertical(self, v: int, scope: Scope, out: List[str], ind: str, parallel: bool) -> None:
         """Loop ``v`` in blocks of up to :data:`VBLOCK_MAX` results: each block accumulates a
         vector of results over the reduction loops (unit-stride, vectorized loads), then
         finishes the block."""
@@ -668,7 +558,7 @@ class CppRenderer(CStyle):
         vb = vertical_block(n, machine_threads() if parallel else 1)
         g = next(x for k, x in scope.items if k == "group")
         at = next(k for k, (_, x) in enumerate(scope.items) if x is g)
-        pre, post = _Scope(scope.bound, scope.parent), _Scope(scope.bound, scope.parent)
+        pre, post = Scope(scope.bound, scope.parent), Scope(scope.bound, scope.parent)
         pre.items, post.items = scope.items[:at], scope.items[at + 1:]
         pre.names = post.names = scope.names
         inner = self.group_scope[id(g)]
@@ -719,7 +609,7 @@ class CppRenderer(CStyle):
         lim = "lowest" if which == "$lowest" else "max"
         return f"std::numeric_limits<{self.ctype(dtype)}>::{lim}()"
 
-    def _emit_group(self, g: _Group, scope: _Scope, out: List[str], ind: str) -> None:
+    def _emit_group(self, g: Group, scope: Scope, out: List[str], ind: str) -> None:
         inner = self.group_scope[id(g)]
         rv = list(g.rvars)
         first = g.members[0]
@@ -730,7 +620,7 @@ class CppRenderer(CStyle):
         kept = self.row_cache.get(id(g), [])
         for x, name in kept:
             out.append(f"{ind}{self.ctype(x.dtype)} {name}[{self.ir.sizes[rv[0]]}];")
-        rounded = [(x, name) for x, name in kept if _f16_round(x)] if self.f16_row_passes else []
+        rounded = [(x, name) for x, name in kept if f16_round(x)] if self.f16_row_passes else []
         if rounded and len(rv) == 1 and not any(k == "group" for k, _ in inner.items):
             # kept float16 roundings: a loop of their own computes them unrounded, one pass
             # rounds the row (see _plan_f16_rows), the reduction's loop reads them

@@ -30,7 +30,8 @@ import torch
 from ..loop_ir import Expr, LoopIR, Nest
 from ..ops import HALF
 from . import CodegenError
-from .cpp import ARG, SIMPLE, CppRenderer, _Group, _Scope, _subst
+from .cpp import ARG, SIMPLE, CppRenderer
+from .scopes import Group, Scope, subst
 
 #: threads per block of an elementwise or one-thread-per-result kernel, and how many
 #: iterations each thread takes per tile (independent loads in flight).
@@ -402,7 +403,7 @@ class CudaRenderer(CppRenderer):
                 for sc in loops[i]:
                     self.load_hints[(id(sc), b)] = "accel::L2_LAST" if i == ls[-1] else "accel::L2_KEEP"
 
-    def _plan_load_cache(self, v: int, outer: _Scope, inner: _Scope) -> None:
+    def _plan_load_cache(self, v: int, outer: Scope, inner: Scope) -> None:
         """Row kernels: an element the row's first loop loads (softmax's max, layer norm's
         sums) is kept in registers for the row's later loops (the sum of exponentials, the
         output), which read it there instead of loading it again."""
@@ -415,7 +416,7 @@ class CudaRenderer(CppRenderer):
             for k, x in scope.items:
                 if k != "expr" or x.op != "load" or (id(scope), x) in self.cached:
                     continue
-                y = _subst(x, r, v)
+                y = subst(x, r, v)
                 if y in first:
                     self.cached[(id(scope), x)] = f"{first[y][0]}[j]"
                     first[y][1] = True
@@ -426,7 +427,7 @@ class CudaRenderer(CppRenderer):
             if used:
                 self.row_cache.setdefault(id(g), []).append((x, name))
 
-    def _one_thread_per_result(self, outer, scope: _Scope) -> bool:
+    def _one_thread_per_result(self, outer, scope: Scope) -> bool:
         """The reductions at this level read along a strided dimension while a loop they
         depend on is contiguous: one thread per result reads coalesced. Loads that do not
         vary along that loop (a layer norm's per-row mean and rstd in its weight gradient)
@@ -502,7 +503,7 @@ class CudaRenderer(CppRenderer):
         terms = [(names.get(v, f"i{v}"), c) for v, c in a.terms]
         return " + ".join(f"{c} * {n}" if c != 1 else n for n, c in terms) if terms else "0"
 
-    def _rhs(self, e: Expr, scope: _Scope) -> str:
+    def _rhs(self, e: Expr, scope: Scope) -> str:
         if self.vec and e in self.vec:
             return f"accel::lane({self.vec[e]}, v)"
         if self.row_vec and e.op == "load" and e.args[0] in self.row_vec:
@@ -706,7 +707,7 @@ class CudaRenderer(CppRenderer):
         self.mode = saved
         out += close
 
-    def _store(self, st, scope: _Scope) -> str:
+    def _store(self, st, scope: Scope) -> str:
         """As the C++ backend's, but a vector tile's store goes to its lane of the vector,
         and in block, grid and column modes a store outside the threads' own loops is
         written by one thread (of the block, or of the column)."""
@@ -721,7 +722,7 @@ class CudaRenderer(CppRenderer):
                  "col": "if (threadIdx.y == 0) "}.get(self.mode, "")
         return guard + super()._store(st, scope)
 
-    def _emit_group(self, g: _Group, scope: _Scope, out: List[str], ind: str) -> None:
+    def _emit_group(self, g: Group, scope: Scope, out: List[str], ind: str) -> None:
         inner = self.group_scope[id(g)]
         rv, first = list(g.rvars), g.members[0]
         kind = first.args[0]
