@@ -614,7 +614,7 @@ class CppRenderer(CStyle):
         rv = list(g.rvars)
         first = g.members[0]
         kind = first.args[0]
-        tag = f"r{id(g) % 100000}_{self.ntemp}"
+        tag = f"r{self.ntemp}"
         self.ntemp += 1
         body_lines: List[str] = []
         kept = self.row_cache.get(id(g), [])
