@@ -118,9 +118,9 @@ __device__ __forceinline__ uint16_t lane(const u16x8& a, int v) { return a.v[v];
 __device__ __forceinline__ uint16_t& lane_ref(u16x8& a, int v) { return a.v[v]; }
 /* L2 eviction priorities of a read, as Inductor's Triton loads take them in a long row's
  * passes: L2_KEEP where a later pass of the row reads the element again (``evict_last``),
- * L2_LAST in the last pass that reads it (``evict_first``). H200, ms back to back, block
- * loops of 16-byte vectors: LayerNorm [2048, 32768] float32 0.187 -> 0.174, with a residual
- * add 0.294 -> 0.268; [4096, 24576] 0.241 -> 0.231, 0.416 -> 0.407. */
+ * L2_LAST in the last pass that reads it (``evict_first``). H200, bench/long_rows.py, ms
+ * back to back: LayerNorm [2048, 32768] float32 0.196 -> 0.180; GroupNorm(32) + SiLU
+ * [64, 256, 64, 64] 0.92x -> 0.96x of torch.compile's speed (bench/README.md, 44th round). */
 enum { L2_NORMAL = 0, L2_KEEP = 1, L2_LAST = 2 };
 /* A whole vector read through the read-only data path (``__ldg``, or ``ld.global.nc`` with
  * an L2 cache policy of priority ``H`` on sm_80 and later): one 8- or 16-byte load that
