@@ -554,6 +554,25 @@ def test_cuda_long_layer_norm_rows_take_half_blocks_where_two_fit_in_l2(n, dtype
         assert kv.count("accel::load_once(rv") == 1  # the weight, read by every row
 
 
+def test_cuda_long_row_hints_leave_a_weight_every_row_reads_alone():
+    """A layer norm backward over rows too long for registers reads dy and x in both of its
+    row loops (L2 kept between them, evicted first after the last) and the weight in both
+    too, which every row reads: the weight keeps the normal L2 priority."""
+    n = 65536
+    dy, x, w, m = torch.empty(8, n), torch.empty(8, n), torch.empty(n), torch.empty(8, 1)
+    calls = [(aten.native_layer_norm_backward.default, (("x", 0), ("x", 1), ("c", [n]), ("x", 2), ("x", 3),
+                                                        ("x", 4), ("c", None), ("c", [True, False, False])), {}, 3)]
+    ir = _lowered(calls, [dy, x, m, m, w], [((8, n), (n, 1), torch.float32), ((n,), (1,), torch.float32),
+                                            ((n,), (1,), torch.float32)], (0,))
+    src = CudaRenderer().render(ir, "accel_region_t")
+    kv = src[src.index("accel_region_t_k0v("):]
+    for b in (0, 1):  # dy, x: kept in the reduction's loop, evicted first in the last
+        rows = [ln for ln in kv.splitlines() if f"*>(b{b} + {n} * i0" in ln]
+        assert len(rows) == 2 and "<accel::L2_KEEP>" in rows[0] and "<accel::L2_LAST>" in rows[1]
+    weight = [ln for ln in kv.splitlines() if "*>(b4 + " in ln]
+    assert len(weight) == 2 and all("accel::load_once(rv" in ln for ln in weight)
+
+
 @pytest.mark.parametrize("n,dtype,kept", [(24576, torch.float32, 24), (32768, torch.float32, 32),
                                            (65536, torch.float32, None), (65536, torch.bfloat16, None)],
                          ids=str)

@@ -317,7 +317,7 @@ class CudaRenderer(CppRenderer):
         if scale == 1 and self._widest(nest, ir) <= 4:
             self.row_limit = ROW_REGISTERS_32_MOMENTS if moments else ROW_REGISTERS_32
         elems = -(-longest // self.threads)
-        self.block_lvl = lvl
+        self.block_lvl, self.block_outer = lvl, outer
         if vbufs:  # vw neighbouring elements a thread at a time
             self.row_vec = vbufs
             for b in sorted({st.buf for st in nest.stores} & vbufs):
@@ -385,18 +385,21 @@ class CudaRenderer(CppRenderer):
 
     def _plan_load_hints(self) -> None:
         """Block loops of vectors (a row too long for registers, read again by a later
-        pass): a buffer that several of the row's thread loops read (the reductions' loops,
-        then the loop after them) is read with L2 priority ``L2_KEEP`` in all but the last of
-        them and ``L2_LAST`` in that one (``accel::load_vec``), so that the row stays in L2
-        between its passes and leaves it after; the others (a layer norm's weight, read by
-        every row) keep the normal priority."""
+        pass): a buffer of rows (its address varies with the row) that several of the row's
+        thread loops read (the reductions' loops, then the loop after them) is read with L2
+        priority ``L2_KEEP`` in all but the last of them and ``L2_LAST`` in that one
+        (``accel::load_vec``), so that the row stays in L2 between its passes and leaves it
+        after; the others (a layer norm's weight, read by every row, in one loop or several)
+        keep the normal priority."""
         lvl = self.block_lvl
+        rows = set(self.block_outer)
         loops = [[self.group_scope[id(g)]] for sc in self.nest_scopes[:lvl + 1]
                  for k, g in sc.items if k == "group"]
         loops.append(list(self.nest_scopes[lvl + 1:]))
-        readers: Dict[int, list] = {}  # buffer -> the loops reading it, in order
+        readers: Dict[int, list] = {}  # buffer -> the loops reading its rows, in order
         for i, scopes in enumerate(loops):
-            for b in sorted({x.args[0] for sc in scopes for k, x in sc.items if k == "expr" and x.op == "load"}):
+            for b in sorted({x.args[0] for sc in scopes for k, x in sc.items if k == "expr" and x.op == "load"
+                             and any(v in rows for v, _ in x.args[1].terms)}):
                 readers.setdefault(b, []).append(i)
         for b, ls in readers.items():
             for i in ls if len(ls) > 1 else ():
