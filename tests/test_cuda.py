@@ -602,6 +602,40 @@ def test_cuda_long_rows_keep_32_values_a_thread_then_loop_over_vectors(n, dtype,
     assert accesses and all(".v4." in a for a in accesses), accesses
 
 
+def test_cuda_residual_layer_norm_row_keeps_its_sum_once_in_registers(tmp_path):
+    """Residual add + layer norm over rows of 32768 float32 values: a row kernel of 1024
+    threads keeps each thread's 32 values of ``x + r`` in registers (one array, not x and r
+    apart), its last loop loads neither again, and its lanes' indices are 64-bit (with an
+    unsigned ``threadIdx.x * 4``, which may wrap, nvcc computed and kept each lane's address:
+    ptxas spilled 140 bytes a thread of the vector kernel; with nvcc here, fewer than 64)."""
+    import re
+    import subprocess
+
+    from accel.build import INCLUDE_DIR, NVCCFLAGS
+
+    n = 32768
+    x, r, w = torch.empty(8, n), torch.empty(8, n), torch.empty(n)
+    calls = [(aten.add.Tensor, (("x", 0), ("x", 2)), {}, 1),
+             (aten.native_layer_norm.default, (("o", 0), ("c", [n]), ("x", 1), ("x", 3), ("c", 1e-5)), {}, 3)]
+    meta = [((8, n), (n, 1), torch.float32)] * 2 + [((8, 1), (1, 1), torch.float32)] * 2
+    rend = CudaRenderer()
+    src = rend.render(_lowered(calls, [x, w, r, w], meta, (1,)), "accel_region_t")
+    assert rend.launches[0]["block"] == [1024, 1, 1] and "for (int64_t q" not in src
+    for kernel in (src[:src.index("accel_region_t_k0v(")], src[src.index("accel_region_t_k0v("):]):
+        assert len(re.findall(r"float c\d+\[32\];", kernel)) == 1, kernel
+        last = kernel[kernel.rindex("accel::rsqrt"):]
+        assert "b0[" not in last and "b2[" not in last and "(b0 +" not in last and "(b2 +" not in last
+    assert "((int64_t)threadIdx.x + (j >> 2) * 1024) * 4" in src
+    if shutil.which("nvcc") is None:
+        return
+    (tmp_path / "m.cu").write_text(src)
+    proc = subprocess.run(["nvcc", *NVCCFLAGS, "-arch", "sm_90a", "-Xptxas", "-v", "-I", INCLUDE_DIR,
+                           str(tmp_path / "m.cu"), "-o", str(tmp_path / "m.cubin")],
+                          check=True, capture_output=True, text=True, timeout=300)
+    info = proc.stderr[proc.stderr.index("accel_region_t_k0v"):]
+    assert int(re.search(r"(\d+) bytes spill stores", info).group(1)) < 64, info
+
+
 def test_cuda_reduction_modes_render():
     """Column sums in whole warps split over rows of threads (and, with few tiles of long
     columns, over blocks); long full reductions run over many blocks with a ticket counter

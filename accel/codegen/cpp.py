@@ -111,6 +111,7 @@ class CppRenderer(CStyle):
     keep_widened_f16 = True  # ... and float16 values widened (see trivial)
     f16_row_passes = True  # a row's float16 conversions as whole-row passes (_plan_f16_rows)
     stream_stores = True  # write outputs larger than the cache with streaming stores
+    row_cache_max = ROW_CACHE_MAX  # longest row _plan_row_cache keeps (a stack array of it)
     launches = None  # how to launch what render() returned (CUDA); a CPU region is a call
     x86_conversions = True  # float to int32/int64 as x86 converts (see cast)
 
@@ -186,6 +187,7 @@ class CppRenderer(CStyle):
             target.items.append(("store", st))
         self.row_cache: Dict[int, list] = {}  # group id -> [(Expr, array name)]
         self.cached: Dict[tuple, str] = {}  # (id(scope), Expr) -> where to read it there instead
+        self.dead: set = set()  # (id(scope), Expr) no longer computed there (read from a cache)
         self.narrowed: Dict[int, tuple] = {}  # id(store) -> (float array, row start Addr, loop var)
         self.read_bufs = {e.args[0] for n in ir.nests for st in n.stores  # buffers the kernel reads
                           for e in walk(st.value, set()) if e.op == "load"}
@@ -221,7 +223,7 @@ class CppRenderer(CStyle):
         softmax's rounded 16-bit ``x * scale`` in its max and its sum) is kept in an array
         by the first and read by the other."""
         n = self.ir.sizes[v]
-        if n > ROW_CACHE_MAX:
+        if n > self.row_cache_max:
             return
         offer: Dict[Expr, tuple] = {}  # innermost Expr -> (group, the same value there)
         names: Dict[tuple, str] = {}  # (group id, Expr) -> its array
@@ -254,6 +256,24 @@ class CppRenderer(CStyle):
                 if k == "expr" and not trivial(x, self.keep_widened_f16) and (id(scope), x) not in self.cached:
                     offer.setdefault(subst(x, r, v), (g, x))
         consume(inner, v, [st.value for k, st in inner.items if k == "store"])
+        self._mark_dead(inner)
+
+    def _mark_dead(self, scope: Scope) -> None:
+        """The values of ``scope`` (a row's last loop) that its stores no longer need,
+        read from a row cache instead of computed (layer norm's loads of ``x`` and ``r``
+        where ``x + r`` is kept): not emitted, and not kept for it (a CUDA row kernel's
+        registers: a thread's share of the row, once, not once per load)."""
+        if not any(s == id(scope) for s, _ in self.cached):
+            return
+        live, todo = set(), [st.value for k, st in scope.items if k == "store"]
+        while todo:
+            y = todo.pop()
+            if y in live:
+                continue
+            live.add(y)
+            if (id(scope), y) not in self.cached:  # a reduction's bodies read this scope's values
+                todo += [a for a in (y.args[1] if y.op == "reduce" else y.args) if isinstance(a, Expr)]
+        self.dead |= {(id(scope), x) for k, x in scope.items if k == "expr" and x not in live}
 
     def _plan_f16_rows(self, v: int, outer: Scope, inner: Scope) -> None:
         """Row kernels: the float16 conversions of a row as whole-row passes (``accel::
@@ -421,6 +441,8 @@ class CppRenderer(CStyle):
         in-place write of that element, whatever order the stores came in."""
         for kind, x in scope.items:
             if kind == "expr":
+                if (id(scope), x) in self.dead:
+                    continue
                 rhs = self.cached.get((id(scope), x)) or self._rhs(x, scope)
                 out.append(f"{ind}const {self.ctype(x.dtype)} {scope.names[x]} = {rhs};")
             elif kind == "raw":

@@ -46,12 +46,13 @@ VEC16 = 8
 VEC_ILP = 2
 #: most threads per block of a row kernel, and most values of a row one thread keeps in
 #: registers between the row's loops (longer rows are read again: block loops, 16-byte
-#: vectors where they apply). Rows of float32 (and narrower) values keep up to 32, 24 with a
-#: mean and variance, whose accumulators leave fewer of the 64 registers a thread of 1024
-#: has (ptxas spilled at 32). H200, [2048, 32768] / [4096, 24576] float32, ms back to back
-#: (16 in registers with block loops of vectors above it -> these limits): softmax 0.182 /
-#: 0.242 -> 0.157 / 0.215, RMSNorm 0.168 / 0.233 -> 0.163 / 0.200, LayerNorm 0.210 / 0.352
-#: -> (block loops) / 0.289, its residual add 0.331 / 0.436 -> (block) / 0.348.
+#: vectors where they apply). Rows of float32 (and narrower) values keep up to 32. H200,
+#: [2048, 32768] / [4096, 24576] float32, ms back to back (16 in registers with block loops
+#: of vectors above it -> 32, 24 with a mean and variance): softmax 0.182 / 0.242 -> 0.157 /
+#: 0.215, RMSNorm 0.168 / 0.233 -> 0.163 / 0.200, LayerNorm 0.210 / 0.352 -> (block loops) /
+#: 0.289, its residual add 0.331 / 0.436 -> (block) / 0.348. Then, with 64-bit lane indices
+#: (_row_vec_first) and the row's sum kept once (not x and r apart), 32 with a mean and
+#: variance too: the residual add over 32768 0.331 -> 0.225 (torch.compile 0.241).
 ROW_THREADS = 1024
 #: threads a block for a long row with a mean and variance (more than ROW_ELEMS_MOMENTS
 #: values a thread at ROW_THREADS) whose per-row inputs hold at most
@@ -66,7 +67,6 @@ MOMENTS_HALF_BLOCK_THREADS = 512
 MOMENTS_HALF_BLOCK_BYTES = 128 << 10
 ROW_REGISTERS = 16
 ROW_REGISTERS_32 = 32
-ROW_REGISTERS_32_MOMENTS = 24
 #: values of a row each thread of a row kernel aims to take (smaller blocks, more of them
 #: resident per multiprocessor, shorter block reductions); rows with a mean and variance
 #: take twice as many: their block reduction merges three sums and syncs four times, and
@@ -124,6 +124,8 @@ class CudaRenderer(CppRenderer):
     keep_widened_f16 = False  # (one instruction here; the row's loads are kept already)
     f16_row_passes = False  # (conversions are single instructions in device code)
     stream_stores = False  # (CPU only)
+    #: a row kernel's kept values are a thread's share of the row (at most row_limit)
+    row_cache_max = float("inf")
     x86_conversions = False  # a C++ cast in device code is CUDA's saturating one, eager's there
     vec = None  # in a vector tile: load Expr -> its vector's name
     vw = VEC  # elements a vector
@@ -315,7 +317,7 @@ class CudaRenderer(CppRenderer):
             self.threads = MOMENTS_HALF_BLOCK_THREADS
         self.row_limit = ROW_REGISTERS * scale
         if scale == 1 and self._widest(nest, ir) <= 4:
-            self.row_limit = ROW_REGISTERS_32_MOMENTS if moments else ROW_REGISTERS_32
+            self.row_limit = ROW_REGISTERS_32
         elems = -(-longest // self.threads)
         self.block_lvl, self.block_outer = lvl, outer
         if vbufs:  # vw neighbouring elements a thread at a time
@@ -417,7 +419,7 @@ class CudaRenderer(CppRenderer):
         first: Dict[Expr, str] = {}  # a load, in the row loop's form -> its register array
         for scope, g, r in loops:
             for k, x in scope.items:
-                if k != "expr" or x.op != "load" or (id(scope), x) in self.cached:
+                if k != "expr" or x.op != "load" or (id(scope), x) in self.cached or (id(scope), x) in self.dead:
                     continue
                 y = subst(x, r, v)
                 if y in first:
@@ -641,7 +643,7 @@ class CudaRenderer(CppRenderer):
                 open_lines.append(f"{ind}  const int64_t {f} = {base} + (j & {self.vw - 1});")
                 guard = f"{base} < {n}"  # n % vw == 0: a vector's elements are in or out together
             else:
-                open_lines.append(f"{ind}  const int64_t {f} = threadIdx.x + j * {self.threads};")
+                open_lines.append(f"{ind}  const int64_t {f} = (int64_t)threadIdx.x + j * {self.threads};")
                 guard = f"{f} < {n}"
             # no guard where the threads' elements cover the row exactly: the unrolled lanes
             # of a vector then share its load (a guard per element keeps a load per element)
@@ -663,8 +665,12 @@ class CudaRenderer(CppRenderer):
 
     def _row_vec_first(self) -> str:
         """A row kernel's vector variant: the row index of the first element of the vector
-        holding element ``j`` of the thread's share (the same expression for its lanes)."""
-        return f"(threadIdx.x + (j >> {self.vw.bit_length() - 1}) * {self.threads}) * {self.vw}"
+        holding element ``j`` of the thread's share (the same expression for its lanes).
+        In 64 bits: an unsigned ``threadIdx.x * 4`` may wrap, so nvcc computes each
+        lane's address apart and keeps it; this way they are one base and constant offsets
+        (residual add + LayerNorm [2048, 32768] float32, 32 values a thread: ptxas's spills
+        140 -> 20 bytes a thread)."""
+        return f"((int64_t)threadIdx.x + (j >> {self.vw.bit_length() - 1}) * {self.threads}) * {self.vw}"
 
     def _decompose(self, flat: str, vars_, out: List[str], ind: str) -> None:
         rest = flat
