@@ -49,10 +49,12 @@ __all__ = ["SOURCE", "store_key", "prefetch", "start", "active", "loaded", "wait
            "set_matmul", "matmuls", "set_matmul_pool", "pooled_matmuls"]
 
 SOURCE = os.path.join(build.INCLUDE_DIR, "accel", "dispatch_filter.cpp")
-#: the headers it includes: the region view it shares with the region core, the core's
-#: helpers, the unboxed kernels, the calls' keys and trie edges
+#: the headers it includes (its store key hashes them): the region view it shares with the
+#: region core, the core's helpers, the unboxed kernels, the calls' keys and trie edges, its
+#: matmul kernels and the CPU gemm they run
 HEADERS = tuple(os.path.join(build.INCLUDE_DIR, "accel", h)
-                for h in ("region_view.h", "core_helpers.h", "unboxed_kernels.h", "call_keys.h"))
+                for h in ("region_view.h", "core_helpers.h", "unboxed_kernels.h", "call_keys.h",
+                          "matmul_kernels.inc", "gemm.h"))
 
 _lock = threading.Lock()
 _lib = None  # the loaded library, its fallback registered

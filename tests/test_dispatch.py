@@ -38,6 +38,21 @@ def seen(monkeypatch):
     return calls
 
 
+def test_the_filters_key_hashes_every_file_it_includes():
+    """Every accel file the filter's source includes, directly or through another, is hashed
+    into its store key (``dispatch.HEADERS``): an edited one builds a new filter rather than
+    loading the stored one (``gemm.h`` was missing)."""
+    hashed = {os.path.basename(h) for h in dispatch.HEADERS}
+    todo, seen = [dispatch.SOURCE], set()
+    while todo:
+        with open(todo.pop()) as f:
+            for name in re.findall(r'#include "accel/([^"]+)"', f.read()):
+                if name not in seen:
+                    seen.add(name)
+                    todo.append(os.path.join(os.path.dirname(dispatch.SOURCE), name))
+    assert seen and seen <= hashed, seen - hashed
+
+
 def test_plain_calls_skip_the_mode(seen):
     a, b = torch.randn(16, 8), torch.randn(8, 4)
     table, idx = torch.randn(10, 3), torch.tensor([1, 2])

@@ -18,7 +18,9 @@ how loops map to threads, by nest:
   reading neighbouring addresses.
 
 Math comes from ``include/accel/cuda_math.cuh`` under the C++ backend's names, so the
-expression tables are shared (:class:`accel.codegen.CStyle`).
+expression tables are shared (:class:`accel.codegen.CStyle`). Threads a block, values a
+thread and the other launch shapes, with the measurements that chose them:
+:mod:`accel.codegen.cuda_shapes`.
 """
 from __future__ import annotations
 
@@ -31,77 +33,12 @@ from ..loop_ir import Expr, LoopIR, Nest
 from ..ops import HALF
 from . import CodegenError
 from .cpp import ARG, SIMPLE, CppRenderer
+from .cuda_shapes import (BLOCK, BLOCK_UNROLL, BLOCK_VEC_UNROLL, COL_BLOCKS, COL_MIN_ROWS,
+                          COL_ROWS, COL_SPLIT_TYPES, COL_TILE, GRID_MIN, ILP, MAX_GRID,
+                          MOMENTS_HALF_BLOCK_BYTES, MOMENTS_HALF_BLOCK_THREADS, ROW_ELEMS,
+                          ROW_ELEMS_MOMENTS, ROW_HALF_SCALE, ROW_REGISTERS, ROW_REGISTERS_32,
+                          ROW_THREADS, VEC, VEC16, VEC_ILP, VEC_TYPES)
 from .scopes import Group, Scope, subst
-
-#: threads per block of an elementwise or one-thread-per-result kernel, and how many
-#: iterations each thread takes per tile (independent loads in flight).
-BLOCK = 256
-ILP = 4
-#: dtypes moved as vectors of VEC elements (16 bytes; 8 for the 16-bit floats), or of
-#: VEC16 16-bit floats (16 bytes) where an elementwise kernel moves only those
-VEC_TYPES = (torch.float32, torch.int32, torch.float16, torch.bfloat16)
-#: elementwise kernels with 16-byte accesses: elements per vector, vectors per thread a tile.
-VEC = 4
-VEC16 = 8
-VEC_ILP = 2
-#: most threads per block of a row kernel, and most values of a row one thread keeps in
-#: registers between the row's loops (longer rows are read again: block loops, 16-byte
-#: vectors where they apply). Rows of float32 (and narrower) values keep up to 32. H200,
-#: [2048, 32768] / [4096, 24576] float32, ms back to back (16 in registers with block loops
-#: of vectors above it -> 32, 24 with a mean and variance): softmax 0.182 / 0.242 -> 0.157 /
-#: 0.215, RMSNorm 0.168 / 0.233 -> 0.163 / 0.200, LayerNorm 0.210 / 0.352 -> (block loops) /
-#: 0.289, its residual add 0.331 / 0.436 -> (block) / 0.348. Then, with 64-bit lane indices
-#: (_row_vec_first) and the row's sum kept once (not x and r apart), 32 with a mean and
-#: variance too: the residual add over 32768 0.331 -> 0.225 (torch.compile 0.241).
-ROW_THREADS = 1024
-#: threads a block for a long row with a mean and variance (more than ROW_ELEMS_MOMENTS
-#: values a thread at ROW_THREADS) whose per-row inputs hold at most
-#: MOMENTS_HALF_BLOCK_BYTES: twice the rows in flight a multiprocessor, in block loops
-#: (their second pass reads the row again, from L2 while the rows in flight fit there).
-#: H200, ms back to back, ROW_THREADS -> 512: LayerNorm bfloat16 [4096, 24576] 0.230 ->
-#: 0.155 (eager 0.187), [2048, 32768] 0.130 -> 0.111; its residual add 0.267 -> 0.209,
-#: 0.163 -> 0.145; LayerNorm float32 [4096, 24576] 0.287 -> 0.258; GroupNorm(32) + SiLU
-#: [64, 256, 64, 64] 0.246 -> 0.222. Rows reading more (residual add + LayerNorm float32 over
-#: 24576: 0.353 -> 0.483) stay at ROW_THREADS: two blocks' rows no longer fit in L2.
-MOMENTS_HALF_BLOCK_THREADS = 512
-MOMENTS_HALF_BLOCK_BYTES = 128 << 10
-ROW_REGISTERS = 16
-ROW_REGISTERS_32 = 32
-#: values of a row each thread of a row kernel aims to take (smaller blocks, more of them
-#: resident per multiprocessor, shorter block reductions); rows with a mean and variance
-#: take twice as many: their block reduction merges three sums and syncs four times, and
-#: half the threads a row put twice the rows in flight (LayerNorm on [16384, 4096]: 0.287
-#: -> 0.271 ms on the H100; softmax, whose rows keep two arrays in registers, got slower).
-ROW_ELEMS = 8
-ROW_ELEMS_MOMENTS = 16
-#: rows whose every buffer holds 16-bit floats: each thread takes this many times the
-#: elements above (and may keep as many more in registers), the same bytes as a float32
-#: row (softmax f16 on [16384, 4096]: 0.119 -> 0.093 ms on the H100, RMSNorm bf16 0.100 ->
-#: 0.093, together with their 16-byte vectors)
-ROW_HALF_SCALE = 2
-#: iterations of a block-mode thread loop (a row longer than a row kernel keeps in
-#: registers: group norm's) unrolled, so that as many loads are in flight per thread.
-BLOCK_UNROLL = 8
-#: the same for block loops moving 16-byte vectors (an iteration: a vector of each such
-#: buffer). H200, ms back to back, scalar -> vector loops (torch.compile): RMSNorm over rows
-#: of 65536 float32 0.252 -> 0.212 (0.204), bfloat16 0.169 -> 0.118 (0.104); GroupNorm+SiLU
-#: [64, 256, 64, 64] 0.284 -> 0.243 (0.204).
-BLOCK_VEC_UNROLL = 4
-#: full reductions at least this long run over many blocks (grid mode).
-GRID_MIN = 1 << 16
-#: column mode (reductions along a strided dimension): results per block, and most rows of
-#: threads splitting each reduction.
-COL_TILE = 32
-COL_ROWS = 32
-#: column mode with few tiles: blocks aimed at (each SM then holds two or more; an H100 has
-#: 132), the rows split among as many blocks per tile, each thread still taking at least
-#: COL_MIN_ROWS rows; the last block of a tile combines their partials in order. A
-#: [8192, 4096] float32 column sum (a bias gradient) took 110 us in 128 blocks on the H100.
-COL_BLOCKS = 256
-COL_MIN_ROWS = 16
-_COL_SPLIT_TYPES = (torch.float64, torch.float32, torch.int64, torch.int32)
-#: most blocks in a grid (grid-stride loops cover the rest).
-MAX_GRID = 65535
 
 
 def _dim3(v) -> List[int]:
@@ -580,7 +517,7 @@ class CudaRenderer(CppRenderer):
         self.ntemp += 1
         self.col_split = 1
         if (len(groups) == 1 and tiles < COL_BLOCKS and tiles <= MAX_GRID
-                and all(e.args[0] in SIMPLE and e.dtype in _COL_SPLIT_TYPES for e in groups[0].members)):
+                and all(e.args[0] in SIMPLE and e.dtype in COL_SPLIT_TYPES for e in groups[0].members)):
             self.col_split = max(1, min(-(-COL_BLOCKS // tiles), rsize // (rows * COL_MIN_ROWS)))
         self.col_tile, self.col_tiles = t, tiles
         out.append(f"  for (int64_t {t} = blockIdx.x; {t} < {tiles}; {t} += gridDim.x) {{")
