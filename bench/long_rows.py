@@ -6,6 +6,10 @@ the thirty-eighth round, for an A/B in one lease).
 
     python bench/long_rows.py [--shapes 2048x32768,4096x24576,1024x65536]
                               [--dtypes float32,bfloat16,float16] [--scalar]
+                              [--rows softmax,RMSNorm,LayerNorm,residual,GroupNorm]
+
+``--rows``: only these rows (each compiles a kernel per backend: on a lent GPU, device
+time), by the first word of their names.
 """
 from __future__ import annotations
 
@@ -30,6 +34,7 @@ ROWS = {
     "residual + LayerNorm": lambda x, r, w, b: F.layer_norm(x + r, [x.shape[-1]], w, b),
 }
 GROUP_NORM_SHAPES = [(64, 256, 64, 64), (32, 512, 64, 64)]
+ROW_NAMES = [n.split()[0] for n in ROWS] + ["GroupNorm"]
 
 
 def back_to_back_ms(fn, args, calls: int = 20, reps: int = 15) -> float:
@@ -70,7 +75,11 @@ def main(argv=None) -> int:
     p.add_argument("--shapes", default="2048x32768,4096x24576,1024x65536")
     p.add_argument("--dtypes", default="float32,bfloat16,float16")
     p.add_argument("--scalar", action="store_true")
+    p.add_argument("--rows", default=None, help="comma-separated: " + ", ".join(ROW_NAMES))
     a = p.parse_args(argv)
+    wanted = set(ROW_NAMES if a.rows is None else a.rows.split(","))
+    if wanted - set(ROW_NAMES):
+        p.error(f"unknown rows {sorted(wanted - set(ROW_NAMES))}; known: {', '.join(ROW_NAMES)}")
     if not torch.cuda.is_available():
         print("no CUDA device")
         return 1
@@ -87,9 +96,12 @@ def main(argv=None) -> int:
             x, r = (torch.randn(shape, generator=g).to("cuda", dtype) for _ in range(2))
             w, b = (torch.randn(shape[-1], generator=g).to("cuda", dtype) for _ in range(2))
             for name, fn in ROWS.items():
+                if name.split()[0] not in wanted:
+                    continue
                 rows.append(measure(f"{name} {list(shape)} {str(dtype)[6:]}", fn, (x, r, w, b)))
                 print(rows[-1], file=sys.stderr, flush=True)
-    for shape in GROUP_NORM_SHAPES:  # float32 only: a GPU's 16-bit group norm runs eagerly
+    # float32 only: a GPU's 16-bit group norm runs eagerly
+    for shape in GROUP_NORM_SHAPES if "GroupNorm" in wanted else ():
         x = torch.randn(shape, generator=g).to("cuda")
         w, b = (torch.randn(shape[1], generator=g).to("cuda") for _ in range(2))
         rows.append(measure(f"GroupNorm(32) + SiLU {list(shape)}",
