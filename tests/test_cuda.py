@@ -458,16 +458,24 @@ def test_cuda_row_kernels_have_a_vector_variant(shape, vector):
         assert "b0[" not in kv
 
 
-def _vector_kernel_accesses(src, tmp_path):
-    """The global loads and stores (PTX instructions) of the vector variant of kernel 0 of
-    module ``src`` (named ``accel_region_t``), compiled by nvcc for ``sm_90a``."""
+def _nvcc(src, path, *flags):
+    """Compile CUDA module ``src`` as accel does (its flags and headers) for ``sm_90a``, from
+    ``path``.cu into ``path`` (a cubin, or what ``flags`` ask for: ``-ptx``); returns the
+    finished process (ptxas's reports on stderr)."""
     import subprocess
 
     from accel.build import INCLUDE_DIR, NVCCFLAGS
 
-    (tmp_path / "m.cu").write_text(src)
-    subprocess.run(["nvcc", *NVCCFLAGS, "-arch", "sm_90a", "-ptx", "-I", INCLUDE_DIR, str(tmp_path / "m.cu"),
-                    "-o", str(tmp_path / "m.ptx")], check=True, capture_output=True, timeout=300)
+    path.with_suffix(".cu").write_text(src)
+    return subprocess.run(["nvcc", *NVCCFLAGS, "-arch", "sm_90a", *flags, "-I", INCLUDE_DIR,
+                           str(path.with_suffix(".cu")), "-o", str(path)],
+                          check=True, capture_output=True, text=True, timeout=300)
+
+
+def _vector_kernel_accesses(src, tmp_path):
+    """The global loads and stores (PTX instructions) of the vector variant of kernel 0 of
+    module ``src`` (named ``accel_region_t``), compiled by nvcc for ``sm_90a``."""
+    _nvcc(src, tmp_path / "m.ptx", "-ptx")
     ptx = (tmp_path / "m.ptx").read_text()
     ptx_v = ptx[ptx.index(".entry accel_region_t_k0v"):]
     return [ln.split()[0] for ln in ptx_v.splitlines() if "ld.global" in ln or "st.global" in ln]
@@ -609,9 +617,6 @@ def test_cuda_residual_layer_norm_row_keeps_its_sum_once_in_registers(tmp_path):
     unsigned ``threadIdx.x * 4``, which may wrap, nvcc computed and kept each lane's address:
     ptxas spilled 140 bytes a thread of the vector kernel; with nvcc here, fewer than 64)."""
     import re
-    import subprocess
-
-    from accel.build import INCLUDE_DIR, NVCCFLAGS
 
     n = 32768
     x, r, w = torch.empty(8, n), torch.empty(8, n), torch.empty(n)
@@ -628,10 +633,7 @@ def test_cuda_residual_layer_norm_row_keeps_its_sum_once_in_registers(tmp_path):
     assert "((int64_t)threadIdx.x + (j >> 2) * 1024) * 4" in src
     if shutil.which("nvcc") is None:
         return
-    (tmp_path / "m.cu").write_text(src)
-    proc = subprocess.run(["nvcc", *NVCCFLAGS, "-arch", "sm_90a", "-Xptxas", "-v", "-I", INCLUDE_DIR,
-                           str(tmp_path / "m.cu"), "-o", str(tmp_path / "m.cubin")],
-                          check=True, capture_output=True, text=True, timeout=300)
+    proc = _nvcc(src, tmp_path / "m.cubin", "-Xptxas", "-v")
     info = proc.stderr[proc.stderr.index("accel_region_t_k0v"):]
     assert int(re.search(r"(\d+) bytes spill stores", info).group(1)) < 64, info
 
@@ -683,9 +685,6 @@ def test_every_kernel_mode_builds_a_cubin_with_its_planned_kernels(name, dtype, 
     and its cubin holds every kernel the launch plan names, in float32 and, for some, the
     16-bit floats (their 4-element vector variants included). The loop IR is the one the
     CPU pipeline lowers for the same calls."""
-    import subprocess
-
-    from accel.build import INCLUDE_DIR, NVCCFLAGS
     from accel.codegen.cpp import CppRenderer
 
     modules = []
@@ -702,9 +701,7 @@ def test_every_kernel_mode_builds_a_cubin_with_its_planned_kernels(name, dtype, 
     _run(WORKLOADS[name], x)
     assert modules
     for k, (src, launches) in enumerate(modules):
-        (tmp_path / f"m{k}.cu").write_text(src)
-        subprocess.run(["nvcc", *NVCCFLAGS, "-arch", "sm_90a", "-I", INCLUDE_DIR, str(tmp_path / f"m{k}.cu"),
-                        "-o", str(tmp_path / f"m{k}.cubin")], check=True, capture_output=True, timeout=300)
+        _nvcc(src, tmp_path / f"m{k}.cubin")
         image = (tmp_path / f"m{k}.cubin").read_bytes()
         names = [l["kernel"] for l in launches] + [l["vector"]["kernel"] for l in launches if "vector" in l]
         assert names and all(n.encode() + b"\0" in image for n in names)
