@@ -133,6 +133,11 @@ FLAGS = {
              "accel/sampling.py. all: CPU and GPU programs (GPU steps timed by CUDA "
              "events); cpu: only while the process has not initialized CUDA; off: always "
              "intercept. Read at each enable."),
+        Flag("ACCEL_REMAT", "auto", _parse_choice("auto", "on", "off"),
+             "Recompute in the backward the values autograd saves from a region that "
+             "pointwise calls compute from other saved values (a tanh-GELU's), instead of "
+             "writing them in the forward and reading them back (accel/remat.py). auto: CPU "
+             "regions; on: every device; off: save them as eager does. Read at each enable."),
         Flag("ACCEL_CUDA_HALF", True, _parse_bool,
              "Run float16/bfloat16 regions on CUDA GPUs as kernels (off: eagerly, an escape "
              "hatch). Read at each enable."),

@@ -16,7 +16,7 @@ import threading
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from . import allocator, config, dispatch, hooks, runtime, sampling
+from . import allocator, config, dispatch, hooks, remat, runtime, sampling
 from .ops import VIEW_OPS, fusible_ops
 from .region import (NEW_NODES, PENDING_NODES, Deferred, Region, native, set_cuda_half,
                      set_small_regions)
@@ -209,6 +209,8 @@ def _flush_region(region) -> None:
         _decide_small(region, node)
     if node.idle >= 0 and _eager_idle and _sample_idle(region, node):
         return
+    if node.remat is None or node.remat:  # a plan not made yet, or values to recompute
+        remat.prepare(region)
     if not region.run_cached(runtime.STATS, CompiledRegion, runtime._ahead_min, bool(PENDING_NODES)):
         _run(region, execute)
     if dispatch.building:  # a background build of the filter: use it once it is loaded
@@ -570,6 +572,7 @@ def _apply(cfg) -> None:
     set_small_regions(_eager_small)
     dispatch.set_small_regions(_eager_small)
     dispatch.set_matmul(cfg["ACCEL_CPU_MATMUL"])
+    remat.set_mode(cfg["ACCEL_REMAT"])
     _applied = cfg
 
 

@@ -326,15 +326,12 @@ def _split_view(t: torch.Tensor, shape) -> torch.Tensor:
     return t
 
 
-def run_calls(calls, ext, outs, scalars, on_new) -> None:
-    """Run a region's recorded calls in order (eagerly, or under a tracer).
-
-    ``calls``: (OpOverload, arg templates, kwarg templates, number of new tensors) with
-    templates ``("x", j)`` (``ext[j]``), ``("o", i)`` (``outs[i]``), ``("v", i, shape,
-    stride)`` (``outs[i].view(shape)``), ``("s", k)`` (``scalars[k]``), ``("c", value)``.
-    ``on_new(i, tensor)`` receives the i-th new tensor of the region (``outs[i]`` must
-    resolve to it afterwards).
-    """
+def resolver(ext, outs, scalars, views=None):
+    """The function that turns a call's argument template into its value: ``("x", j)``
+    ``ext[j]``, ``("o", i)`` ``outs[i]`` (a list, or a dict by output index), ``("v", i,
+    shape, stride)`` ``outs[i]`` viewed as ``shape`` (:func:`_split_view`; kept in
+    ``views``, where given, for the next argument that views it alike), ``("s", k)``
+    ``scalars[k]``, ``("c", value)`` the constant (a tuple as a list)."""
     def res(r):
         tag = r[0]
         if tag == "x":
@@ -344,10 +341,28 @@ def run_calls(calls, ext, outs, scalars, on_new) -> None:
         if tag == "s":
             return scalars[r[1]]
         if tag == "v":  # a view of a region output (split_view_of)
-            return _split_view(outs[r[1]], r[2])
+            if views is None:
+                return _split_view(outs[r[1]], r[2])
+            v = views.get(r)
+            if v is None:
+                v = views[r] = _split_view(outs[r[1]], r[2])
+            return v
         v = r[1]
         return list(v) if isinstance(v, tuple) else v
 
+    return res
+
+
+def run_calls(calls, ext, outs, scalars, on_new) -> None:
+    """Run a region's recorded calls in order (eagerly, or under a tracer).
+
+    ``calls``: (OpOverload, arg templates, kwarg templates, number of new tensors) with
+    templates ``("x", j)`` (``ext[j]``), ``("o", i)`` (``outs[i]``), ``("v", i, shape,
+    stride)`` (``outs[i].view(shape)``), ``("s", k)`` (``scalars[k]``), ``("c", value)``.
+    ``on_new(i, tensor)`` receives the i-th new tensor of the region (``outs[i]`` must
+    resolve to it afterwards).
+    """
+    res = resolver(ext, outs, scalars)
     k = 0
     for func, targs, tkw, n_new in calls:
         out = func(*[res(r) for r in targs], **{n: res(r) for n, r in tkw.items()})

@@ -58,12 +58,14 @@ class TrieNode:
     while their GPU was idle: see ``accel.interceptor``; None: not decided yet). ``idle``,
     on a region's first call, how many flushes in a row of regions that began here found
     their GPU idle, and on any node -1 once the regions ending (or, at a first call,
-    beginning) here are no longer sampled for that.
+    beginning) here are no longer sampled for that. ``remat``, on a region's last node, the
+    saved values its flush hooks to recompute in the backward (:mod:`accel.remat`; None: not
+    planned yet; an int: flushes so far without autograd nodes).
     """
 
     __slots__ = ("children", "outs", "ret", "multi", "n_new", "writes_ext", "kernels", "call",
                  "parent", "depth", "digest", "predict", "written", "eager_first", "idle",
-                 "overlap_args")
+                 "overlap_args", "remat")
 
     def __init__(self, parent=None, call=None):
         self.children: Dict[tuple, TrieNode] = {}
@@ -77,6 +79,7 @@ class TrieNode:
         self.written = None
         self.overlap_args = None  # where it writes an external input: accel.ops.overlap_args
         self.eager_first = None
+        self.remat = None  # the saved values recomputed in the backward (accel.remat)
         self.idle = 0
         self.call = call
         self.parent = parent

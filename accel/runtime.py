@@ -29,7 +29,8 @@ log = logging.getLogger("accel")
 STATS = {"flushes": 0, "kernel_runs": 0, "eager_replays": 0, "memory_hits": 0,
          "store_hits": 0, "compiles": 0, "compile_failures": 0, "compile_time_s": 0.0,
          "load_time_s": 0.0, "speculative_launches": 0, "speculative_hits": 0,
-         "speculative_misses": 0, "small_region_calls": 0, "bypassed_steps": 0}
+         "speculative_misses": 0, "small_region_calls": 0, "bypassed_steps": 0,
+         "recomputed_saves": 0}
 _small_base = 0  # the dispatch filter's count of small regions' first calls at reset_stats
 _store = None
 _store_lock = threading.Lock()
@@ -41,8 +42,10 @@ def stats() -> dict:
     hits, compiles (and their total time in seconds), kernels launched ahead (at a region's
     first call) and how many of those were kept or run again, small or idle regions'
     first calls run eagerly (``accel.interceptor.SMALL_REGION_CALLS``, ``IDLE_FLUSHES``; by
-    the mode or the dispatch filter), and steps that step sampling ran without
-    interception (``bypassed_steps``; accel/sampling.py)."""
+    the mode or the dispatch filter), steps that step sampling ran without interception
+    (``bypassed_steps``; accel/sampling.py), and values autograd saved from a region that
+    its kernel did not write, to be recomputed in the backward (``recomputed_saves``;
+    accel/remat.py)."""
     from . import dispatch
 
     out = dict(STATS)

@@ -108,7 +108,8 @@ def _err(e: BaseException) -> str:
     return f"error: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:60]}"
 
 
-def interleaved_ms(fns: dict, runs: int, stat=statistics.median, in_a_row: int = 1) -> dict:
+def interleaved_ms(fns: dict, runs: int, stat=statistics.median, in_a_row: int = 1,
+                   samples: bool = False):
     """``stat`` (median) of each callable's ms over ``runs`` timed calls, timed round-robin
     (fair under a varying machine load), each round in the next of the callables' orders
     (every permutation, for up to four; else rotations), so that each follows each of the
@@ -120,7 +121,8 @@ def interleaved_ms(fns: dict, runs: int, stat=statistics.median, in_a_row: int =
     ``in_a_row`` = 1 each turn is one call, charged for its predecessor's lines (on the dev
     VM accel's RMSNorm kernel took 1.5 ms after eager's RMSNorm and 1.0 after its own). With
     ``in_a_row`` = k > 1 each turn is k calls in a row, the first not counted: each counted
-    call follows the same callable's, so each pays for its own lines, as in a loop of it."""
+    call follows the same callable's, so each pays for its own lines, as in a loop of it.
+    ``samples``: also return each callable's ms of every counted call, in order (a tuple)."""
     times = {k: [] for k in fns}
     keys = list(fns)
     orders = (list(itertools.permutations(keys)) if len(keys) <= 4
@@ -140,7 +142,10 @@ def interleaved_ms(fns: dict, runs: int, stat=statistics.median, in_a_row: int =
                     break
                 if j or in_a_row == 1:
                     times[k].append(time.perf_counter() - t0)
-    return {k: v if isinstance(v, str) else stat(v) * 1e3 for k, v in times.items()}
+    out = {k: v if isinstance(v, str) else stat(v) * 1e3 for k, v in times.items()}
+    if samples:
+        return out, {k: v if isinstance(v, str) else [t * 1e3 for t in v] for k, v in times.items()}
+    return out
 
 
 def _cell(ms) -> str:

@@ -1,23 +1,28 @@
-"""What recomputing instead of saving would buy the demo's GPT-2 step on the CPU: eager
-autograd saves four of the tanh-GELU's intermediates (``x``, ``tanh(...)``, ``0.5 * x``,
-``1 + tanh(...)``), so accel's forward kernel writes them and its backward kernel reads
-them back, where torch.compile's partitioner saves ``x`` alone and recomputes the rest in
-the backward (seed: ``min_cut_rematerialization_partition``). Here the model's GELU is
-swapped for a ``torch.autograd.Function`` that saves ``x`` alone and recomputes: its
-forward and backward are fused by accel as usual. The step is timed with eager, accel,
-accel with that GELU, and torch.compile, interleaved; every gradient of the swapped model
-is checked against eager's first. An upper bound for accel doing the same on its own (a
-measurement, not a feature: accel never changes the program's modules).
+"""Recomputing saved values instead of saving them, in the demo's GPT-2 step on the CPU:
+eager autograd saves four of the tanh-GELU's intermediates (``x``, ``tanh(...)``,
+``0.5 * x``, ``1 + tanh(...)``), so a forward kernel writes them and the backward kernel
+reads them back, where torch.compile's partitioner saves ``x`` alone and recomputes the
+rest in the backward (seed: ``min_cut_rematerialization_partition``). accel does the same
+through autograd's saved-tensor hooks (``accel/remat.py``, ``ACCEL_REMAT``). Timed,
+interleaved: eager; accel with ``ACCEL_REMAT=off`` (the values saved as eager saves them);
+accel as shipped (``auto``: recomputed); accel with the model's GELU swapped for a
+``torch.autograd.Function`` that saves ``x`` alone and recomputes in its backward (the
+bound: no hooks, no recorded recomputation); and torch.compile. Every gradient of the
+swapped model is checked against eager's first.
 
     python bench/remat_bound.py [--steps 40]
 
-Prints median ms per step of each and their ratios.
+Prints median ms per step of each, their ratios, and the median of the paired differences
+between accel with and without recomputation (consecutive steps: robust to a drifting
+machine).
 """
 from __future__ import annotations
 
 import argparse
 import copy
 import math
+import os
+import statistics
 
 import _common  # puts this checkout's accel first on sys.path
 _common.intercept_every_step()  # it times interception itself
@@ -66,9 +71,18 @@ def main(argv=None) -> int:
     compiled = torch.compile(lambda: demo.train_step(mc, ids, labels))
 
     step = _common.accel_fn(demo.train_step)
+
+    def accel_with(mode, m):
+        def run():
+            os.environ["ACCEL_REMAT"] = mode  # read at the enable
+            return step(m, ids, labels)
+        return run
+
+    ms_off = copy.deepcopy(base)
     fns = {"eager": lambda: demo.train_step(me, ids, labels),
-           "accel": lambda: step(ma, ids, labels),
-           "accel, GELU recomputed": lambda: step(mr, ids, labels), "torch.compile": compiled}
+           "accel, ACCEL_REMAT=off": accel_with("off", ms_off),
+           "accel": accel_with("auto", ma),
+           "accel, GELU recomputed": accel_with("off", mr), "torch.compile": compiled}
     demo.train_step(me, ids, labels)
     fns["accel, GELU recomputed"]()
     for (name, pe), pr in zip(me.named_parameters(), mr.parameters()):
@@ -76,13 +90,17 @@ def main(argv=None) -> int:
     for _ in range(5):
         for fn in fns.values():
             fn()
-    ms = _common.interleaved_ms(fns, args.steps)
+    ms, times = _common.interleaved_ms(fns, args.steps, samples=True)
     print(f"GPT-2 train step (accel demo), cpu, {torch.get_num_threads()} threads, medians of "
           f"{args.steps} interleaved steps (ms); the recomputing GELU's gradients match eager's\n")
     print("| variant | ms | eager / variant | torch.compile / variant |")
     print("|---|---|---|---|")
     for k, v in ms.items():
         print(f"| {k} | {v:.2f} | {ms['eager'] / v:.2f}x | {ms['torch.compile'] / v:.2f}x |")
+    d = [a - b for a, b in zip(times["accel"], times["accel, ACCEL_REMAT=off"])]
+    q = statistics.quantiles(d, n=4)
+    print(f"\naccel minus accel with ACCEL_REMAT=off, step by step: median {statistics.median(d):+.2f} ms "
+          f"(quartiles {q[0]:+.2f} / {q[2]:+.2f}); faster in {sum(x < 0 for x in d)} of {len(d)} rounds")
     return 0
 
 

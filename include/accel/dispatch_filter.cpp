@@ -320,11 +320,16 @@ decltype(auto) route(DispatchKeySet ks, Kind kind_of_op, OnlyAccel only_accel,
     if ((kind == kView || plain) && only_accel() &&
         (kind == kView || !v->pending || flush_region())) {
       ++t_counts[0];
+      bool to_matmul = kind == kAddmm || (kind == kMatmul && (g_matmul_on.load(std::memory_order_relaxed) ||
+                                                              g_pool_on.load(std::memory_order_relaxed)));
+      // addmm's deferred bias reaches record(), which may take the mode's path: the Python
+      // key's fallback needs the thread's key set as the call found it, which the
+      // PythonTLSSnapshot key notes and this path skips (torch 2.11 asserts: "tls_on_entry.
+      // has_value()"), so it is noted here, before the bypass keys are excluded
+      std::optional<at::impl::MaybeSetTLSOnEntryGuard> snapshot;
+      if (to_matmul) snapshot.emplace();
       c10::impl::ExcludeDispatchKeyGuard guard(kBypass);
-      if (kind == kAddmm || (kind == kMatmul && (g_matmul_on.load(std::memory_order_relaxed) ||
-                                                 g_pool_on.load(std::memory_order_relaxed)))) {
-        return redispatch((ks - kBypass) | kRecord);  // to matmul(), after autograd
-      }
+      if (to_matmul) return redispatch((ks - kBypass) | kRecord);  // to matmul(), after autograd
       return redispatch(ks - kBypass);
     }
     bool whole = kind == kDefer || kind == kDeferMutable;  // reaches record() as itself
