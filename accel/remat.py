@@ -2,8 +2,8 @@
 
 An eager program's autograd saves the intermediates its backward formulas need. A bias +
 tanh-GELU (``0.5 * h * (1 + tanh(c * (h + 0.044715 * h ** 3))))``, the GPT-2 MLP's) saves
-``h``, ``0.5 * h``, ``tanh(...)`` and ``1 + tanh(...)``: its region writes four values where
-its result needs none, and the backward reads them back. torch.compile's partitioner
+``h``, ``0.5 * h``, ``tanh(...)`` and ``1 + tanh(...)``: its region writes them besides its
+result, and the backward reads them back. torch.compile's partitioner
 (``min_cut_rematerialization_partition``, AOT autograd) saves ``h`` alone and recomputes the
 rest inside the backward's fused kernel. This module does the same for accel's regions,
 through autograd's own per-tensor hooks (``SavedTensor.register_hooks``, the API under
@@ -53,10 +53,10 @@ _SavedTensor = torch._C._autograd.SavedTensor
 _pointwise = torch.Tag.pointwise
 _saved_names: Dict[type, Tuple[str, ...]] = {}  # autograd node class -> its saved tensors' names
 _node_prefix: Dict[object, str] = {}  # OpOverload -> its autograd node's class name prefix
-#: excluded while the hooks are registered: packing a value saved as itself detaches it, a
-#: call that must not reach the dispatch mode's Python fallback from inside a flush, which
-#: can run below the key that snapshots the Python TLS (torch 2.11: "tls_on_entry.has_value()
-#: INTERNAL ASSERT FAILED", PythonFallbackKernel.cpp)
+#: excluded while the hooks are registered and kept values detached, inside a flush: packing
+#: a value saved as itself detaches it, and such calls go straight to their kernels (the
+#: mode would pass them through; a flush can run below the key that notes the thread's key
+#: set for the Python key's fallback)
 _PYTHON_KEYS = (torch._C.DispatchKeySet(torch._C.DispatchKey.Python)
                 | torch._C.DispatchKeySet(torch._C.DispatchKey.PythonTLSSnapshot))
 
@@ -326,18 +326,21 @@ def prepare(region) -> None:
     hooked: List[tuple] = []
     with torch._C._ExcludeDispatchKeyGuard(_PYTHON_KEYS):
         empty = _hook(plan, region, hooked)
+        if hooked:
+            live = region.liveness()
+            n = 0
+            for j, group in hooked:
+                if not live[j]:
+                    n += 1
+                elif j not in group.kept:
+                    # the program holds it: the kernel writes it, the hook returns it; detached
+                    # (the same storage and version counter), as autograd saves an output for
+                    # its own node: the node would otherwise hold itself through the hook
+                    group.kept[j] = (outs[j].detach(), outs[j]._version)
+            STATS["recomputed_saves"] += n
     if empty:  # saved only where an input needs a gradient, and none did: not hooked again
         entries = tuple(e for e in plan[0] if e not in empty)
         node.remat = (entries, *plan[1:]) if entries else _NONE
-    if hooked:
-        live = region.liveness()
-        n = 0
-        for j, group in hooked:
-            if not live[j]:
-                n += 1
-            elif j not in group.kept:  # the program holds it: the kernel writes it
-                group.kept[j] = (outs[j], outs[j]._version)
-        STATS["recomputed_saves"] += n
 
 
 def _hook(plan, region, hooked: List[tuple]) -> list:
