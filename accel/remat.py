@@ -40,7 +40,7 @@ from .runtime import STATS
 
 log = logging.getLogger("accel.remat")
 
-__all__ = ["prepare", "set_mode", "RecomputedValue", "MAX_RECIPE_CALLS", "PLAN_TRIES"]
+__all__ = ["prepare", "set_mode", "RecomputeGroup", "RecomputedValue", "MAX_RECIPE_CALLS", "PLAN_TRIES"]
 
 #: the most calls one recomputed value's recipe may take (its cost in the backward)
 MAX_RECIPE_CALLS = 12
