@@ -10,6 +10,8 @@ keyed by value instead (``ops._VALUE_SPECIALIZED``).
 """
 from __future__ import annotations
 
+import contextlib
+
 import functools
 import logging
 from dataclasses import dataclass
@@ -426,11 +428,16 @@ def _trace(calls, ext_examples, n_out_slots, live_idx, scalars, out_dtypes=None)
     from torch.utils._python_dispatch import _disable_current_modes
 
     fn = _region_fn(calls, len(ext_examples), n_out_slots, live_idx, scalars, out_dtypes)
+    # inference tensors (made under torch.inference_mode) may be written in place only
+    # inside it, where the program recorded such a call; the flush may come after the block
+    inference = any(t.is_inference() for t in ext_examples)
     try:
         # the calls were recorded below autograd: traced without it, so that a parameter
         # (a leaf requiring grad) updated in place under no_grad, as an optimizer step
         # does, traces like any other input
-        with _disable_current_modes(), torch.no_grad():
+        # (torch.inference_mode(False) would turn grad mode on: entered only where needed)
+        with _disable_current_modes(), (torch.inference_mode() if inference else
+                                        contextlib.nullcontext()), torch.no_grad():
             return make_fx(functionalize(fn, remove="mutations_and_views"),
                            decomposition_table=_decompositions(),
                            tracing_mode="fake")(*ext_examples)

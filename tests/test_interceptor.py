@@ -578,6 +578,30 @@ def test_missing_compiler_falls_back(x, fresh_store, monkeypatch, caplog):
     assert "eagerly" in caplog.text
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_inference_tensors_written_in_place_compile(device, fresh_store, caplog):
+    """A region that writes an inference tensor in place inside ``torch.inference_mode``,
+    flushed after the block, is traced as the program ran it (in inference mode): its
+    kernel runs, with eager's result, and no warning (it ran eagerly before: "Inplace
+    update to inference tensor outside InferenceMode")."""
+    x = torch.randn(64, 64, device=device)
+    with torch.inference_mode():
+        a = x * 2
+    e = x * 2 + 1
+    want = e.sin() * 3
+    accel.reset_stats()
+    with accel.eager():
+        with torch.inference_mode():
+            a.add_(1)
+            b = a.sin() * 3
+        got = b.sum()
+    st = accel.stats()
+    assert st["kernel_runs"] >= 1 and st["eager_replays"] == 0, st
+    assert "eagerly" not in caplog.text
+    close(got, want.sum())
+    assert torch.equal(a, e)
+
+
 def test_eager_replay_keeps_the_shapes_eager_gives(fresh_store, monkeypatch):
     """A region replayed eagerly (its kernel could not be built) whose op's kernel returns
     another shape than the op's meta function (eval-mode batch norm's saved statistics:
