@@ -11,7 +11,6 @@ keyed by value instead (``ops._VALUE_SPECIALIZED``).
 from __future__ import annotations
 
 import contextlib
-
 import functools
 import logging
 from dataclasses import dataclass
@@ -428,14 +427,14 @@ def _trace(calls, ext_examples, n_out_slots, live_idx, scalars, out_dtypes=None)
     from torch.utils._python_dispatch import _disable_current_modes
 
     fn = _region_fn(calls, len(ext_examples), n_out_slots, live_idx, scalars, out_dtypes)
-    # inference tensors (made under torch.inference_mode) may be written in place only
-    # inside it, where the program recorded such a call; the flush may come after the block
+    # the calls were recorded below autograd: traced without it, so that a parameter (a
+    # leaf requiring grad) updated in place under no_grad, as an optimizer step does, traces
+    # like any other input. Inference tensors may be written in place only inside
+    # torch.inference_mode, where the program recorded such a call (its flush may come after
+    # the block): traced in inference mode then, and only then (inference_mode(False) would
+    # turn grad mode back on)
     inference = any(t.is_inference() for t in ext_examples)
     try:
-        # the calls were recorded below autograd: traced without it, so that a parameter
-        # (a leaf requiring grad) updated in place under no_grad, as an optimizer step
-        # does, traces like any other input
-        # (torch.inference_mode(False) would turn grad mode on: entered only where needed)
         with _disable_current_modes(), (torch.inference_mode() if inference else
                                         contextlib.nullcontext()), torch.no_grad():
             return make_fx(functionalize(fn, remove="mutations_and_views"),
