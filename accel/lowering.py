@@ -41,6 +41,12 @@ class LoweringError(Exception):
     """The graph uses an op or pattern the loop IR does not express (region runs eagerly)."""
 
 
+class _WriteHazard(LoweringError):
+    """An input written in place is read, in the nest that writes it or after it, at other
+    elements (inside a reduction, or at another address): :func:`lower` tries the writes
+    in nests of their own."""
+
+
 _PRIM_REDUCTIONS = {"sum": "sum", "prod": "prod", "amax": "amax", "amin": "amin"}
 
 
@@ -444,9 +450,29 @@ def lower(gm: fx.GraphModule, ext: Sequence[BufferSpec], outs: Sequence[BufferSp
     nest's or 1) and whose reductions it does not conflict with; otherwise it opens a new
     nest, recomputing what it needs from the inputs.
 
+    An input written in place (a graph ``copy_`` into a placeholder) is written where it
+    fits, like an output. Where a read of its old values would then see new ones (a nest
+    reading it at other elements while or after it is written: ``s.div_(8)`` then
+    ``softmax(s)``; ``x.div_(x.sum(-1, keepdim=True))``), it is lowered again with each
+    write in a nest of its own after every other, the reductions its new values take over
+    written inputs moved to memory first (as AOT autograd applies input mutations after
+    the compiled graph). Nests run one after another on both backends (CPU: each its own
+    OpenMP loop; CUDA: one launch each, on one stream), so the nests before a write read
+    the input as it was.
+
     Raises:
-        LoweringError: an op or aliasing pattern the IR does not express.
+        LoweringError: an op or aliasing pattern the IR does not express (two inputs
+            written in place, each from the other's old values at other elements).
     """
+    try:
+        return _lower(gm, ext, outs, scalar_types, apart=False)
+    except _WriteHazard:
+        return _lower(gm, ext, outs, scalar_types, apart=True)
+
+
+def _lower(gm, ext, outs, scalar_types, apart: bool) -> LoopIR:
+    """:func:`lower`, with the in-place writes placed where they fit, or (``apart``) in
+    nests of their own after every other."""
     forget_free_vars()
     lw = _Lowerer(gm, ext, scalar_types)
     buffers = lw.buffers
@@ -471,14 +497,14 @@ def lower(gm: fx.GraphModule, ext: Sequence[BufferSpec], outs: Sequence[BufferSp
 
     home: Dict[fx.Node, Nest] = {}  # the nest of each reduction moved to memory
 
-    def place(job, fresh_only=False, among=()):
+    def place(job, fresh_only=False, among=(), apart=False):
         """Put ``job``'s store into the first nest it fits (``fresh_only``: only those in
-        ``among``) after the nests of the reductions it reads from memory, or a new one;
-        returns that nest, or None."""
+        ``among``) after the nests of the reductions it reads from memory, or a new one
+        (``apart``: a new one, last); returns that nest, or None."""
         buf, node, spec, mutation = job
         reads = _reach([node]) if home else ()
         later = nests[max((nests.index(home[d]) + 1 for d in home if d in reads), default=0):]
-        for nest in ([n for n in among if n in later] if fresh_only else later) + [None]:
+        for nest in ([] if apart else [n for n in among if n in later] if fresh_only else later) + [None]:
             if nest is None:
                 nest = Nest([lw.new_var(s) for s in spec.shape])
                 shapes[id(nest)] = (tuple(spec.shape), tuple(nest.vars))
@@ -534,8 +560,11 @@ def lower(gm: fx.GraphModule, ext: Sequence[BufferSpec], outs: Sequence[BufferSp
             lw.in_memory[r] = (len(buffers) - 1, spec)
         lw.memo.clear()
 
+    inputs_written = {job[0] for job in jobs if job[3]}
     for job in jobs:
-        while place(job) is None:
+        while apart and job[3] and (inner := _reading(lw, job, inputs_written)):
+            to_memory(inner)  # its reductions over written inputs run before any write
+        while place(job, apart=apart and job[3]) is None:
             # reductions that cannot all be hoisted in one nest (one nested in another's
             # loop, or depending on unrelated loops): the inner ones go to memory first
             inner = [d for d in _conflicting(lw, job, shapes) if d not in lw.in_memory]
@@ -587,6 +616,20 @@ def _conflicting(lw: _Lowerer, job, shapes) -> List[fx.Node]:
         most = max((free_vars(r) for r in reds), key=len, default=frozenset())
         nested = {r for r in reds if not free_vars(r) <= most}
     return [n for n in dict.fromkeys(lw.reduce_node.get(r) for r in nested) if n is not None]
+
+
+def _reading(lw: _Lowerer, job, bufs) -> List[fx.Node]:
+    """The graph nodes of the reductions in ``job``'s value that read buffers ``bufs``
+    and are not in memory yet."""
+    buf, node, spec, _ = job
+    nest = Nest([lw.new_var(s) for s in spec.shape])
+    store = _store(lw, (tuple(spec.shape), tuple(nest.vars)), buf, spec, node)
+    if store is None:
+        return []
+    reds = [e for e in walk(store.value, set()) if e.op == "reduce"
+            and any(x.op == "load" and x.args[0] in bufs for x in walk(e, set()))]
+    return [n for n in dict.fromkeys(lw.reduce_node.get(r) for r in reds)
+            if n is not None and n not in lw.in_memory]
 
 
 def _store(lw: _Lowerer, domain, buf: int, b: BufferSpec, node: fx.Node):
@@ -687,11 +730,16 @@ def _prod(shape) -> int:
 
 
 def _check_hazards(ir: LoopIR, n_ext: int) -> None:
-    """Reject in-place writes that a later read (or a read of another element) could see.
+    """Reject in-place writes that a read of the old values could miss.
 
-    Every read of a written input must happen in the same nest, at the same element, as the
-    write, and not inside a reduction; nests that write inputs run after all others, and
-    none reads what another writes.
+    One nest writes each written input. Nests before it read the input as it was (nests
+    run one after another); the nest itself reads it only at the element it writes, and
+    not inside a reduction (whose loop would read elements already written); no later nest
+    reads it.
+
+    Raises:
+        _WriteHazard: a read that would see new values.
+        LoweringError: an input written by two nests.
     """
     written: Dict[int, List[int]] = {}
     reads: List[set] = []
@@ -714,7 +762,7 @@ def _check_hazards(ir: LoopIR, n_ext: int) -> None:
             raise LoweringError("an input is written by two nests")
         k = ks[0]
         addr = next(s.addr for s in ir.nests[k].stores if s.buf == buf)
-        for j, acc in enumerate(reads):
+        for j, acc in enumerate(reads[k:], k):
             for b, a in acc:
                 if b == buf and (j != k or a != addr):
-                    raise LoweringError("in-place write overlaps a read of another element")
+                    raise _WriteHazard("in-place write overlaps a read of another element")

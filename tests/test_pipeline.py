@@ -249,15 +249,84 @@ def test_row_kernel_keeps_computed_values_between_its_loops(dtype):
         assert re.search(rf"const float (t\d+) = {rounded};(.|\n)*c\d+\[i\d+\] = \1;", first), first
 
 
-def test_lowering_rejects_read_after_inplace_write():
-    # x.add_(1) then y.add_(x): the second nest would read x after the first wrote it
-    x, y = torch.empty(8), torch.empty(4, 8)
-    calls = [(aten.add_.Tensor, (("x", 0), ("s", 0)), {}, 0),
+def _loads(e) -> set:
+    return {(x.args[0], x.args[1]) for x in walk(e, set()) if x.op == "load"}
+
+
+def test_lowering_rejects_writes_each_read_by_the_other():
+    """``x.add_(y.t())`` then ``y.add_(x)``: each input's new values read the other's old
+    ones at other elements, so neither write can come before the other's reads, in one
+    nest or apart (the region runs eagerly)."""
+    x, y = torch.empty(8, 8), torch.empty(8, 8)
+    calls = [(aten.t.default, (("x", 1),), {}, 1),
+             (aten.add_.Tensor, (("x", 0), ("o", 0)), {}, 0),
              (aten.add_.Tensor, (("x", 1), ("x", 0)), {}, 0)]
-    tr = trace_region(calls, [x, y], 0, (), ["f"])
-    exts = [BufferSpec(torch.float32, (8,), (1,), False), BufferSpec(torch.float32, (4, 8), (8, 1), False)]
-    with pytest.raises(LoweringError):
-        lower(tr.gm, exts, [], ["f"])
+    tr = trace_region(calls, [x, y], 1, (), [])
+    exts = [BufferSpec(torch.float32, (8, 8), (8, 1), False)] * 2
+    with pytest.raises(LoweringError, match="overlaps a read"):
+        lower(tr.gm, exts, [], [])
+
+
+def test_lowering_writes_inputs_apart_after_the_reductions_they_read():
+    """``x.add_(y.sum(0))`` then ``y.mul_(x)``: y's column sums go to memory first, then
+    each write runs in a nest of its own, reading its own input only at the element it
+    writes: the second does not read the first's input, and the first reads the second's
+    before it is written."""
+    x, y = torch.empty(8), torch.empty(4, 8)
+    calls = [(aten.sum.dim_IntList, (("x", 1), ("c", [0])), {}, 1),
+             (aten.add_.Tensor, (("x", 0), ("o", 0)), {}, 0),
+             (aten.mul_.Tensor, (("x", 1), ("x", 0)), {}, 0)]
+    ir = _lowered(calls, [x, y], [((8,), (1,), torch.float32)], ())
+    sums, *writes = ir.nests
+    assert len(writes) == 2 and [s.buf for s in sums.stores] == [2], ir.describe()
+    assert ir.buffers[2].scratch and len(reductions(sums)) == 1
+    assert sorted(n.stores[0].buf for n in writes) == [0, 1]
+    (first,), (second,) = writes[0].stores, writes[1].stores
+    for st in (first, second):  # its own input at the element it writes, the sums
+        assert {a for b, a in _loads(st.value) if b == st.buf} == {st.addr}
+    assert not reductions(writes[0]) and not reductions(writes[1])
+    assert first.buf not in {b for b, _ in _loads(second.value)}  # the first's new values: never read
+
+
+def test_lowering_writes_an_input_after_a_reduction_of_it():
+    """``s.div_(8)`` then ``softmax(s)``: the softmax's reductions read the whole row, so
+    the write runs in a nest of its own after them, reading ``s`` at the element it writes
+    (no scratch copy)."""
+    s_ = torch.empty(16, 32)
+    calls = [(aten.div_.Scalar, (("x", 0), ("s", 0)), {}, 0),
+             (aten._softmax.default, (("x", 0), ("c", -1), ("c", False)), {}, 1)]
+    ir = _lowered(calls, [s_], [((16, 32), (32, 1), torch.float32)], (0,), ["f"])
+    (st,) = ir.nests[-1].stores
+    assert st.buf == 0 and _loads(st.value) == {(0, st.addr)}, ir.describe()
+    assert not any(b.scratch for b in ir.buffers)
+    assert all(s.buf != 0 for n in ir.nests[:-1] for s in n.stores)
+
+
+def test_lowering_moves_a_reduction_of_an_input_before_its_write():
+    """``x.div_(x.sum(-1, keepdim=True))``: the sums go to memory in a nest of their own,
+    then the write reads ``x`` at the element it writes and the stored sums."""
+    x = torch.empty(16, 32)
+    calls = [(aten.sum.dim_IntList, (("x", 0), ("c", [-1]), ("c", True)), {}, 1),
+             (aten.div_.Tensor, (("x", 0), ("o", 0)), {}, 0)]
+    ir = _lowered(calls, [x], [((16, 1), (1, 1), torch.float32)], ())
+    assert len(ir.nests) == 2, ir.describe()
+    (sums,), (st,) = ir.nests[0].stores, ir.nests[1].stores
+    assert ir.buffers[sums.buf].scratch and len(reductions(ir.nests[0])) == 1
+    assert st.buf == 0 and not reductions(ir.nests[1])
+    assert {b for b, _ in _loads(st.value)} == {0, sums.buf}
+    assert (0, st.addr) in _loads(st.value) and len(_loads(st.value)) == 2
+
+
+def test_lowering_writes_an_input_after_an_earlier_nest_reads_it():
+    """``x.add_(1)`` then ``x.mean(0)``: the column means (their own nest) read the old
+    values before the write's nest runs, with no scratch copy."""
+    x = torch.empty(16, 32)
+    calls = [(aten.add_.Scalar, (("x", 0), ("s", 0)), {}, 0),
+             (aten.mean.dim, (("x", 0), ("c", [0])), {}, 1)]
+    ir = _lowered(calls, [x], [((32,), (1,), torch.float32)], (0,), ["f"])
+    assert len(ir.nests) == 2 and not any(b.scratch for b in ir.buffers), ir.describe()
+    (st,) = ir.nests[1].stores
+    assert st.buf == 0 and _loads(st.value) == {(0, st.addr)}
 
 
 def test_lowering_allows_elementwise_inplace():
