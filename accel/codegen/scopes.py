@@ -45,6 +45,7 @@ def two_pass_softmax(e: Expr, memo=None) -> Expr:
     if out is None:
         if e.op == "reduce" and e.args[0] == "online_softmax":
             _, (b,), rv, which = e.args
+            b = two_pass_softmax(b, memo)  # (its divisions as the output's: one exp, kept)
             m = Expr("reduce", e.dtype, ("amax", (b,), rv, 0))
             ex = Expr("exp", e.dtype, (Expr("sub", e.dtype, (b, m)),))
             out = m if which == 0 else Expr("reduce", e.dtype, ("sum", (ex,), rv, 0))
