@@ -451,28 +451,56 @@ def lower(gm: fx.GraphModule, ext: Sequence[BufferSpec], outs: Sequence[BufferSp
     nest, recomputing what it needs from the inputs.
 
     An input written in place (a graph ``copy_`` into a placeholder) is written where it
-    fits, like an output. Where a read of its old values would then see new ones (a nest
-    reading it at other elements while or after it is written: ``s.div_(8)`` then
-    ``softmax(s)``; ``x.div_(x.sum(-1, keepdim=True))``), it is lowered again with each
-    write in a nest of its own after every other, the reductions its new values take over
-    written inputs moved to memory first (as AOT autograd applies input mutations after
-    the compiled graph). Nests run one after another on both backends (CPU: each its own
-    OpenMP loop; CUDA: one launch each, on one stream), so the nests before a write read
-    the input as it was.
+    fits, like an output. A region that writes one input whose outputs read its new values
+    only (``h.add_(r)`` then ``relu(h).mean(0)``) is also lowered with the write first, in
+    a nest of its own, and later nests reading the new values back from the input; the one
+    of the two that moves fewer bytes is kept. Where a read of its old values would see new
+    ones (a nest reading it at other elements while or after it is written: ``s.div_(8)``
+    then ``softmax(s)``; ``x.div_(x.sum(-1, keepdim=True))``), it is lowered with the write
+    first, or else with each write in a nest of its own after every other (as AOT autograd
+    applies input mutations after the compiled graph); either way, the reductions its new
+    values take over written inputs are moved to memory before. Nests run one after another
+    on both backends (CPU: each its own OpenMP loop; CUDA: one launch each, on one stream).
 
     Raises:
         LoweringError: an op or aliasing pattern the IR does not express (two inputs
             written in place, each from the other's old values at other elements).
     """
     try:
-        return _lower(gm, ext, outs, scalar_types, apart=False)
+        ir = _lower(gm, ext, outs, scalar_types, "fit")
     except _WriteHazard:
-        return _lower(gm, ext, outs, scalar_types, apart=True)
+        ir = None
+    if any(n.target is aten.copy_.default for n in gm.graph.nodes):
+        try:
+            first = _lower(gm, ext, outs, scalar_types, "first")
+            if ir is None or _traffic(first) < _traffic(ir):
+                ir = first
+        except _WriteHazard:
+            pass
+    return ir if ir is not None else _lower(gm, ext, outs, scalar_types, "last")
 
 
-def _lower(gm, ext, outs, scalar_types, apart: bool) -> LoopIR:
-    """:func:`lower`, with the in-place writes placed where they fit, or (``apart``) in
-    nests of their own after every other."""
+def _traffic(ir: LoopIR) -> int:
+    """Bytes the nests of ``ir`` move: each buffer a nest reads, whole, once, and each
+    one it writes."""
+    total, seen = 0, set()
+    for nest in ir.nests:
+        loads = {e.args[0] for st in nest.stores for e in walk(st.value, seen) if e.op == "load"}
+        for b in [*loads, *{st.buf for st in nest.stores}]:
+            total += _prod(ir.buffers[b].shape) * ir.buffers[b].dtype.itemsize
+        seen.clear()
+    return total
+
+
+def _lower(gm, ext, outs, scalar_types, writes: str) -> LoopIR:
+    """:func:`lower`, with the in-place writes placed where they fit (``writes="fit"``),
+    first, with the new values read back from the input ("first"), or in nests of their
+    own after every other ("last").
+
+    Raises:
+        _WriteHazard: a read that would see the wrong values, or ("first") a region that
+            writes more than one input or reads an old value other than in the write.
+    """
     forget_free_vars()
     lw = _Lowerer(gm, ext, scalar_types)
     buffers = lw.buffers
@@ -489,7 +517,10 @@ def _lower(gm, ext, outs, scalar_types, apart: bool) -> LoopIR:
             if dst not in lw.tensor_ph:
                 raise LoweringError("copy_ into a non-input")
             jobs.append((lw.tensor_ph[dst], *_peel_views(src, ext[lw.tensor_ph[dst]]), True))
-    jobs.sort(key=lambda j: (j[3], -_prod(j[2].shape)))  # biggest first, mutations last
+    first = writes == "first"
+    if first and not _reads_new_values(jobs, lw):
+        raise _WriteHazard("the outputs read the old values of an input written in place")
+    jobs.sort(key=lambda j: (j[3] != first, -_prod(j[2].shape)))  # biggest first, mutations last (first)
     nests: List[Nest] = []
     placed: List[List[tuple]] = []  # per nest: its jobs (buffer, node, spec, is mutation)
     shapes: Dict[int, tuple] = {}  # nest -> (shape, variables in dim order)
@@ -562,21 +593,29 @@ def _lower(gm, ext, outs, scalar_types, apart: bool) -> LoopIR:
 
     inputs_written = {job[0] for job in jobs if job[3]}
     for job in jobs:
-        while apart and job[3] and (inner := _reading(lw, job, inputs_written)):
+        apart = job[3] and writes != "fit"
+        while apart and (inner := _reading(lw, job, inputs_written)):
             to_memory(inner)  # its reductions over written inputs run before any write
-        while place(job, apart=apart and job[3]) is None:
+        # ("first": the write's nest counts as one of the nests that run first, so that
+        # every nest placed after it, reductions moved to memory too, runs after it)
+        while (nest := place(job, fresh_only=first and job[3], apart=apart and not first)) is None:
             # reductions that cannot all be hoisted in one nest (one nested in another's
             # loop, or depending on unrelated loops): the inner ones go to memory first
             inner = [d for d in _conflicting(lw, job, shapes) if d not in lw.in_memory]
             if not inner:
                 raise LoweringError(f"cannot schedule the reductions of {job[1].format_node()}")
             to_memory(inner)
+        if first and job[3]:
+            forced += 1
+            home[job[1]] = nest
+            lw.in_memory[job[1]] = (job[0], job[2])  # the new values, read back
+            lw.memo.clear()
     if len(nests) > 1:
-        _reuse_memory(lw, gm, buffers, nests, placed, shapes)
+        _reuse_memory(lw, gm, buffers, nests, placed, shapes, first)
     ir = LoopIR(buffers, list(scalar_types), lw.sizes, nests)
     for nest in nests:
         _coalesce(ir, nest)
-    _check_hazards(ir, len(ext))
+    _check_hazards(ir, len(ext), new_values_after=first)
     _check_bounds(ir)
     return ir
 
@@ -618,6 +657,28 @@ def _conflicting(lw: _Lowerer, job, shapes) -> List[fx.Node]:
     return [n for n in dict.fromkeys(lw.reduce_node.get(r) for r in nested) if n is not None]
 
 
+def _reads_new_values(jobs, lw: _Lowerer) -> bool:
+    """Whether one input is written in place, its new values have its dtype and shape, and
+    the outputs read it only through them (not the values it had)."""
+    writes = [j for j in jobs if j[3]]
+    if len(writes) != 1:
+        return False
+    buf, node, spec, _ = writes[0]
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor) or val.dtype != spec.dtype or tuple(val.shape) != tuple(spec.shape):
+        return False
+    old = next(ph for ph, k in lw.tensor_ph.items() if k == buf)
+    seen, todo = {node}, [j[1] for j in jobs if not j[3]]
+    while todo:
+        n = todo.pop()
+        if n is old:
+            return False
+        if n not in seen:
+            seen.add(n)
+            todo.extend(n.all_input_nodes)
+    return True
+
+
 def _reading(lw: _Lowerer, job, bufs) -> List[fx.Node]:
     """The graph nodes of the reductions in ``job``'s value that read buffers ``bufs``
     and are not in memory yet."""
@@ -645,10 +706,11 @@ def _store(lw: _Lowerer, domain, buf: int, b: BufferSpec, node: fx.Node):
     return Store(buf, Addr(terms), value)
 
 
-def _reuse_memory(lw: _Lowerer, gm, buffers, nests, placed, shapes) -> None:
+def _reuse_memory(lw: _Lowerer, gm, buffers, nests, placed, shapes, new_values: bool = False) -> None:
     """Let later nests read what earlier ones write (their outputs, and the intermediates
     :func:`accel.partition.choose_materialized` picks, stored to scratch buffers) instead of
-    recomputing it, when that moves fewer bytes; re-evaluates every nest's stores."""
+    recomputing it, when that moves fewer bytes; re-evaluates every nest's stores.
+    ``new_values``: the inputs written in place are read back too."""
     from .partition import choose_materialized
 
     groups = [[node for _, node, _, _ in jobs] for jobs in placed]
@@ -663,7 +725,7 @@ def _reuse_memory(lw: _Lowerer, gm, buffers, nests, placed, shapes) -> None:
         # a chosen value this nest stores as an output already is read from there (the
         # update below): no scratch copy (a residual sum saved for a layer norm's backward
         # and read again by the loss's sum was written twice)
-        outputs = {node for _, node, _, mutation in placed[k] if not mutation}
+        outputs = {node for _, node, _, mutation in placed[k] if new_values or not mutation}
         for m in [m for m in chosen if m in reach and m not in lw.in_memory and m not in outputs]:
             val = m.meta["val"]
             spec = BufferSpec(val.dtype, tuple(val.shape), _contiguous(val.shape), True, scratch=True)
@@ -675,7 +737,7 @@ def _reuse_memory(lw: _Lowerer, gm, buffers, nests, placed, shapes) -> None:
         order = _chain_order(nest.vars, [e for s in stores for e in walk(s.value, set())])
         nest.vars, nest.stores = order or nest.vars, stores
         lw.in_memory.update({node: (buf, spec) for buf, node, spec, mutation in placed[k]
-                             if not mutation})
+                             if new_values or not mutation})
 
 
 def _peel_views(node: fx.Node, b: BufferSpec) -> Tuple[fx.Node, BufferSpec]:
@@ -729,13 +791,14 @@ def _prod(shape) -> int:
     return n
 
 
-def _check_hazards(ir: LoopIR, n_ext: int) -> None:
+def _check_hazards(ir: LoopIR, n_ext: int, new_values_after: bool = False) -> None:
     """Reject in-place writes that a read of the old values could miss.
 
     One nest writes each written input. Nests before it read the input as it was (nests
     run one after another); the nest itself reads it only at the element it writes, and
     not inside a reduction (whose loop would read elements already written); no later nest
-    reads it.
+    reads it, unless ``new_values_after``: the lowering placed every read of the new values
+    after the write, and no read of the old ones (``_lower``'s "first").
 
     Raises:
         _WriteHazard: a read that would see new values.
@@ -762,7 +825,7 @@ def _check_hazards(ir: LoopIR, n_ext: int) -> None:
             raise LoweringError("an input is written by two nests")
         k = ks[0]
         addr = next(s.addr for s in ir.nests[k].stores if s.buf == buf)
-        for j, acc in enumerate(reads[k:], k):
+        for j, acc in enumerate(reads[k:k + 1] if new_values_after else reads[k:], k):
             for b, a in acc:
                 if b == buf and (j != k or a != addr):
                     raise _WriteHazard("in-place write overlaps a read of another element")

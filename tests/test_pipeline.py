@@ -288,18 +288,39 @@ def test_lowering_writes_inputs_apart_after_the_reductions_they_read():
     assert first.buf not in {b for b, _ in _loads(second.value)}  # the first's new values: never read
 
 
-def test_lowering_writes_an_input_after_a_reduction_of_it():
-    """``s.div_(8)`` then ``softmax(s)``: the softmax's reductions read the whole row, so
-    the write runs in a nest of its own after them, reading ``s`` at the element it writes
-    (no scratch copy)."""
+def test_lowering_writes_an_input_before_a_reduction_of_its_new_values():
+    """``s.div_(8)`` then ``softmax(s)``: the softmax reads the whole row of the new
+    values, so the write cannot share its nest. It runs first, in a nest of its own that
+    reads ``s`` at the element it writes, and the softmax's nest reads the new values back
+    from ``s`` (no scratch copy)."""
     s_ = torch.empty(16, 32)
     calls = [(aten.div_.Scalar, (("x", 0), ("s", 0)), {}, 0),
              (aten._softmax.default, (("x", 0), ("c", -1), ("c", False)), {}, 1)]
     ir = _lowered(calls, [s_], [((16, 32), (32, 1), torch.float32)], (0,), ["f"])
-    (st,) = ir.nests[-1].stores
-    assert st.buf == 0 and _loads(st.value) == {(0, st.addr)}, ir.describe()
-    assert not any(b.scratch for b in ir.buffers)
-    assert all(s.buf != 0 for n in ir.nests[:-1] for s in n.stores)
+    assert len(ir.nests) == 2 and not any(b.scratch for b in ir.buffers), ir.describe()
+    (st,), (soft,) = ir.nests[0].stores, ir.nests[1].stores
+    assert st.buf == 0 and _loads(st.value) == {(0, st.addr)} and not reductions(ir.nests[0])
+    assert soft.buf == 1 and {b for b, _ in _loads(soft.value)} == {0}
+    assert not any(e.op == "scalar" for e in walk(soft.value, set()))  # read back: no s / 8 again
+
+
+def test_lowering_writes_first_where_that_moves_fewer_bytes():
+    """``h.add_(r)`` then ``relu(h).mean(0)``: the column means could run first, reading
+    ``h`` and ``r`` (the old ``h`` plus ``r``), then the write (five passes over [64, 96]);
+    with the write first, the means read the new ``h`` alone (four). The lowering keeps
+    the one that moves fewer bytes."""
+    from accel.lowering import _traffic
+
+    h, r = torch.empty(64, 96), torch.empty(64, 96)
+    calls = [(aten.add_.Tensor, (("x", 0), ("x", 1)), {}, 0),
+             (aten.relu.default, (("x", 0),), {}, 1),
+             (aten.mean.dim, (("o", 0), ("c", [0])), {}, 1)]
+    ir = _lowered(calls, [h, r], [((64, 96), (96, 1), torch.float32), ((96,), (1,), torch.float32)], (1,))
+    assert len(ir.nests) == 2, ir.describe()
+    (st,), (means,) = ir.nests[0].stores, ir.nests[1].stores
+    assert st.buf == 0 and {b for b, _ in _loads(st.value)} == {0, 1}
+    assert means.buf == 2 and {b for b, _ in _loads(means.value)} == {0}
+    assert _traffic(ir) == 4 * (3 * 64 * 96 + 64 * 96 + 96)
 
 
 def test_lowering_moves_a_reduction_of_an_input_before_its_write():
