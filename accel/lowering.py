@@ -42,9 +42,8 @@ class LoweringError(Exception):
 
 
 class _WriteHazard(LoweringError):
-    """An input written in place is read, in the nest that writes it or after it, at other
-    elements (inside a reduction, or at another address): :func:`lower` tries the writes
-    in nests of their own."""
+    """A read of an input written in place would see the wrong values (:func:`lower`
+    tries the write in a nest of its own, first or last)."""
 
 
 _PRIM_REDUCTIONS = {"sum": "sum", "prod": "prod", "amax": "amax", "amin": "amin"}
@@ -483,12 +482,12 @@ def lower(gm: fx.GraphModule, ext: Sequence[BufferSpec], outs: Sequence[BufferSp
 def _traffic(ir: LoopIR) -> int:
     """Bytes the nests of ``ir`` move: each buffer a nest reads, whole, once, and each
     one it writes."""
-    total, seen = 0, set()
+    total = 0
     for nest in ir.nests:
+        seen: set = set()
         loads = {e.args[0] for st in nest.stores for e in walk(st.value, seen) if e.op == "load"}
         for b in [*loads, *{st.buf for st in nest.stores}]:
             total += _prod(ir.buffers[b].shape) * ir.buffers[b].dtype.itemsize
-        seen.clear()
     return total
 
 
@@ -528,14 +527,14 @@ def _lower(gm, ext, outs, scalar_types, writes: str) -> LoopIR:
 
     home: Dict[fx.Node, Nest] = {}  # the nest of each reduction moved to memory
 
-    def place(job, fresh_only=False, among=(), apart=False):
+    def place(job, fresh_only=False, among=(), last=False):
         """Put ``job``'s store into the first nest it fits (``fresh_only``: only those in
         ``among``) after the nests of the reductions it reads from memory, or a new one
-        (``apart``: a new one, last); returns that nest, or None."""
+        (``last``: a new one, after every other); returns that nest, or None."""
         buf, node, spec, mutation = job
         reads = _reach([node]) if home else ()
         later = nests[max((nests.index(home[d]) + 1 for d in home if d in reads), default=0):]
-        for nest in ([] if apart else [n for n in among if n in later] if fresh_only else later) + [None]:
+        for nest in ([] if last else [n for n in among if n in later] if fresh_only else later) + [None]:
             if nest is None:
                 nest = Nest([lw.new_var(s) for s in spec.shape])
                 shapes[id(nest)] = (tuple(spec.shape), tuple(nest.vars))
@@ -580,7 +579,7 @@ def _lower(gm, ext, outs, scalar_types, writes: str) -> LoopIR:
             buffers.append(spec)
             job = (len(buffers) - 1, r, spec, False)
             while (nest := place(job, fresh_only=True, among=made)) is None:
-                deeper = [d for d in _conflicting(lw, job, shapes) if d not in lw.in_memory]
+                deeper = _conflicting(lw, job)
                 if not deeper:
                     raise LoweringError(f"cannot schedule {r.format_node()}")
                 to_memory(deeper)  # (their nests run after made's: place keeps r after them)
@@ -593,19 +592,19 @@ def _lower(gm, ext, outs, scalar_types, writes: str) -> LoopIR:
 
     inputs_written = {job[0] for job in jobs if job[3]}
     for job in jobs:
-        apart = job[3] and writes != "fit"
-        while apart and (inner := _reading(lw, job, inputs_written)):
+        write_first, write_last = job[3] and first, job[3] and writes == "last"
+        while (write_first or write_last) and (inner := _reading(lw, job, inputs_written)):
             to_memory(inner)  # its reductions over written inputs run before any write
-        # ("first": the write's nest counts as one of the nests that run first, so that
+        # (first: the write's nest counts as one of the nests that run first, so that
         # every nest placed after it, reductions moved to memory too, runs after it)
-        while (nest := place(job, fresh_only=first and job[3], apart=apart and not first)) is None:
+        while (nest := place(job, fresh_only=write_first, last=write_last)) is None:
             # reductions that cannot all be hoisted in one nest (one nested in another's
             # loop, or depending on unrelated loops): the inner ones go to memory first
-            inner = [d for d in _conflicting(lw, job, shapes) if d not in lw.in_memory]
+            inner = _conflicting(lw, job)
             if not inner:
                 raise LoweringError(f"cannot schedule the reductions of {job[1].format_node()}")
             to_memory(inner)
-        if first and job[3]:
+        if write_first:
             forced += 1
             home[job[1]] = nest
             lw.in_memory[job[1]] = (job[0], job[2])  # the new values, read back
@@ -641,20 +640,31 @@ def _check_bounds(ir: LoopIR) -> None:
                 raise LoweringError(f"internal: access {addr} out of buffer {buf} {b.shape}/{b.stride}")
 
 
-def _conflicting(lw: _Lowerer, job, shapes) -> List[fx.Node]:
-    """The graph nodes of the reductions that keep ``job`` from one nest: those evaluated
-    inside another reduction's loop at its reduction variables, else all but the ones
-    depending on the most loop variables."""
+def _reductions(lw: _Lowerer, job) -> List[Expr]:
+    """The reductions in ``job``'s value, lowered in a nest of its own."""
     buf, node, spec, _ = job
     nest = Nest([lw.new_var(s) for s in spec.shape])
     store = _store(lw, (tuple(spec.shape), tuple(nest.vars)), buf, spec, node)
-    reds = [e for e in walk(store.value, set()) if e.op == "reduce"]
+    return [] if store is None else [e for e in walk(store.value, set()) if e.op == "reduce"]
+
+
+def _not_in_memory(lw: _Lowerer, reds) -> List[fx.Node]:
+    """The graph nodes that compute reductions ``reds``, less those already in memory."""
+    return [n for n in dict.fromkeys(lw.reduce_node.get(r) for r in reds)
+            if n is not None and n not in lw.in_memory]
+
+
+def _conflicting(lw: _Lowerer, job) -> List[fx.Node]:
+    """The graph nodes of the reductions that keep ``job`` from one nest (not in memory
+    yet): those evaluated inside another reduction's loop at its reduction variables, else
+    all but the ones depending on the most loop variables."""
+    reds = _reductions(lw, job)
     nested = {x for r in reds for b in r.args[1] for x in walk(b, set())
               if x.op == "reduce" and free_vars(x) & set(r.args[2])}
     if not nested:
         most = max((free_vars(r) for r in reds), key=len, default=frozenset())
         nested = {r for r in reds if not free_vars(r) <= most}
-    return [n for n in dict.fromkeys(lw.reduce_node.get(r) for r in nested) if n is not None]
+    return _not_in_memory(lw, nested)
 
 
 def _reads_new_values(jobs, lw: _Lowerer) -> bool:
@@ -682,15 +692,8 @@ def _reads_new_values(jobs, lw: _Lowerer) -> bool:
 def _reading(lw: _Lowerer, job, bufs) -> List[fx.Node]:
     """The graph nodes of the reductions in ``job``'s value that read buffers ``bufs``
     and are not in memory yet."""
-    buf, node, spec, _ = job
-    nest = Nest([lw.new_var(s) for s in spec.shape])
-    store = _store(lw, (tuple(spec.shape), tuple(nest.vars)), buf, spec, node)
-    if store is None:
-        return []
-    reds = [e for e in walk(store.value, set()) if e.op == "reduce"
-            and any(x.op == "load" and x.args[0] in bufs for x in walk(e, set()))]
-    return [n for n in dict.fromkeys(lw.reduce_node.get(r) for r in reds)
-            if n is not None and n not in lw.in_memory]
+    return _not_in_memory(lw, [r for r in _reductions(lw, job)
+                               if any(x.op == "load" and x.args[0] in bufs for x in walk(r, set()))])
 
 
 def _store(lw: _Lowerer, domain, buf: int, b: BufferSpec, node: fx.Node):

@@ -639,10 +639,10 @@ def _int_centered(p, m):  # integers: bit-exact
 def test_inplace_writes_read_at_other_elements_run_kernels(device, fn, fresh_store, caplog):
     """A region that writes an input in place and reads it at other elements (inside a
     reduction, or in a kernel nest after the write) runs its kernel, with eager's results:
-    the write runs in a nest of its own after the reads of the old values, the reductions
-    its new values take over the input moved to memory before it, or its new values are
-    staged through a scratch buffer (``accel.lowering.lower``). These regions ran eagerly
-    before (found in a sweep of transformers architectures, the forty-seventh round)."""
+    the write runs in a nest of its own, before the reads of its new values or after those
+    of its old ones, the reductions its new values take over the input moved to memory
+    before it (``accel.lowering.lower``). These regions ran eagerly before (found in a
+    sweep of transformers architectures, the forty-seventh round)."""
     g = torch.Generator().manual_seed(0)
     p = torch.randn(48, 80, generator=g).to(device)
     m = torch.randn(80, 80, generator=g).to(device) / 9
