@@ -25,7 +25,7 @@ import torch.fx as fx
 from torch._prims_common import make_contiguous_strides_for
 
 from .loop_ir import (ACCEL_ELEMENTWISE, ELEMENTWISE, Addr, BufferSpec, Expr, LoopIR, Nest, Store,
-                      forget_free_vars, free_vars, walk)
+                      forget_free_vars, free_vars, reductions, walk)
 from .ops import HALF, float_key, splits
 
 prims = torch.ops.prims
@@ -447,15 +447,20 @@ def lower(gm: fx.GraphModule, ext: Sequence[BufferSpec], outs: Sequence[BufferSp
 
     Each store joins the first nest whose loops it fits (same rank, its sizes equal to the
     nest's or 1) and whose reductions it does not conflict with; otherwise it opens a new
-    nest, recomputing what it needs from the inputs.
+    nest, recomputing what it needs from the inputs. A reduction that would run a store's
+    contiguous dim in a loop outside another of its dims (column statistics under a [N, C]
+    output: ``x / x.sum(0)``, batch norm of [N, C]) goes to memory first, in a nest of its
+    own, so that the store's nest runs along the rows.
 
     An input written in place (a graph ``copy_`` into a placeholder) is written where it
-    fits, like an output. A region that writes one input whose outputs read its new values
+    fits, like an output, in the nest of reductions that read only the elements its own
+    iteration writes (``x.div_(x.sum(-1, keepdim=True))``: a row's sum, then the row's
+    writes; :func:`_row_local`). A region that writes one input whose outputs read its new values
     only (``h.add_(r)`` then ``relu(h).mean(0)``) is also lowered with the write first, in
     a nest of its own, and later nests reading the new values back from the input; the one
     of the two that moves fewer bytes is kept. Where a read of its old values would see new
-    ones (a nest reading it at other elements while or after it is written: ``s.div_(8)``
-    then ``softmax(s)``; ``x.div_(x.sum(-1, keepdim=True))``), it is lowered with the write
+    ones (a nest reading it at other elements while or after it is written: ``x.div_(
+    x.sum(0).unsqueeze(1))``, row i over column i's sum), it is lowered with the write
     first, or else with each write in a nest of its own after every other (as AOT autograd
     applies input mutations after the compiled graph); either way, the reductions its new
     values take over written inputs are moved to memory before. Nests run one after another
@@ -554,6 +559,9 @@ def _lower(gm, ext, outs, scalar_types, writes: str) -> LoopIR:
             order = _chain_order(nest.vars, exprs)
             if order is None or any(free_vars(e) - set(nest.vars) for e in exprs if e.op == "reduce"):
                 continue  # reductions that cannot all be hoisted, or one inside another's loop
+            reds = [e for e in exprs if e.op == "reduce"]
+            if any(_transposing(st, reds, lw.sizes) for st in trial):
+                continue  # a loop along a store's contiguous dim outside another of its loops
             nest.vars, nest.stores = order, trial
             if not nest.stores[:-1]:
                 at = forced if fresh_only else len(nests)
@@ -640,12 +648,13 @@ def _check_bounds(ir: LoopIR) -> None:
                 raise LoweringError(f"internal: access {addr} out of buffer {buf} {b.shape}/{b.stride}")
 
 
-def _reductions(lw: _Lowerer, job) -> List[Expr]:
-    """The reductions in ``job``'s value, lowered in a nest of its own."""
+def _reductions(lw: _Lowerer, job) -> Tuple[Store, List[Expr]]:
+    """``job``'s store in a nest of its own (None where it does not fit), and the
+    reductions in its value."""
     buf, node, spec, _ = job
     nest = Nest([lw.new_var(s) for s in spec.shape])
     store = _store(lw, (tuple(spec.shape), tuple(nest.vars)), buf, spec, node)
-    return [] if store is None else [e for e in walk(store.value, set()) if e.op == "reduce"]
+    return store, [] if store is None else [e for e in walk(store.value, set()) if e.op == "reduce"]
 
 
 def _not_in_memory(lw: _Lowerer, reds) -> List[fx.Node]:
@@ -657,14 +666,32 @@ def _not_in_memory(lw: _Lowerer, reds) -> List[fx.Node]:
 def _conflicting(lw: _Lowerer, job) -> List[fx.Node]:
     """The graph nodes of the reductions that keep ``job`` from one nest (not in memory
     yet): those evaluated inside another reduction's loop at its reduction variables, else
-    all but the ones depending on the most loop variables."""
-    reds = _reductions(lw, job)
+    all but the ones depending on the most loop variables, else those that would put a
+    loop along its contiguous dim outside another of its loops (:func:`_transposing`)."""
+    store, reds = _reductions(lw, job)
     nested = {x for r in reds for b in r.args[1] for x in walk(b, set())
               if x.op == "reduce" and free_vars(x) & set(r.args[2])}
     if not nested:
         most = max((free_vars(r) for r in reds), key=len, default=frozenset())
         nested = {r for r in reds if not free_vars(r) <= most}
+    if not nested and store is not None:
+        nested = set(_transposing(store, reds, lw.sizes))
     return _not_in_memory(lw, nested)
+
+
+def _transposing(store: Store, reds: Sequence[Expr], sizes) -> List[Expr]:
+    """The reductions among ``reds`` whose loops would run ``store``'s innermost, contiguous
+    dim outside another of its dims: those that depend on that dim's variable and not on
+    another of the store's (``x / x.sum(0, keepdim=True)``, batch norm of [N, C]). In one
+    nest every access of the store's loops would stride (each OpenMP thread, or each CUDA
+    thread, walking a column); with such a reduction stored to memory first (a column
+    reduction's own nest, vectorized across the columns), the store's nest runs along the
+    rows."""
+    inner = [v for v, c in store.addr.terms if c == 1 and sizes[v] > 1]
+    if not inner:
+        return []
+    dims = [v for v, _ in store.addr.terms if sizes[v] > 1]
+    return [r for r in reds if inner[0] in free_vars(r) and any(v not in free_vars(r) for v in dims)]
 
 
 def _reads_new_values(jobs, lw: _Lowerer) -> bool:
@@ -692,7 +719,7 @@ def _reads_new_values(jobs, lw: _Lowerer) -> bool:
 def _reading(lw: _Lowerer, job, bufs) -> List[fx.Node]:
     """The graph nodes of the reductions in ``job``'s value that read buffers ``bufs``
     and are not in memory yet."""
-    return _not_in_memory(lw, [r for r in _reductions(lw, job)
+    return _not_in_memory(lw, [r for r in _reductions(lw, job)[1]
                                if any(x.op == "load" and x.args[0] in bufs for x in walk(r, set()))])
 
 
@@ -798,30 +825,30 @@ def _check_hazards(ir: LoopIR, n_ext: int, new_values_after: bool = False) -> No
     """Reject in-place writes that a read of the old values could miss.
 
     One nest writes each written input. Nests before it read the input as it was (nests
-    run one after another); the nest itself reads it only at the element it writes, and
-    not inside a reduction (whose loop would read elements already written); no later nest
-    reads it, unless ``new_values_after``: the lowering placed every read of the new values
-    after the write, and no read of the old ones (``_lower``'s "first").
+    run one after another); the nest itself reads it at the element it writes, or inside a
+    reduction that reads only the elements its own iteration writes (:func:`_row_local`:
+    ``x.div_(x.sum(-1, keepdim=True))``, a row's sum before the row's writes); no later
+    nest reads it, unless ``new_values_after``: the lowering placed every read of the new
+    values after the write, and no read of the old ones (``_lower``'s "first").
 
     Raises:
         _WriteHazard: a read that would see new values.
         LoweringError: an input written by two nests.
     """
     written: Dict[int, List[int]] = {}
-    reads: List[set] = []
+    reads: List[set] = []  # per nest: (buffer, Addr, the reduce Expr reading it or None)
     for k, nest in enumerate(ir.nests):
         acc: set = set()
         seen: set = set()
         for s in nest.stores:
-            for e in walk(s.value, seen):
-                if e.op == "load":
-                    acc.add((e.args[0], e.args[1]))
-                elif e.op == "reduce":  # reads inside a reduction see other elements
-                    for x in walk(e, set()):
-                        if x.op == "load":
-                            acc.add((x.args[0], None))
+            acc |= {(e.args[0], e.args[1], None) for e in walk(s.value, seen, into_reduce=False)
+                    if e.op == "load"}
             if s.buf < n_ext:
                 written.setdefault(s.buf, []).append(k)
+        for r in reductions(nest):
+            seen = set()
+            acc |= {(x.args[0], x.args[1], r) for b in r.args[1]
+                    for x in walk(b, seen, into_reduce=False) if x.op == "load"}
         reads.append(acc)
     for buf, ks in written.items():
         if len(set(ks)) > 1:
@@ -829,6 +856,30 @@ def _check_hazards(ir: LoopIR, n_ext: int, new_values_after: bool = False) -> No
         k = ks[0]
         addr = next(s.addr for s in ir.nests[k].stores if s.buf == buf)
         for j, acc in enumerate(reads[k:k + 1] if new_values_after else reads[k:], k):
-            for b, a in acc:
-                if b == buf and (j != k or a != addr):
+            for b, a, r in acc:
+                if b == buf and (j != k or (a != addr if r is None else not _row_local(ir, k, r, a, addr))):
                     raise _WriteHazard("in-place write overlaps a read of another element")
+
+
+def _row_local(ir: LoopIR, k: int, red: Expr, load: Addr, write: Addr) -> bool:
+    """Whether reduction ``red`` of nest ``k``, reading a written input at ``load``, reads
+    only the elements its own iteration of the nest writes at ``write``, before writing
+    them. It must be a reduction of the nest's deepest level (bound by the most loop
+    variables): a CUDA kernel hands each point of that level to one block or thread, which
+    computes every reduction of the point (a shallower one again at each point) and then
+    writes the point's elements; a C++ loop computes a reduction before the loops inside
+    it. Its load must address the point's elements as the write does: the same terms in the
+    reduction's free variables, and the reduction variables standing for the write's other
+    loop variables (as many, of the same sizes and strides). The write reaches each element
+    once (an in-place write), so no other point writes what the point reads."""
+    fv = free_vars(red)
+    if any(not free_vars(r) <= fv for r in reductions(ir.nests[k])):
+        return False  # a shallower reduction, computed again at each point of a deeper one
+    outer = {v: c for v, c in write.terms if v in fv}
+    if {v: c for v, c in load.terms if v in fv} != outer:
+        return False
+    rvars = set(red.args[2])
+    if any(v not in fv and v not in rvars for v, _ in load.terms):
+        return False
+    row = sorted((c, ir.sizes[v]) for v, c in write.terms if v not in fv)
+    return row == sorted((c, ir.sizes[v]) for v, c in load.terms if v in rvars)

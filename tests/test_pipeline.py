@@ -189,6 +189,28 @@ def test_column_sums_with_row_operands_accumulate_a_vector_of_columns():
     assert "256 * i" in inner and "#pragma omp simd" in inner
 
 
+def test_column_softmax_and_moments_accumulate_vectors_of_columns():
+    """A softmax over dim 0 (its max, then its sum of exponentials, the second reading the
+    first) and a batch norm's mean and variance over the rows of [N, C]: each reduction
+    accumulates a vector of a block's columns over the rows (unit-stride loads), not one
+    column at a time down the rows; the variance as sums shifted by each column's first
+    value."""
+    x = torch.empty(512, 96)
+    src = _kernel_source([(aten._softmax.default, (("x", 0), ("c", 0), ("c", False)), {}, 1)], [x],
+                         [((512, 96), (96, 1), torch.float32)], (0,))
+    stats = src[:src.index("  }\n  {")]  # the statistics' nest
+    assert re.search(r"float a\d+_0\[\d+\];(.|\n)*float a\d+_0\[\d+\];", stats), stats  # max, then sum
+    assert stats.count("for (int64_t i") == 2 and "96 * i" in stats
+    assert re.search(r"= \(t\d+ - a\d+_0\[v\d+_k\]\);\n\s*const float t\d+ = accel::exp\(", stats), stats  # the max, read
+    calls = [(aten.native_batch_norm.default, (("x", 0), ("c", None), ("c", None), ("c", None),
+                                               ("c", None), ("c", True), ("c", 0.1), ("c", 1e-5)), {}, 3)]
+    src = _kernel_source(calls, [x], [((512, 96), (96, 1), torch.float32), ((96,), (1,), torch.float32),
+                                      ((96,), (1,), torch.float32)], (0, 1, 2))
+    stats = src[:src.index("  }\n  {")]
+    assert re.search(r"double (a\d+_0)k\[(\d+)\], \1s\[\2\], \1q\[\2\];", stats), stats
+    assert "const int64_t i" in stats and "Welford" not in stats  # the shifts: row 0
+
+
 @pytest.mark.parametrize("n,threads,want", [(4096, 2, 2048), (1024, 2, 512), (3000, 2, 1504),
                                            (20000, 2, 2016), (10, 2, 32), (4096, 1, 2048),
                                            (256, 16, 32), (3000, 3, 1024)])
@@ -288,20 +310,23 @@ def test_lowering_writes_inputs_apart_after_the_reductions_they_read():
     assert first.buf not in {b for b, _ in _loads(second.value)}  # the first's new values: never read
 
 
-def test_lowering_writes_an_input_before_a_reduction_of_its_new_values():
-    """``s.div_(8)`` then ``softmax(s)``: the softmax reads the whole row of the new
-    values, so the write cannot share its nest. It runs first, in a nest of its own that
-    reads ``s`` at the element it writes, and the softmax's nest reads the new values back
-    from ``s`` (no scratch copy)."""
+def test_lowering_writes_an_input_in_the_nest_that_reduces_its_rows():
+    """``s.div_(8)`` then ``softmax(s)``: the softmax reduces each row of the new values,
+    which it computes from the old ones (``s / 8`` again), so the write shares its nest:
+    each row's reductions read the row before the row's writes. One pass over ``s`` reads
+    it, one writes ``s`` and the softmax; no scratch buffer."""
     s_ = torch.empty(16, 32)
     calls = [(aten.div_.Scalar, (("x", 0), ("s", 0)), {}, 0),
              (aten._softmax.default, (("x", 0), ("c", -1), ("c", False)), {}, 1)]
     ir = _lowered(calls, [s_], [((16, 32), (32, 1), torch.float32)], (0,), ["f"])
-    assert len(ir.nests) == 2 and not any(b.scratch for b in ir.buffers), ir.describe()
-    (st,), (soft,) = ir.nests[0].stores, ir.nests[1].stores
-    assert st.buf == 0 and _loads(st.value) == {(0, st.addr)} and not reductions(ir.nests[0])
-    assert soft.buf == 1 and {b for b, _ in _loads(soft.value)} == {0}
-    assert not any(e.op == "scalar" for e in walk(soft.value, set()))  # read back: no s / 8 again
+    assert len(ir.nests) == 1 and not any(b.scratch for b in ir.buffers), ir.describe()
+    (nest,) = ir.nests
+    write = next(st for st in nest.stores if st.buf == 0)
+    assert {st.buf for st in nest.stores} == {0, 1} and _loads(write.value) == {(0, write.addr)}
+    row = next(v for v, c in write.addr.terms if c == 32)
+    for r in reductions(nest):  # the row's elements: the row's variable, a reduction one
+        for b, a in _loads(r):
+            assert b == 0 and a.coeff(row) == 32 and {c for _, c in a.terms} == {32, 1}
 
 
 def test_lowering_writes_first_where_that_moves_fewer_bytes():
@@ -323,19 +348,72 @@ def test_lowering_writes_first_where_that_moves_fewer_bytes():
     assert _traffic(ir) == 4 * (3 * 64 * 96 + 64 * 96 + 96)
 
 
-def test_lowering_moves_a_reduction_of_an_input_before_its_write():
-    """``x.div_(x.sum(-1, keepdim=True))``: the sums go to memory in a nest of their own,
-    then the write reads ``x`` at the element it writes and the stored sums."""
+def test_lowering_writes_an_input_after_its_rows_sum_in_one_nest():
+    """``x.div_(x.sum(-1, keepdim=True))`` (a mixture-of-experts router): one nest, whose
+    row sums read the row before the row is written (two passes over ``x``, not three)."""
     x = torch.empty(16, 32)
     calls = [(aten.sum.dim_IntList, (("x", 0), ("c", [-1]), ("c", True)), {}, 1),
              (aten.div_.Tensor, (("x", 0), ("o", 0)), {}, 0)]
     ir = _lowered(calls, [x], [((16, 1), (1, 1), torch.float32)], ())
+    assert len(ir.nests) == 1 and not any(b.scratch for b in ir.buffers), ir.describe()
+    (st,) = ir.nests[0].stores
+    assert st.buf == 0 and len(reductions(ir.nests[0])) == 1
+    assert {b for b, _ in _loads(st.value)} == {0} and (0, st.addr) in _loads(st.value)
+
+
+def test_lowering_moves_a_reduction_of_an_input_before_its_write():
+    """``x.div_(x.sum(0, keepdim=True))``: the column sums go to memory in a nest of their
+    own (one nest would walk each column down its rows), then the write reads ``x`` at the
+    element it writes and the stored sums, along the rows."""
+    x = torch.empty(16, 32)
+    calls = [(aten.sum.dim_IntList, (("x", 0), ("c", [0]), ("c", True)), {}, 1),
+             (aten.div_.Tensor, (("x", 0), ("o", 0)), {}, 0)]
+    ir = _lowered(calls, [x], [((1, 32), (32, 1), torch.float32)], ())
     assert len(ir.nests) == 2, ir.describe()
     (sums,), (st,) = ir.nests[0].stores, ir.nests[1].stores
     assert ir.buffers[sums.buf].scratch and len(reductions(ir.nests[0])) == 1
     assert st.buf == 0 and not reductions(ir.nests[1])
     assert {b for b, _ in _loads(st.value)} == {0, sums.buf}
     assert (0, st.addr) in _loads(st.value) and len(_loads(st.value)) == 2
+    assert st.addr.coeff(ir.nests[1].vars[-1]) == 1  # the rows' loop outside, the columns' inside
+
+
+def test_lowering_keeps_a_shallower_reduction_of_a_written_input_out_of_its_nest():
+    """``x.add_(z.sum(-1)).div_(x.sum(-1, keepdim=True))``: ``z``'s sums are a reduction at
+    each element of ``x`` (the nest's deepest level), ``x``'s row sums one a row. A CUDA
+    kernel computes the row sums again at each element, while other elements of the row
+    may have been written: they go to memory before the write, in a nest of their own."""
+    x, z = torch.empty(8, 16), torch.empty(8, 16, 4)
+    calls = [(aten.sum.dim_IntList, (("x", 0), ("c", [-1]), ("c", True)), {}, 1),
+             (aten.sum.dim_IntList, (("x", 1), ("c", [-1])), {}, 1),
+             (aten.add.Tensor, (("x", 0), ("o", 1)), {}, 1),
+             (aten.div.Tensor, (("o", 2), ("o", 0)), {}, 1),
+             (aten.copy_.default, (("x", 0), ("o", 3)), {}, 0)]
+    ir = _lowered(calls, [x, z], [((8, 1), (1, 1), torch.float32), ((8, 16), (16, 1), torch.float32),
+                                  ((8, 16), (16, 1), torch.float32), ((8, 16), (16, 1), torch.float32)], ())
+    writer = next(n for n in ir.nests if any(st.buf == 0 for st in n.stores))
+    for r in reductions(writer):
+        assert 0 not in {b for b, _ in _loads(r)}, ir.describe()
+
+
+def test_lowering_stores_column_reductions_before_a_nest_along_the_rows():
+    """``x / x.sum(0, keepdim=True)`` and a training batch norm of [N, C]: the column
+    reductions (the sums; the mean and variance) run in a nest of their own, and the
+    output's nest loops along the rows with the contiguous columns inside."""
+    x = torch.empty(64, 32)
+    for calls, meta, live in [
+            ([(aten.sum.dim_IntList, (("x", 0), ("c", [0]), ("c", True)), {}, 1),
+              (aten.div.Tensor, (("x", 0), ("o", 0)), {}, 1)],
+             [((1, 32), (32, 1), torch.float32), ((64, 32), (32, 1), torch.float32)], (1,)),
+            ([(aten.native_batch_norm.default, (("x", 0), ("c", None), ("c", None), ("c", None),
+                                                 ("c", None), ("c", True), ("c", 0.1), ("c", 1e-5)), {}, 3)],
+             [((64, 32), (32, 1), torch.float32), ((32,), (1,), torch.float32), ((32,), (1,), torch.float32)],
+             (0,))]:
+        ir = _lowered(calls, [x], meta, live)
+        stats, *rest = ir.nests
+        assert len(stats.vars) == 1 and reductions(stats), ir.describe()
+        out = next(n for n in rest if len(n.vars) == 2)
+        assert not reductions(out) and out.stores[0].addr.coeff(out.vars[-1]) == 1, ir.describe()
 
 
 def test_lowering_writes_an_input_after_an_earlier_nest_reads_it():

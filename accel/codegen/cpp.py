@@ -559,31 +559,31 @@ class CppRenderer(CStyle):
         out.append(f"{ind}}}")
 
     def _vertical(self, v: int, scope: Scope) -> bool:
-        """A reduction over a strided dimension whose result varies along the contiguous
-        innermost loop ``v`` (a column sum): worth accumulating a vector of ``v`` values.
-        Every load is contiguous along ``v`` or the same for all of it (LayerNorm
-        backward's per-row mean and rstd in its weight gradient)."""
+        """Reductions over a strided dimension whose results vary along the contiguous
+        innermost loop ``v`` (column sums; a column softmax's max, then its sum of
+        exponentials; a column mean and variance): worth accumulating a vector of ``v``
+        values. Each is a plain reduction or a Welford one; every load is contiguous along
+        ``v`` or the same for all of it (LayerNorm backward's per-row mean and rstd in its
+        weight gradient), and one strides along the reduction."""
         groups = [x for k, x in scope.items if k == "group"]
-        if len(groups) != 1 or groups[0].category != "simple" or not groups[0].rvars:
-            return False
-        inner = self.group_scope[id(groups[0])]
-        last = groups[0].rvars[-1]
-        loads = [x.args[1] for k, x in inner.items if k == "expr" and x.op == "load"]
-        return all(a.coeff(v) in (0, 1) for a in loads) and any(
-            a.coeff(v) == 1 and abs(a.coeff(last)) > 1 for a in loads)
+        strided = False
+        for g in groups:
+            if not g.rvars or not (g.category == "simple" or g.members[0].args[0] == "welford"):
+                return False
+            last = g.rvars[-1]
+            loads = [x.args[1] for k, x in self.group_scope[id(g)].items if k == "expr" and x.op == "load"]
+            if not all(a.coeff(v) in (0, 1) for a in loads):
+                return False
+            strided |= any(a.coeff(v) == 1 and abs(a.coeff(last)) > 1 for a in loads)
+        return strided
 
     def _emit_vertical(self, v: int, scope: Scope, out: List[str], ind: str, parallel: bool) -> None:
-        """Loop ``v`` in blocks of up to :data:`VBLOCK_MAX` results: each block accumulates a
-        vector of results over the reduction loops (unit-stride, vectorized loads), then
+        """Loop ``v`` in blocks of up to :data:`VBLOCK_MAX` results: for each reduction group
+        in turn, the block accumulates a vector of results over the group's loops
+        (unit-stride, vectorized loads; a later group reads an earlier one's results), then
         finishes the block."""
         n = self.ir.sizes[v]
         vb = vertical_block(n, machine_threads() if parallel else 1)
-        g = next(x for k, x in scope.items if k == "group")
-        at = next(k for k, (_, x) in enumerate(scope.items) if x is g)
-        pre, post = Scope(scope.bound, scope.parent), Scope(scope.bound, scope.parent)
-        pre.items, post.items = scope.items[:at], scope.items[at + 1:]
-        pre.names = post.names = scope.names
-        inner = self.group_scope[id(g)]
         b = f"v{self.ntemp}"
         self.ntemp += 1
         if parallel:
@@ -591,30 +591,76 @@ class CppRenderer(CStyle):
         out.append(f"{ind}for (int64_t {b} = 0; {b} < {n}; {b} += {vb}) {{")
         ind2 = ind + "  "
         out.append(f"{ind2}const int64_t {b}_n = {n} - {b} < {vb} ? {n} - {b} : {vb};")
-        accs = self._accumulators(g, f"a{self.ntemp}")
-        for a, init, e in accs.values():
-            out.append(f"{ind2}{self.ctype(e.dtype)} {a}[{vb}];")
-            out.append(f"{ind2}for (int64_t k = 0; k < {vb}; ++k) {a}[k] = {init};")
-        body: List[str] = []
-        self._emit_items(pre, body, "")
-        self._emit_items(inner, body, "")
-        rv = list(g.rvars)
-        for (k, bodies), (a, _, _) in accs.items():
-            body.append(SIMPLE[k][1].format(a=f"{a}[{b}_k]", x=self._name(bodies[0], inner)))
-        for r in rv:
-            out.append(f"{ind2}for (int64_t i{r} = 0; i{r} < {self.ir.sizes[r]}; ++i{r}) {{")
-            ind2 += "  "
-        self._vector_loop(b, v, body, out, ind2)
-        for _ in rv:
-            ind2 = ind2[:-2]
-            out.append(f"{ind2}}}")
-        for e in g.members:
-            scope.names[e] = accs[(e.args[0], e.args[1])][0] + f"[{b}_k]"
+        before = Scope(scope.bound, scope.parent)  # the values before the group at hand
+        before.names = scope.names
+        for kind, x in scope.items:
+            if kind == "group":
+                self._vertical_group(x, before, b, v, vb, out, ind2)
+            else:
+                before.items.append((kind, x))
         tail: List[str] = []
-        self._emit_items(pre, tail, "")
-        self._emit_items(post, tail, "")
+        self._emit_items(before, tail, "")
         self._vector_loop(b, v, tail, out, ind2)
         out.append(f"{ind}}}")
+
+    def _vertical_group(self, g: Group, before: Scope, b: str, v: int, vb: int, out: List[str],
+                        ind: str) -> None:
+        """One group of :meth:`_emit_vertical`'s block ``b``: a vector of accumulators a
+        distinct reduction, the group's loops around a vector loop over the block, and the
+        members' names pointing at their results. A Welford reduction accumulates shifted
+        sums (by its first value in each column, as ``accel::ShiftedMoments`` on CUDA) in
+        its dtype: the mean is shift + sum / n, the sum of squared deviations
+        sum of squares - sum * (sum / n), at least 0."""
+        inner = self.group_scope[id(g)]
+        rv = list(g.rvars)
+        tag = f"a{self.ntemp}"
+        self.ntemp += 1
+        body: List[str] = []
+        self._emit_items(before, body, "")
+        self._emit_items(inner, body, "")
+        results: Dict[tuple, str] = {}  # (body, which) -> the array holding it
+        updates: List[str] = []
+        if g.category == "simple":
+            for key, (a, init, e) in self._accumulators(g, tag).items():
+                out.append(f"{ind}{self.ctype(e.dtype)} {a}[{vb}];")
+                out.append(f"{ind}for (int64_t k = 0; k < {vb}; ++k) {a}[k] = {init};")
+                updates.append(SIMPLE[key[0]][1].format(a=f"{a}[{b}_k]", x=self._name(key[1][0], inner)))
+                results.update({(key[1], w): a for w in (0, 1)})
+        else:
+            rows = self._size(rv)
+            t = self.ctype(g.members[0].dtype)
+            shifts: List[str] = []
+            finish: List[str] = []
+            for k, bodies in enumerate(dict.fromkeys(e.args[1] for e in g.members)):
+                sh, sm, sq = f"{tag}_{k}k", f"{tag}_{k}s", f"{tag}_{k}q"
+                x = self._name(bodies[0], inner)
+                out.append(f"{ind}{t} {sh}[{vb}], {sm}[{vb}], {sq}[{vb}];")
+                shifts.append(f"{sh}[{b}_k] = {x}; {sm}[{b}_k] = 0; {sq}[{b}_k] = 0;")
+                updates.append(f"{{ const {t} d = {x} - {sh}[{b}_k]; {sm}[{b}_k] += d; {sq}[{b}_k] += d * d; }}")
+                results[(bodies, 1)], results[(bodies, 0)] = sm, sq
+                if rows:
+                    finish.append(f"{{ const {t} m = {sm}[{b}_k] / {t}({rows}); "
+                                  f"const {t} q = {sq}[{b}_k] - {sm}[{b}_k] * m; "
+                                  f"{sm}[{b}_k] = {sh}[{b}_k] + m; {sq}[{b}_k] = q > 0 ? q : {t}(0); }}")
+                else:  # over no values: a NaN mean (0 / 0, as eager), no deviations
+                    finish.append(f"{sm}[{b}_k] = {t}(NAN); {sq}[{b}_k] = 0;")
+            if rows:  # the shifts: each column's first value
+                out.append(f"{ind}{{")
+                out += [f"{ind}  const int64_t i{r} = 0;" for r in rv]
+                self._vector_loop(b, v, body + shifts, out, ind + "  ")
+                out.append(f"{ind}}}")
+        loops_ind = ind
+        for r in rv:
+            out.append(f"{loops_ind}for (int64_t i{r} = 0; i{r} < {self.ir.sizes[r]}; ++i{r}) {{")
+            loops_ind += "  "
+        self._vector_loop(b, v, body + updates, out, loops_ind)
+        for _ in rv:
+            loops_ind = loops_ind[:-2]
+            out.append(f"{loops_ind}}}")
+        if g.category != "simple":
+            self._vector_loop(b, v, finish, out, ind)
+        for e in g.members:
+            before.names[e] = f"{results[(e.args[1], e.args[3])]}[{b}_k]"
 
     def _vector_loop(self, b: str, v: int, body: List[str], out: List[str], ind: str) -> None:
         out.append(f"{ind}#pragma omp simd")
