@@ -517,7 +517,8 @@ class CudaRenderer(CppRenderer):
         self.ntemp += 1
         self.col_split = 1
         if (len(groups) == 1 and tiles < COL_BLOCKS and tiles <= MAX_GRID
-                and all(e.args[0] in SIMPLE and e.dtype in COL_SPLIT_TYPES for e in groups[0].members)):
+                and all(e.args[0] in SIMPLE or e.args[0] == "welford" for e in groups[0].members)
+                and all(e.dtype in COL_SPLIT_TYPES for e in groups[0].members)):
             self.col_split = max(1, min(-(-COL_BLOCKS // tiles), rsize // (rows * COL_MIN_ROWS)))
         self.col_tile, self.col_tiles = t, tiles
         out.append(f"  for (int64_t {t} = blockIdx.x; {t} < {tiles}; {t} += gridDim.x) {{")
@@ -529,23 +530,25 @@ class CudaRenderer(CppRenderer):
         grid = min(tiles, MAX_GRID) if self.col_split == 1 else (tiles, self.col_split)
         return out, grid, (COL_TILE, rows)
 
-    def _col_split_finish(self, accs, finish: List[str]) -> None:
+    def _col_split_finish(self, parts: List[tuple], finish: List[str]) -> None:
         """Column mode, rows split among ``col_split`` blocks a tile: each block writes its
-        columns' results to a ``__device__`` array of partials, and the tile's last block to
-        finish (a ticket counter per tile, reset by that block) combines them in block
-        order, deterministically; the others return."""
+        columns' results (``parts``: each accumulator's name, C++ type and combining
+        functor; a Welford's moments, merged as Chan et al.'s pairs) to a ``__device__``
+        array of partials, and the tile's last block to finish (a ticket counter per tile,
+        reset by that block) combines them in block order, deterministically; the others
+        return."""
         t, tiles, n = self.col_tile, self.col_tiles, self.col_split
-        parts = []
-        for i, (k, (a, _, e)) in enumerate(accs.items()):
+        arrays = []
+        for i, (a, ctype, combine) in enumerate(parts):
             part = f"{self.kname}_part{i}"
-            self.globals.append(f"__device__ {self.ctype(e.dtype)} {part}[{n * tiles * COL_TILE}];")
+            self.globals.append(f"__device__ {ctype} {part}[{n * tiles * COL_TILE}];")
             finish.append(f"accel::col_part({a}, {part}, {t}, {tiles});")
-            parts.append((a, part, k[0]))
+            arrays.append((a, part, combine))
         count = f"{self.kname}_count"
         self.globals.append(f"__device__ unsigned int {count}[{tiles}];")
         finish.append(f"if (!accel::col_ticket({count}, {t})) return;")
-        finish += [f"{a} = accel::col_combine({part}, {_COMBINE[kind]}, {t}, {tiles});"
-                   for a, part, kind in parts]
+        finish += [f"{a} = accel::col_combine({part}, {combine}, {t}, {tiles});"
+                   for a, part, combine in arrays]
 
     def _tiles(self, order, n, lvl, out, ind, upto=None) -> None:
         """Thread mode: tiles of ILP * BLOCK iterations per block, each thread taking ILP of
@@ -699,7 +702,8 @@ class CudaRenderer(CppRenderer):
                 elif col:
                     finish.append(f"{a} = accel::col_reduce({a}, {_COMBINE[k]});")
             if col and self.col_split > 1:  # the rows split among blocks: partials, a ticket
-                self._col_split_finish(accs, finish)
+                self._col_split_finish([(a, self.ctype(e.dtype), _COMBINE[k]) for (k, _), (a, _, e)
+                                        in accs.items()], finish)
             for e in g.members:
                 scope.names[e] = accs[(e.args[0], e.args[1])][0]
         elif kind in ARG:
@@ -724,8 +728,10 @@ class CudaRenderer(CppRenderer):
             if coop:  # moved to one shift and summed: no division per thread
                 finish.append(f"const accel::Moments<{t}> {tag} = accel::block_moments({tag}_a, smem);")
             elif col:
-                finish.append(f"const accel::Moments<{t}> {tag} = "
+                finish.append(f"accel::Moments<{t}> {tag} = "
                               f"accel::col_reduce({tag}_a.moments(), accel::MergeMoments());")
+                if self.col_split > 1:
+                    self._col_split_finish([(tag, f"accel::Moments<{t}>", "accel::MergeMoments()")], finish)
             else:
                 finish.append(f"const accel::Moments<{t}> {tag} = {tag}_a.moments();")
             finish.append(f"const {t} {tag}_mean = {tag}.n > {t}(0) ? {tag}.mean : {t}(NAN);")
