@@ -541,8 +541,8 @@ def _lower(gm, ext, outs, scalar_types, writes: str) -> LoopIR:
         later = nests[max((nests.index(home[d]) + 1 for d in home if d in reads), default=0):]
         for nest in ([] if last else [n for n in among if n in later] if fresh_only else later) + [None]:
             if nest is None:
-                nest = Nest([lw.new_var(s) for s in spec.shape])
-                shapes[id(nest)] = (tuple(spec.shape), tuple(nest.vars))
+                dims = [lw.new_var(s) for s in spec.shape]
+                shapes[id(nest := Nest(_memory_order(dims, spec)))] = (tuple(spec.shape), tuple(dims))
             elif mutation and shapes[id(nest)][0] != tuple(spec.shape):
                 continue  # an in-place write runs once per element: no extra loops
             store = _store(lw, shapes[id(nest)], buf, spec, node)
@@ -794,6 +794,15 @@ def _peel_views(node: fx.Node, b: BufferSpec) -> Tuple[fx.Node, BufferSpec]:
         b = BufferSpec(b.dtype, shape, stride, b.output, b.scratch)
         node = x
     return node, b
+
+
+def _memory_order(dims: List[int], spec: BufferSpec) -> List[int]:
+    """Loop variables ``dims`` (one per dim of ``spec``) in the order the buffer lays its
+    dims out in memory, the largest stride outermost (a channels-last [N, C, H, W] output:
+    N, H, W, then C innermost), so that its nest's innermost loop walks it contiguously;
+    dims of equal strides keep their order (Inductor's loop order, from the output's
+    strides)."""
+    return [v for _, v in sorted(zip(spec.stride, dims), key=lambda t: -abs(t[0]))]
 
 
 def _reach(outs) -> set:

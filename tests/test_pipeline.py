@@ -189,6 +189,25 @@ def test_column_sums_with_row_operands_accumulate_a_vector_of_columns():
     assert "256 * i" in inner and "#pragma omp simd" in inner
 
 
+def test_lowering_loops_follow_the_outputs_memory_order():
+    """A channels-last [N, C, H, W] batch norm: its output's nest loops N, H, W, then C
+    innermost (the buffer's memory order), so that every access walks memory
+    contiguously, not C outside H and W (a stride of C elements)."""
+    x = torch.empty(2, 8, 4, 4).contiguous(memory_format=torch.channels_last)
+    cl = x.stride()
+    calls = [(aten.native_batch_norm.default, (("x", 0), ("c", None), ("c", None), ("c", None),
+                                               ("c", None), ("c", True), ("c", 0.1), ("c", 1e-5)), {}, 3),
+             (aten.mul.Tensor, (("o", 0), ("x", 0)), {}, 1)]
+    ir = _lowered(calls, [x], [((2, 8, 4, 4), cl, torch.float32), ((8,), (1,), torch.float32),
+                               ((8,), (1,), torch.float32), ((2, 8, 4, 4), cl, torch.float32)], (3,))
+    out = next(n for n in ir.nests if any(st.buf == 1 for st in n.stores))
+    (st,) = out.stores
+    assert st.addr.coeff(out.vars[-1]) == 1 and not reductions(out), ir.describe()
+    for e in walk(st.value, set()):
+        if e.op == "load" and e.args[0] == 0:
+            assert e.args[1].coeff(out.vars[-1]) == 1
+
+
 def test_column_softmax_and_moments_accumulate_vectors_of_columns():
     """A softmax over dim 0 (its max, then its sum of exponentials, the second reading the
     first) and a batch norm's mean and variance over the rows of [N, C]: each reduction
