@@ -36,6 +36,18 @@ BLOCK = 512
 #: 3.0). Each thread's accumulators (VBLOCK_MAX doubles each: 16 KiB) stay in L1.
 VBLOCK = 32
 VBLOCK_MAX = 2048
+#: rows a step of a column reduction's innermost loop (:meth:`CppRenderer._vertical_group`).
+VROWS = 4
+#: the pairwise form of a plain reduction's operator (SIMPLE's clause)
+_PAIR = {"+": "({} + {})", "*": "({} * {})", "accel_max": "accel::maximum({}, {})",
+         "accel_min": "accel::minimum({}, {})"}
+
+
+def _pairwise(xs: List[str], pair: str) -> str:
+    """``xs`` combined by ``pair`` as a balanced tree, neighbours first."""
+    while len(xs) > 1:
+        xs = [pair.format(*xs[i:i + 2]) if i + 1 < len(xs) else xs[i] for i in range(0, len(xs), 2)]
+    return xs[0]
 
 
 def vertical_block(n: int, threads: int) -> int:
@@ -610,7 +622,10 @@ class CppRenderer(CStyle):
         members' names pointing at their results. A Welford reduction accumulates shifted
         sums (by its first value in each column, as ``accel::ShiftedMoments`` on CUDA) in
         its dtype: the mean is shift + sum / n, the sum of squared deviations
-        sum of squares - sum * (sum / n), at least 0."""
+        sum of squares - sum * (sum / n), at least 0. The innermost reduction loop takes
+        :data:`VROWS` rows a step, combined pairwise before they meet the accumulators (a
+        quarter of the accumulators' loads and stores: float64 column sums of rows in the
+        cache 1.3 -> 1.0 ms on the dev VM)."""
         inner = self.group_scope[id(g)]
         rv = list(g.rvars)
         tag = f"a{self.ntemp}"
@@ -619,12 +634,15 @@ class CppRenderer(CStyle):
         self._emit_items(before, body, "")
         self._emit_items(inner, body, "")
         results: Dict[tuple, str] = {}  # (body, which) -> the array holding it
-        updates: List[str] = []
+        accs: List[tuple] = []  # (the row's value, the update of rows' values xs)
         if g.category == "simple":
             for key, (a, init, e) in self._accumulators(g, tag).items():
                 out.append(f"{ind}{self.ctype(e.dtype)} {a}[{vb}];")
                 out.append(f"{ind}for (int64_t k = 0; k < {vb}; ++k) {a}[k] = {init};")
-                updates.append(SIMPLE[key[0]][1].format(a=f"{a}[{b}_k]", x=self._name(key[1][0], inner)))
+                pair = _PAIR[SIMPLE[key[0]][2]]
+                accs.append((self._name(key[1][0], inner), self.ctype(e.dtype),
+                             lambda xs, a=a, k=key[0], pair=pair: SIMPLE[k][1].format(
+                                 a=f"{a}[{b}_k]", x=_pairwise(xs, pair))))
                 results.update({(key[1], w): a for w in (0, 1)})
         else:
             rows = self._size(rv)
@@ -636,7 +654,13 @@ class CppRenderer(CStyle):
                 x = self._name(bodies[0], inner)
                 out.append(f"{ind}{t} {sh}[{vb}], {sm}[{vb}], {sq}[{vb}];")
                 shifts.append(f"{sh}[{b}_k] = {x}; {sm}[{b}_k] = 0; {sq}[{b}_k] = 0;")
-                updates.append(f"{{ const {t} d = {x} - {sh}[{b}_k]; {sm}[{b}_k] += d; {sq}[{b}_k] += d * d; }}")
+
+                def update(xs, sh=sh, sm=sm, sq=sq):
+                    ds = [f"({x} - {sh}[{b}_k])" for x in xs]
+                    return (f"{{ {' '.join(f'const {t} d{u} = {d};' for u, d in enumerate(ds))} "
+                            f"{sm}[{b}_k] += {_pairwise([f'd{u}' for u in range(len(xs))], _PAIR['+'])}; "
+                            f"{sq}[{b}_k] += {_pairwise([f'd{u} * d{u}' for u in range(len(xs))], _PAIR['+'])}; }}")
+                accs.append((x, t, update))
                 results[(bodies, 1)], results[(bodies, 0)] = sm, sq
                 if rows:
                     finish.append(f"{{ const {t} m = {sm}[{b}_k] / {t}({rows}); "
@@ -650,11 +674,26 @@ class CppRenderer(CStyle):
                 self._vector_loop(b, v, body + shifts, out, ind + "  ")
                 out.append(f"{ind}}}")
         loops_ind = ind
-        for r in rv:
+        for r in rv[:-1]:
             out.append(f"{loops_ind}for (int64_t i{r} = 0; i{r} < {self.ir.sizes[r]}; ++i{r}) {{")
             loops_ind += "  "
-        self._vector_loop(b, v, body + updates, out, loops_ind)
-        for _ in rv:
+        r, n = rv[-1], self.ir.sizes[rv[-1]]
+        start = 0
+        if n >= 2 * VROWS:  # VROWS rows a step: each row's values in a block of their own
+            start = n - n % VROWS
+            out.append(f"{loops_ind}for (int64_t i{r}_s = 0; i{r}_s < {start}; i{r}_s += {VROWS}) {{")
+            step: List[str] = [f"{ct} {tag}_x{k}_{u};" for k, (_, ct, _) in enumerate(accs) for u in range(VROWS)]
+            for u in range(VROWS):
+                step += [f"{{ const int64_t i{r} = i{r}_s + {u};"] + [f"  {x}" for x in body]
+                step += [f"  {tag}_x{k}_{u} = {x};" for k, (x, _, _) in enumerate(accs)] + ["}"]
+            step += [upd([f"{tag}_x{k}_{u}" for u in range(VROWS)]) for k, (_, _, upd) in enumerate(accs)]
+            self._vector_loop(b, v, step, out, loops_ind + "  ")
+            out.append(f"{loops_ind}}}")
+        if start < n:
+            out.append(f"{loops_ind}for (int64_t i{r} = {start}; i{r} < {n}; ++i{r}) {{")
+            self._vector_loop(b, v, body + [upd([x]) for x, _, upd in accs], out, loops_ind + "  ")
+            out.append(f"{loops_ind}}}")
+        for _ in rv[:-1]:
             loops_ind = loops_ind[:-2]
             out.append(f"{loops_ind}}}")
         if g.category != "simple":
