@@ -351,6 +351,51 @@ def compare(name, eager, accelerated, compiled, runs, floor_ms=None) -> list:
             _ratio(ta, floor), r["checks"]["accel"]]
 
 
+def device_workloads_args(doc: str):
+    """The command line of a script timing memory-bound workloads on one device
+    (``[cpu|cuda] [--runs N]``), parsed, with accel intercepting every call
+    (:func:`intercept_every_step`) and the machine printed. Returns (device, shape:
+    [8192, 1024] on the CPU and [16384, 4096] on a GPU, a synchronize for the device, runs)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("device", nargs="?", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--runs", type=int, default=30)
+    args = ap.parse_args()
+    intercept_every_step()
+    dev = args.device
+    shape = (16384, 4096) if dev == "cuda" else (8192, 1024)
+    sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
+    print(machine())
+    return dev, shape, sync, args.runs
+
+
+def run_as(kind: str, f, args, sync):
+    """``f(*args)`` as backend ``kind`` runs it (under :func:`accel.eager` for "accel",
+    plainly for "eager" and "compile"), then ``sync()``; returns the result."""
+    if kind == "accel":
+        with accel.eager():
+            out = f(*args)
+    else:
+        out = f(*args)
+    sync()
+    return out
+
+
+#: the head of :func:`compare_kernels`' rows
+KERNELS_HEAD = ["workload", "eager ms", "accel ms", "compile ms", "floor ms", "eager/accel",
+                "compile/accel", "floor/accel", "accel == eager", "accel kernels / eager replays"]
+
+
+def compare_kernels(name, eager, accelerated, compiled, runs) -> list:
+    """:func:`compare`'s row, with what accel ran in it: its kernel runs and eager replays
+    (the columns of :data:`KERNELS_HEAD`)."""
+    accel.reset_stats()
+    row = compare(name, eager, accelerated, compiled, runs)
+    st = accel.stats()
+    return row + [f"{st['kernel_runs']} / {st['eager_replays']}"]
+
+
 def table(head, rows) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     lines += ["| " + " | ".join(r) + " |" for r in rows]

@@ -18,7 +18,6 @@ statistics run in a nest of their own (on the CPU vectors of a block's columns o
 rows; Welford moments as shifted sums; on a GPU column tiles with the rows split among
 blocks) and the output in one along the rows (``accel.lowering._transposing``).
 """
-import argparse
 import copy
 import os
 import sys
@@ -26,9 +25,8 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import compare, intercept_every_step, machine, table  # noqa: E402
+from _common import KERNELS_HEAD, compare_kernels, device_workloads_args, run_as, table  # noqa: E402
 
-import accel  # noqa: E402
 
 
 def standardize(x):
@@ -48,15 +46,7 @@ def colmean(x):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("device", nargs="?", default="cpu", choices=["cpu", "cuda"])
-    ap.add_argument("--runs", type=int, default=30)
-    args = ap.parse_args()
-    intercept_every_step()
-    dev = args.device
-    shape = (16384, 4096) if dev == "cuda" else (8192, 1024)
-    sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
-    print(machine())
+    dev, shape, sync, runs = device_workloads_args(__doc__)
     g = torch.Generator().manual_seed(0)
     x = (torch.rand(*shape, generator=g) * 4 + 1).to(dev)
     bn = torch.nn.BatchNorm1d(shape[1]).to(dev)
@@ -67,24 +57,11 @@ def main() -> None:
         compiled = torch.compile(fc)
 
         def call(kind, f):
-            def run():
-                if kind == "accel":
-                    with accel.eager():
-                        out = f(x)
-                else:
-                    out = f(x)
-                sync()
-                return out
-            return run
+            return lambda: run_as(kind, f, (x,), sync)
 
-        accel.reset_stats()
-        rows.append(compare(f"{name} {list(shape)}", call("eager", fe), call("accel", fa),
-                            call("compile", compiled), args.runs))
-        st = accel.stats()
-        rows[-1].append(f"{st['kernel_runs']} / {st['eager_replays']}")
-    print(table(["workload", "eager ms", "accel ms", "compile ms", "floor ms", "eager/accel",
-                 "compile/accel", "floor/accel", "accel == eager", "accel kernels / eager replays"],
-                rows))
+        rows.append(compare_kernels(f"{name} {list(shape)}", call("eager", fe), call("accel", fa),
+                                    call("compile", compiled), runs))
+    print(table(KERNELS_HEAD, rows))
 
 
 if __name__ == "__main__":

@@ -14,16 +14,14 @@ Shapes: [8192, 1024] float32 on the CPU, [16384, 4096] on a GPU. Until the forty
 round these regions ran eagerly under accel (the lowering refused the write); now the
 write runs in a kernel nest of its own after the reads (``accel.lowering.lower``).
 """
-import argparse
 import os
 import sys
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import compare, intercept_every_step, machine, table  # noqa: E402
+from _common import KERNELS_HEAD, compare_kernels, device_workloads_args, run_as, table  # noqa: E402
 
-import accel  # noqa: E402
 
 
 def router(w):
@@ -45,15 +43,7 @@ WORKLOADS = {"router": (router, 1), "scores": (scores, 1), "pooled": (pooled, 2)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("device", nargs="?", default="cpu", choices=["cpu", "cuda"])
-    ap.add_argument("--runs", type=int, default=30)
-    args = ap.parse_args()
-    intercept_every_step()
-    dev = args.device
-    shape = (16384, 4096) if dev == "cuda" else (8192, 1024)
-    sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
-    print(machine())
+    dev, shape, sync, runs = device_workloads_args(__doc__)
     rows = []
     for name, (fn, n_in) in WORKLOADS.items():
         g = torch.Generator().manual_seed(0)
@@ -65,23 +55,12 @@ def main() -> None:
             def run():
                 for b, src in zip(bufs[kind], base):
                     b.copy_(src)
-                if kind == "accel":
-                    with accel.eager():
-                        out = f(*bufs[kind])
-                else:
-                    out = f(*bufs[kind])
-                sync()
-                return out, bufs[kind][0]  # the result and the input written in place
+                return run_as(kind, f, bufs[kind], sync), bufs[kind][0]  # and the input written in place
             return run
 
-        accel.reset_stats()
-        rows.append(compare(f"{name} {list(shape)}", call("eager", fn), call("accel", fn),
-                            call("compile", compiled), args.runs))
-        st = accel.stats()
-        rows[-1].append(f"{st['kernel_runs']} / {st['eager_replays']}")
-    print(table(["workload", "eager ms", "accel ms", "compile ms", "floor ms", "eager/accel",
-                 "compile/accel", "floor/accel", "accel == eager", "accel kernels / eager replays"],
-                rows))
+        rows.append(compare_kernels(f"{name} {list(shape)}", call("eager", fn), call("accel", fn),
+                                    call("compile", compiled), runs))
+    print(table(KERNELS_HEAD, rows))
 
 
 if __name__ == "__main__":
