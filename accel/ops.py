@@ -31,7 +31,7 @@ class Deferred(Exception):
 #: dtypes whose results accel computes; complex and the other integer widths stay eager.
 DTYPES = frozenset({torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32,
                     torch.int64, torch.bool})
-#: the 16-bit floats: kept in memory, computed in float32 (see lowering's ``_Lowerer.mk``).
+#: the 16-bit floats: kept in memory, computed in float32 (see lower_expr's ``_Lowerer.mk``).
 HALF = (torch.float16, torch.bfloat16)
 
 #: ops that run eagerly without flushing: they create views, metadata or new tensors
@@ -216,7 +216,7 @@ def splits(src, dst) -> bool:
     aside (``[1024, 1024]`` -> ``[8, 128, 1024]``): the views a region's loop IR reads
     through as index arithmetic (``prims.split_dim``, ``prims.squeeze``, and
     ``as_strided`` where torch's view decomposition splits that way:
-    ``accel.lowering._split_index``); a merge of dims (``prims.collapse_view``) it cannot
+    ``accel.lower_expr._split_index``); a merge of dims (``prims.collapse_view``) it cannot
     express. The dispatch filter's ``splits`` (include/accel/call_keys.h) is the same
     test."""
     s = [n for n in src if n != 1]

@@ -240,7 +240,7 @@ def test_column_softmax_and_moments_accumulate_vectors_of_columns():
 def test_column_blocks_give_every_thread_the_same_work(n, threads, want):
     """A column reduction's block of results: as few blocks as give each thread the same
     number (longer runs of each row read), each at most VBLOCK_MAX, a multiple of VBLOCK."""
-    from accel.codegen.cpp import VBLOCK, VBLOCK_MAX, vertical_block
+    from accel.codegen.columns import VBLOCK, VBLOCK_MAX, vertical_block
 
     vb = vertical_block(n, threads)
     assert vb == want and vb % VBLOCK == 0 and VBLOCK <= vb <= VBLOCK_MAX

@@ -32,13 +32,13 @@ import torch
 from ..loop_ir import Expr, LoopIR, Nest
 from ..ops import HALF
 from . import CodegenError
-from .cpp import ARG, SIMPLE, CppRenderer
+from .cpp import CppRenderer
 from .cuda_shapes import (BLOCK, BLOCK_UNROLL, BLOCK_VEC_UNROLL, COL_BLOCKS, COL_MIN_ROWS,
                           COL_ROWS, COL_SPLIT_TYPES, COL_TILE, GRID_MIN, ILP, MAX_GRID,
                           MOMENTS_HALF_BLOCK_BYTES, MOMENTS_HALF_BLOCK_THREADS, ROW_ELEMS,
                           ROW_ELEMS_MOMENTS, ROW_HALF_SCALE, ROW_REGISTERS, ROW_REGISTERS_32,
                           ROW_THREADS, VEC, VEC16, VEC_ILP, VEC_TYPES)
-from .scopes import Group, Scope, subst
+from .scopes import ARG, SIMPLE, Group, Scope, subst
 
 
 def _dim3(v) -> List[int]:
@@ -517,8 +517,8 @@ class CudaRenderer(CppRenderer):
         self.ntemp += 1
         self.col_split = 1
         if (len(groups) == 1 and tiles < COL_BLOCKS and tiles <= MAX_GRID
-                and all(e.args[0] in SIMPLE or e.args[0] == "welford" for e in groups[0].members)
-                and all(e.dtype in COL_SPLIT_TYPES for e in groups[0].members)):
+                and all((e.args[0] in SIMPLE or e.args[0] == "welford") and e.dtype in COL_SPLIT_TYPES
+                        for e in groups[0].members)):
             self.col_split = max(1, min(-(-COL_BLOCKS // tiles), rsize // (rows * COL_MIN_ROWS)))
         self.col_tile, self.col_tiles = t, tiles
         out.append(f"  for (int64_t {t} = blockIdx.x; {t} < {tiles}; {t} += gridDim.x) {{")

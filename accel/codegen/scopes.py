@@ -65,6 +65,17 @@ def two_pass_softmax(e: Expr, memo=None) -> Expr:
     return out
 
 
+#: the reduction kinds of both renderers. Plain ones, accumulated by an operator (a C++ ``omp
+#: simd reduction`` clause): init, update, clause.
+SIMPLE = {"sum": ("0", "{a} += {x};", "+"), "prod": ("1", "{a} *= {x};", "*"),
+          "amax": ("$lowest", "{a} = accel::maximum({a}, {x});", "accel_max"),
+          "amin": ("$highest", "{a} = accel::minimum({a}, {x});", "accel_min")}
+#: kinds accumulated a block of values at a time (C++: an accumulator class)
+BLOCKED = {"welford": "accel::Welford", "online_softmax": "accel::OnlineSoftmax"}
+#: value-and-index kinds: init, comparison
+ARG = {"argmax": ("$lowest", "accel::argmax_better"), "argmin": ("$highest", "accel::argmin_better")}
+
+
 @dataclass
 class Group:
     """Reductions computed by one loop over ``rvars``."""

@@ -1,0 +1,355 @@
+"""Expression lowering: each node of a prims ``torch.fx`` graph evaluated *at an index*, as a
+loop-IR expression (:mod:`accel.loop_ir`), device independent (as Inductor's
+``Pointwise.inner_fn`` / ``Reduction.inner_fn`` do), so views and broadcasts become index
+arithmetic and every consumer is fused with its producers. :mod:`accel.lowering` places the
+stores of these expressions into loop nests.
+
+An index is a tuple of *atoms*, one per tensor dim: an affine combination of loop
+variables, ``((var, multiplier), ...)``, the empty tuple meaning "always 0" (a broadcast
+or size-1 dim). A reduction gets reduction variables of its own; an ``Expr("reduce")``
+depends only on the variables its body uses outside them, so the backend computes it once
+per iteration of the loops it depends on (a row reduction once per row) and keeps it in a
+register. Reductions over the same domain share their variables, so one loop can compute
+several of them (a sum and a sum of squares in one pass).
+Expressions are hash-consed: equal subexpressions are one object (CSE across a nest).
+"""
+from __future__ import annotations
+
+import operator
+from typing import Dict, List, Sequence, Tuple
+
+import torch
+import torch.fx as fx
+from torch._prims_common import make_contiguous_strides_for
+
+from .loop_ir import ACCEL_ELEMENTWISE, ELEMENTWISE, Addr, BufferSpec, Expr, free_vars, walk
+from .ops import HALF, float_key, splits
+
+prims = torch.ops.prims
+aten = torch.ops.aten
+
+#: 16-bit floats (``ops.HALF``) are storage only in the IR: a value of one is a ``load`` or
+#: a ``cast``; every op on them is computed in float32 and its result rounded back, op by
+#: op, as ATen's kernels compute Half and BFloat16 (opmath float32; see ``_Lowerer.mk``).
+_F32 = torch.float32
+
+
+class LoweringError(Exception):
+    """The graph uses an op or pattern the loop IR does not express (region runs eagerly)."""
+
+
+_PRIM_REDUCTIONS = {"sum": "sum", "prod": "prod", "amax": "amax", "amin": "amin"}
+
+
+def _affine(*parts) -> tuple:
+    """Sum of (atom, multiplier) pairs as a canonical atom."""
+    acc: Dict[int, int] = {}
+    for atom, k in parts:
+        for v, m in atom:
+            acc[v] = acc.get(v, 0) + m * k
+    return tuple(sorted((v, m) for v, m in acc.items() if m))
+
+
+def _merges_ones(n: fx.Node) -> bool:
+    """Whether ``collapse_view(x, start, end)`` merges at most one dim of size above 1
+    (``passes._fold_reshapes`` folds two squeezes so): its index is that dim's."""
+    x, start, end = n.args
+    return sum(1 for d in range(start, end + 1) if x.meta["val"].shape[d] != 1) <= 1
+
+
+def _split_index(n: fx.Node, idx: tuple) -> tuple:
+    """The index into ``as_strided``'s input ``x`` of its result's element at ``idx``,
+    where the result reads ``x``'s elements in order with ``x``'s dims split
+    (``ops.splits``; both contiguous, no storage offset): torch's view decomposition
+    emits such an ``as_strided`` for some splits (``[16]`` as ``[4, 4]``, ``[4]`` as
+    ``[4, 1]``) where it emits ``prims.split_dim`` for others.
+
+    Raises:
+        LoweringError: any other ``as_strided``.
+    """
+    x, size, stride = n.args[0], list(n.args[1]), list(n.args[2])
+    offset = n.args[3] if len(n.args) > 3 else n.kwargs.get("storage_offset")
+    xv = x.meta["val"]
+    contiguous = len(stride) == len(size) and all(
+        s == 1 or st == c for s, st, c in zip(size, stride, make_contiguous_strides_for(size)))
+    if (offset not in (None, 0) or not contiguous or not xv.is_contiguous()
+            or xv.numel() != n.meta["val"].numel() or not splits(tuple(xv.shape), tuple(size))):
+        raise LoweringError(f"no lowering for {n.format_node()}")
+    dst = [d for d, s in enumerate(size) if s != 1]
+    out, j = [], 0
+    for s in xv.shape:
+        if s == 1:
+            out.append(())
+            continue
+        group, p = [], 1
+        while p < s:
+            group.append(dst[j])
+            p *= size[dst[j]]
+            j += 1
+        inner, parts = 1, []
+        for d in reversed(group):
+            parts.append((idx[d], inner))
+            inner *= size[d]
+        out.append(_affine(*parts))
+    return tuple(out)
+
+
+class _Lowerer:
+    def __init__(self, gm: fx.GraphModule, ext: Sequence[BufferSpec], scalar_types):
+        self.gm = gm
+        self.ext = ext
+        self.sizes: List[int] = []
+        self.memo: Dict[tuple, Expr] = {}
+        self.exprs: Dict[Expr, Expr] = {}
+        self.rvars: Dict[tuple, Tuple[int, ...]] = {}
+        phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        self.tensor_ph = {n: i for i, n in enumerate(phs[: len(ext)])}
+        self.scalar_ph = {n: k for k, n in enumerate(phs[len(ext):])}
+        self.buffers = list(ext)
+        self.in_memory: Dict[fx.Node, tuple] = {}  # node -> (buffer index, its spec as seen)
+        self.reduce_node: Dict[Expr, fx.Node] = {}  # reduction -> the graph node it computes
+
+    def new_var(self, size: int) -> int:
+        self.sizes.append(size)
+        return len(self.sizes) - 1
+
+    def mk(self, op, dtype, *args) -> Expr:
+        if op != "cast":
+            if op == "reduce":  # (kind, bodies, vars, which): the bodies are operands
+                kind, bodies, rv, which = args
+                if any(b.dtype in HALF for b in bodies):
+                    args = (kind, tuple(self.cast(b, _F32) if b.dtype in HALF else b for b in bodies),
+                            rv, which)
+            elif any(isinstance(a, Expr) and a.dtype in HALF for a in args):
+                args = tuple(self.cast(a, _F32) if isinstance(a, Expr) and a.dtype in HALF else a
+                             for a in args)
+            if dtype in HALF and op != "load":  # computed in float32, rounded once per op
+                return self.cast(self.mk(op, _F32, *args), dtype)
+        e = Expr(op, dtype, tuple(args))
+        return self.exprs.setdefault(e, e)
+
+    def cast(self, e: Expr, dtype) -> Expr:
+        return e if e.dtype == dtype else self.mk("cast", dtype, e)
+
+    def const(self, v, dtype) -> Expr:
+        # the key rides along so that -0.0 and 0.0, equal as values, stay two Exprs
+        return self.mk("const", dtype, v, float_key(v) if isinstance(v, float) else v)
+
+    def operand(self, a, idx, dtype) -> Expr:
+        """Lower an argument: a node evaluated at idx, or a constant of ``dtype``."""
+        if isinstance(a, fx.Node):
+            if a in self.scalar_ph:
+                return self.mk("scalar", dtype, self.scalar_ph[a])
+            if a.meta["val"].dim() == 0:  # prims take 0-dim tensors beside n-dim ones
+                idx = ()
+            return self.value(a, idx)
+        if isinstance(a, (bool, int, float)):
+            return self.const(a, dtype)
+        raise LoweringError(f"unsupported operand {a!r}")
+
+    def value(self, n: fx.Node, idx: tuple, which: int = 0) -> Expr:
+        key = (n, idx, which)
+        e = self.memo.get(key)
+        if e is None:
+            e = self._value(n, idx, which)
+            self.memo[key] = e
+            if isinstance(n.meta.get("val"), torch.Tensor):  # the node a reduction computes
+                for r in walk(e, set(), into_reduce=False):
+                    if r.op == "reduce":
+                        self.reduce_node.setdefault(r, n)
+        return e
+
+    # -- reductions ------------------------------------------------------------------------
+    def reduce_vars(self, x: fx.Node, dims, idx) -> Tuple[tuple, Tuple[int, ...]]:
+        """The index of ``x`` for a reduction over ``dims`` at output index ``idx`` (the
+        kept dims), and the reduction variables (shared by reductions of one domain)."""
+        xs = tuple(x.meta["val"].shape)
+        dims = sorted({d % len(xs) for d in dims}) if xs else []
+        key = (xs, tuple(dims), idx)
+        rv = self.rvars.get(key)
+        if rv is None:
+            rv = self.rvars[key] = tuple(self.new_var(xs[d]) for d in dims)
+        it, rit, xi = iter(idx), iter(rv), []
+        for d in range(len(xs)):
+            if d in dims:
+                v = next(rit)
+                xi.append(((v, 1),) if xs[d] != 1 else ())
+            else:
+                xi.append(next(it))
+        return tuple(xi), rv
+
+    def reduce(self, kind, x, dims, idx, acc_dtype, which=0, index=False) -> Expr:
+        if acc_dtype in HALF:  # a max, min or arg reduction of 16-bit floats: compared in float32
+            acc_dtype = _F32
+        xi, rv = self.reduce_vars(x, dims, idx)
+        body = self.cast(self.value(x, xi), acc_dtype)
+        n = 1
+        for v in rv:
+            n *= self.sizes[v]
+        if kind == "sum" and not index and n > 0 and not free_vars(body) & set(rv):
+            # a sum of one value (the gradient of ``loss.sum()``, expanded): body * n, which
+            # the sum's float64 or int64 accumulation gives exactly (n < 2**29 for floats)
+            return self.mk("mul", acc_dtype, body, self.const(n, acc_dtype)) \
+                if n != 1 else body
+        bodies = (body,)
+        if index:  # the flat index over the reduced dims, row-major, as eager's argmax
+            xs, stride, terms = x.meta["val"].shape, 1, []
+            for v, d in zip(reversed(rv), reversed(sorted({d % len(xs) for d in dims}))):
+                terms.append((v, stride))
+                stride *= xs[d]
+            bodies += (self.mk("index", torch.int64, Addr(tuple(sorted(terms)))),)
+        out_dtype = torch.int64 if index and which == 1 else acc_dtype
+        return self.mk("reduce", out_dtype, kind, bodies, rv, which)
+
+    def _acc(self, dtype) -> torch.dtype:
+        return torch.float64 if dtype.is_floating_point else torch.int64
+
+    def _value(self, n: fx.Node, idx: tuple, which: int) -> Expr:
+        if n in self.tensor_ph or n in self.in_memory:
+            k, b = (self.tensor_ph[n], self.ext[self.tensor_ph[n]]) if n in self.tensor_ph \
+                else self.in_memory[n]
+            terms = _affine(*((atom, b.stride[d]) for d, atom in enumerate(idx) if b.shape[d] != 1))
+            return self.cast(self.mk("load", b.dtype, k, Addr(terms)), n.meta["val"].dtype)
+        if n.op != "call_function":
+            raise LoweringError(f"unsupported node {n.format_node()}")
+        t = n.target
+        if t is operator.getitem:
+            return self.value(n.args[0], idx, n.args[1])
+        val = n.meta.get("val")
+        dtype = val.dtype if isinstance(val, torch.Tensor) else None
+        name = t._opname if hasattr(t, "_opname") else str(t)
+        ns = getattr(t, "namespace", "")
+        if t is prims.broadcast_in_dim.default:
+            x, shape, bdims = n.args
+            xs = x.meta["val"].shape
+            return self.value(x, tuple(() if xs[i] == 1 else idx[d] for i, d in enumerate(bdims)))
+        if t is prims.convert_element_type.default:
+            return self.cast(self.value(n.args[0], idx), n.args[1])
+        if t in (prims.view_of.default, aten.alias.default, aten.clone.default,
+                 prims.device_put.default, prims.clone.default):
+            return self.value(n.args[0], idx)
+        if t is prims.squeeze.default:
+            x, dims = n.args
+            xs = x.meta["val"].shape
+            dims = {d % len(xs) for d in dims} if xs else set()
+            it = iter(idx)
+            return self.value(x, tuple(() if d in dims else next(it) for d in range(len(xs))))
+        if t is prims.transpose.default:
+            x, perm = n.args
+            inner = [()] * len(perm)
+            for i, p in enumerate(perm):
+                inner[p] = idx[i]
+            return self.value(x, tuple(inner))
+        if t is prims.split_dim.default:
+            x, dim, outer = n.args
+            inner = n.meta["val"].shape[dim + 1]
+            merged = _affine((idx[dim], inner), (idx[dim + 1], 1))
+            return self.value(x, idx[:dim] + (merged,) + idx[dim + 2:])
+        if t is prims.collapse_view.default and _merges_ones(n):  # a squeeze, in effect
+            x, start, end = n.args
+            xs = x.meta["val"].shape
+            inner = tuple(idx[start] if xs[d] != 1 else () for d in range(start, end + 1))
+            return self.value(x, idx[:start] + inner + idx[start + 1:])
+        if t is aten.as_strided.default:  # a view's decomposition, where it splits dims
+            return self.value(n.args[0], _split_index(n, idx))
+        if t in (prims.scalar_tensor.default, aten.scalar_tensor.default):
+            return self.operand(n.args[0], (), dtype)
+        if t in (prims.full.default, aten.full_like.default):
+            return self.operand(n.args[1], (), dtype)
+        if t is prims.fill.default:
+            return self.operand(n.args[1], idx, dtype)
+        if t is prims.iota.default:
+            start, step = n.kwargs["start"], n.kwargs["step"]
+            i = self.mk("index", torch.int64, Addr(tuple(idx[0])))
+            e = self.mk("add", torch.int64, self.mk("mul", torch.int64, i, self.const(step, torch.int64)),
+                        self.const(start, torch.int64))
+            return self.cast(e, dtype)
+        if t is aten.copy.default:
+            return self.cast(self.value(n.args[1], self._bcast(n.args[1], idx, n)), dtype)
+        if ns == "prims" and name in _PRIM_REDUCTIONS:
+            x, dims = n.args[0], n.args[1]
+            acc = dtype if name in ("amax", "amin") else self._acc(dtype)
+            return self.cast(self.reduce(_PRIM_REDUCTIONS[name], x, dims, idx, acc), dtype)
+        if t is prims.var.default:
+            return self.cast(self.variance(n.args[0], n.args[1], n.args[2], idx)[0], dtype)
+        if t in (aten.argmax.default, aten.argmin.default, aten.max.dim, aten.min.dim):
+            return self.arg_reduction(n, idx, which)
+        if t in (aten.max.default, aten.min.default):  # all elements
+            x = n.args[0]
+            kind = "amax" if t is aten.max.default else "amin"
+            return self.cast(self.reduce(kind, x, range(x.meta["val"].dim()), idx, dtype), dtype)
+        if ns == "accel" and name == "var_mean":
+            x, dims, correction = n.args
+            xd = x.meta["val"].dtype
+            var, mean = self.variance(x, dims, correction, idx, welford=True)
+            return self.cast((var, mean)[which], xd)
+        if ns == "accel" and name == "online_softmax":
+            x, dims = n.args
+            xd = x.meta["val"].dtype
+            return self.cast(self.reduce("online_softmax", x, dims, idx, xd, which), xd)
+        if ns == "accel" and name in ACCEL_ELEMENTWISE:
+            return self.mk(name, dtype, *(self.operand(a, idx, dtype) for a in n.args))
+        if name in ELEMENTWISE and ns == "prims":
+            tensors = [a for a in n.args if isinstance(a, fx.Node) and a not in self.scalar_ph]
+            comp = dtype if name == "where" or not tensors else tensors[0].meta["val"].dtype
+            if name == "where":
+                args = [self.operand(n.args[0], idx, torch.bool)] + [
+                    self.operand(a, idx, comp) for a in n.args[1:]]
+            else:
+                args = [self.operand(a, idx, comp) for a in n.args]
+            return self.mk(name, dtype, *args)
+        raise LoweringError(f"no lowering for {t}")
+
+    def variance(self, x, dims, correction, idx, welford=False) -> Tuple[Expr, Expr]:
+        """(var, mean) of ``x`` over ``dims`` in float64: one Welford pass, or two passes
+        (the mean, then the sum of squared deviations from it)."""
+        f64 = torch.float64
+        xs = x.meta["val"].shape
+        n = 1
+        for d in {d % len(xs) for d in dims}:
+            n *= xs[d]
+        if welford:
+            mean = self.reduce("welford", x, dims, idx, f64, which=1)
+            m2 = self.reduce("welford", x, dims, idx, f64, which=0)
+        else:
+            mean = self.mk("div", f64, self.reduce("sum", x, dims, idx, f64), self.const(n, f64))
+            xi, rv = self.reduce_vars(x, dims, idx)
+            dev = self.mk("sub", f64, self.cast(self.value(x, xi), f64), mean)
+            m2 = self.mk("reduce", f64, "sum", (self.mk("mul", f64, dev, dev),), rv, 0)
+        if not isinstance(correction, (int, float)):
+            raise LoweringError("correction must be a constant")
+        var = self.mk("div", f64, m2, self.const(max(0, n - correction), f64))
+        return var, mean
+
+    def arg_reduction(self, n: fx.Node, idx, which) -> Expr:
+        """argmax/argmin (the index) and max.dim/min.dim (value 0, index 1), first
+        occurrence on ties and NaN counting as the extreme, as eager."""
+        x = n.args[0]
+        xs = x.meta["val"].shape
+        dim = n.args[1] if len(n.args) > 1 else n.kwargs.get("dim")
+        keepdim = (n.args[2] if len(n.args) > 2 else n.kwargs.get("keepdim", False))
+        dims = list(range(len(xs))) if dim is None else [dim % max(1, len(xs))]
+        if not xs:
+            dims = []
+        if keepdim and xs:  # drop the kept size-1 dims from the index
+            idx = tuple(a for d, a in enumerate(idx) if d not in dims)
+        is_value = n.target in (aten.max.dim, aten.min.dim) and which == 0
+        kind = "argmax" if n.target in (aten.argmax.default, aten.max.dim) else "argmin"
+        xd = x.meta["val"].dtype
+        r = self.reduce(kind, x, dims, idx, xd, which=0 if is_value else 1, index=True)
+        return self.cast(r, xd) if is_value else r
+
+    def at(self, n: fx.Node, idx, shape) -> Expr:
+        """``n`` evaluated at the index ``idx`` of a store of ``shape`` (``n`` broadcasts to it)."""
+        val = n.meta["val"]
+        if tuple(val.shape) != tuple(shape):
+            off = len(shape) - val.dim()
+            idx = tuple(() if val.shape[i] == 1 else idx[i + off] for i in range(val.dim()))
+        return self.value(n, idx)
+
+    def _bcast(self, src: fx.Node, idx, dst: fx.Node):
+        ss, ds = src.meta["val"].shape, dst.meta["val"].shape
+        off = len(ds) - len(ss)
+        return tuple(() if ss[i] == 1 else idx[i + off] for i in range(len(ss)))
+
+
