@@ -101,7 +101,7 @@ class _Lowerer:
         self.sizes: List[int] = []
         self.memo: Dict[tuple, Expr] = {}
         self.exprs: Dict[Expr, Expr] = {}
-        self.rvars: Dict[tuple, Tuple[int, ...]] = {}
+        self.rvars: Dict[tuple, Tuple[tuple, tuple]] = {}  # -> (in dim order, in loop order)
         phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
         self.tensor_ph = {n: i for i, n in enumerate(phs[: len(ext)])}
         self.scalar_ph = {n: k for k, n in enumerate(phs[len(ext):])}
@@ -160,15 +160,16 @@ class _Lowerer:
         return e
 
     # -- reductions ------------------------------------------------------------------------
-    def reduce_vars(self, x: fx.Node, dims, idx) -> Tuple[tuple, Tuple[int, ...]]:
+    def reduce_vars(self, x: fx.Node, dims, idx, dim_order=False) -> Tuple[tuple, Tuple[int, ...]]:
         """The index of ``x`` for a reduction over ``dims`` at output index ``idx`` (the
-        kept dims), and the reduction variables (shared by reductions of one domain)."""
+        kept dims), and the reduction variables (shared by reductions of one domain), in
+        memory order (:meth:`_memory_order`), or with ``dim_order`` in dim order (an
+        argmax's iteration order is its tie-break: the first index, row-major)."""
         xs = tuple(x.meta["val"].shape)
         dims = sorted({d % len(xs) for d in dims}) if xs else []
-        key = (xs, tuple(dims), idx)
-        rv = self.rvars.get(key)
-        if rv is None:
-            rv = self.rvars[key] = tuple(self.new_var(xs[d]) for d in dims)
+        key = (xs, tuple(dims), idx, dim_order)
+        known = self.rvars.get(key)
+        rv = known[0] if known else tuple(self.new_var(xs[d]) for d in dims)
         it, rit, xi = iter(idx), iter(rv), []
         for d in range(len(xs)):
             if d in dims:
@@ -176,12 +177,28 @@ class _Lowerer:
                 xi.append(((v, 1),) if xs[d] != 1 else ())
             else:
                 xi.append(next(it))
-        return tuple(xi), rv
+        xi = tuple(xi)
+        if not known:
+            known = self.rvars[key] = (rv, rv if dim_order else self._memory_order(rv, self.value(x, xi)))
+        return xi, known[1]
+
+    def _memory_order(self, rv: tuple, body: Expr) -> tuple:
+        """Reduction variables ``rv`` (in dim order) in the order ``body``'s loads lay them
+        out in memory, the largest stride outermost, so that the innermost reduction loop
+        walks memory contiguously (a channels-last group norm's statistics: the spatial
+        positions outside the group's channels); equal strides keep dim order."""
+        stride = dict.fromkeys(rv, 0)
+        for e in walk(body, set(), into_reduce=False):
+            if e.op == "load":
+                for v, c in e.args[1].terms:
+                    if v in stride:
+                        stride[v] = max(stride[v], abs(c))
+        return tuple(sorted(rv, key=lambda v: -stride[v]))
 
     def reduce(self, kind, x, dims, idx, acc_dtype, which=0, index=False) -> Expr:
         if acc_dtype in HALF:  # a max, min or arg reduction of 16-bit floats: compared in float32
             acc_dtype = _F32
-        xi, rv = self.reduce_vars(x, dims, idx)
+        xi, rv = self.reduce_vars(x, dims, idx, dim_order=index)
         body = self.cast(self.value(x, xi), acc_dtype)
         n = 1
         for v in rv:

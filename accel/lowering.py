@@ -347,17 +347,40 @@ def _conflicting(lw: _Lowerer, job) -> List[fx.Node]:
     return _not_in_memory(lw, nested)
 
 
+#: a nest whose innermost loops walk fewer contiguous elements of its store than this
+#: (and fewer than its memory order would) stores the reductions that force it to memory
+CONTIGUOUS_RUN = 64
+
+
 def _transposing(store: Store, reds: Sequence[Expr], sizes) -> List[Expr]:
-    """The reductions among ``reds`` whose loops would run ``store``'s innermost, contiguous
-    dim outside another of its dims: those that depend on that dim's variable and not on
-    another of the store's (``x / x.sum(0, keepdim=True)``, batch norm of [N, C]). In one
-    nest every access of the store's loops would stride (each OpenMP thread, or each CUDA
-    thread, walking a column); with such a reduction stored to memory first (a column
-    reduction's own nest, vectorized across the columns), the store's nest runs along the
-    rows."""
-    inner = next((v for v, c in store.addr.terms if c == 1 and sizes[v] > 1), None)
-    dims = [v for v, _ in store.addr.terms if sizes[v] > 1]
-    return [r for r in reds if inner in free_vars(r) and any(v not in free_vars(r) for v in dims)]
+    """The reductions among ``reds`` whose hoisting (their free variables' loops outermost)
+    would leave ``store``'s innermost loops walking fewer than :data:`CONTIGUOUS_RUN`
+    contiguous elements, where its memory order walks more: ``x / x.sum(0, keepdim=True)``
+    and batch norm of [N, C] (the columns outside the rows: one element a step), a
+    channels-last group norm (the groups outside H and W: a group's few channels a step).
+    In one nest every access of the store's loops would stride (each OpenMP thread, or each
+    CUDA thread, walking a column); with such a reduction stored to memory first (a column
+    reduction's own nest, vectorized across the columns), the store's nest runs in its
+    memory order. (A contiguous batch norm's channels outside N walk H * W elements a
+    step: one nest, each channel's statistics and outputs while it is in cache.)"""
+    terms = sorted(((abs(c), v) for v, c in store.addr.terms if sizes[v] > 1), reverse=True)
+
+    def run(order) -> int:  # contiguous elements the innermost loops of ``order`` walk
+        n = 1
+        for c, v in reversed(order):
+            if c != n:
+                break
+            n *= sizes[v]
+        return n
+
+    best = run(terms)
+    out = []
+    for r in reds:
+        free = free_vars(r)
+        hoisted = [t for t in terms if t[1] in free] + [t for t in terms if t[1] not in free]
+        if run(hoisted) < min(CONTIGUOUS_RUN, best):
+            out.append(r)
+    return out
 
 
 def _reads_new_values(jobs, lw: _Lowerer) -> bool:
@@ -430,7 +453,10 @@ def _reuse_memory(lw: _Lowerer, gm, buffers, nests, placed, shapes, new_values: 
                 buffers.append(spec)
                 stores.insert(0, st)
                 lw.in_memory[m] = (st.buf, spec)
-        order = _chain_order(nest.vars, [e for s in stores for e in walk(s.value, set())])
+        # (the store's memory order again: reductions now read from memory may have held
+        # loops outside the ones the store walks contiguously)
+        base = _memory_order(list(shapes[id(nest)][1]), placed[k][0][2])
+        order = _chain_order(base, [e for s in stores for e in walk(s.value, set())])
         nest.vars, nest.stores = order or nest.vars, stores
         lw.in_memory.update({node: (buf, spec) for buf, node, spec, mutation in placed[k]
                              if new_values or not mutation})

@@ -212,6 +212,34 @@ def test_lowering_loops_follow_the_outputs_memory_order():
             assert e.args[1].coeff(out.vars[-1]) == 1
 
 
+def test_channels_last_group_norm_loops_in_memory_order():
+    """A channels-last [N, C, H, W] group norm (4 groups of 4 channels): its statistics'
+    innermost reduction loop walks a group's contiguous channels, the positions around it
+    (reduction variables in memory order, not dim order: the channels outside H and W read
+    4 of every 16 floats per step); the output's nest loops N, H, W, then the channels,
+    once the statistics are read from memory. On the CPU a Welford block takes a group's
+    channels at many positions (one merge per 512 values, not per 4)."""
+    x = torch.empty(2, 16, 5, 6).contiguous(memory_format=torch.channels_last)
+    cl = x.stride()
+    calls = [(aten.native_group_norm.default, (("x", 0), ("c", None), ("c", None), ("c", 2), ("c", 16),
+                                               ("c", 30), ("c", 4), ("c", 1e-5)), {}, 3),
+             (aten.mul.Tensor, (("o", 0), ("o", 0)), {}, 1)]
+    meta = [((2, 16, 5, 6), cl, torch.float32), ((2, 4), (4, 1), torch.float32),
+            ((2, 4), (4, 1), torch.float32), ((2, 16, 5, 6), cl, torch.float32)]
+    ir = _lowered(calls, [x], meta, (3,))
+    reds = [r for n in ir.nests for r in reductions(n)]
+    assert reds, ir.describe()
+    for r in reds:
+        rv = r.args[2]
+        loads = [e for b in r.args[1] for e in walk(b, set()) if e.op == "load"]
+        assert loads and all(e.args[1].coeff(rv[-1]) == 1 for e in loads), (rv, loads)
+    out = next(n for n in ir.nests if any(st.buf == 1 for st in n.stores))
+    (st,) = [st for st in out.stores if st.buf == 1]
+    assert st.addr.coeff(out.vars[-1]) == 1 and not reductions(out), ir.describe()
+    src = CppRenderer().render(ir, "accel_region_golden")
+    assert re.search(r"(r\d+)\[512\];(.|\n)*\.add\(\1, \1_r \* 4\);", src), src
+
+
 def test_column_softmax_and_moments_accumulate_vectors_of_columns():
     """A softmax over dim 0 (its max, then its sum of exponentials, the second reading the
     first) and a batch norm's mean and variance over the rows of [N, C]: each reduction
@@ -232,6 +260,18 @@ def test_column_softmax_and_moments_accumulate_vectors_of_columns():
     stats = src[:src.index("  }\n  {")]
     assert re.search(r"double (a\d+_0)k\[(\d+)\], \1s\[\2\], \1q\[\2\];", stats), stats
     assert "const int64_t i" in stats and "Welford" not in stats  # the shifts: row 0
+
+
+def test_column_argmax_keeps_a_vector_of_values_and_indices():
+    """argmax over the rows of [N, C]: a block's columns keep their best value and its
+    index, updated by a select one row a step (vectorized), not one column at a time down
+    the rows."""
+    x = torch.empty(512, 96)
+    src = _kernel_source([(aten.argmax.default, (("x", 0), ("c", 0)), {}, 1)], [x],
+                         [((96,), (1,), torch.int64)], (0,))
+    assert re.search(r"float (a\d+)_v\[\d+\];\s*int64_t \1_i\[\d+\];", src), src
+    assert re.search(r"const bool w = accel::argmax_better\(t\d+, a\d+_v\[v\d+_k\]\);", src), src
+    assert "96 * i" in src and "#pragma omp simd" in src
 
 
 @pytest.mark.parametrize("n,threads,want", [(4096, 2, 2048), (1024, 2, 512), (3000, 2, 1504),

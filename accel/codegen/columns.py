@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Dict, List
 
 from . import machine_threads
-from .scopes import SIMPLE, Group, Scope
+from .scopes import ARG, SIMPLE, Group, Scope
 
 #: results per block of a reduction over a strided dimension (a column sum): as few blocks
 #: as give every thread the same number, each at most VBLOCK_MAX results, a multiple of
@@ -49,13 +49,13 @@ class ColumnLoops:
         """Reductions over a strided dimension whose results vary along the contiguous
         innermost loop ``v`` (column sums; a column softmax's max, then its sum of
         exponentials; a column mean and variance): worth accumulating a vector of ``v``
-        values. Each is a plain reduction or a Welford one; every load is contiguous along
+        values. Each is a plain reduction, a Welford one or an arg one; every load is contiguous along
         ``v`` or the same for all of it (LayerNorm backward's per-row mean and rstd in its
         weight gradient), and one strides along the reduction."""
         groups = [x for k, x in scope.items if k == "group"]
         strided = False
         for g in groups:
-            if not g.rvars or not (g.category == "simple" or g.members[0].args[0] == "welford"):
+            if not g.rvars or not (g.category == "simple" or g.members[0].args[0] in ("welford", *ARG)):
                 return False
             last = g.rvars[-1]
             loads = [x.args[1] for k, x in self.group_scope[id(g)].items if k == "expr" and x.op == "load"]
@@ -100,7 +100,8 @@ class ColumnLoops:
         sum of squares - sum * (sum / n), at least 0. The innermost reduction loop takes
         :data:`VROWS` rows a step, combined pairwise before they meet the accumulators (a
         quarter of the accumulators' loads and stores: float64 column sums of rows in the
-        cache 1.3 -> 1.0 ms on the dev VM)."""
+        cache 1.3 -> 1.0 ms on the dev VM). An argmax or argmin keeps each column's value
+        and index, one row a step (the first of equal values wins, as eager's)."""
         inner = self.group_scope[id(g)]
         rv = list(g.rvars)
         tag = f"a{self.ntemp}"
@@ -110,7 +111,21 @@ class ColumnLoops:
         self._emit_items(inner, body, "")
         results: Dict[tuple, str] = {}  # (body, which) -> the array holding it
         accs: List[tuple] = []  # (the row's value, the update of rows' values xs)
-        if g.category == "simple":
+        kind = g.members[0].args[0]
+        if kind in ARG:
+            init, better = ARG[kind]
+            bodies = g.members[0].args[1]
+            vt = bodies[0].dtype
+            av, ai = f"{tag}_v", f"{tag}_i"
+            out.append(f"{ind}{self.ctype(vt)} {av}[{vb}];")
+            out.append(f"{ind}int64_t {ai}[{vb}];")
+            out.append(f"{ind}for (int64_t k = 0; k < {vb}; ++k) {{ {av}[k] = {self._lim(init, vt)}; {ai}[k] = 0; }}")
+            x, i = (self._name(e, inner) for e in bodies)
+            accs.append((x, self.ctype(vt), lambda xs, x=x, i=i: (
+                f"{{ const bool w = {better}({xs[0]}, {av}[{b}_k]); "
+                f"{av}[{b}_k] = w ? {xs[0]} : {av}[{b}_k]; {ai}[{b}_k] = w ? {i} : {ai}[{b}_k]; }}")))
+            results[(bodies, 0)], results[(bodies, 1)] = av, ai
+        elif g.category == "simple":
             for key, (a, init, e) in self._accumulators(g, tag).items():
                 out.append(f"{ind}{self.ctype(e.dtype)} {a}[{vb}];")
                 out.append(f"{ind}for (int64_t k = 0; k < {vb}; ++k) {a}[k] = {init};")
@@ -154,7 +169,7 @@ class ColumnLoops:
             loops_ind += "  "
         r, n = rv[-1], self.ir.sizes[rv[-1]]
         start = 0
-        if n >= 2 * VROWS:  # VROWS rows a step: each row's values in a block of their own
+        if n >= 2 * VROWS and kind not in ARG:  # VROWS rows a step: each row's values in a block of their own
             start = n - n % VROWS
             out.append(f"{loops_ind}for (int64_t i{r}_s = 0; i{r}_s < {start}; i{r}_s += {VROWS}) {{")
             step: List[str] = [f"{ct} {tag}_x{k}_{u};" for k, (_, ct, _) in enumerate(accs) for u in range(VROWS)]
@@ -171,7 +186,7 @@ class ColumnLoops:
         for _ in rv[:-1]:
             loops_ind = loops_ind[:-2]
             out.append(f"{loops_ind}}}")
-        if g.category != "simple":
+        if g.category != "simple" and kind not in ARG:
             self._vector_loop(b, v, finish, out, ind)
         for e in g.members:
             before.names[e] = f"{results[(e.args[1], e.args[3])]}[{b}_k]"

@@ -631,7 +631,7 @@ class CppRenderer(ColumnLoops, CStyle):
             acc = f"a{self.ntemp}"
             out.append(f"{ind}{BLOCKED[kind]}<{t}> {acc};")
             self._emit_items(inner, body_lines, "")
-            body_lines.append(f"{tag}[{tag}_k] = {self._name(first.args[1][0], inner)};")
+            body_lines.append(f"{tag}[{tag}_o + {tag}_k] = {self._name(first.args[1][0], inner)};")
             self._blocked(rv, body_lines, out, ind, t, tag, acc)
             names = {"welford": ("{a}.m2", "{a}.mean_or_nan()"), "online_softmax": ("{a}.m", "{a}.s")}[kind]
             for e in g.members:
@@ -665,23 +665,44 @@ class CppRenderer(ColumnLoops, CStyle):
 
     def _blocked(self, rv, body, out, ind, t, tag, acc) -> None:
         """Loops over ``rv``; the innermost in blocks of :data:`BLOCK` values handed to the
-        accumulator ``acc`` (``acc.add(values, n)``)."""
-        for v in rv[:-1]:
-            out.append(f"{ind}for (int64_t i{v} = 0; i{v} < {self.ir.sizes[v]}; ++i{v}) {{")
-            ind += "  "
+        accumulator ``acc`` (``acc.add(values, n)``); ``body`` stores its value at
+        ``{tag}[{tag}_o + {tag}_k]``. An innermost loop shorter than half a block shares a
+        block with iterations of the loop around it (a channels-last group norm's 8
+        channels of a group at 64 spatial positions: one Welford merge, not 64)."""
         last = rv[-1] if rv else None
         n = self.ir.sizes[last] if rv else 1
-        out.append(f"{ind}for (int64_t {tag}_b = 0; {tag}_b < {n}; {tag}_b += {BLOCK}) {{")
-        out.append(f"{ind}  const int64_t {tag}_n = {n} - {tag}_b < {BLOCK} ? {n} - {tag}_b : {BLOCK};")
-        out.append(f"{ind}  {t} {tag}[{BLOCK}];")
-        out.append(f"{ind}  #pragma omp simd")
-        out.append(f"{ind}  for (int64_t {tag}_k = 0; {tag}_k < {tag}_n; ++{tag}_k) {{")
-        if last is not None:
-            out.append(f"{ind}    const int64_t i{last} = {tag}_b + {tag}_k;")
-        out += [f"{ind}    {b}" for b in body]
-        out.append(f"{ind}  }}")
-        out.append(f"{ind}  {acc}.add({tag}, {tag}_n);")
-        out.append(f"{ind}}}")
-        for _ in rv[:-1]:
+        rows = BLOCK // n if len(rv) > 1 and 0 < n <= BLOCK // 2 else 1
+        outer = rv[:-2] if rows > 1 else rv[:-1]
+        for v in outer:
+            out.append(f"{ind}for (int64_t i{v} = 0; i{v} < {self.ir.sizes[v]}; ++i{v}) {{")
+            ind += "  "
+        if rows > 1:
+            p, m = rv[-2], self.ir.sizes[rv[-2]]
+            out.append(f"{ind}for (int64_t {tag}_b = 0; {tag}_b < {m}; {tag}_b += {rows}) {{")
+            out.append(f"{ind}  const int64_t {tag}_r = {m} - {tag}_b < {rows} ? {m} - {tag}_b : {rows};")
+            out.append(f"{ind}  {t} {tag}[{rows * n}];")
+            out.append(f"{ind}  for (int64_t {tag}_j = 0; {tag}_j < {tag}_r; ++{tag}_j) {{")
+            out.append(f"{ind}    const int64_t i{p} = {tag}_b + {tag}_j, {tag}_o = {tag}_j * {n};")
+            out.append(f"{ind}    #pragma omp simd")
+            out.append(f"{ind}    for (int64_t {tag}_k = 0; {tag}_k < {n}; ++{tag}_k) {{")
+            out.append(f"{ind}      const int64_t i{last} = {tag}_k;")
+            out += [f"{ind}      {b}" for b in body]
+            out.append(f"{ind}    }}")
+            out.append(f"{ind}  }}")
+            out.append(f"{ind}  {acc}.add({tag}, {tag}_r * {n});")
+            out.append(f"{ind}}}")
+        else:
+            out.append(f"{ind}for (int64_t {tag}_b = 0; {tag}_b < {n}; {tag}_b += {BLOCK}) {{")
+            out.append(f"{ind}  const int64_t {tag}_n = {n} - {tag}_b < {BLOCK} ? {n} - {tag}_b : {BLOCK}, {tag}_o = 0;")
+            out.append(f"{ind}  {t} {tag}[{BLOCK}];")
+            out.append(f"{ind}  #pragma omp simd")
+            out.append(f"{ind}  for (int64_t {tag}_k = 0; {tag}_k < {tag}_n; ++{tag}_k) {{")
+            if last is not None:
+                out.append(f"{ind}    const int64_t i{last} = {tag}_b + {tag}_k;")
+            out += [f"{ind}    {b}" for b in body]
+            out.append(f"{ind}  }}")
+            out.append(f"{ind}  {acc}.add({tag}, {tag}_n);")
+            out.append(f"{ind}}}")
+        for _ in outer:
             ind = ind[:-2]
             out.append(f"{ind}}}")

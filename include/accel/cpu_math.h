@@ -259,14 +259,28 @@ template <typename T> struct Welford {
   T n = 0, mean = 0, m2 = 0;
   /* the mean, NaN over no values (0 / 0, as eager) */
   inline T mean_or_nan() const { return n > 0 ? mean : T(NAN); }
+  /* a block's sum, then its squared deviations from the block's mean, each in L lanes
+   * (independent vector accumulators: one `omp simd reduction` chain waits on each add's
+   * latency, 2.3x slower on Zen 3), then merged into the running moments (Chan et al.) */
+  static constexpr int L = 16;
   inline void add(const T* x, int64_t k) {
     if (k <= 0) return;
+    T sl[L] = {0}, ql[L] = {0};
+    const int64_t kl = k - k % L;
+    for (int64_t i = 0; i < kl; i += L) {
+#pragma omp simd
+      for (int l = 0; l < L; ++l) sl[l] += x[i + l];
+    }
     T s = 0, q = 0;
-#pragma omp simd reduction(+ : s)
-    for (int64_t i = 0; i < k; ++i) s += x[i];
+    for (int l = 0; l < L; ++l) s += sl[l];
+    for (int64_t i = kl; i < k; ++i) s += x[i];
     const T nb = T(k), bm = s / nb;
-#pragma omp simd reduction(+ : q)
-    for (int64_t i = 0; i < k; ++i) q += (x[i] - bm) * (x[i] - bm);
+    for (int64_t i = 0; i < kl; i += L) {
+#pragma omp simd
+      for (int l = 0; l < L; ++l) ql[l] += (x[i + l] - bm) * (x[i + l] - bm);
+    }
+    for (int l = 0; l < L; ++l) q += ql[l];
+    for (int64_t i = kl; i < k; ++i) q += (x[i] - bm) * (x[i] - bm);
     const T nt = n + nb, delta = bm - mean;
     mean += delta * (nb / nt);
     m2 += q + delta * delta * (n * nb / nt);
