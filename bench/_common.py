@@ -339,12 +339,13 @@ def _tensors(obj):
             yield from _tensors(v)
 
 
-def compare(name, eager, accelerated, compiled, runs, floor_ms=None) -> list:
+def compare(name, eager, accelerated, compiled, runs, floor_ms=None, exact=None) -> list:
     """One table row. ``eager``, ``accelerated``, ``compiled``: zero-argument callables
     returning the result; the accel and compiled results are checked against eager's
-    (assert_close defaults). Each is warmed up first; if the accel or compiled one raises,
-    the error goes in its cell."""
-    r = measure(name, eager, accelerated, compiled, runs)
+    (assert_close defaults; ``exact``: the float64 oracle where eager is off, see
+    :func:`check`). Each is warmed up first; if the accel or compiled one raises, the error
+    goes in its cell."""
+    r = measure(name, eager, accelerated, compiled, runs, exact=exact)
     te, ta, tc = r["ms"]["eager"], r["ms"]["accel"], r["ms"]["compile"]
     floor = floor_ms if floor_ms is not None else "-"
     return [name, _cell(te), _cell(ta), _cell(tc), _cell(floor), _ratio(te, ta), _ratio(tc, ta),
@@ -387,11 +388,11 @@ KERNELS_HEAD = ["workload", "eager ms", "accel ms", "compile ms", "floor ms", "e
                 "compile/accel", "floor/accel", "accel == eager", "accel kernels / eager replays"]
 
 
-def compare_kernels(name, eager, accelerated, compiled, runs) -> list:
+def compare_kernels(name, eager, accelerated, compiled, runs, exact=None) -> list:
     """:func:`compare`'s row, with what accel ran in it: its kernel runs and eager replays
     (the columns of :data:`KERNELS_HEAD`)."""
     accel.reset_stats()
-    row = compare(name, eager, accelerated, compiled, runs)
+    row = compare(name, eager, accelerated, compiled, runs, exact=exact)
     st = accel.stats()
     return row + [f"{st['kernel_runs']} / {st['eager_replays']}"]
 
