@@ -760,17 +760,20 @@ def test_column_normalizations_run_kernels_with_eagers_results(device, fn, fresh
 def test_column_arg_reductions_match_eager_bit_for_bit(device, dtype, fresh_store):
     """argmax, argmin, max and min over the rows of [N, C] (on the CPU a vector of a block's
     columns, each keeping its value and index, one row a step: 0.73x of eager's speed
-    before, walking each column down its rows): the first of equal values wins, a NaN
-    beats any number, -inf columns give index 0, as eager's."""
+    before, walking each column down its rows; on a GPU column tiles, the rows split
+    among threads and blocks, combined by value then index: 25x slower than eager before,
+    a thread walking each column): the first of equal values wins, a NaN beats any number,
+    -inf columns give index 0, as eager's."""
     g = torch.Generator().manual_seed(0)
-    x = torch.randint(0, 4, (300, 70), generator=g).to(dtype)  # many ties
+    # many ties; on a GPU whole tiles of 32 columns, the rows split among 3 blocks a tile
+    x = torch.randint(0, 4, (2000, 96), generator=g).to(dtype)
     if dtype.is_floating_point:
         x[5, 3] = x[17, 3] = float("nan")
         x[:, 9] = float("-inf")
         x[40, 10] = float("inf")
     x = x.to(device)
     fns = [lambda t: t.argmax(0), lambda t: t.argmin(0), lambda t: t.max(0), lambda t: t.min(0),
-           lambda t: (t * 2).argmax(0, keepdim=True), lambda t: t.reshape(10, 30, 70).argmin(1)]
+           lambda t: (t * 2).argmax(0, keepdim=True), lambda t: t.reshape(20, 100, 96).argmin(1)]
     accel.reset_stats()
     for fn in fns:
         want = fn(x)

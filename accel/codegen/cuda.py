@@ -497,10 +497,10 @@ class CudaRenderer(CppRenderer):
 
     def _columns_fit(self, order, lvl, n_out) -> bool:
         """Column mode: the results come in whole warps (32 a tile), every reduction of the
-        level combines by a plain operator, and nothing runs in loops after it."""
+        level is a plain, Welford or arg one, and nothing runs in loops after it."""
         if n_out % COL_TILE or any(s.items for s in self.nest_scopes[lvl + 1:]):
             return False
-        return all(k != "group" or g.members[0].args[0] in SIMPLE or g.members[0].args[0] == "welford"
+        return all(k != "group" or g.members[0].args[0] in (*SIMPLE, *ARG, "welford")
                    for k, g in self.nest_scopes[lvl].items)
 
     def _column_tiles(self, order, n_out, lvl, out):
@@ -517,7 +517,7 @@ class CudaRenderer(CppRenderer):
         self.ntemp += 1
         self.col_split = 1
         if (len(groups) == 1 and tiles < COL_BLOCKS and tiles <= MAX_GRID
-                and all((e.args[0] in SIMPLE or e.args[0] == "welford") and e.dtype in COL_SPLIT_TYPES
+                and all(e.args[0] in (*SIMPLE, *ARG, "welford") and e.dtype in COL_SPLIT_TYPES
                         for e in groups[0].members)):
             self.col_split = max(1, min(-(-COL_BLOCKS // tiles), rsize // (rows * COL_MIN_ROWS)))
         self.col_tile, self.col_tiles = t, tiles
@@ -714,9 +714,15 @@ class CudaRenderer(CppRenderer):
             out.append(f"{ind}int64_t {ai} = INT64_MAX;  // none yet: the first element is taken")
             x, i = (self._name(b, inner) for b in first.args[1])
             body.append(f"if ({ai} == INT64_MAX || {better}({x}, {av})) {{ {av} = {x}; {ai} = {i}; }}")
+            is_max = str(kind == "argmax").lower()
             if coop:
-                finish.append(f"accel::block_arg<{self.ctype(vt)}, {str(kind == 'argmax').lower()}>"
-                              f"({av}, {ai}, smem);")
+                finish.append(f"accel::block_arg<{self.ctype(vt)}, {is_max}>({av}, {ai}, smem);")
+            elif col:  # the rows of threads combined, first index on a tie
+                pair, comb = f"accel::ArgPair<{self.ctype(vt)}>", f"accel::ArgCombine<{is_max}>()"
+                finish.append(f"{pair} {tag}_p = accel::col_reduce({pair}{{{av}, {ai}}}, {comb});")
+                if self.col_split > 1:
+                    self._col_split_finish([(f"{tag}_p", pair, comb)], finish)
+                finish.append(f"{av} = {tag}_p.v; {ai} = {tag}_p.i;")
             finish.append(f"if ({ai} == INT64_MAX) {ai} = 0;")
             for e in g.members:
                 scope.names[e] = av if e.args[3] == 0 else ai

@@ -222,6 +222,24 @@ __device__ T col_combine(const T* part, F f, int64_t tile, int64_t tiles) {
   return v;
 }
 
+/* Column mode's (value, index) of an argmax/argmin (index INT64_MAX: no value yet), and
+ * their combination: the better value, the smaller index on a tie (a thread's rows come
+ * in order, so the first of equal values wins, as eager's). */
+template <typename T> struct ArgPair {
+  T v;
+  int64_t i;
+};
+template <typename T> __device__ __forceinline__ ArgPair<T> load_cg(const ArgPair<T>* p) {
+  return {__ldcg(&p->v), __ldcg(&p->i)};  // (the partials bypass L1)
+}
+template <bool kMax> struct ArgCombine {
+  template <typename T> __device__ ArgPair<T> operator()(ArgPair<T> a, ArgPair<T> b) const {
+    const bool ab = kMax ? argmax_better(a.v, b.v) : argmin_better(a.v, b.v);
+    const bool ba = kMax ? argmax_better(b.v, a.v) : argmin_better(b.v, a.v);
+    return ab || (!ba && a.i < b.i) ? a : b;
+  }
+};
+
 /* (value, index) for argmax/argmin: the better value, the smaller index on a tie. */
 template <typename T, bool kMax>
 __device__ void block_arg(T& v, int64_t& i, void* scratch) {
