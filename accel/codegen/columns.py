@@ -111,6 +111,7 @@ class ColumnLoops:
         self._emit_items(inner, body, "")
         results: Dict[tuple, str] = {}  # (body, which) -> the array holding it
         accs: List[tuple] = []  # (the row's value, the update of rows' values xs)
+        finish: List[str] = []  # after the rows, per column (Welford: the moments)
         kind = g.members[0].args[0]
         if kind in ARG:
             init, better = ARG[kind]
@@ -121,7 +122,7 @@ class ColumnLoops:
             out.append(f"{ind}int64_t {ai}[{vb}];")
             out.append(f"{ind}for (int64_t k = 0; k < {vb}; ++k) {{ {av}[k] = {self._lim(init, vt)}; {ai}[k] = 0; }}")
             x, i = (self._name(e, inner) for e in bodies)
-            accs.append((x, self.ctype(vt), lambda xs, x=x, i=i: (
+            accs.append((x, self.ctype(vt), lambda xs, i=i: (
                 f"{{ const bool w = {better}({xs[0]}, {av}[{b}_k]); "
                 f"{av}[{b}_k] = w ? {xs[0]} : {av}[{b}_k]; {ai}[{b}_k] = w ? {i} : {ai}[{b}_k]; }}")))
             results[(bodies, 0)], results[(bodies, 1)] = av, ai
@@ -138,7 +139,6 @@ class ColumnLoops:
             rows = self._size(rv)
             t = self.ctype(g.members[0].dtype)
             shifts: List[str] = []
-            finish: List[str] = []
             for k, bodies in enumerate(dict.fromkeys(e.args[1] for e in g.members)):
                 sh, sm, sq = f"{tag}_{k}k", f"{tag}_{k}s", f"{tag}_{k}q"
                 x = self._name(bodies[0], inner)
@@ -186,7 +186,7 @@ class ColumnLoops:
         for _ in rv[:-1]:
             loops_ind = loops_ind[:-2]
             out.append(f"{loops_ind}}}")
-        if g.category != "simple" and kind not in ARG:
+        if finish:
             self._vector_loop(b, v, finish, out, ind)
         for e in g.members:
             before.names[e] = f"{results[(e.args[1], e.args[3])]}[{b}_k]"

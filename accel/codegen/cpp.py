@@ -676,33 +676,31 @@ class CppRenderer(ColumnLoops, CStyle):
         for v in outer:
             out.append(f"{ind}for (int64_t i{v} = 0; i{v} < {self.ir.sizes[v]}; ++i{v}) {{")
             ind += "  "
+        # the block: rows of the loop around (p) each n values long, or n's values in turn
+        p, m, size, k = (rv[-2], self.ir.sizes[rv[-2]], n, rows) if rows > 1 else (last, n, 1, BLOCK)
+        out.append(f"{ind}for (int64_t {tag}_b = 0; {tag}_b < {m}; {tag}_b += {k}) {{")
+        out.append(f"{ind}  const int64_t {tag}_r = {m} - {tag}_b < {k} ? {m} - {tag}_b : {k};")
+        out.append(f"{ind}  {t} {tag}[{k * size}];")
+        inner = ind + "  "
         if rows > 1:
-            p, m = rv[-2], self.ir.sizes[rv[-2]]
-            out.append(f"{ind}for (int64_t {tag}_b = 0; {tag}_b < {m}; {tag}_b += {rows}) {{")
-            out.append(f"{ind}  const int64_t {tag}_r = {m} - {tag}_b < {rows} ? {m} - {tag}_b : {rows};")
-            out.append(f"{ind}  {t} {tag}[{rows * n}];")
-            out.append(f"{ind}  for (int64_t {tag}_j = 0; {tag}_j < {tag}_r; ++{tag}_j) {{")
-            out.append(f"{ind}    const int64_t i{p} = {tag}_b + {tag}_j, {tag}_o = {tag}_j * {n};")
-            out.append(f"{ind}    #pragma omp simd")
-            out.append(f"{ind}    for (int64_t {tag}_k = 0; {tag}_k < {n}; ++{tag}_k) {{")
-            out.append(f"{ind}      const int64_t i{last} = {tag}_k;")
-            out += [f"{ind}      {b}" for b in body]
-            out.append(f"{ind}    }}")
-            out.append(f"{ind}  }}")
-            out.append(f"{ind}  {acc}.add({tag}, {tag}_r * {n});")
-            out.append(f"{ind}}}")
+            out.append(f"{inner}for (int64_t {tag}_j = 0; {tag}_j < {tag}_r; ++{tag}_j) {{")
+            out.append(f"{inner}  const int64_t i{p} = {tag}_b + {tag}_j, {tag}_o = {tag}_j * {n};")
+            inner += "  "
+            count = str(n)
         else:
-            out.append(f"{ind}for (int64_t {tag}_b = 0; {tag}_b < {n}; {tag}_b += {BLOCK}) {{")
-            out.append(f"{ind}  const int64_t {tag}_n = {n} - {tag}_b < {BLOCK} ? {n} - {tag}_b : {BLOCK}, {tag}_o = 0;")
-            out.append(f"{ind}  {t} {tag}[{BLOCK}];")
-            out.append(f"{ind}  #pragma omp simd")
-            out.append(f"{ind}  for (int64_t {tag}_k = 0; {tag}_k < {tag}_n; ++{tag}_k) {{")
-            if last is not None:
-                out.append(f"{ind}    const int64_t i{last} = {tag}_b + {tag}_k;")
-            out += [f"{ind}    {b}" for b in body]
+            out.append(f"{inner}const int64_t {tag}_o = 0;")
+            count = f"{tag}_r"
+        out.append(f"{inner}#pragma omp simd")
+        out.append(f"{inner}for (int64_t {tag}_k = 0; {tag}_k < {count}; ++{tag}_k) {{")
+        if last is not None:
+            out.append(f"{inner}  const int64_t i{last} = {tag}_k;" if rows > 1 else
+                       f"{inner}  const int64_t i{last} = {tag}_b + {tag}_k;")
+        out += [f"{inner}  {b}" for b in body]
+        out.append(f"{inner}}}")
+        if rows > 1:
             out.append(f"{ind}  }}")
-            out.append(f"{ind}  {acc}.add({tag}, {tag}_n);")
-            out.append(f"{ind}}}")
+        out.append(f"{ind}  {acc}.add({tag}, {tag}_r * {size});")
+        out.append(f"{ind}}}")
         for _ in outer:
             ind = ind[:-2]
             out.append(f"{ind}}}")

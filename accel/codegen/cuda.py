@@ -49,6 +49,8 @@ def _dim3(v) -> List[int]:
 
 _COMBINE = {"sum": "accel::Sum()", "prod": "accel::Prod()", "amax": "accel::Max()",
             "amin": "accel::Min()"}
+#: the reduction kinds column mode renders (and splits among blocks)
+_COLUMN_KINDS = frozenset({*SIMPLE, *ARG, "welford"})
 
 
 class CudaRenderer(CppRenderer):
@@ -500,7 +502,7 @@ class CudaRenderer(CppRenderer):
         level is a plain, Welford or arg one, and nothing runs in loops after it."""
         if n_out % COL_TILE or any(s.items for s in self.nest_scopes[lvl + 1:]):
             return False
-        return all(k != "group" or g.members[0].args[0] in (*SIMPLE, *ARG, "welford")
+        return all(k != "group" or g.members[0].args[0] in _COLUMN_KINDS
                    for k, g in self.nest_scopes[lvl].items)
 
     def _column_tiles(self, order, n_out, lvl, out):
@@ -517,7 +519,7 @@ class CudaRenderer(CppRenderer):
         self.ntemp += 1
         self.col_split = 1
         if (len(groups) == 1 and tiles < COL_BLOCKS and tiles <= MAX_GRID
-                and all(e.args[0] in (*SIMPLE, *ARG, "welford") and e.dtype in COL_SPLIT_TYPES
+                and all(e.args[0] in _COLUMN_KINDS and e.dtype in COL_SPLIT_TYPES
                         for e in groups[0].members)):
             self.col_split = max(1, min(-(-COL_BLOCKS // tiles), rsize // (rows * COL_MIN_ROWS)))
         self.col_tile, self.col_tiles = t, tiles

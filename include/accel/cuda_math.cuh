@@ -222,9 +222,9 @@ __device__ T col_combine(const T* part, F f, int64_t tile, int64_t tiles) {
   return v;
 }
 
-/* Column mode's (value, index) of an argmax/argmin (index INT64_MAX: no value yet), and
- * their combination: the better value, the smaller index on a tie (a thread's rows come
- * in order, so the first of equal values wins, as eager's). */
+/* The (value, index) of an argmax/argmin (index INT64_MAX: no value yet), and their
+ * combination, for column mode and block_arg: the better value, the smaller index on a
+ * tie (a thread's elements come in order, so the first of equal values wins, as eager's). */
 template <typename T> struct ArgPair {
   T v;
   int64_t i;
@@ -240,18 +240,17 @@ template <bool kMax> struct ArgCombine {
   }
 };
 
-/* (value, index) for argmax/argmin: the better value, the smaller index on a tie. */
+/* (value, index) for argmax/argmin over a block (ArgCombine's rule). */
 template <typename T, bool kMax>
 __device__ void block_arg(T& v, int64_t& i, void* scratch) {
-  auto better = [](T a, int64_t ia, T b, int64_t ib) {
-    const bool ab = kMax ? argmax_better(a, b) : argmin_better(a, b);
-    const bool ba = kMax ? argmax_better(b, a) : argmin_better(b, a);
-    return ab || (!ba && ia < ib);
+  const ArgCombine<kMax> combine;
+  auto take = [&](T ov, int64_t oi) {
+    const ArgPair<T> p = combine(ArgPair<T>{ov, oi}, ArgPair<T>{v, i});
+    v = p.v; i = p.i;
   };
   for (int o = 16; o > 0; o >>= 1) {
     const T ov = shfl_xor(v, o);
-    const int64_t oi = __shfl_xor_sync(0xffffffffu, i, o);
-    if (better(ov, oi, v, i)) { v = ov; i = oi; }
+    take(ov, __shfl_xor_sync(0xffffffffu, i, o));
   }
   T* sv = reinterpret_cast<T*>(scratch);
   int64_t* si = reinterpret_cast<int64_t*>(reinterpret_cast<char*>(scratch) + 32 * 8);
@@ -260,8 +259,7 @@ __device__ void block_arg(T& v, int64_t& i, void* scratch) {
   if (lane == 0) { sv[warp] = v; si[warp] = i; }
   __syncthreads();
   v = sv[0]; i = si[0];
-  for (int w = 1; w < nw; ++w)
-    if (better(sv[w], si[w], v, i)) { v = sv[w]; i = si[w]; }
+  for (int w = 1; w < nw; ++w) take(sv[w], si[w]);
 }
 
 /* Mean and variance: (count, mean, sum of squared deviations) of a set of values, and their
