@@ -94,6 +94,23 @@ def _split_index(n: fx.Node, idx: tuple) -> tuple:
     return tuple(out)
 
 
+#: a nest whose innermost loops walk fewer contiguous elements of its store than this
+#: (and fewer than its memory order would) stores the reductions that force it to memory
+#: (:func:`accel.lowering._transposing`); a reduction's innermost variable walking fewer
+#: is reduced per column first (:meth:`_Lowerer._column_split`)
+CONTIGUOUS_RUN = 64
+
+
+def _load_strides(body: Expr) -> Dict[int, int]:
+    """Each loop variable's largest stride (elements, absolute) among ``body``'s loads."""
+    stride: Dict[int, int] = {}
+    for e in walk(body, set(), into_reduce=False):
+        if e.op == "load":
+            for v, c in e.args[1].terms:
+                stride[v] = max(stride.get(v, 0), abs(c))
+    return stride
+
+
 class _Lowerer:
     def __init__(self, gm: fx.GraphModule, ext: Sequence[BufferSpec], scalar_types):
         self.gm = gm
@@ -108,6 +125,7 @@ class _Lowerer:
         self.buffers = list(ext)
         self.in_memory: Dict[fx.Node, tuple] = {}  # node -> (buffer index, its spec as seen)
         self.reduce_node: Dict[Expr, fx.Node] = {}  # reduction -> the graph node it computes
+        self.split_nodes: Dict[tuple, tuple] = {}  # (see _column_split)
 
     def new_var(self, size: int) -> int:
         self.sizes.append(size)
@@ -187,13 +205,8 @@ class _Lowerer:
         out in memory, the largest stride outermost, so that the innermost reduction loop
         walks memory contiguously (a channels-last group norm's statistics: the spatial
         positions outside the group's channels); equal strides keep dim order."""
-        stride = dict.fromkeys(rv, 0)
-        for e in walk(body, set(), into_reduce=False):
-            if e.op == "load":
-                for v, c in e.args[1].terms:
-                    if v in stride:
-                        stride[v] = max(stride[v], abs(c))
-        return tuple(sorted(rv, key=lambda v: -stride[v]))
+        stride = _load_strides(body)
+        return tuple(sorted(rv, key=lambda v: -stride.get(v, 0)))
 
     def reduce(self, kind, x, dims, idx, acc_dtype, which=0, index=False) -> Expr:
         if acc_dtype in HALF:  # a max, min or arg reduction of 16-bit floats: compared in float32
@@ -325,7 +338,18 @@ class _Lowerer:
         n = 1
         for d in {d % len(xs) for d in dims}:
             n *= xs[d]
-        if welford:
+        split = self._column_split(x, dims, idx) if welford else None
+        if split is not None:  # each column's moments, then the columns' merged (Chan et al.)
+            cvar_n, cmean_n, pos, k = split
+            ci, (c,) = self.reduce_vars(cmean_n, [pos], idx)
+            cmean, cvar = self.value(cmean_n, ci), self.value(cvar_n, ci)
+            rows = n // k
+            mean = self.mk("div", f64, self.mk("reduce", f64, "sum", (cmean,), (c,), 0), self.const(k, f64))
+            dev = self.mk("sub", f64, cmean, mean)
+            spread = self.mk("reduce", f64, "sum", (self.mk("mul", f64, dev, dev),), (c,), 0)
+            within = self.mk("reduce", f64, "sum", (cvar,), (c,), 0)
+            m2 = self.mk("mul", f64, self.mk("add", f64, within, spread), self.const(rows, f64))
+        elif welford:
             mean = self.reduce("welford", x, dims, idx, f64, which=1)
             m2 = self.reduce("welford", x, dims, idx, f64, which=0)
         else:
@@ -337,6 +361,46 @@ class _Lowerer:
             raise LoweringError("correction must be a constant")
         var = self.mk("div", f64, m2, self.const(max(0, n - correction), f64))
         return var, mean
+
+    def _column_split(self, x: fx.Node, dims, idx):
+        """Where a reduction of ``x`` over ``dims`` at ``idx`` has an innermost reduction
+        variable in memory order, ``c``, that walks fewer than :data:`CONTIGUOUS_RUN`
+        contiguous elements next to an output variable's (a channels-last group norm's
+        channels of a group, beside the groups): its two levels as graph nodes, ``(var,
+        mean, c's dim among theirs, c's size)``, ``x``'s float64 variance and mean over the
+        other dims, each of ``c``'s columns (a column reduction of their own: each run of
+        memory read once, vectorized across the columns); the caller merges the columns.
+        None for any other reduction."""
+        xv = x.meta["val"]
+        xs = tuple(xv.shape)
+        dims = sorted({d % len(xs) for d in dims}) if xs else []
+        xi, rv = self.reduce_vars(x, dims, idx)
+        if len(rv) < 2 or any(self.sizes[v] == 1 for v in rv):
+            return None
+        stride = _load_strides(self.value(x, xi))
+        c = rv[-1]
+        if stride.get(c) != 1 or self.sizes[c] >= CONTIGUOUS_RUN:
+            return None
+        if not any(stride.get(v) == self.sizes[c] for a in idx for v, _ in a):
+            return None
+        dim = dims[self.rvars[(xs, tuple(dims), idx, False)][0].index(c)]
+        rest = [d for d in dims if d != dim]
+        key = ("columns", x, tuple(rest))
+        if key not in self.split_nodes:
+            g = self.gm.graph
+            shape = [s for d, s in enumerate(xs) if d not in rest]
+            with g.inserting_after(x):
+                x64 = g.call_function(prims.convert_element_type.default, (x, torch.float64))
+            with g.inserting_after(x64):
+                vm = g.call_function(torch.ops.accel.var_mean.default, (x64, rest, 0))
+            with g.inserting_after(vm):
+                parts = [g.call_function(operator.getitem, (vm, i)) for i in (0, 1)]
+            x64.meta["val"] = xv.to(torch.float64)
+            for p in parts:
+                p.meta["val"] = x64.meta["val"].new_empty(shape)
+            vm.meta["val"] = tuple(p.meta["val"] for p in parts)
+            self.split_nodes[key] = (*parts, dim - sum(1 for d in rest if d < dim), xs[dim])
+        return self.split_nodes[key]
 
     def arg_reduction(self, n: fx.Node, idx, which) -> Expr:
         """argmax/argmin (the index) and max.dim/min.dim (value 0, index 1), first

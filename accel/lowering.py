@@ -15,7 +15,7 @@ import torch
 import torch.fx as fx
 
 from .loop_ir import Addr, BufferSpec, Expr, LoopIR, Nest, Store, forget_free_vars, free_vars, reductions, walk
-from .lower_expr import LoweringError, _affine, _Lowerer
+from .lower_expr import CONTIGUOUS_RUN, LoweringError, _affine, _Lowerer
 
 prims = torch.ops.prims
 aten = torch.ops.aten
@@ -249,6 +249,8 @@ def _lower(gm, ext, outs, scalar_types, writes: str) -> LoopIR:
         by a column mean) sends those to memory before it, and so on."""
         nonlocal forced
         made: List[Nest] = []
+        if any(r not in position for r in inner):  # nodes the lowering added (_column_split)
+            position.update({n: k for k, n in enumerate(gm.graph.nodes)})
         for r in sorted(inner, key=position.__getitem__):
             val = r.meta["val"]
             spec = BufferSpec(val.dtype, tuple(val.shape), _contiguous(val.shape), True, scratch=True)
@@ -346,10 +348,6 @@ def _conflicting(lw: _Lowerer, job) -> List[fx.Node]:
         nested = set(_transposing(store, reds, lw.sizes))
     return _not_in_memory(lw, nested)
 
-
-#: a nest whose innermost loops walk fewer contiguous elements of its store than this
-#: (and fewer than its memory order would) stores the reductions that force it to memory
-CONTIGUOUS_RUN = 64
 
 
 def _transposing(store: Store, reds: Sequence[Expr], sizes) -> List[Expr]:

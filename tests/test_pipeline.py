@@ -213,12 +213,13 @@ def test_lowering_loops_follow_the_outputs_memory_order():
 
 
 def test_channels_last_group_norm_loops_in_memory_order():
-    """A channels-last [N, C, H, W] group norm (4 groups of 4 channels): its statistics'
-    innermost reduction loop walks a group's contiguous channels, the positions around it
-    (reduction variables in memory order, not dim order: the channels outside H and W read
-    4 of every 16 floats per step); the output's nest loops N, H, W, then the channels,
-    once the statistics are read from memory. On the CPU a Welford block takes a group's
-    channels at many positions (one merge per 512 values, not per 4)."""
+    """A channels-last [N, C, H, W] group norm (4 groups of 4 channels): a group's channels
+    are 4 contiguous floats of every 16, so its statistics are taken per channel first (a
+    column reduction over the positions, vectorized across the channels, every float read
+    once), in float64, then merged per group (Chan et al.: the channels' mean, their
+    variances plus their means' spread); the output's nest loops N, H, W, then the
+    channels, each group's scale and shift computed once per image into arrays, not once
+    per position."""
     x = torch.empty(2, 16, 5, 6).contiguous(memory_format=torch.channels_last)
     cl = x.stride()
     calls = [(aten.native_group_norm.default, (("x", 0), ("c", None), ("c", None), ("c", 2), ("c", 16),
@@ -227,17 +228,21 @@ def test_channels_last_group_norm_loops_in_memory_order():
     meta = [((2, 16, 5, 6), cl, torch.float32), ((2, 4), (4, 1), torch.float32),
             ((2, 4), (4, 1), torch.float32), ((2, 16, 5, 6), cl, torch.float32)]
     ir = _lowered(calls, [x], meta, (3,))
-    reds = [r for n in ir.nests for r in reductions(n)]
-    assert reds, ir.describe()
-    for r in reds:
-        rv = r.args[2]
+    columns, groups, out = ir.nests
+    assert {ir.buffers[st.buf].shape for st in columns.stores} == {(2, 4, 4)}, ir.describe()
+    assert all(ir.buffers[st.buf].dtype == torch.float64 for st in columns.stores)
+    for r in reductions(columns):  # over the 30 positions, each a stride of 16 floats
         loads = [e for b in r.args[1] for e in walk(b, set()) if e.op == "load"]
-        assert loads and all(e.args[1].coeff(rv[-1]) == 1 for e in loads), (rv, loads)
-    out = next(n for n in ir.nests if any(st.buf == 1 for st in n.stores))
+        assert r.args[0] == "welford" and [ir.sizes[v] for v in r.args[2]] == [30], r
+        assert all(e.args[1].coeff(columns.vars[-1]) == 1 for e in loads)
+    assert {(r.args[0], tuple(ir.sizes[v] for v in r.args[2])) for r in reductions(groups)} == {("sum", (4,))}
     (st,) = [st for st in out.stores if st.buf == 1]
     assert st.addr.coeff(out.vars[-1]) == 1 and not reductions(out), ir.describe()
     src = CppRenderer().render(ir, "accel_region_golden")
-    assert re.search(r"(r\d+)\[512\];(.|\n)*\.add\(\1, \1_r \* 4\);", src), src
+    assert re.search(r"double (a\d+)_0k\[\d+\], \1_0s\[\d+\], \1_0q", src), src  # columns' moments
+    positions = src[src.index("float t", src.rindex("  {\n")):]  # the output nest, after its arrays
+    assert re.match(r"float (t\d+)_x\[4\];(.|\n)*\1_x\[i\d+\] = \1;(.|\n)*for \(int64_t i\d+ = 0; i\d+ < 30;",
+                    positions), src
 
 
 def test_column_softmax_and_moments_accumulate_vectors_of_columns():

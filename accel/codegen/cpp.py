@@ -16,6 +16,7 @@ from typing import Dict, List, Optional
 import torch
 
 from ..loop_ir import Addr, Expr, LoopIR, Nest, Store, free_vars, walk
+from ..lower_expr import CONTIGUOUS_RUN
 from ..ops import HALF
 from . import FLOATS, CodegenError, CStyle, llc_bytes, machine_threads
 from .columns import ColumnLoops
@@ -31,6 +32,9 @@ CHUNK = 4096
 BLOCK = 512
 #: longest row kept in a stack array between a reduction loop and the row's loop.
 ROW_CACHE_MAX = 16384
+#: longest loop whose values invariant in the loop around it are kept in stack arrays
+#: (:meth:`CppRenderer._plan_expansion`)
+EXPAND_MAX = 256
 
 #: a nest whose innermost loop stores at least this many bytes contiguously (None: three
 #: quarters of the last-level cache, glibc memcpy's non-temporal threshold, the cache taken
@@ -87,6 +91,7 @@ class CppRenderer(ColumnLoops, CStyle):
     keep_widened_f16 = True  # ... and float16 values widened (see trivial)
     f16_row_passes = True  # a row's float16 conversions as whole-row passes (_plan_f16_rows)
     stream_stores = True  # write outputs larger than the cache with streaming stores
+    expand_invariants = True  # a short loop's values invariant around it in arrays (_plan_expansion)
     row_cache_max = ROW_CACHE_MAX  # longest row _plan_row_cache keeps (a stack array of it)
     launches = None  # how to launch what render() returned (CUDA); a CPU region is a call
     x86_conversions = True  # float to int32/int64 as x86 converts (see cast)
@@ -171,8 +176,48 @@ class CppRenderer(ColumnLoops, CStyle):
             if self.f16_row_passes:  # first: a widened row is then not kept again
                 self._plan_f16_rows(order[-1], scopes[-2], scopes[-1])
             self._plan_row_cache(order[-1], scopes[-2], scopes[-1])
+        if len(order) >= 3 and self.expand_invariants:
+            self._plan_expansion(order, scopes)
         self.streamed = self._plan_streams(nest) if self.stream_stores else {}
         self.streaming: Optional[str] = None  # the block variable while emitting a streamed block
+
+    def _plan_expansion(self, order, scopes) -> None:
+        """Loops ``h, g, v`` innermost, ``v`` shorter than :data:`CONTIGUOUS_RUN` and ``g * v``
+        at most :data:`EXPAND_MAX`: the values of ``g``'s and ``v``'s loops that do not depend
+        on ``h`` are computed before ``h``'s loop, in loops over ``g`` and ``v``, into stack
+        arrays that the loops inside ``h`` read; the stores of ``g``'s loop that do not
+        depend on ``h`` are written there, once. A channels-last group norm's output loops
+        N, H * W, G, then a group's 8 channels: each channel's scale and shift (the group's
+        rsqrt times the weight, ...), and the group's mean and rstd outputs, once per image
+        instead of once per position (its output nest on the dev VM, [32, 64, 56, 56]
+        float32: 1.39 -> ... ms)."""
+        h, g, v = order[-3:]
+        sizes = self.ir.sizes
+        gs, inner = scopes[-2], scopes[-1]
+        if sizes[v] >= CONTIGUOUS_RUN or sizes[g] * sizes[v] > EXPAND_MAX or sizes[h] < 2:
+            return
+        if any(k not in ("expr", "store") for sc in (gs, inner) for k, _ in sc.items):
+            return
+        cands = [[x for k, x in sc.items if k == "expr" and h not in free_vars(x)] for sc in (gs, inner)]
+        moved = [st for k, st in gs.items if k == "store"
+                 and h not in free_vars(st.value) | {u for u, _ in st.addr.terms}]
+        if not moved and all(trivial(x, self.keep_widened_f16) for x in cands[0] + cands[1]):
+            return
+        known = set(cands[0] + cands[1])
+        used = {a for sc in (gs, inner) for k, x in sc.items
+                if not (k == "expr" and x in known) and not (k == "store" and x in moved)
+                for a in ((x.value,) if k == "store" else x.args) if a in known}
+        gs.items = [it for it in gs.items if not (it[0] == "store" and it[1] in moved)]
+        at = (f"i{g}", f"i{g} * {sizes[v]} + i{v}")
+        arrays = []
+        for level, (sc, xs) in enumerate(zip((gs, inner), cands)):
+            for x in xs:
+                if x in used:
+                    arrays.append((level, x, f"{sc.names[x]}_x"))
+                    self.cached[(id(sc), x)] = f"{arrays[-1][2]}[{at[level]}]"
+                else:
+                    self.dead.add((id(sc), x))
+        scopes[-4].items.append(("expand", (g, v, cands, arrays, moved, gs, inner)))
 
     def _plan_streams(self, nest: Nest) -> Dict[int, str]:
         """The stores of ``nest`` written with streaming stores (id -> block array name):
@@ -423,11 +468,33 @@ class CppRenderer(ColumnLoops, CStyle):
                 out.append(f"{ind}const {self.ctype(x.dtype)} {scope.names[x]} = {rhs};")
             elif kind == "raw":
                 out.append(ind + x)
+            elif kind == "expand":  # (_plan_expansion)
+                self._emit_expansion(*x, out, ind)
             elif kind == "group":
                 self._emit_group(x, scope, out, ind)
         for kind, x in scope.items:
             if kind == "store":
                 out.append(ind + self._store(x, scope))
+
+    def _emit_expansion(self, g, v, cands, arrays, moved, gs, inner, out, ind) -> None:
+        """The loops over ``g`` and ``v`` of :meth:`_plan_expansion`, filling its arrays."""
+        sizes = self.ir.sizes
+        out += [f"{ind}{self.ctype(x.dtype)} {a}[{sizes[g] * sizes[v] if lv else sizes[g]}];"
+                for lv, x, a in arrays]
+        at = (f"i{g}", f"i{g} * {sizes[v]} + i{v}")
+        body = {0: [], 1: []}
+        for lv, (sc, xs) in enumerate(zip((gs, inner), cands)):
+            body[lv] += [f"const {self.ctype(x.dtype)} {sc.names[x]} = {self._rhs(x, sc)};" for x in xs]
+            body[lv] += [f"{a}[{at[lv]}] = {sc.names[x]};" for k, x, a in arrays if k == lv]
+        out.append(f"{ind}for (int64_t i{g} = 0; i{g} < {sizes[g]}; ++i{g}) {{")
+        out += [f"{ind}  {line}" for line in body[0]]
+        out += [f"{ind}  {self._store(st, gs)}" for st in moved]
+        if body[1]:
+            out.append(f"{ind}  #pragma omp simd")
+            out.append(f"{ind}  for (int64_t i{v} = 0; i{v} < {sizes[v]}; ++i{v}) {{")
+            out += [f"{ind}    {line}" for line in body[1]]
+            out.append(f"{ind}  }}")
+        out.append(f"{ind}}}")
 
     def _store(self, st, scope: Scope) -> str:
         """The statement writing store ``st`` (into its block array where it is streamed)."""
