@@ -700,6 +700,8 @@ class CppRenderer(ColumnLoops, CStyle):
             self._emit_items(inner, body_lines, "")
             body_lines.append(f"{tag}[{tag}_o + {tag}_k] = {self._name(first.args[1][0], inner)};")
             self._blocked(rv, body_lines, out, ind, t, tag, acc)
+            if kind == "welford":
+                out.append(f"{ind}{acc}.finish();")
             names = {"welford": ("{a}.m2", "{a}.mean_or_nan()"), "online_softmax": ("{a}.m", "{a}.s")}[kind]
             for e in g.members:
                 scope.names[e] = names[e.args[3]].format(a=acc)
@@ -735,7 +737,7 @@ class CppRenderer(ColumnLoops, CStyle):
         accumulator ``acc`` (``acc.add(values, n)``); ``body`` stores its value at
         ``{tag}[{tag}_o + {tag}_k]``. An innermost loop shorter than half a block shares a
         block with iterations of the loop around it (a channels-last group norm's 8
-        channels of a group at 64 spatial positions: one Welford merge, not 64)."""
+        channels of a group at 64 spatial positions: one call of ``add``, not 64)."""
         last = rv[-1] if rv else None
         n = self.ir.sizes[last] if rv else 1
         rows = BLOCK // n if len(rv) > 1 and 0 < n <= BLOCK // 2 else 1

@@ -71,7 +71,7 @@ SIMPLE = {"sum": ("0", "{a} += {x};", "+"), "prod": ("1", "{a} *= {x};", "*"),
           "amax": ("$lowest", "{a} = accel::maximum({a}, {x});", "accel_max"),
           "amin": ("$highest", "{a} = accel::minimum({a}, {x});", "accel_min")}
 #: kinds accumulated a block of values at a time (C++: an accumulator class)
-BLOCKED = {"welford": "accel::Welford", "online_softmax": "accel::OnlineSoftmax"}
+BLOCKED = {"welford": "accel::ShiftedMoments", "online_softmax": "accel::OnlineSoftmax"}
 #: value-and-index kinds: init, comparison
 ARG = {"argmax": ("$lowest", "accel::argmax_better"), "argmin": ("$highest", "accel::argmin_better")}
 
