@@ -29,7 +29,7 @@ from typing import Dict, List
 
 import torch
 
-from ..loop_ir import Expr, LoopIR, Nest
+from ..loop_ir import Expr, LoopIR, Nest, free_vars
 from ..ops import HALF
 from . import CodegenError
 from .cpp import CppRenderer
@@ -71,6 +71,7 @@ class CudaRenderer(CppRenderer):
     vw = VEC  # elements a vector
     row_vec = frozenset()  # a row kernel's vector variant: the buffers moved as vectors
     vec_stores: Dict[int, str] = {}
+    tile_vars: tuple = ()  # the loops a thread mode tile's threads take an element of each
 
     def render(self, ir: LoopIR, name: str) -> str:
         """The module's source: one ``extern "C" __global__`` kernel per nest (and its
@@ -523,7 +524,7 @@ class CudaRenderer(CppRenderer):
                 and all(e.args[0] in _COLUMN_KINDS and e.dtype in COL_SPLIT_TYPES
                         for e in groups[0].members)):
             self.col_split = max(1, min(-(-COL_BLOCKS // tiles), rsize // (rows * COL_MIN_ROWS)))
-        self.col_tile, self.col_tiles = t, tiles
+        self.col_tile, self.col_tiles, self.col_rows = t, tiles, rows
         out.append(f"  for (int64_t {t} = blockIdx.x; {t} < {tiles}; {t} += gridDim.x) {{")
         out.append(f"    const int64_t {f} = {t} * {COL_TILE} + threadIdx.x;")
         self._decompose(f, order[:lvl], out, "    ")
@@ -565,8 +566,10 @@ class CudaRenderer(CppRenderer):
         out.append(f"{ind}    const int64_t {f} = {t} * {BLOCK * ILP} + u * {BLOCK} + threadIdx.x;")
         out.append(f"{ind}    if ({f} < {n}) {{")
         self._decompose(f, order[lvl:upto], out, ind + "      ")
+        self.tile_vars = order[lvl:upto]
         for j in range(lvl, upto + 1):
             self._emit_items(self.nest_scopes[j], out, ind + "      ")
+        self.tile_vars = ()
         if upto < len(order) and any(s.items for s in self.nest_scopes[upto + 1:]):
             self._inner_loop(order[upto:], upto, out, ind + "      ")
         out += [f"{ind}    }}", f"{ind}  }}", f"{ind}}}"]
@@ -672,6 +675,13 @@ class CudaRenderer(CppRenderer):
                     f"{self._addr(st.addr)} - {m}) = w{st.buf};")
         guard = {"block": "if (threadIdx.x == 0) ", "grid": "if (threadIdx.x == 0) ",
                  "col": "if (threadIdx.y == 0) "}.get(self.mode, "")
+        if self.tile_vars and self.mode == "thread":
+            # a thread a tile's element: a store that depends on fewer of the loops (a group
+            # norm's mean and rstd outputs beside its [N, C, H, W] output) by the threads at 0
+            # of the others alone, not once per element of them
+            own = free_vars(st.value) | {v for v, _ in st.addr.terms}
+            inner = [f"i{v} == 0" for v in self.tile_vars if v not in own]
+            guard = f"if ({' && '.join(inner)}) " if inner else ""
         return guard + super()._store(st, scope)
 
     def _emit_group(self, g: Group, scope: Scope, out: List[str], ind: str) -> None:
@@ -765,9 +775,11 @@ class CudaRenderer(CppRenderer):
         else:
             f = f"r{self.ntemp}"
             self.ntemp += 1
-            start, step = ("threadIdx.y", "blockDim.y") if col else ("0", "1")
+            start, step = ("threadIdx.y", self.col_rows) if col else ("0", 1)
             if col and self.col_split > 1:
-                start, step = "blockIdx.y * blockDim.y + threadIdx.y", "gridDim.y * blockDim.y"
+                start, step = f"blockIdx.y * {self.col_rows} + threadIdx.y", self.col_split * self.col_rows
+            if col:  # the block's shape as constants: nvcc unrolls, BLOCK_UNROLL loads in flight
+                out.append(f"{ind}#pragma unroll {BLOCK_UNROLL}")
             out.append(f"{ind}for (int64_t {f} = {start}; {f} < {n}; {f} += {step}) {{")
             close, ind2 = [f"{ind}}}"], ind + "  "
         self._decompose(f, rv, out, ind2)
