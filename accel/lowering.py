@@ -372,13 +372,30 @@ def _transposing(store: Store, reds: Sequence[Expr], sizes) -> List[Expr]:
         return n
 
     best = run(terms)
+    inner = terms[-1][1] if terms else None
     out = []
     for r in reds:
         free = free_vars(r)
         hoisted = [t for t in terms if t[1] in free] + [t for t in terms if t[1] not in free]
-        if run(hoisted) < min(CONTIGUOUS_RUN, best):
+        if run(hoisted) < min(CONTIGUOUS_RUN, best) or _reads_across(r, free - {inner}):
             out.append(r)
     return out
+
+
+def _reads_across(r: Expr, free) -> bool:
+    """Whether reduction ``r`` reads across rows: its innermost reduction loop strides
+    by at least :data:`CONTIGUOUS_RUN` elements, where one of its loop variables ``free``
+    (not the store's contiguous one) walks the same load contiguously: a softmax over the
+    rows of a transposed tensor (``x.t().softmax(-1)``), whose statistics, in a nest of
+    their own, then accumulate vectors of neighbouring rows (the column form; the C++
+    renderer tiles the output's nest, :meth:`accel.codegen.cpp.CppRenderer._plan_tile`)."""
+    last = r.args[2][-1] if r.args[2] else None
+    for b in r.args[1]:
+        for e in walk(b, set(), into_reduce=False):
+            if (e.op == "load" and abs(e.args[1].coeff(last)) >= CONTIGUOUS_RUN
+                    and any(e.args[1].coeff(f) == 1 for f in free)):
+                return True
+    return False
 
 
 def _reads_new_values(jobs, lw: _Lowerer) -> bool:

@@ -1455,3 +1455,28 @@ def test_out_resized_warns_at_the_call():
             with accel.eager():
                 with pytest.raises(UserWarning, match="was resized"):
                     torch.sin(a * 2, out=out)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64])
+def test_transposed_reads_match_eager(device, dtype):
+    """Regions reading a tensor across the rows they write (tiled nests on the CPU; tails
+    of tiles: 37 and 53 are not multiples of 16): ``x.t() + y``, ``x.t().contiguous()``,
+    a softmax, log-softmax and sum over a transposed tensor's rows, and the outer loop's
+    values kept per tile (``x.t() * y.sum(-1, keepdim=True)``)."""
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(53, 37, generator=g) * 4).to(dtype).to(device)
+    y = (torch.randn(37, 53, generator=g) * 4).to(dtype).to(device)
+    fns = [lambda: x.t() + y, lambda: x.t().contiguous() * 1, lambda: x.t() * y.sum(-1, keepdim=True),
+           lambda: (x.t() - y).sum(-1)]
+    if dtype.is_floating_point:
+        fns += [lambda: x.t().softmax(-1), lambda: (x.t() * 0.5).log_softmax(-1) + y]
+    for fn in fns:
+        want = fn()
+        with accel.eager():
+            got = fn()
+        assert got.stride() == want.stride()
+        if dtype.is_floating_point:
+            close(got, want)
+        else:
+            assert torch.equal(got, want)

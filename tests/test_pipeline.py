@@ -681,8 +681,9 @@ def test_streaming_stores_only_for_large_memory_bound_stores(monkeypatch):
     """Where a nest's innermost loop stores at least STREAM_MIN_BYTES contiguously and
     computes only cheap ops, its stores go through a stack block to
     ``accel::stream_store`` and each thread fences; below the threshold, or with a
-    transcendental op in the loop (compute-bound), or a store that is not contiguous along
-    the innermost loop, they are plain stores."""
+    transcendental op in the loop (compute-bound), a store that is not contiguous along
+    the innermost loop, or a nest in tiles (reading across the rows it writes), they are
+    plain stores."""
     import accel.codegen.cpp as cpp
 
     x, b = torch.empty(64, 1000), torch.empty(1000)
@@ -697,8 +698,8 @@ def test_streaming_stores_only_for_large_memory_bound_stores(monkeypatch):
     assert "stream_store" not in _kernel_source(tanh, [x], meta, (0,))
     t = [(aten.t.default, (("x", 0),), {}, 1), (aten.mul.Tensor, (("o", 0), ("c", 2.0)), {}, 1)]
     tmeta = [((1000, 64), (1, 1000), torch.float32), ((1000, 64), (64, 1), torch.float32)]
-    src = _kernel_source(t, [x], tmeta, (1,))  # reads x down a stride, writes contiguously
-    assert "stream_store" in src
+    src = _kernel_source(t, [x], tmeta, (1,))  # reads x down a stride, writes contiguously:
+    assert "stream_store" not in src and "_b += 16" in src  # in tiles (_plan_tile), plain stores
     monkeypatch.setattr(cpp, "STREAM_MIN_BYTES", 1 << 40)
     assert "stream_store" not in _kernel_source(add, [x, b], meta, (0,))
 
@@ -817,3 +818,38 @@ def test_noop_removal_drops_a_functional_copy_of_the_same_shape_and_dtype():
     assert kept.meta["val"].dtype == torch.float64
     mutations = [n.args[1] for n in gm.graph.nodes if n.target is aten.copy_.default]
     assert mutations[0].target is prims.sin.default and mutations[1] is kept
+
+
+def test_transposed_softmax_takes_column_statistics_and_a_tiled_output():
+    """A softmax over the rows of a transposed tensor (``x.t().softmax(-1)``, x [512, 96]):
+    its statistics read down x's columns (a stride of 96 a step), so they go to a nest of
+    their own, where they accumulate vectors of neighbouring columns (the column form:
+    unit-stride loads) instead of one row kernel reading element by element; the output's
+    nest then writes its rows contiguously and reads x across them, in tiles of 16 of x's
+    contiguous elements at each output column (C++)."""
+    x = torch.empty(512, 96)
+    calls = [(aten._softmax.default, (("x", 0), ("c", -1), ("c", False)), {}, 1)]
+    ir = _lowered(calls, [x.t()], [((96, 512), (512, 1), torch.float32)], (0,))
+    stats, out = ir.nests
+    for r in reductions(stats):
+        loads = [e for b in r.args[1] for e in walk(b, set()) if e.op == "load"]
+        assert all(e.args[1].coeff(stats.vars[-1]) == 1 for e in loads), ir.describe()
+    assert not reductions(out), ir.describe()
+    src = CppRenderer().render(ir, "accel_region_golden")
+    stats_src = src[:src.index("  }\n  {")]
+    assert re.search(r"float a\d+_0\[\d+\];", stats_src), stats_src  # vectors of columns
+    assert re.search(r"for \(int64_t (i\d+)_b = 0; \1_b < 96; \1_b \+= 16\)", src), src
+
+
+def test_transposing_pointwise_nest_runs_in_tiles():
+    """``x.t() + y`` with y contiguous: the output walks y's rows, x is read across them
+    (a stride of 40 floats a step): the C++ nest takes tiles of 16 output rows, a run of x's
+    16 contiguous floats at each output column, the tile's values of the outer loop
+    computed once into arrays. ``x.t() * 2`` keeps x's layout (nothing to tile)."""
+    x, y = torch.empty(40, 70), torch.empty(70, 40)
+    src = _kernel_source([(aten.add.Tensor, (("x", 0), ("x", 1)), {}, 1)], [x.t(), y],
+                         [((70, 40), (40, 1), torch.float32)], (0,))
+    assert re.search(r"for \(int64_t (i\d+)_b = 0; \1_b < 70; \1_b \+= 16\)", src), src
+    src = _kernel_source([(aten.mul.Tensor, (("x", 0), ("c", 2.0)), {}, 1)], [x.t()],
+                         [((70, 40), (1, 70), torch.float32)], (0,))
+    assert "_b += 16" not in src, src

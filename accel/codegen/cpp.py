@@ -32,6 +32,9 @@ CHUNK = 4096
 BLOCK = 512
 #: longest row kept in a stack array between a reduction loop and the row's loop.
 ROW_CACHE_MAX = 16384
+#: values of a transposing nest's outer loop a tile (:meth:`CppRenderer._plan_tile`): a
+#: 64-byte line of float32 reads, 16 rows' lines of writes
+TILE = 16
 #: longest loop whose values invariant in the loop around it are kept in stack arrays
 #: (:meth:`CppRenderer._plan_expansion`)
 EXPAND_MAX = 256
@@ -92,6 +95,7 @@ class CppRenderer(ColumnLoops, CStyle):
     f16_row_passes = True  # a row's float16 conversions as whole-row passes (_plan_f16_rows)
     stream_stores = True  # write outputs larger than the cache with streaming stores
     expand_invariants = True  # a short loop's values invariant around it in arrays (_plan_expansion)
+    tile_transposes = True  # a nest reading across rows, writing along them, in tiles (_plan_tile)
     row_cache_max = ROW_CACHE_MAX  # longest row _plan_row_cache keeps (a stack array of it)
     launches = None  # how to launch what render() returned (CUDA); a CPU region is a call
     x86_conversions = True  # float to int32/int64 as x86 converts (see cast)
@@ -176,10 +180,64 @@ class CppRenderer(ColumnLoops, CStyle):
             if self.f16_row_passes:  # first: a widened row is then not kept again
                 self._plan_f16_rows(order[-1], scopes[-2], scopes[-1])
             self._plan_row_cache(order[-1], scopes[-2], scopes[-1])
-        if len(order) >= 3 and self.expand_invariants:
+        self.tile = self._plan_tile(order, scopes) if self.tile_transposes else None
+        if len(order) >= 3 and self.expand_invariants and self.tile is None:
             self._plan_expansion(order, scopes)
-        self.streamed = self._plan_streams(nest) if self.stream_stores else {}
+        self.streamed = self._plan_streams(nest) if self.stream_stores and self.tile is None else {}
         self.streaming: Optional[str] = None  # the block variable while emitting a streamed block
+
+    def _plan_tile(self, order, scopes) -> Optional[tuple]:
+        """A pointwise nest whose innermost loop ``v`` writes its stores contiguously but
+        reads an input across rows (a stride of at least :data:`TILE`), contiguous along the
+        loop around it, ``u`` (``x.t() + y``, ``x.t().contiguous()``, a softmax's output
+        over a transposed input): ``(u, v)``, for :meth:`_emit_tile`'s tiles of
+        :data:`TILE` values of ``u`` at each ``v`` (each read a run of ``u``'s contiguous
+        values, each write one of :data:`TILE` rows' lines, all in the cache while the
+        tile's ``v`` loop runs). None for any other nest."""
+        if len(order) < 2 or self.row_cache or self.narrowed:
+            return None
+        if any(k not in ("expr", "store") for sc in scopes for k, _ in sc.items):
+            return None
+        u, v = order[-2:]
+        if self.ir.sizes[u] < TILE or self.ir.sizes[v] < TILE:
+            return None
+        inner = scopes[-1]
+        stores = [x for k, x in inner.items if k == "store"]
+        if not stores or any(st.addr.coeff(v) != 1 for st in stores):
+            return None
+        if not any(k == "expr" and x.op == "load" and x.args[1].coeff(u) == 1 and abs(x.args[1].coeff(v)) >= TILE
+                   for k, x in inner.items):
+            return None
+        return u, v
+
+    def _emit_tile(self, j: int, out: List[str], ind: str, nest: Nest, parallel: bool) -> None:
+        """The loops ``u, v`` of :meth:`_plan_tile` (``nest.vars[j:]``) as tiles of
+        :data:`TILE` values of ``u``: the values and stores of ``u``'s loop in a loop over
+        the tile (values into stack arrays), then ``v``'s loop around a vectorized loop
+        over the tile."""
+        u, v = self.tile
+        U, V = self.ir.sizes[u], self.ir.sizes[v]
+        us, inner = self.nest_scopes[j + 1], self.nest_scopes[j + 2]
+        b = f"i{u}_b"
+        if parallel:
+            out.append(f"{ind}#pragma omp parallel for schedule(static)")
+        out.append(f"{ind}for (int64_t {b} = 0; {b} < {U}; {b} += {TILE}) {{")
+        ind2 = ind + "  "
+        out.append(f"{ind2}const int64_t {b}_n = {U} - {b} < {TILE} ? {U} - {b} : {TILE};")
+        kept = [x for k, x in us.items if k == "expr"]
+        out += [f"{ind2}{self.ctype(x.dtype)} {us.names[x]}_t[{TILE}];" for x in kept]
+        out.append(f"{ind2}for (int64_t {b}_k = 0; {b}_k < {b}_n; ++{b}_k) {{")
+        out.append(f"{ind2}  const int64_t i{u} = {b} + {b}_k;")
+        self._emit_items(us, out, ind2 + "  ")
+        out += [f"{ind2}  {us.names[x]}_t[{b}_k] = {us.names[x]};" for x in kept]
+        out.append(f"{ind2}}}")
+        out.append(f"{ind2}for (int64_t i{v} = 0; i{v} < {V}; ++i{v}) {{")
+        out.append(f"{ind2}  #pragma omp simd")
+        out.append(f"{ind2}  for (int64_t {b}_k = 0; {b}_k < {b}_n; ++{b}_k) {{")
+        out.append(f"{ind2}    const int64_t i{u} = {b} + {b}_k;")
+        out += [f"{ind2}    const {self.ctype(x.dtype)} {us.names[x]} = {us.names[x]}_t[{b}_k];" for x in kept]
+        self._emit_items(inner, out, ind2 + "    ")
+        out += [f"{ind2}  }}", f"{ind2}}}", f"{ind}}}"]
 
     def _plan_expansion(self, order, scopes) -> None:
         """Loops ``h, g, v`` innermost, ``v`` shorter than :data:`CONTIGUOUS_RUN` and ``g * v``
@@ -563,6 +621,9 @@ class CppRenderer(ColumnLoops, CStyle):
         n = self.ir.sizes[v]
         innermost = j == len(nest.vars) - 1
         parallel = j == 0 and self._work(nest) >= PARALLEL_MIN and machine_threads() > 1
+        if self.tile is not None and j == len(nest.vars) - 2:
+            self._emit_tile(j, out, ind, nest, parallel)
+            return
         simd = innermost and not any(k == "group" for k, _ in self.nest_scopes[j + 1].items)
         if parallel and self.streamed:  # each thread fences its streaming stores
             out.append(f"{ind}#pragma omp parallel")

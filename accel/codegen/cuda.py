@@ -64,6 +64,7 @@ class CudaRenderer(CppRenderer):
     f16_row_passes = False  # (conversions are single instructions in device code)
     stream_stores = False  # (CPU only)
     expand_invariants = False  # (CPU only)
+    tile_transposes = False  # (CPU only)
     #: a row kernel's kept values are a thread's share of the row (at most row_limit)
     row_cache_max = float("inf")
     x86_conversions = False  # a C++ cast in device code is CUDA's saturating one, eager's there
