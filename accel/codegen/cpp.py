@@ -248,7 +248,7 @@ class CppRenderer(ColumnLoops, CStyle):
         N, H * W, G, then a group's 8 channels: each channel's scale and shift (the group's
         rsqrt times the weight, ...), and the group's mean and rstd outputs, once per image
         instead of once per position (its output nest on the dev VM, [32, 64, 56, 56]
-        float32: 1.39 -> ... ms)."""
+        float32: 1.39 -> 0.7-1.0 ms)."""
         h, g, v = order[-3:]
         sizes = self.ir.sizes
         gs, inner = scopes[-2], scopes[-1]
