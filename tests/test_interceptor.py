@@ -1461,7 +1461,7 @@ def test_out_resized_warns_at_the_call():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64])
 def test_transposed_reads_match_eager(device, dtype):
     """Regions reading a tensor across the rows they write (tiled nests on the CPU; tails
-    of tiles: 37 and 53 are not multiples of 16): ``x.t() + y``, ``x.t().contiguous()``,
+    of tiles: 37 and 53 are not multiples of 8): ``x.t() + y``, ``x.t().contiguous()``,
     a softmax, log-softmax and sum over a transposed tensor's rows, and the outer loop's
     values kept per tile (``x.t() * y.sum(-1, keepdim=True)``)."""
     g = torch.Generator().manual_seed(0)

@@ -699,7 +699,7 @@ def test_streaming_stores_only_for_large_memory_bound_stores(monkeypatch):
     t = [(aten.t.default, (("x", 0),), {}, 1), (aten.mul.Tensor, (("o", 0), ("c", 2.0)), {}, 1)]
     tmeta = [((1000, 64), (1, 1000), torch.float32), ((1000, 64), (64, 1), torch.float32)]
     src = _kernel_source(t, [x], tmeta, (1,))  # reads x down a stride, writes contiguously:
-    assert "stream_store" not in src and "_b += 16" in src  # in tiles (_plan_tile), plain stores
+    assert "stream_store" not in src and "_b += 8" in src  # in tiles (_plan_tile), plain stores
     monkeypatch.setattr(cpp, "STREAM_MIN_BYTES", 1 << 40)
     assert "stream_store" not in _kernel_source(add, [x, b], meta, (0,))
 
@@ -825,7 +825,7 @@ def test_transposed_softmax_takes_column_statistics_and_a_tiled_output():
     its statistics read down x's columns (a stride of 96 a step), so they go to a nest of
     their own, where they accumulate vectors of neighbouring columns (the column form:
     unit-stride loads) instead of one row kernel reading element by element; the output's
-    nest then writes its rows contiguously and reads x across them, in tiles of 16 of x's
+    nest then writes its rows contiguously and reads x across them, in tiles of 8 of x's
     contiguous elements at each output column (C++)."""
     x = torch.empty(512, 96)
     calls = [(aten._softmax.default, (("x", 0), ("c", -1), ("c", False)), {}, 1)]
@@ -838,18 +838,18 @@ def test_transposed_softmax_takes_column_statistics_and_a_tiled_output():
     src = CppRenderer().render(ir, "accel_region_golden")
     stats_src = src[:src.index("  }\n  {")]
     assert re.search(r"float a\d+_0\[\d+\];", stats_src), stats_src  # vectors of columns
-    assert re.search(r"for \(int64_t (i\d+)_b = 0; \1_b < 96; \1_b \+= 16\)", src), src
+    assert re.search(r"for \(int64_t (i\d+)_b = 0; \1_b < 96; \1_b \+= 8\)", src), src
 
 
 def test_transposing_pointwise_nest_runs_in_tiles():
     """``x.t() + y`` with y contiguous: the output walks y's rows, x is read across them
-    (a stride of 40 floats a step): the C++ nest takes tiles of 16 output rows, a run of x's
-    16 contiguous floats at each output column, the tile's values of the outer loop
+    (a stride of 40 floats a step): the C++ nest takes tiles of 8 output rows, a run of x's
+    8 contiguous floats at each output column, the tile's values of the outer loop
     computed once into arrays. ``x.t() * 2`` keeps x's layout (nothing to tile)."""
     x, y = torch.empty(40, 70), torch.empty(70, 40)
     src = _kernel_source([(aten.add.Tensor, (("x", 0), ("x", 1)), {}, 1)], [x.t(), y],
                          [((70, 40), (40, 1), torch.float32)], (0,))
-    assert re.search(r"for \(int64_t (i\d+)_b = 0; \1_b < 70; \1_b \+= 16\)", src), src
+    assert re.search(r"for \(int64_t (i\d+)_b = 0; \1_b < 70; \1_b \+= 8\)", src), src
     src = _kernel_source([(aten.mul.Tensor, (("x", 0), ("c", 2.0)), {}, 1)], [x.t()],
                          [((70, 40), (1, 70), torch.float32)], (0,))
-    assert "_b += 16" not in src, src
+    assert "_b += 8" not in src, src

@@ -33,8 +33,11 @@ BLOCK = 512
 #: longest row kept in a stack array between a reduction loop and the row's loop.
 ROW_CACHE_MAX = 16384
 #: values of a transposing nest's outer loop a tile (:meth:`CppRenderer._plan_tile`): a
-#: 64-byte line of float32 reads, 16 rows' lines of writes
-TILE = 16
+#: vector of float32 reads, 8 rows' lines of writes. [8192, 1024] float32 on the 2-core dev
+#: VM, ms with tiles of 4 / 8 / 16 / 32 (eager): ``x.t() + y`` 13.8 / 13.4 / 16.6 / 20.3
+#: (29-31), ``x.t().contiguous()`` 11.4 / 8.7-9.0 / 14.0 / 16.0 (11), ``x.t().softmax(-1)``
+#: 21.1 / 16.6-18.0 / 19.0 / 24.6 (16-17)
+TILE = 8
 #: longest loop whose values invariant in the loop around it are kept in stack arrays
 #: (:meth:`CppRenderer._plan_expansion`)
 EXPAND_MAX = 256
