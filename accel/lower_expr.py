@@ -383,7 +383,7 @@ class _Lowerer:
             return None
         if not any(stride.get(v) == self.sizes[c] for a in idx for v, _ in a):
             return None
-        dim = dims[self.rvars[(xs, tuple(dims), idx, False)][0].index(c)]
+        dim = next(d for d in dims if xi[d] == ((c, 1),))
         rest = [d for d in dims if d != dim]
         key = ("columns", x, tuple(rest))
         if key not in self.split_nodes:

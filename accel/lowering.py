@@ -349,7 +349,6 @@ def _conflicting(lw: _Lowerer, job) -> List[fx.Node]:
     return _not_in_memory(lw, nested)
 
 
-
 def _transposing(store: Store, reds: Sequence[Expr], sizes) -> List[Expr]:
     """The reductions among ``reds`` whose hoisting (their free variables' loops outermost)
     would leave ``store``'s innermost loops walking fewer than :data:`CONTIGUOUS_RUN`
@@ -388,7 +387,7 @@ def _reads_across(r: Expr, free) -> bool:
     (not the store's contiguous one) walks the same load contiguously: a softmax over the
     rows of a transposed tensor (``x.t().softmax(-1)``), whose statistics, in a nest of
     their own, then accumulate vectors of neighbouring rows (the column form; the C++
-    renderer tiles the output's nest, :meth:`accel.codegen.cpp.CppRenderer._plan_tile`)."""
+    renderer tiles the output's nest, :meth:`accel.codegen.tiles.TiledLoops._plan_tile`)."""
     last = r.args[2][-1] if r.args[2] else None
     for b in r.args[1]:
         for e in walk(b, set(), into_reduce=False):
