@@ -787,6 +787,62 @@ def test_column_arg_reductions_match_eager_bit_for_bit(device, dtype, fresh_stor
     assert st["kernel_runs"] >= len(fns) and st["eager_replays"] == 0, st
 
 
+def _split_rows_programs(x, f):
+    """Column reductions of ``x`` ([N, C], C >= 256): plain, Welford, two dependent groups
+    (softmax over dim 0), a variance over two reduction loops (a strided slice); the
+    product of factors ``f`` near 1 (factors rounded to float32 beforehand: a thousand
+    roundings of the factors alone are further from float64's product than
+    ``assert_close`` allows float32)."""
+    z = x.reshape(200, 5, -1)[:, 1:]  # rows over two loops: 200 (split) and 4
+    return [x.sum(0), x.mean(0, keepdim=True), x.amax(0), x.amin(0), f.prod(0), x.var(0),
+            x.std(0, correction=0), *torch.var_mean(x * 2, 0), x.softmax(0), x.log_softmax(0),
+            x.logsumexp(0), x.norm(dim=0), z.var((0, 1)), z.sum((0, 1)), x.abs().mean(0) - x.mean(0)]
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_column_reductions_with_rows_split_among_threads_match_eager(threads, fresh_store, monkeypatch):
+    """Column reductions over 300 columns whose rows the CPU kernel splits among the
+    threads (each thread's partials merged in thread order; 1000 rows: 333 or 334 a
+    thread with 3, rows left over after 4 a step), on 1, 2 and 3 OpenMP threads: floats
+    against the same computation in float64; argmax, argmin, max and min with ties, NaN,
+    -inf and inf columns, integer sums and any / all bit for bit against eager."""
+    import accel.codegen.columns as columns
+
+    monkeypatch.setattr(columns, "machine_threads", lambda: 2)  # split on any machine
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        g = torch.Generator().manual_seed(0)
+        x = torch.rand(1000, 300, generator=g) * 4 - 1
+        f = x * 0.01 + 1
+        want = _split_rows_programs(x.double(), f.double())
+        ties = torch.randint(0, 4, (1000, 300), generator=g).float()
+        ties[5, 3] = ties[700, 3] = ties[900, 4] = float("nan")
+        ties[:, 9] = float("-inf")
+        ties[999, 10] = float("inf")
+        ints = torch.randint(-2**40, 2**40, (1000, 300), generator=g)
+        exact = [lambda: ties.argmax(0), lambda: ties.argmin(0), lambda: ties.max(0), lambda: ties.min(0),
+                 lambda: (ties.argmax(0), ties.argmin(0), ties.amax(0), ties.amin(0)),
+                 lambda: ints.sum(0), lambda: ints.amax(0), lambda: (ints > 2**39).any(0),
+                 lambda: (ints > -2**40 + 2**30).all(0)]
+        accel.reset_stats()
+        with accel.eager():
+            got = _split_rows_programs(x, f)
+        for a, b in zip(got, want):
+            close(a, b.float())
+        for fn in exact:
+            e = fn()
+            with accel.eager():
+                a = fn()
+            for u, v in zip(a if isinstance(a, tuple) else (a,), e if isinstance(e, tuple) else (e,)):
+                assert u.dtype == v.dtype and torch.equal(u.nan_to_num(), v.nan_to_num()), (u, v)
+                assert not u.dtype.is_floating_point or torch.equal(u.isnan(), v.isnan())
+        st = accel.stats()
+        assert st["kernel_runs"] >= 1 + len(exact) and st["eager_replays"] == 0, st
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_argmax_of_a_channels_last_tensor_takes_the_first_in_logical_order(device, fresh_store):
     """Reductions loop their variables in memory order, but an argmax's loop order is its
@@ -1458,17 +1514,19 @@ def test_out_resized_warns_at_the_call():
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64, torch.float16])
 def test_transposed_reads_match_eager(device, dtype):
-    """Regions reading a tensor across the rows they write (tiled nests on the CPU; tails
-    of tiles: 37 and 53 are not multiples of 8): ``x.t() + y``, ``x.t().contiguous()``,
-    a softmax, log-softmax and sum over a transposed tensor's rows, and the outer loop's
-    values kept per tile (``x.t() * y.sum(-1, keepdim=True)``)."""
+    """Regions reading a tensor across the rows they write (tiled nests on the CPU, tiles
+    through shared memory on a GPU; tails of tiles: 37 and 53 are not multiples of 8 or
+    32): ``x.t() + y``, ``x.t().contiguous()``, a batch of transposes, a softmax,
+    log-softmax and sum over a transposed tensor's rows, and the outer loop's values kept
+    per tile (``x.t() * y.sum(-1, keepdim=True)``)."""
     g = torch.Generator().manual_seed(0)
     x = (torch.randn(53, 37, generator=g) * 4).to(dtype).to(device)
     y = (torch.randn(37, 53, generator=g) * 4).to(dtype).to(device)
+    xb = (torch.randn(3, 53, 37, generator=g) * 4).to(dtype).to(device)
     fns = [lambda: x.t() + y, lambda: x.t().contiguous() * 1, lambda: x.t() * y.sum(-1, keepdim=True),
-           lambda: (x.t() - y).sum(-1)]
+           lambda: (x.t() - y).sum(-1), lambda: xb.transpose(1, 2) * 2 + y]
     if dtype.is_floating_point:
         fns += [lambda: x.t().softmax(-1), lambda: (x.t() * 0.5).log_softmax(-1) + y]
     for fn in fns:

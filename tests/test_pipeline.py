@@ -188,7 +188,7 @@ def test_column_sums_with_row_operands_accumulate_a_vector_of_columns():
     inner = src[src.index("for (int64_t i"):]
     assert "256 * i" in inner and "#pragma omp simd" in inner
     # four rows a step, added pairwise before they meet the accumulator
-    assert re.search(r"i(\d+)_s < 1024; i\1_s \+= 4\)", src), src
+    assert re.search(r"i(\d+)_s < (1024|a\d+_e); i\1_s \+= 4\)", src), src  # (its rows, when split)
     assert re.search(r"(a\d+)_0\[v\d+_k\] \+= \(\(\1_x0_0 \+ \1_x0_1\) \+ \(\1_x0_2 \+ \1_x0_3\)\);", src), src
     assert not re.search(r"for \(int64_t i\d+ = 1024;", src)  # no rows left over
 
@@ -277,6 +277,53 @@ def test_column_argmax_keeps_a_vector_of_values_and_indices():
     assert re.search(r"float (a\d+)_v\[\d+\];\s*int64_t \1_i\[\d+\];", src), src
     assert re.search(r"const bool w = accel::argmax_better\(t\d+, a\d+_v\[v\d+_k\]\);", src), src
     assert "96 * i" in src and "#pragma omp simd" in src
+
+
+def test_cuda_transposing_nest_runs_in_shared_memory_tiles():
+    """On a GPU, ``x.t() + y`` (a load strided along the loop its store walks) runs in
+    tiles of 32 x 32 values, a block of 32 x 8 threads a tile: the transposed input's tile
+    read along its rows into shared memory (a row one longer than the tile), then the
+    values computed and stored along the output's rows; no 16-byte vector variant."""
+    from accel.codegen.cuda import CudaRenderer
+
+    calls = [(aten.t.default, (("x", 0),), {}, 1), (aten.add.Tensor, (("o", 0), ("x", 1)), {}, 1)]
+    ir = _lowered(calls, [torch.empty(1000, 600), torch.empty(600, 1000)],
+                  [((600, 1000), (1, 600), torch.float32), ((600, 1000), (1000, 1), torch.float32)], (1,))
+    r = CudaRenderer()
+    src = r.render(ir, "accel_region_golden")
+    (launch,) = r.launches
+    assert launch["block"] == [32, 8, 1] and launch["grid"] == [19 * 32, 1, 1] and "vector" not in launch
+    assert "__shared__ float tp0[32][33];" in src
+    assert re.search(r"tp0\[threadIdx.y \+ r\]\[threadIdx.x\] = b0\[i0 \+ 600 \* i1\];", src), src
+    assert re.search(r"= tp0\[threadIdx.x\]\[threadIdx.y \+ r\];(.|\n)*b2\[1000 \* i0 \+ i1\] =", src), src
+    assert src.count("__syncthreads();") == 2
+
+
+def test_column_reductions_split_rows_among_threads(monkeypatch):
+    """A parallel column reduction over at least SPLIT_COLUMNS columns splits its rows among
+    the threads (each reads whole rows): each thread accumulates its share into its own
+    accumulators, publishes them, and after a barrier the threads merge a share of the
+    columns each, in thread order (sums by their operator; means and variances by Chan et
+    al.'s update, by the partials' counts). Fewer columns, where the threads' blocks are as
+    many as the threads, keep the column split."""
+    import accel.codegen.columns as columns
+
+    monkeypatch.setattr(columns, "machine_threads", lambda: 2)
+    x = torch.empty(1024, 256)
+    src = _kernel_source([(aten.sum.dim_IntList, (("x", 0), ("c", (0,))), {}, 1)], [x],
+                         [((256,), (1,), torch.float32)], (0,))
+    assert re.search(r"accel::Partials<double> (a\d+_0)_p\(256\);(.|\n)*#pragma omp parallel\n", src), src
+    assert re.search(r"const int64_t (a\d+)_lo = 1024 \* (v\d+)_t / \2_nt, \1_hi = 1024 \* \(\2_t \+ 1\) / \2_nt;",
+                     src), src
+    assert re.search(r"i(\d+)_s = a\d+_lo; i\1_s < a\d+_e; i\1_s \+= 4\)", src), src  # its rows, 4 a step
+    assert re.search(r"#pragma omp barrier\n\s*#pragma omp for simd schedule\(static\)", src), src
+    assert re.search(r"for \(int64_t u = 1; u < v\d+_nt; \+\+u\) (a\d+_0)_r\[v\d+_k\] \+= \1_p\.p\[u \* 256", src), src
+    calls = [(aten.var_mean.correction, (("x", 0), ("c", (0,))), {"correction": ("c", 0)}, 2)]
+    src = _kernel_source(calls, [x], [((256,), (1,), torch.float32)] * 2, (0, 1))
+    assert "double na = 0;" in src and "d * d * (na / n * nb)" in src, src  # Chan et al.
+    src = _kernel_source([(aten.sum.dim_IntList, (("x", 0), ("c", (0,))), {}, 1)], [torch.empty(4096, 64)],
+                         [((64,), (1,), torch.float32)], (0,))
+    assert "Partials" not in src and "#pragma omp parallel for schedule(static)" in src, src
 
 
 @pytest.mark.parametrize("n,threads,want", [(4096, 2, 2048), (1024, 2, 512), (3000, 2, 1504),

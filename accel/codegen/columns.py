@@ -6,7 +6,7 @@ loads, instead of walking each column down its rows. A part of
 """
 from __future__ import annotations
 
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from . import machine_threads
 from .scopes import ARG, SIMPLE, Group, Scope
@@ -21,6 +21,16 @@ VBLOCK = 32
 VBLOCK_MAX = 2048
 #: rows a step of a column reduction's innermost loop (:meth:`ColumnLoops._vertical_group`).
 VROWS = 4
+#: rows a thread at least, for a column reduction's rows to be split among the threads
+#: (:meth:`ColumnLoops._emit_rows`)
+SPLIT_ROWS = 64
+#: columns at least for the row split, where the threads' blocks would be as many as the
+#: threads. Kernel times on the 2-core dev VM (ms, column split -> row split, float32
+#: inputs in the L3 cache): column sums [8192, 1024] 1.22 -> 0.80, [32768, 256] 1.89 ->
+#: 1.26, [50176, 128] 0.67 -> 0.80, [100352, 64] 0.65 -> 1.15; column means and variances
+#: [8192, 1024] 1.38 -> 1.00, [32768, 256] 2.54 -> 1.82, [50176, 128] 1.59 -> 1.15,
+#: [100352, 64] 0.56 -> 0.73.
+SPLIT_COLUMNS = 256
 #: the pairwise form of a plain reduction's operator (SIMPLE's clause)
 _PAIR = {"+": "({} + {})", "*": "({} * {})", "accel_max": "accel::maximum({}, {})",
          "accel_min": "accel::minimum({}, {})"}
@@ -68,8 +78,11 @@ class ColumnLoops:
         """Loop ``v`` in blocks of up to :data:`VBLOCK_MAX` results: for each reduction group
         in turn, the block accumulates a vector of results over the group's loops
         (unit-stride, vectorized loads; a later group reads an earlier one's results), then
-        finishes the block."""
+        finishes the block. Blocks go to threads, unless :meth:`_row_split` splits rows."""
         n = self.ir.sizes[v]
+        if parallel and self._row_split(n, scope):
+            self._emit_rows(v, scope, out, ind)
+            return
         vb = vertical_block(n, machine_threads() if parallel else 1)
         b = f"v{self.ntemp}"
         self.ntemp += 1
@@ -90,8 +103,57 @@ class ColumnLoops:
         self._vector_loop(b, v, tail, out, ind2)
         out.append(f"{ind}}}")
 
+    def _row_split(self, n: int, scope: Scope) -> bool:
+        """Whether a parallel column reduction over ``n`` results splits its rows among the
+        threads rather than its columns: when one block holds every column
+        (:data:`VBLOCK_MAX`), each group's outermost reduction loop has :data:`SPLIT_ROWS`
+        rows a thread, and either the columns are at least :data:`SPLIT_COLUMNS` or too few
+        blocks of :data:`VBLOCK` for every thread. Each thread then reads whole rows, where
+        a column split reads a run of each row a thread."""
+        threads = machine_threads()
+        rows = [self.ir.sizes[x.rvars[0]] for k, x in scope.items if k == "group"]
+        if n > VBLOCK_MAX or min(rows) < SPLIT_ROWS * threads:
+            return False
+        return n >= SPLIT_COLUMNS or -(-n // vertical_block(n, threads)) < threads
+
+    def _emit_rows(self, v: int, scope: Scope, out: List[str], ind: str) -> None:
+        """:meth:`_emit_vertical` with every column in one block and the rows split among
+        the threads: for each group, each thread accumulates its share of the outermost
+        reduction loop into its own accumulators and publishes them (``accel::Partials``);
+        after a barrier the threads combine the partials of a share of the columns, in
+        thread order (the same results for the same thread count): plain reductions by
+        their operator, arg reductions keeping the earlier of equal values, mean and
+        variance by Chan et al.'s pairwise update ("Updating formulae and a pairwise
+        algorithm for computing sample variances", 1979; as ``accel::ShiftedMoments``'
+        merge). The results live in arrays shared by the threads."""
+        n = self.ir.sizes[v]
+        b = f"v{self.ntemp}"
+        self.ntemp += 1
+        shared: List[str] = []  # declared before the parallel region
+        body: List[str] = []
+        ind2 = ind + "  "
+        body.append(f"{ind2}const int64_t {b} = 0, {b}_n = accel::opaque({n});")
+        body.append(f"{ind2}const int64_t {b}_t = omp_get_thread_num(), {b}_nt = omp_get_num_threads();")
+        before = Scope(scope.bound, scope.parent)
+        before.names = scope.names
+        for kind, x in scope.items:
+            if kind == "group":
+                self._vertical_group(x, before, b, v, n, body, ind2, shared)
+            else:
+                before.items.append((kind, x))
+        tail: List[str] = []
+        self._emit_items(before, tail, "")
+        self._vector_loop(b, v, tail, body, ind2, "omp for simd schedule(static)")
+        out.append(f"{ind}{{")
+        out += [f"{ind2}{x}" for x in shared]
+        out.append(f"{ind2}#pragma omp parallel")
+        out.append(f"{ind2}{{")
+        out += ["  " + x for x in body]
+        out.append(f"{ind2}}}")
+        out.append(f"{ind}}}")
+
     def _vertical_group(self, g: Group, before: Scope, b: str, v: int, vb: int, out: List[str],
-                        ind: str) -> None:
+                        ind: str, shared: Optional[List[str]] = None) -> None:
         """One group of :meth:`_emit_vertical`'s block ``b``: a vector of accumulators a
         distinct reduction, the group's loops around a vector loop over the block, and the
         members' names pointing at their results. A Welford reduction accumulates shifted
@@ -101,7 +163,11 @@ class ColumnLoops:
         :data:`VROWS` rows a step, combined pairwise before they meet the accumulators (a
         quarter of the accumulators' loads and stores: float64 column sums of rows in the
         cache 1.3 -> 1.0 ms on the dev VM). An argmax or argmin keeps each column's value
-        and index, one row a step (the first of equal values wins, as eager's)."""
+        and index, one row a step (the first of equal values wins, as eager's).
+
+        With ``shared`` (:meth:`_emit_rows`: declarations before the parallel region), the
+        thread takes its share of the outermost reduction loop, then the threads combine
+        their partials into shared arrays."""
         inner = self.group_scope[id(g)]
         rv = list(g.rvars)
         tag = f"a{self.ntemp}"
@@ -109,10 +175,16 @@ class ColumnLoops:
         body: List[str] = []
         self._emit_items(before, body, "")
         self._emit_items(inner, body, "")
-        results: Dict[tuple, str] = {}  # (body, which) -> the array holding it
+        results: Dict[tuple, str] = {}  # (kind, body, which) -> the array holding it
         accs: List[tuple] = []  # (the row's value, the update of rows' values xs)
         finish: List[str] = []  # after the rows, per column (Welford: the moments)
+        merges: List[tuple] = []  # (arrays with their C++ types, the threads' partials' merge)
         kind = g.members[0].args[0]
+        lo, hi = "0", str(self.ir.sizes[rv[0]])
+        if shared is not None:  # this thread's rows of the outermost reduction loop
+            lo, hi = f"{tag}_lo", f"{tag}_hi"
+            out.append(f"{ind}const int64_t {lo} = {self.ir.sizes[rv[0]]} * {b}_t / {b}_nt, "
+                       f"{hi} = {self.ir.sizes[rv[0]]} * ({b}_t + 1) / {b}_nt;")
         if kind in ARG:
             init, better = ARG[kind]
             bodies = g.members[0].args[1]
@@ -125,7 +197,10 @@ class ColumnLoops:
             accs.append((x, self.ctype(vt), lambda xs, i=i: (
                 f"{{ const bool w = {better}({xs[0]}, {av}[{b}_k]); "
                 f"{av}[{b}_k] = w ? {xs[0]} : {av}[{b}_k]; {ai}[{b}_k] = w ? {i} : {ai}[{b}_k]; }}")))
-            results[(bodies, 0)], results[(bodies, 1)] = av, ai
+            results[(kind, bodies, 0)], results[(kind, bodies, 1)] = av, ai
+            merges.append((((av, self.ctype(vt)), (ai, "int64_t")), lambda r, p: (
+                f"{{ const bool w = {better}({p[0]}, {r[0]}); {r[0]} = w ? {p[0]} : {r[0]}; "
+                f"{r[1]} = w ? {p[1]} : {r[1]}; }}")))
         elif g.category == "simple":
             for key, (a, init, e) in self._accumulators(g, tag).items():
                 out.append(f"{ind}{self.ctype(e.dtype)} {a}[{vb}];")
@@ -134,10 +209,14 @@ class ColumnLoops:
                 accs.append((self._name(key[1][0], inner), self.ctype(e.dtype),
                              lambda xs, a=a, k=key[0], pair=pair: SIMPLE[k][1].format(
                                  a=f"{a}[{b}_k]", x=_pairwise(xs, pair))))
-                results.update({(key[1], w): a for w in (0, 1)})
+                results.update({(*key, w): a for w in (0, 1)})
+                merges.append((((a, self.ctype(e.dtype)),),
+                               lambda r, p, k=key[0]: SIMPLE[k][1].format(a=r[0], x=p[0])))
         else:
             rows = self._size(rv)
             t = self.ctype(g.members[0].dtype)
+            rest = self._size(rv[1:])
+            count = f"{t}(({hi} - {lo}) * {rest})" if shared is not None else f"{t}({rows})"
             shifts: List[str] = []
             for k, bodies in enumerate(dict.fromkeys(e.args[1] for e in g.members)):
                 sh, sm, sq = f"{tag}_{k}k", f"{tag}_{k}s", f"{tag}_{k}q"
@@ -151,27 +230,40 @@ class ColumnLoops:
                             f"{sm}[{b}_k] += {_pairwise([f'd{u}' for u in range(len(xs))], _PAIR['+'])}; "
                             f"{sq}[{b}_k] += {_pairwise([f'd{u} * d{u}' for u in range(len(xs))], _PAIR['+'])}; }}")
                 accs.append((x, t, update))
-                results[(bodies, 1)], results[(bodies, 0)] = sm, sq
+                results[(kind, bodies, 1)], results[(kind, bodies, 0)] = sm, sq
                 if rows:
-                    finish.append(f"{{ const {t} m = {sm}[{b}_k] / {t}({rows}); "
+                    finish.append(f"{{ const {t} m = {sm}[{b}_k] / {count}; "
                                   f"const {t} q = {sq}[{b}_k] - {sm}[{b}_k] * m; "
                                   f"{sm}[{b}_k] = {sh}[{b}_k] + m; {sq}[{b}_k] = q > 0 ? q : {t}(0); }}")
                 else:  # over no values: a NaN mean (0 / 0, as eager), no deviations
                     finish.append(f"{sm}[{b}_k] = {t}(NAN); {sq}[{b}_k] = 0;")
+                rows0 = self.ir.sizes[rv[0]]
+                merges.append((((sm, t), (sq, t)), lambda r, p, t=t, rows0=rows0, rest=rest: (
+                    f"{{ const {t} nb = {t}(({rows0} * (u + 1) / {b}_nt - {rows0} * u / {b}_nt) * {rest}); "
+                    f"if (nb > 0 && na == 0) {{ {r[0]} = {p[0]}; {r[1]} = {p[1]}; na = nb; }} "
+                    f"else if (nb > 0) {{ const {t} d = {p[0]} - {r[0]}, n = na + nb; "
+                    f"{r[0]} += d * (nb / n); {r[1]} += {p[1]} + d * d * (na / n * nb); na = n; }} }}"),
+                    f"{t} na = 0;"))
             if rows:  # the shifts: each column's first value
                 out.append(f"{ind}{{")
-                out += [f"{ind}  const int64_t i{r} = 0;" for r in rv]
+                out += [f"{ind}  const int64_t i{r} = {lo if r == rv[0] else 0};" for r in rv]
                 self._vector_loop(b, v, body + shifts, out, ind + "  ")
                 out.append(f"{ind}}}")
         loops_ind = ind
         for r in rv[:-1]:
-            out.append(f"{loops_ind}for (int64_t i{r} = 0; i{r} < {self.ir.sizes[r]}; ++i{r}) {{")
+            a, z = (lo, hi) if r == rv[0] else ("0", self.ir.sizes[r])
+            out.append(f"{loops_ind}for (int64_t i{r} = {a}; i{r} < {z}; ++i{r}) {{")
             loops_ind += "  "
         r, n = rv[-1], self.ir.sizes[rv[-1]]
-        start = 0
+        a, z = (lo, hi) if len(rv) == 1 else ("0", str(n))
+        start, tail = a, True
         if n >= 2 * VROWS and kind not in ARG:  # VROWS rows a step: each row's values in a block of their own
-            start = n - n % VROWS
-            out.append(f"{loops_ind}for (int64_t i{r}_s = 0; i{r}_s < {start}; i{r}_s += {VROWS}) {{")
+            if a == "0":
+                start, tail = str(n - n % VROWS), n % VROWS > 0
+            else:
+                start = f"{tag}_e"
+                out.append(f"{loops_ind}const int64_t {start} = {a} + ({z} - {a}) / {VROWS} * {VROWS};")
+            out.append(f"{loops_ind}for (int64_t i{r}_s = {a}; i{r}_s < {start}; i{r}_s += {VROWS}) {{")
             step: List[str] = [f"{ct} {tag}_x{k}_{u};" for k, (_, ct, _) in enumerate(accs) for u in range(VROWS)]
             for u in range(VROWS):
                 step += [f"{{ const int64_t i{r} = i{r}_s + {u};"] + [f"  {x}" for x in body]
@@ -179,8 +271,8 @@ class ColumnLoops:
             step += [upd([f"{tag}_x{k}_{u}" for u in range(VROWS)]) for k, (_, _, upd) in enumerate(accs)]
             self._vector_loop(b, v, step, out, loops_ind + "  ")
             out.append(f"{loops_ind}}}")
-        if start < n:
-            out.append(f"{loops_ind}for (int64_t i{r} = {start}; i{r} < {n}; ++i{r}) {{")
+        if tail:
+            out.append(f"{loops_ind}for (int64_t i{r} = {start}; i{r} < {z}; ++i{r}) {{")
             self._vector_loop(b, v, body + [upd([x]) for x, _, upd in accs], out, loops_ind + "  ")
             out.append(f"{loops_ind}}}")
         for _ in rv[:-1]:
@@ -188,11 +280,40 @@ class ColumnLoops:
             out.append(f"{loops_ind}}}")
         if finish:
             self._vector_loop(b, v, finish, out, ind)
+        if shared is not None:
+            self._merge_partials(merges, b, v, vb, out, ind, shared)
+            results = {key: f"{x}_r" for key, x in results.items()}
         for e in g.members:
-            before.names[e] = f"{results[(e.args[1], e.args[3])]}[{b}_k]"
+            before.names[e] = f"{results[(e.args[0], e.args[1], e.args[3])]}[{b}_k]"
 
-    def _vector_loop(self, b: str, v: int, body: List[str], out: List[str], ind: str) -> None:
-        out.append(f"{ind}#pragma omp simd")
+    def _merge_partials(self, merges: List[tuple], b: str, v: int, n: int, out: List[str], ind: str,
+                        shared: List[str]) -> None:
+        """:meth:`_emit_rows`' merge of a group's partials: each thread publishes its
+        accumulators, and after a barrier each column's result is thread 0's partial merged
+        with the others' in thread order (``merges``: the accumulators with their C++
+        types, the merge of partials ``p`` into results ``r``, a declaration it needs)."""
+        publish: List[str] = []
+        merge: List[str] = []
+        for arrays, fn, *decl in merges:
+            for x, ct in arrays:
+                shared.append(f"{ct} {x}_r[{n}];")
+                shared.append(f"accel::Partials<{ct}> {x}_p({n});")
+                shared.append(f"if (!{x}_p.p) return ACCEL_ERROR;")
+                publish.append(f"{x}_p.p[{b}_t * {n} + {b}_k] = {x}[{b}_k];")
+            r = [f"{x}_r[{b}_k]" for x, _ in arrays]
+            p = [f"{x}_p.p[u * {n} + {b}_k]" for x, _ in arrays]
+            if decl:  # merged from no values up (Welford: by the partials' counts)
+                merge += [f"{{ {decl[0]}", f"  for (int64_t u = 0; u < {b}_nt; ++u) {fn(r, p)}", "}"]
+            else:
+                merge += [f"{x} = {y};" for x, y in zip(r, [f"{a}_p.p[{b}_k]" for a, _ in arrays])]
+                merge.append(f"for (int64_t u = 1; u < {b}_nt; ++u) {fn(r, p)}")
+        self._vector_loop(b, v, publish, out, ind)
+        out.append(f"{ind}#pragma omp barrier")
+        self._vector_loop(b, v, merge, out, ind, "omp for simd schedule(static)")
+
+    def _vector_loop(self, b: str, v: int, body: List[str], out: List[str], ind: str,
+                     pragma: str = "omp simd") -> None:
+        out.append(f"{ind}#pragma {pragma}")
         out.append(f"{ind}for (int64_t {b}_k = 0; {b}_k < {b}_n; ++{b}_k) {{")
         out.append(f"{ind}  const int64_t i{v} = {b} + {b}_k;")
         out += [f"{ind}  {x}" for x in body]

@@ -74,3 +74,7 @@ COL_MIN_ROWS = 16
 COL_SPLIT_TYPES = (torch.float64, torch.float32, torch.int64, torch.int32)
 #: most blocks in a grid (grid-stride loops cover the rest).
 MAX_GRID = 65535
+#: a transposing elementwise nest's tiles (:meth:`accel.codegen.cuda.CudaRenderer._transpose_tiles`):
+#: TRANSPOSE_TILE x TRANSPOSE_TILE values, a block of TRANSPOSE_TILE x TRANSPOSE_ROWS threads
+TRANSPOSE_TILE = 32
+TRANSPOSE_ROWS = 8

@@ -9,13 +9,35 @@
 #ifndef ACCEL_CPU_MATH_H
 #define ACCEL_CPU_MATH_H
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <limits>
 #include <type_traits>
 #include "accel/kernel.h"
 #include "accel/half.h"
 #include "accel/libm_names.h"
+
+namespace accel {
+/* Each OpenMP thread's partial results of a column reduction whose rows are split among the
+ * threads (accel/codegen/columns.py, ColumnLoops._emit_rows): n values a thread, for as
+ * many threads as the parallel region may have. */
+template <class T>
+struct Partials {
+  T* p;
+  explicit Partials(int64_t n) : p(static_cast<T*>(malloc(sizeof(T) * n * omp_get_max_threads()))) {}
+  ~Partials() { free(p); }
+  Partials(const Partials&) = delete;
+  Partials& operator=(const Partials&) = delete;
+};
+/* n, hidden from the optimizer: a loop over a constant number of columns is then not
+ * unrolled whole (the row split's blocks: 64 float64 column moments 0.95 -> 0.65 ms). */
+inline int64_t opaque(int64_t n) {
+  asm("" : "+r"(n));
+  return n;
+}
+}  // namespace accel
 
 #define ACCEL_VEC(ret, name, ...) ret name(__VA_ARGS__) noexcept __attribute__((simd("notinbranch")));
 extern "C" {
