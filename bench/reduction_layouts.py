@@ -15,7 +15,13 @@ Workloads (float32; CPU sizes, GPU ones in brackets):
   outside each group's channels (reduction variables in memory order), the output N, H,
   W, then C (0.24x of eager's speed before on the CPU);
 - ``layernorm256``: ``F.layer_norm`` over the 256 channels of [64, 512, 256]
-  ([256, 512, 256]): row statistics in Welford blocks.
+  ([256, 512, 256]): row statistics in Welford blocks;
+- ``mean0``, ``var_mean0``: ``x.mean(0)``, ``torch.var_mean(x, 0)`` over the rows of
+  ``x``: on the CPU each thread sums its share of the rows (whole rows) since the
+  fifty-second round, the threads' partials merged after;
+- ``t_add``, ``t_contiguous``, ``t_softmax``: ``x.t() + y``, ``x.t().contiguous()``,
+  ``x.t().softmax(-1)``: reads across the rows written, in tiles of 8 rows on the CPU
+  (fifty-first round), through 32 x 32 shared-memory tiles on a GPU (fifty-second).
 """
 import os
 import sys
@@ -37,6 +43,7 @@ def main() -> None:
     seq = torch.randn(*((256, 512, 256) if big else (64, 512, 256)), generator=g).to(dev)
     gn = torch.nn.GroupNorm(8, img.shape[1]).to(dev)
     gn64 = torch.nn.GroupNorm(8, img.shape[1]).to(dev).double()
+    y = x.t().contiguous() * 0.5
     workloads = {
         "argmax0": (lambda t: t.argmax(0), x, None),
         "max0": (lambda t: t.max(0), x, None),
@@ -44,6 +51,11 @@ def main() -> None:
         "groupnorm": (gn, img, lambda: gn64(img.double())),
         "layernorm256": (lambda t: F.layer_norm(t, [t.shape[-1]]), seq,
                          lambda: F.layer_norm(seq.double(), [seq.shape[-1]])),
+        "mean0": (lambda t: t.mean(0), x, lambda: x.double().mean(0)),
+        "var_mean0": (lambda t: torch.var_mean(t, 0), x, lambda: torch.var_mean(x.double(), 0)),
+        "t_add": (lambda t: t.t() + y, x, None),
+        "t_contiguous": (lambda t: t.t().contiguous(), x, None),
+        "t_softmax": (lambda t: t.t().softmax(-1), x, lambda: x.double().t().softmax(-1)),
     }
     rows = []
     with torch.no_grad():

@@ -294,8 +294,8 @@ def test_cuda_transposing_nest_runs_in_shared_memory_tiles():
     (launch,) = r.launches
     assert launch["block"] == [32, 8, 1] and launch["grid"] == [19 * 32, 1, 1] and "vector" not in launch
     assert "__shared__ float tp0[32][33];" in src
-    assert re.search(r"tp0\[threadIdx.y \+ r\]\[threadIdx.x\] = b0\[i0 \+ 600 \* i1\];", src), src
-    assert re.search(r"= tp0\[threadIdx.x\]\[threadIdx.y \+ r\];(.|\n)*b2\[1000 \* i0 \+ i1\] =", src), src
+    assert re.search(r"tp0\[threadIdx.y \+ r\]\[threadIdx.x \+ c\] = b0\[i0 \+ 600 \* i1\];", src), src
+    assert re.search(r"= tp0\[threadIdx.x \+ c\]\[threadIdx.y \+ r\];(.|\n)*b2\[1000 \* i0 \+ i1\] =", src), src
     assert src.count("__syncthreads();") == 2
 
 

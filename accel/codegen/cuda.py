@@ -602,13 +602,13 @@ class CudaRenderer(CppRenderer):
 
     def _transpose_tiles(self, order, loads: List[Expr], out: List[str]):
         """The nest of :meth:`_plan_transpose` in tiles of :data:`TRANSPOSE_TILE` values of
-        its last two loops ``u, v``, a block of TRANSPOSE_TILE x :data:`TRANSPOSE_ROWS`
-        threads a tile (the classic shared-memory transpose, as in NVIDIA's "An Efficient
-        Matrix Transpose in CUDA C/C++"): the threads read each transposed load's tile
-        along ``u`` into shared memory (coalesced), then compute the tile's values along
-        ``v`` with those loads read from it, and store them (coalesced). A row of the
-        shared tile is one element longer than the tile, so that a column's elements are
-        in distinct banks. Returns the body, the grid and the block."""
+        its last two loops ``u, v``, a block of 32 x :data:`TRANSPOSE_ROWS` threads a tile
+        (the shared-memory transpose of NVIDIA's "An Efficient Matrix Transpose in CUDA
+        C/C++"): the threads read each transposed load's tile along ``u`` into shared
+        memory (coalesced), then compute the tile's values along ``v`` with those loads
+        read from it, and store them (coalesced). A row of the shared tile is one element
+        longer than the tile, so that a column's elements are in distinct banks. Returns
+        the body, the grid and the block."""
         u, v = order[-2:]
         U, V, T, R = self.ir.sizes[u], self.ir.sizes[v], TRANSPOSE_TILE, TRANSPOSE_ROWS
         nu, nv = -(-U // T), -(-V // T)
@@ -622,29 +622,31 @@ class CudaRenderer(CppRenderer):
         if order[:-2]:
             self._decompose(f"({f} / {nu * nv})", order[:-2], out, "    ")
 
-        def tile_loop(iu, iv, body):
+        def tile_loop(iu, iv, body):  # element (x, y) of the tile: x = threadIdx.x + c
             out.append("    #pragma unroll")
             out.append(f"    for (int r = 0; r < {T}; r += {R}) {{")
-            out.append(f"      const int64_t i{u} = {f}_u + {iu}, i{v} = {f}_v + {iv};")
-            out.append(f"      if (i{u} < {U} && i{v} < {V}) {{")
-            out.extend(body() + ["      }", "    }"])
+            out.append("      #pragma unroll")
+            out.append(f"      for (int c = 0; c < {T}; c += 32) {{")
+            out.append(f"        const int64_t i{u} = {f}_u + {iu}, i{v} = {f}_v + {iv};")
+            out.append(f"        if (i{u} < {U} && i{v} < {V}) {{")
+            out.extend(body() + ["        }", "      }", "    }"])
 
-        tile_loop("threadIdx.x", "threadIdx.y + r",
-                  lambda: [f"        tp{k}[threadIdx.y + r][threadIdx.x] = b{x.args[0]}[{self._addr(x.args[1])}];"
+        tile_loop("threadIdx.x + c", "threadIdx.y + r",
+                  lambda: [f"          tp{k}[threadIdx.y + r][threadIdx.x + c] = b{x.args[0]}[{self._addr(x.args[1])}];"
                            for k, x in enumerate(loads)])
         out.append("    __syncthreads();")
-        self.smem = {x: f"tp{k}[threadIdx.x][threadIdx.y + r]" for k, x in enumerate(loads)}
+        self.smem = {x: f"tp{k}[threadIdx.x + c][threadIdx.y + r]" for k, x in enumerate(loads)}
 
         def values():
             lines: List[str] = []
             for sc in self.nest_scopes:
-                self._emit_items(sc, lines, "        ")
+                self._emit_items(sc, lines, "          ")
             return lines
-        tile_loop("threadIdx.y + r", "threadIdx.x", values)
+        tile_loop("threadIdx.y + r", "threadIdx.x + c", values)
         self.smem = {}
         out.append("    __syncthreads();")
         out.append("  }")
-        return out, min(tiles, MAX_GRID), (T, R)
+        return out, min(tiles, MAX_GRID), (32, R)
 
     def _thread_loop(self, n: int, open_lines: List[str], ind: str) -> str:
         """Open a loop of this thread's share of ``n`` iterations (block mode: threadIdx.x,
