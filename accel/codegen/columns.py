@@ -112,7 +112,7 @@ class ColumnLoops:
         a column split reads a run of each row a thread."""
         threads = machine_threads()
         rows = [self.ir.sizes[x.rvars[0]] for k, x in scope.items if k == "group"]
-        if n > VBLOCK_MAX or min(rows) < SPLIT_ROWS * threads:
+        if n > VBLOCK_MAX or min(rows, default=0) < SPLIT_ROWS * threads:
             return False
         return n >= SPLIT_COLUMNS or -(-n // vertical_block(n, threads)) < threads
 
