@@ -1516,17 +1516,21 @@ def test_out_resized_warns_at_the_call():
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64, torch.float16])
 def test_transposed_reads_match_eager(device, dtype):
-    """Regions reading a tensor across the rows they write (tiled nests on the CPU, tiles
-    through shared memory on a GPU; tails of tiles: 37 and 53 are not multiples of 8 or
-    32): ``x.t() + y``, ``x.t().contiguous()``, a batch of transposes, a softmax,
-    log-softmax and sum over a transposed tensor's rows, and the outer loop's values kept
-    per tile (``x.t() * y.sum(-1, keepdim=True)``)."""
+    """Regions reading a tensor across the rows they write (tiled nests on the CPU, float32's
+    tiles of 64 transposed through AVX registers, tiles through shared memory on a GPU;
+    tails of tiles: 37, 53, 140 and 150 are not multiples of 8, 32 or 64): ``x.t() + y``,
+    ``x.t().contiguous()``, a batch of transposes, a softmax, log-softmax and sum over a
+    transposed tensor's rows, and the outer loop's values kept per tile
+    (``x.t() * y.sum(-1, keepdim=True)``)."""
     g = torch.Generator().manual_seed(0)
     x = (torch.randn(53, 37, generator=g) * 4).to(dtype).to(device)
     y = (torch.randn(37, 53, generator=g) * 4).to(dtype).to(device)
     xb = (torch.randn(3, 53, 37, generator=g) * 4).to(dtype).to(device)
+    xl = (torch.randn(150, 140, generator=g) * 4).to(dtype).to(device)  # whole 64 x 64 tiles, and tails
+    yl = (torch.randn(140, 150, generator=g) * 4).to(dtype).to(device)
     fns = [lambda: x.t() + y, lambda: x.t().contiguous() * 1, lambda: x.t() * y.sum(-1, keepdim=True),
-           lambda: (x.t() - y).sum(-1), lambda: xb.transpose(1, 2) * 2 + y]
+           lambda: (x.t() - y).sum(-1), lambda: xb.transpose(1, 2) * 2 + y, lambda: xl.t() - yl,
+           lambda: xl.t().contiguous() * 1]
     if dtype.is_floating_point and dtype != torch.float16:
         # (not float16: its log-softmax is at times an ulp from eager's, both within the
         # tolerance of float64's rounded to float16, and the epilogue's rounding can double it)

@@ -872,8 +872,8 @@ def test_transposed_softmax_takes_column_statistics_and_a_tiled_output():
     its statistics read down x's columns (a stride of 96 a step), so they go to a nest of
     their own, where they accumulate vectors of neighbouring columns (the column form:
     unit-stride loads) instead of one row kernel reading element by element; the output's
-    nest then writes its rows contiguously and reads x across them, in tiles of 8 of x's
-    contiguous elements at each output column (C++)."""
+    nest then writes its rows contiguously and reads x across them, in tiles of 64 x 64
+    transposed into a stack array (C++)."""
     x = torch.empty(512, 96)
     calls = [(aten._softmax.default, (("x", 0), ("c", -1), ("c", False)), {}, 1)]
     ir = _lowered(calls, [x.t()], [((96, 512), (512, 1), torch.float32)], (0,))
@@ -885,18 +885,28 @@ def test_transposed_softmax_takes_column_statistics_and_a_tiled_output():
     src = CppRenderer().render(ir, "accel_region_golden")
     stats_src = src[:src.index("  }\n  {")]
     assert re.search(r"float a\d+_0\[\d+\];", stats_src), stats_src  # vectors of columns
-    assert re.search(r"for \(int64_t (i\d+)_b = 0; \1_b < 96; \1_b \+= 8\)", src), src
+    assert re.search(r"for \(int64_t (i\d+)_b = 0; \1_b < 96; \1_b \+= 64\)", src), src
+    assert "accel::transpose_tile<64>" in src, src
 
 
 def test_transposing_pointwise_nest_runs_in_tiles():
     """``x.t() + y`` with y contiguous: the output walks y's rows, x is read across them
-    (a stride of 40 floats a step): the C++ nest takes tiles of 8 output rows, a run of x's
-    8 contiguous floats at each output column, the tile's values of the outer loop
-    computed once into arrays. ``x.t() * 2`` keeps x's layout (nothing to tile)."""
+    (a stride of 40 floats a step). float32: the C++ nest takes tiles of 64 x 64, x's tile
+    transposed into a stack array (``accel::transpose_tile``: 8 x 8 blocks through AVX
+    registers), then each output row of the tile a vectorized loop reading it
+    contiguously. float64: tiles of 8 output rows, a run of x's 8 contiguous values at
+    each output column, the tile's values of the outer loop computed once into arrays.
+    ``x.t() * 2`` keeps x's layout (nothing to tile)."""
     x, y = torch.empty(40, 70), torch.empty(70, 40)
     src = _kernel_source([(aten.add.Tensor, (("x", 0), ("x", 1)), {}, 1)], [x.t(), y],
                          [((70, 40), (40, 1), torch.float32)], (0,))
+    assert re.search(r"for \(int64_t (i\d+)_b = 0; \1_b < 70; \1_b \+= 64\)", src), src
+    assert re.search(r"alignas\(32\) float (i\d+_b_0)\[4096\];\n.*accel::transpose_tile<64>\(&b0\[.*\], 70, \1, ", src), src
+    assert re.search(r"#pragma omp simd\n.*\n.*\n\s*const float t\d+ = i\d+_b_0\[i\d+_b_k \* 64 \+ i\d+_b_k\];", src), src
+    x, y = x.double(), y.double()
+    src = _kernel_source([(aten.add.Tensor, (("x", 0), ("x", 1)), {}, 1)], [x.t(), y],
+                         [((70, 40), (40, 1), torch.float64)], (0,))
     assert re.search(r"for \(int64_t (i\d+)_b = 0; \1_b < 70; \1_b \+= 8\)", src), src
     src = _kernel_source([(aten.mul.Tensor, (("x", 0), ("c", 2.0)), {}, 1)], [x.t()],
-                         [((70, 40), (1, 70), torch.float32)], (0,))
-    assert "_b += 8" not in src, src
+                         [((70, 40), (1, 70), torch.float64)], (0,))
+    assert "_b += 8" not in src and "transpose_tile" not in src, src

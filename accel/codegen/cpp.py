@@ -91,6 +91,7 @@ class CppRenderer(ColumnLoops, TiledLoops, CStyle):
     tile_transposes = True  # a nest reading across rows, writing along them, in tiles (_plan_tile)
     row_cache_max = ROW_CACHE_MAX  # longest row _plan_row_cache keeps (a stack array of it)
     launches = None  # how to launch what render() returned (CUDA); a CPU region is a call
+    tiled: Dict[Expr, str] = {}  # a transposing tile's loads -> where the tile holds them
     x86_conversions = True  # float to int32/int64 as x86 converts (see cast)
 
     def cast(self, x: str, src, dst) -> str:
@@ -406,6 +407,8 @@ class CppRenderer(ColumnLoops, TiledLoops, CStyle):
         return " + ".join(terms) if terms else "0"
 
     def _rhs(self, e: Expr, scope: Scope) -> str:
+        if e in self.tiled:  # a transposing tile's load: read from the tile
+            return self.tiled[e]
         if e.op == "load":
             return f"b{e.args[0]}[{self._addr(e.args[1])}]"
         if e.op == "index":

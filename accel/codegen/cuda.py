@@ -73,7 +73,6 @@ class CudaRenderer(CppRenderer):
     row_vec = frozenset()  # a row kernel's vector variant: the buffers moved as vectors
     vec_stores: Dict[int, str] = {}
     tile_vars: tuple = ()  # the loops a thread mode tile's threads take an element of each
-    smem: Dict[Expr, str] = {}  # a transposing tile's loads -> where the tile holds them
     transposing = False  # the nest being rendered runs in transposing tiles
 
     def render(self, ir: LoopIR, name: str) -> str:
@@ -457,8 +456,6 @@ class CudaRenderer(CppRenderer):
         return " + ".join(f"{c} * {n}" if c != 1 else n for n, c in terms) if terms else "0"
 
     def _rhs(self, e: Expr, scope: Scope) -> str:
-        if e in self.smem:
-            return self.smem[e]
         if self.vec and e in self.vec:
             return f"accel::lane({self.vec[e]}, v)"
         if self.row_vec and e.op == "load" and e.args[0] in self.row_vec:
@@ -635,7 +632,7 @@ class CudaRenderer(CppRenderer):
                   lambda: [f"          tp{k}[threadIdx.y + r][threadIdx.x + c] = b{x.args[0]}[{self._addr(x.args[1])}];"
                            for k, x in enumerate(loads)])
         out.append("    __syncthreads();")
-        self.smem = {x: f"tp{k}[threadIdx.x + c][threadIdx.y + r]" for k, x in enumerate(loads)}
+        self.tiled = {x: f"tp{k}[threadIdx.x + c][threadIdx.y + r]" for k, x in enumerate(loads)}
 
         def values():
             lines: List[str] = []
@@ -643,7 +640,7 @@ class CudaRenderer(CppRenderer):
                 self._emit_items(sc, lines, "          ")
             return lines
         tile_loop("threadIdx.y + r", "threadIdx.x + c", values)
-        self.smem = {}
+        self.tiled = {}
         out.append("    __syncthreads();")
         out.append("  }")
         return out, min(tiles, MAX_GRID), (32, R)

@@ -31,6 +31,48 @@ struct Partials {
   Partials(const Partials&) = delete;
   Partials& operator=(const Partials&) = delete;
 };
+/* A transposing nest's tile (accel/codegen/tiles.py, TiledLoops._emit_transposed_tile):
+ * dst[c * T + r] = src[c + r * sv] for c < un, r < vn. Full tiles of 4-byte values go as 8 x 8
+ * blocks through AVX registers (eight 8-wide loads, the unpack / shuffle / lane-permute
+ * transpose, eight stores: as Inductor's CPU transposes); the rest element by element. */
+#if defined(__AVX__)
+#include <immintrin.h>
+#endif
+template <int T, class E>
+inline void transpose_tile(const E* __restrict__ src, int64_t sv, E* __restrict__ dst, int64_t un, int64_t vn) {
+#if defined(__AVX__)
+  if (sizeof(E) == 4 && un == T && vn == T && T % 8 == 0) {
+    const float* s = reinterpret_cast<const float*>(src);
+    float* d = reinterpret_cast<float*>(dst);
+    for (int a = 0; a < T; a += 8) {
+      for (int b = 0; b < T; b += 8) {
+        __m256 r[8];
+        for (int k = 0; k < 8; ++k) r[k] = _mm256_loadu_ps(s + a + (b + k) * sv);
+        const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+        const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+        const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+        const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+        const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+        const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+        const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+        const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+        float* o = d + a * T + b;
+        _mm256_storeu_ps(o + 0 * T, _mm256_permute2f128_ps(u0, u4, 0x20));
+        _mm256_storeu_ps(o + 1 * T, _mm256_permute2f128_ps(u1, u5, 0x20));
+        _mm256_storeu_ps(o + 2 * T, _mm256_permute2f128_ps(u2, u6, 0x20));
+        _mm256_storeu_ps(o + 3 * T, _mm256_permute2f128_ps(u3, u7, 0x20));
+        _mm256_storeu_ps(o + 4 * T, _mm256_permute2f128_ps(u0, u4, 0x31));
+        _mm256_storeu_ps(o + 5 * T, _mm256_permute2f128_ps(u1, u5, 0x31));
+        _mm256_storeu_ps(o + 6 * T, _mm256_permute2f128_ps(u2, u6, 0x31));
+        _mm256_storeu_ps(o + 7 * T, _mm256_permute2f128_ps(u3, u7, 0x31));
+      }
+    }
+    return;
+  }
+#endif
+  for (int64_t r = 0; r < vn; ++r)
+    for (int64_t c = 0; c < un; ++c) dst[c * T + r] = src[c + r * sv];
+}
 /* n, hidden from the optimizer: a loop over a constant number of columns is then not
  * unrolled whole (the row split's blocks: 64 float64 column moments 0.95 -> 0.65 ms). */
 inline int64_t opaque(int64_t n) {
