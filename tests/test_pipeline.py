@@ -746,7 +746,7 @@ def test_streaming_stores_only_for_large_memory_bound_stores(monkeypatch):
     t = [(aten.t.default, (("x", 0),), {}, 1), (aten.mul.Tensor, (("o", 0), ("c", 2.0)), {}, 1)]
     tmeta = [((1000, 64), (1, 1000), torch.float32), ((1000, 64), (64, 1), torch.float32)]
     src = _kernel_source(t, [x], tmeta, (1,))  # reads x down a stride, writes contiguously:
-    assert "stream_store" not in src and "_b += 8" in src  # in tiles (_plan_tile), plain stores
+    assert "stream_store" not in src and "_b += 64" in src  # in tiles (_plan_tile), plain stores
     monkeypatch.setattr(cpp, "STREAM_MIN_BYTES", 1 << 40)
     assert "stream_store" not in _kernel_source(add, [x, b], meta, (0,))
 
