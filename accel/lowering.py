@@ -228,7 +228,7 @@ def _lower(gm, ext, outs, scalar_types, writes: str) -> LoopIR:
             if order is None or any(free_vars(e) - set(nest.vars) for e in exprs if e.op == "reduce"):
                 continue  # reductions that cannot all be hoisted, or one inside another's loop
             reds = [e for e in exprs if e.op == "reduce"]
-            if any(_transposing(st, reds, lw.sizes) for st in trial):
+            if any(_transposing(st, reds, lw.sizes, not buffers[st.buf].scratch) for st in trial):
                 continue  # a loop along a store's contiguous dim outside another of its loops
             nest.vars, nest.stores = order, trial
             if not nest.stores[:-1]:
@@ -345,11 +345,11 @@ def _conflicting(lw: _Lowerer, job) -> List[fx.Node]:
         most = max((free_vars(r) for r in reds), key=len, default=frozenset())
         nested = {r for r in reds if not free_vars(r) <= most}
     if not nested and store is not None:
-        nested = set(_transposing(store, reds, lw.sizes))
+        nested = set(_transposing(store, reds, lw.sizes, not job[2].scratch))
     return _not_in_memory(lw, nested)
 
 
-def _transposing(store: Store, reds: Sequence[Expr], sizes) -> List[Expr]:
+def _transposing(store: Store, reds: Sequence[Expr], sizes, across: bool = True) -> List[Expr]:
     """The reductions among ``reds`` whose hoisting (their free variables' loops outermost)
     would leave ``store``'s innermost loops walking fewer than :data:`CONTIGUOUS_RUN`
     contiguous elements, where its memory order walks more: ``x / x.sum(0, keepdim=True)``
@@ -359,7 +359,11 @@ def _transposing(store: Store, reds: Sequence[Expr], sizes) -> List[Expr]:
     CUDA thread, walking a column); with such a reduction stored to memory first (a column
     reduction's own nest, vectorized across the columns), the store's nest runs in its
     memory order. (A contiguous batch norm's channels outside N walk H * W elements a
-    step: one nest, each channel's statistics and outputs while it is in cache.)"""
+    step: one nest, each channel's statistics and outputs while it is in cache.) With
+    ``across``, also the reductions that read across rows (:func:`_reads_across`); not
+    for a reduction's own scratch store, the nest of its own that the rule sends it to
+    (it would never fit anywhere: a LayerNorm backward's column sum over a batch, reading
+    the rows' sums from memory across the batch, recursed until Python's limit)."""
     terms = sorted(((abs(c), v) for v, c in store.addr.terms if sizes[v] > 1), reverse=True)
 
     def run(order) -> int:  # contiguous elements the innermost loops of ``order`` walk
@@ -376,7 +380,7 @@ def _transposing(store: Store, reds: Sequence[Expr], sizes) -> List[Expr]:
     for r in reds:
         free = free_vars(r)
         hoisted = [t for t in terms if t[1] in free] + [t for t in terms if t[1] not in free]
-        if run(hoisted) < min(CONTIGUOUS_RUN, best) or _reads_across(r, free - {inner}):
+        if run(hoisted) < min(CONTIGUOUS_RUN, best) or (across and _reads_across(r, free - {inner})):
             out.append(r)
     return out
 

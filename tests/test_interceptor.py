@@ -1514,6 +1514,31 @@ def test_out_resized_warns_at_the_call():
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_column_sum_over_rows_statistics_runs_as_a_kernel(device, fresh_store):
+    """A sum over a batch of values that use each row's sum (a LayerNorm backward's input
+    gradient plus the residual's, summed over the batch, in the demo's GPT-2 step): the
+    rows' sums go to memory first, and the batch sum, which reads them across the batch
+    (a stride of 128 a step, contiguous along the rows), then goes to a nest of its own.
+    The rule that sends such a reduction there kept rejecting that nest too (recursing
+    until Python's limit: the region ran eagerly)."""
+    g = torch.Generator().manual_seed(0)
+    x = (torch.rand(8, 128, 256, generator=g) + 0.5).to(device)
+    z = torch.rand(8, 128, 256, generator=g).to(device)
+
+    def f():
+        s = x.sum(-1, keepdim=True)
+        return (z + x * s).sum(0), s
+
+    accel.reset_stats()
+    with accel.eager():
+        got = f()
+    for a, b in zip(got, f()):
+        close(a, b)
+    st = accel.stats()
+    assert st["compile_failures"] == 0 and st["eager_replays"] == 0 and st["kernel_runs"] >= 1, st
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64, torch.float16])
 def test_transposed_reads_match_eager(device, dtype):
     """Regions reading a tensor across the rows they write (tiled nests on the CPU, float32's
