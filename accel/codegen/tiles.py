@@ -68,14 +68,13 @@ class TiledLoops:
         over the tile. Where every transposed load holds 4-byte values,
         :meth:`_emit_transposed_tile` instead."""
         u, v = self.tile
-        inner = self.nest_scopes[j + 2]
+        us, inner = self.nest_scopes[j + 1], self.nest_scopes[j + 2]
         loads = [x for k, x in inner.items if k == "expr" and x.op == "load"
                  and x.args[1].coeff(u) == 1 and abs(x.args[1].coeff(v)) >= TILE]
         if all(self.ir.buffers[x.args[0]].dtype in TRANSPOSED_TYPES for x in loads):
             self._emit_transposed_tile(j, out, ind, loads, parallel)
             return
         U, V = self.ir.sizes[u], self.ir.sizes[v]
-        us, inner = self.nest_scopes[j + 1], self.nest_scopes[j + 2]
         b = f"i{u}_b"
         if parallel:
             out.append(f"{ind}#pragma omp parallel for schedule(static)")
