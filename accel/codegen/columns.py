@@ -43,6 +43,13 @@ def _pairwise(xs: List[str], pair: str) -> str:
     return xs[0]
 
 
+def _share(rows: int, nt: str):
+    """The first of thread ``t``'s rows of ``rows`` split among ``nt`` threads (C++
+    expressions): ``rows * t / nt``, the same formula for a thread's loop and for the
+    merge's counts."""
+    return lambda t: f"{rows} * {t} / {nt}"
+
+
 def vertical_block(n: int, threads: int) -> int:
     """Results per block of a column reduction over ``n`` results on ``threads`` threads
     (see :data:`VBLOCK_MAX`)."""
@@ -183,8 +190,8 @@ class ColumnLoops:
         lo, hi = "0", str(self.ir.sizes[rv[0]])
         if shared is not None:  # this thread's rows of the outermost reduction loop
             lo, hi = f"{tag}_lo", f"{tag}_hi"
-            out.append(f"{ind}const int64_t {lo} = {self.ir.sizes[rv[0]]} * {b}_t / {b}_nt, "
-                       f"{hi} = {self.ir.sizes[rv[0]]} * ({b}_t + 1) / {b}_nt;")
+            share = _share(self.ir.sizes[rv[0]], f"{b}_nt")
+            out.append(f"{ind}const int64_t {lo} = {share(f'{b}_t')}, {hi} = {share(f'({b}_t + 1)')};")
         if kind in ARG:
             init, better = ARG[kind]
             bodies = g.members[0].args[1]
@@ -237,9 +244,9 @@ class ColumnLoops:
                                   f"{sm}[{b}_k] = {sh}[{b}_k] + m; {sq}[{b}_k] = q > 0 ? q : {t}(0); }}")
                 else:  # over no values: a NaN mean (0 / 0, as eager), no deviations
                     finish.append(f"{sm}[{b}_k] = {t}(NAN); {sq}[{b}_k] = 0;")
-                rows0 = self.ir.sizes[rv[0]]
-                merges.append((((sm, t), (sq, t)), lambda r, p, t=t, rows0=rows0, rest=rest: (
-                    f"{{ const {t} nb = {t}(({rows0} * (u + 1) / {b}_nt - {rows0} * u / {b}_nt) * {rest}); "
+                share = _share(self.ir.sizes[rv[0]], f"{b}_nt")  # thread u's rows: as its lo, hi
+                merges.append((((sm, t), (sq, t)), lambda r, p, t=t, share=share, rest=rest: (
+                    f"{{ const {t} nb = {t}(({share('(u + 1)')} - {share('u')}) * {rest}); "
                     f"if (nb > 0 && na == 0) {{ {r[0]} = {p[0]}; {r[1]} = {p[1]}; na = nb; }} "
                     f"else if (nb > 0) {{ const {t} d = {p[0]} - {r[0]}, n = na + nb; "
                     f"{r[0]} += d * (nb / n); {r[1]} += {p[1]} + d * d * (na / n * nb); na = n; }} }}"),

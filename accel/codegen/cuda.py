@@ -33,11 +33,12 @@ from ..loop_ir import Expr, LoopIR, Nest, free_vars
 from ..ops import HALF
 from . import CodegenError
 from .cpp import CppRenderer
+from .cuda_tiles import TransposeTiles
 from .cuda_shapes import (BLOCK, BLOCK_UNROLL, BLOCK_VEC_UNROLL, COL_BLOCKS, COL_MIN_ROWS,
                           COL_ROWS, COL_SPLIT_TYPES, COL_TILE, GRID_MIN, ILP, MAX_GRID,
                           MOMENTS_HALF_BLOCK_BYTES, MOMENTS_HALF_BLOCK_THREADS, ROW_ELEMS,
                           ROW_ELEMS_MOMENTS, ROW_HALF_SCALE, ROW_REGISTERS, ROW_REGISTERS_32,
-                          ROW_THREADS, TRANSPOSE_ROWS, TRANSPOSE_TILE, VEC, VEC16, VEC_ILP, VEC_TYPES)
+                          ROW_THREADS, VEC, VEC16, VEC_ILP, VEC_TYPES)
 from .scopes import ARG, SIMPLE, Group, Scope, subst
 
 
@@ -53,7 +54,7 @@ _COMBINE = {"sum": "accel::Sum()", "prod": "accel::Prod()", "amax": "accel::Max(
 _COLUMN_KINDS = frozenset({*SIMPLE, *ARG, "welford"})
 
 
-class CudaRenderer(CppRenderer):
+class CudaRenderer(TransposeTiles, CppRenderer):
     """Renders a :class:`LoopIR` as CUDA C++ for ``nvcc -cubin``: the kernels, and their
     launch plan in :attr:`launches` (see :meth:`render`)."""
 
@@ -73,7 +74,6 @@ class CudaRenderer(CppRenderer):
     row_vec = frozenset()  # a row kernel's vector variant: the buffers moved as vectors
     vec_stores: Dict[int, str] = {}
     tile_vars: tuple = ()  # the loops a thread mode tile's threads take an element of each
-    transposing = False  # the nest being rendered runs in transposing tiles
 
     def render(self, ir: LoopIR, name: str) -> str:
         """The module's source: one ``extern "C" __global__`` kernel per nest (and its
@@ -579,71 +579,6 @@ class CudaRenderer(CppRenderer):
         if upto < len(order) and any(s.items for s in self.nest_scopes[upto + 1:]):
             self._inner_loop(order[upto:], upto, out, ind + "      ")
         out += [f"{ind}    }}", f"{ind}  }}", f"{ind}}}"]
-
-    def _plan_transpose(self, order) -> List[Expr]:
-        """An elementwise nest whose innermost loop ``v`` writes every store contiguously
-        and reads an input across rows (a stride of at least :data:`TRANSPOSE_TILE` along
-        ``v``), contiguous along the loop around it, ``u`` (``x.t() + y``,
-        ``x.t().contiguous()``, a channels-last input's contiguous output): those loads,
-        for :meth:`_transpose_tiles`. Empty for any other nest."""
-        if len(order) < 2 or any(k == "store" for sc in self.nest_scopes[:-1] for k, _ in sc.items):
-            return []
-        u, v = order[-2:]
-        if min(self.ir.sizes[u], self.ir.sizes[v]) < TRANSPOSE_TILE:
-            return []
-        inner = self.nest_scopes[-1]
-        if any(k == "store" and x.addr.coeff(v) != 1 for k, x in inner.items):
-            return []
-        return [x for k, x in inner.items if k == "expr" and x.op == "load" and x.args[1].coeff(u) == 1
-                and abs(x.args[1].coeff(v)) >= TRANSPOSE_TILE]
-
-    def _transpose_tiles(self, order, loads: List[Expr], out: List[str]):
-        """The nest of :meth:`_plan_transpose` in tiles of :data:`TRANSPOSE_TILE` values of
-        its last two loops ``u, v``, a block of 32 x :data:`TRANSPOSE_ROWS` threads a tile
-        (the shared-memory transpose of NVIDIA's "An Efficient Matrix Transpose in CUDA
-        C/C++"): the threads read each transposed load's tile along ``u`` into shared
-        memory (coalesced), then compute the tile's values along ``v`` with those loads
-        read from it, and store them (coalesced). A row of the shared tile is one element
-        longer than the tile, so that a column's elements are in distinct banks. Returns
-        the body, the grid and the block."""
-        u, v = order[-2:]
-        U, V, T, R = self.ir.sizes[u], self.ir.sizes[v], TRANSPOSE_TILE, TRANSPOSE_ROWS
-        nu, nv = -(-U // T), -(-V // T)
-        tiles = self._size(order[:-2]) * nu * nv
-        self.transposing = True
-        f = f"f{self.ntemp}"
-        self.ntemp += 1
-        out += [f"  __shared__ {self.ctype(x.dtype)} tp{k}[{T}][{T + 1}];" for k, x in enumerate(loads)]
-        out.append(f"  for (int64_t {f} = blockIdx.x; {f} < {tiles}; {f} += gridDim.x) {{")
-        out.append(f"    const int64_t {f}_v = ({f} % {nv}) * {T}, {f}_u = ({f} / {nv} % {nu}) * {T};")
-        if order[:-2]:
-            self._decompose(f"({f} / {nu * nv})", order[:-2], out, "    ")
-
-        def tile_loop(iu, iv, body):  # element (x, y) of the tile: x = threadIdx.x + c
-            out.append("    #pragma unroll")
-            out.append(f"    for (int r = 0; r < {T}; r += {R}) {{")
-            out.append("      #pragma unroll")
-            out.append(f"      for (int c = 0; c < {T}; c += 32) {{")
-            out.append(f"        const int64_t i{u} = {f}_u + {iu}, i{v} = {f}_v + {iv};")
-            out.append(f"        if (i{u} < {U} && i{v} < {V}) {{")
-            out.extend(body() + ["        }", "      }", "    }"])
-
-        tile_loop("threadIdx.x + c", "threadIdx.y + r",
-                  lambda: [f"          tp{k}[threadIdx.y + r][threadIdx.x + c] = b{x.args[0]}[{self._addr(x.args[1])}];"
-                           for k, x in enumerate(loads)])
-        out.append("    __syncthreads();")
-        self.tiled = {x: f"tp{k}[threadIdx.x + c][threadIdx.y + r]" for k, x in enumerate(loads)}
-
-        def values():
-            lines: List[str] = []
-            for sc in self.nest_scopes:
-                self._emit_items(sc, lines, "          ")
-            return lines
-        tile_loop("threadIdx.y + r", "threadIdx.x + c", values)
-        self.tiled = {}
-        out.append("    __syncthreads();")
-        out.append("  }")
-        return out, min(tiles, MAX_GRID), (32, R)
 
     def _thread_loop(self, n: int, open_lines: List[str], ind: str) -> str:
         """Open a loop of this thread's share of ``n`` iterations (block mode: threadIdx.x,

@@ -74,7 +74,7 @@ COL_MIN_ROWS = 16
 COL_SPLIT_TYPES = (torch.float64, torch.float32, torch.int64, torch.int32)
 #: most blocks in a grid (grid-stride loops cover the rest).
 MAX_GRID = 65535
-#: a transposing elementwise nest's tiles (:meth:`accel.codegen.cuda.CudaRenderer._transpose_tiles`):
+#: a transposing elementwise nest's tiles (:meth:`accel.codegen.cuda_tiles.TransposeTiles._transpose_tiles`):
 #: TRANSPOSE_TILE x TRANSPOSE_TILE values, a block of 32 x TRANSPOSE_ROWS threads. H200, kernel
 #: µs of ``x.t() + y`` / ``x.t().contiguous()`` / ``x.t().softmax(-1)`` ([16384, 4096]
 #: float32) with tiles of 32 and 8 rows: 195 / 143 / 356; 64 and 8: 207 / 160 / 339; 64 and

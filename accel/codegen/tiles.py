@@ -33,6 +33,18 @@ TRANSPOSED_TYPES = (torch.float32, torch.int32)
 EXPAND_MAX = 256
 
 
+def transposed_loads(scope, u: int, v: int, stride: int) -> list:
+    """The loads of a nest's innermost scope that a transposing tile reads through its
+    stack array (CPU) or shared memory (CUDA): contiguous along ``u``, at least ``stride``
+    apart along ``v``; none where a store of the scope does not walk ``v`` contiguously."""
+    if any(k == "store" and x.addr.coeff(v) != 1 for k, x in scope.items):
+        return []
+    if not any(k == "store" for k, _ in scope.items):
+        return []
+    return [x for k, x in scope.items if k == "expr" and x.op == "load"
+            and x.args[1].coeff(u) == 1 and abs(x.args[1].coeff(v)) >= stride]
+
+
 class TiledLoops:
     """:class:`accel.codegen.cpp.CppRenderer`'s nests with an outer loop's values in stack
     arrays."""
@@ -41,10 +53,10 @@ class TiledLoops:
         """A pointwise nest whose innermost loop ``v`` writes its stores contiguously but
         reads an input across rows (a stride of at least :data:`TILE`), contiguous along the
         loop around it, ``u`` (``x.t() + y``, ``x.t().contiguous()``, a softmax's output
-        over a transposed input): ``(u, v)``, for :meth:`_emit_tile`'s tiles of
-        :data:`TILE` values of ``u`` at each ``v`` (each read a run of ``u``'s contiguous
-        values, each write one of :data:`TILE` rows' lines, all in the cache while the
-        tile's ``v`` loop runs). None for any other nest."""
+        over a transposed input): ``(u, v, loads)``, the loads :func:`transposed_loads`,
+        for :meth:`_emit_tile`'s tiles of :data:`TILE` values of ``u`` at each ``v`` (each
+        read a run of ``u``'s contiguous values, each write one of :data:`TILE` rows'
+        lines, all in the cache while the tile's ``v`` loop runs). None for any other nest."""
         if len(order) < 2 or self.row_cache or self.narrowed:
             return None
         if any(k not in ("expr", "store") for sc in scopes for k, _ in sc.items):
@@ -52,14 +64,8 @@ class TiledLoops:
         u, v = order[-2:]
         if self.ir.sizes[u] < TILE or self.ir.sizes[v] < TILE:
             return None
-        inner = scopes[-1]
-        stores = [x for k, x in inner.items if k == "store"]
-        if not stores or any(st.addr.coeff(v) != 1 for st in stores):
-            return None
-        if not any(k == "expr" and x.op == "load" and x.args[1].coeff(u) == 1 and abs(x.args[1].coeff(v)) >= TILE
-                   for k, x in inner.items):
-            return None
-        return u, v
+        loads = transposed_loads(scopes[-1], u, v, TILE)
+        return (u, v, loads) if loads else None
 
     def _emit_tile(self, j: int, out: List[str], ind: str, nest: Nest, parallel: bool) -> None:
         """The loops ``u, v`` of :meth:`_plan_tile` (``nest.vars[j:]``) as tiles of
@@ -67,12 +73,10 @@ class TiledLoops:
         the tile (values into stack arrays), then ``v``'s loop around a vectorized loop
         over the tile. Where every transposed load holds 4-byte values,
         :meth:`_emit_transposed_tile` instead."""
-        u, v = self.tile
+        u, v, loads = self.tile
         us, inner = self.nest_scopes[j + 1], self.nest_scopes[j + 2]
-        loads = [x for k, x in inner.items if k == "expr" and x.op == "load"
-                 and x.args[1].coeff(u) == 1 and abs(x.args[1].coeff(v)) >= TILE]
         if all(self.ir.buffers[x.args[0]].dtype in TRANSPOSED_TYPES for x in loads):
-            self._emit_transposed_tile(j, out, ind, loads, parallel)
+            self._emit_transposed_tile(j, out, ind, parallel)
             return
         U, V = self.ir.sizes[u], self.ir.sizes[v]
         b = f"i{u}_b"
@@ -96,13 +100,13 @@ class TiledLoops:
         self._emit_items(inner, out, ind2 + "    ")
         out += [f"{ind2}  }}", f"{ind2}}}", f"{ind}}}"]
 
-    def _emit_transposed_tile(self, j: int, out: List[str], ind: str, loads: list, parallel: bool) -> None:
+    def _emit_transposed_tile(self, j: int, out: List[str], ind: str, parallel: bool) -> None:
         """The loops ``u, v`` of :meth:`_plan_tile` in tiles of :data:`TRANSPOSED_TILE`
         values of each: each transposed load's tile into a stack array, transposed
         (``accel::transpose_tile``: 8 x 8 blocks through AVX registers), then for each ``u``
         of the tile its values and a vectorized loop along ``v`` that reads the loads'
         tiles contiguously and writes the output's row."""
-        u, v = self.tile
+        u, v, loads = self.tile
         U, V, T = self.ir.sizes[u], self.ir.sizes[v], TRANSPOSED_TILE
         us, inner = self.nest_scopes[j + 1], self.nest_scopes[j + 2]
         b, c = f"i{u}_b", f"i{v}_b"
