@@ -356,19 +356,22 @@ def device_workloads_args(doc: str):
     """The command line of a script timing memory-bound workloads on one device
     (``[cpu|cuda] [--runs N]``), parsed, with accel intercepting every call
     (:func:`intercept_every_step`) and the machine printed. Returns (device, shape:
-    [8192, 1024] on the CPU and [16384, 4096] on a GPU, a synchronize for the device, runs)."""
+    [8192, 1024] on the CPU and [16384, 4096] on a GPU, a synchronize for the device, runs,
+    a test of a workload's name: ``--only a,b`` keeps those)."""
     import argparse
 
     ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("device", nargs="?", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--runs", type=int, default=30)
+    ap.add_argument("--only", default="", help="comma-separated workload names")
     args = ap.parse_args()
     intercept_every_step()
     dev = args.device
     shape = (16384, 4096) if dev == "cuda" else (8192, 1024)
     sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
+    only = set(filter(None, args.only.split(",")))
     print(machine())
-    return dev, shape, sync, args.runs
+    return dev, shape, sync, args.runs, lambda name: not only or name in only
 
 
 def run_as(kind: str, f, args, sync):

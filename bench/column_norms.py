@@ -46,7 +46,7 @@ def colmean(x):
 
 
 def main() -> None:
-    dev, shape, sync, runs = device_workloads_args(__doc__)
+    dev, shape, sync, runs, wanted = device_workloads_args(__doc__)
     g = torch.Generator().manual_seed(0)
     x = (torch.rand(*shape, generator=g) * 4 + 1).to(dev)
     bn = torch.nn.BatchNorm1d(shape[1]).to(dev)
@@ -54,6 +54,8 @@ def main() -> None:
                  "batchnorm1d": [copy.deepcopy(bn) for _ in range(3)], "colmean": [colmean] * 3}
     rows = []
     for name, (fe, fa, fc) in workloads.items():
+        if not wanted(name):
+            continue
         compiled = torch.compile(fc)
 
         def call(kind, f):

@@ -43,9 +43,11 @@ WORKLOADS = {"router": (router, 1), "scores": (scores, 1), "pooled": (pooled, 2)
 
 
 def main() -> None:
-    dev, shape, sync, runs = device_workloads_args(__doc__)
+    dev, shape, sync, runs, wanted = device_workloads_args(__doc__)
     rows = []
     for name, (fn, n_in) in WORKLOADS.items():
+        if not wanted(name):
+            continue
         g = torch.Generator().manual_seed(0)
         base = [(torch.rand(*shape, generator=g) + 0.1).to(dev) for _ in range(n_in)]
         bufs = {k: [b.clone() for b in base] for k in ("eager", "accel", "compile")}

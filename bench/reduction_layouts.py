@@ -2,7 +2,7 @@
 (median ms per call, interleaved, results checked; where eager's float32 result is off the
 float64 one, that is the oracle).
 
-    python bench/reduction_layouts.py [cpu|cuda] [--runs N]
+    python bench/reduction_layouts.py [cpu|cuda] [--runs N] [--only a,b]
 
 Workloads (float32; CPU sizes, GPU ones in brackets):
 
@@ -21,7 +21,11 @@ Workloads (float32; CPU sizes, GPU ones in brackets):
   fifty-second round, the threads' partials merged after;
 - ``t_add``, ``t_contiguous``, ``t_softmax``: ``x.t() + y``, ``x.t().contiguous()``,
   ``x.t().softmax(-1)``: reads across the rows written, in tiles of 8 rows on the CPU
-  (fifty-first round), through 32 x 32 shared-memory tiles on a GPU (fifty-second).
+  (fifty-first round), through 32 x 32 shared-memory tiles on a GPU (fifty-second);
+- ``softmax_t_add``, ``groupnorm_cl_contig``: ``x.softmax(-1) + y.t()`` and the
+  channels-last GroupNorm's output made contiguous: a reduction's epilogue reading across
+  the rows it writes; the reductions go to memory first, the epilogue's nest is tiled
+  (fifty-third round).
 """
 import os
 import sys
@@ -34,7 +38,7 @@ from _common import KERNELS_HEAD, compare_kernels, device_workloads_args, run_as
 
 
 def main() -> None:
-    dev, shape, sync, runs = device_workloads_args(__doc__)
+    dev, shape, sync, runs, wanted = device_workloads_args(__doc__)
     big = dev == "cuda"
     g = torch.Generator().manual_seed(0)
     x = (torch.rand(*shape, generator=g) * 4 + 1).to(dev)
@@ -56,10 +60,14 @@ def main() -> None:
         "t_add": (lambda t: t.t() + y, x, None),
         "t_contiguous": (lambda t: t.t().contiguous(), x, None),
         "t_softmax": (lambda t: t.t().softmax(-1), x, lambda: x.double().t().softmax(-1)),
+        "softmax_t_add": (lambda t: t.softmax(-1) + y.t(), x, None),
+        "groupnorm_cl_contig": (lambda t: gn(t).contiguous(), img_cl, lambda: gn64(img_cl.double()).contiguous()),
     }
     rows = []
     with torch.no_grad():
         for name, (f, t, exact) in workloads.items():
+            if not wanted(name):
+                continue
             compiled = torch.compile(f)
 
             def call(kind, fn, t=t):

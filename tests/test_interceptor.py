@@ -1539,6 +1539,37 @@ def test_column_sum_over_rows_statistics_runs_as_a_kernel(device, fresh_store):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_reductions_with_epilogues_reading_across_rows_match_eager(device, dtype, fresh_store):
+    """A reduction whose epilogue reads another tensor across the rows it writes: the
+    reductions go to memory first and the epilogue's nest is tiled
+    (``accel.lowering._reads_across_rows``): a softmax, a centering and a full sum with a
+    transposed addend, and a channels-last group norm written contiguous (as torch 2.11's
+    CUDA group norm returns it), its groups of 12 channels tiles of 8 and a tail (against
+    float64's: eager's channels-last group norm on the CPU is itself 2e-5 off)."""
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(70, 150, generator=g) * 3).to(dtype).to(device)
+    y = torch.randn(150, 70, generator=g).to(dtype).to(device)
+    img = (torch.rand(2, 96, 9, 10, generator=g) + 0.5).to(dtype).to(device)
+    img = img.contiguous(memory_format=torch.channels_last)
+    w, b = torch.rand(96, generator=g).to(dtype).to(device), torch.rand(96, generator=g).to(dtype).to(device)
+    fns = [lambda: x.softmax(-1) + y.t(), lambda: x - x.mean(-1, keepdim=True) + y.t(),
+           lambda: x.sum() * y.t()]
+    accel.reset_stats()
+    for fn in fns:
+        want = fn()
+        with accel.eager():
+            got = fn()
+        close(got, want)
+    with accel.eager():
+        got = torch.nn.functional.group_norm(img, 8, w, b).contiguous()
+    want = torch.nn.functional.group_norm(img.double(), 8, w.double(), b.double()).contiguous()
+    close(got, want.to(dtype))
+    st = accel.stats()
+    assert st["compile_failures"] == 0 and st["eager_replays"] == 0 and st["kernel_runs"] >= 4, st
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64, torch.float16])
 def test_transposed_reads_match_eager(device, dtype):
     """Regions reading a tensor across the rows they write (tiled nests on the CPU, float32's

@@ -81,3 +81,6 @@ MAX_GRID = 65535
 #: 16: 257 / 205 / 336; 32 and 4: 276 / 153 / 317 (torch.compile: 185 / 135 / 261)
 TRANSPOSE_TILE = 32
 TRANSPOSE_ROWS = 8
+#: the shortest contiguous run (``u``'s size) a transposing tile reads: a tile of 8 x 128
+#: values reads 32-byte sectors whole
+TRANSPOSE_MIN_RUN = 8

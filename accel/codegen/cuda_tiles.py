@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import List
 
 from ..loop_ir import Expr
-from .cuda_shapes import MAX_GRID, TRANSPOSE_ROWS, TRANSPOSE_TILE
+from .cuda_shapes import MAX_GRID, TRANSPOSE_MIN_RUN, TRANSPOSE_ROWS, TRANSPOSE_TILE
 from .tiles import transposed_loads
 
 
@@ -20,63 +20,70 @@ class TransposeTiles:
     transposing = False  # the nest being rendered runs in transposing tiles (no vector variant)
 
     def _plan_transpose(self, order) -> List[Expr]:
-        """An elementwise nest whose innermost loop ``v`` writes every store contiguously
-        and reads an input across rows (a stride of at least :data:`TRANSPOSE_TILE` along
-        ``v``), contiguous along the loop around it, ``u`` (``x.t() + y``,
-        ``x.t().contiguous()``, a channels-last input's contiguous output): those loads
-        (:func:`accel.codegen.tiles.transposed_loads`), for :meth:`_transpose_tiles`.
-        Empty for any other nest."""
-        if len(order) < 2 or any(k == "store" for sc in self.nest_scopes[:-1] for k, _ in sc.items):
+        """An elementwise nest whose innermost loop ``v`` writes every store of the
+        innermost scope contiguously and reads an input across rows (a stride of at least
+        :data:`TRANSPOSE_TILE` along ``v``), contiguous along the loop around it, ``u``, of at
+        least :data:`TRANSPOSE_MIN_RUN` values (``x.t() + y``, ``x.t().contiguous()``, a
+        channels-last input's contiguous output; a channels-last group norm's, whose group's
+        16 channels are ``u``): those loads (:func:`accel.codegen.tiles.transposed_loads`),
+        for :meth:`_transpose_tiles`. Empty for any other nest."""
+        if len(order) < 2:
             return []
         u, v = order[-2:]
-        if min(self.ir.sizes[u], self.ir.sizes[v]) < TRANSPOSE_TILE:
+        if self.ir.sizes[u] < TRANSPOSE_MIN_RUN or self.ir.sizes[v] < TRANSPOSE_TILE:
             return []
         return transposed_loads(self.nest_scopes[-1], u, v, TRANSPOSE_TILE)
 
     def _transpose_tiles(self, order, loads: List[Expr], out: List[str]):
-        """The nest of :meth:`_plan_transpose` in tiles of :data:`TRANSPOSE_TILE` values of
-        its last two loops ``u, v``, a block of 32 x :data:`TRANSPOSE_ROWS` threads a tile
-        (the shared-memory transpose of NVIDIA's "An Efficient Matrix Transpose in CUDA
-        C/C++"): the threads read each transposed load's tile along ``u`` into shared
-        memory (coalesced), then compute the tile's values along ``v`` with those loads
-        read from it, and store them (coalesced). A row of the shared tile is one element
-        longer than the tile, so that a column's elements are in distinct banks. Returns
-        the body, the grid and the block."""
+        """The nest of :meth:`_plan_transpose` in tiles of ``tu`` x ``tv`` values of its last
+        two loops ``u, v`` (``tu`` :data:`TRANSPOSE_TILE`, or less where ``u`` is shorter;
+        ``tu * tv`` the square of :data:`TRANSPOSE_TILE`), a block of 32 x
+        :data:`TRANSPOSE_ROWS` threads a tile (the shared-memory transpose of NVIDIA's "An
+        Efficient Matrix Transpose in CUDA C/C++"): the threads read each transposed load's
+        tile along ``u`` into shared memory (coalesced), then compute the tile's values along
+        ``v`` with those loads read from it, and store them (coalesced). A row of the shared
+        tile is one element longer than ``tu``, so that a column's elements are in distinct
+        banks. A store of an outer scope (a group norm's mean beside its output) is written
+        by the thread at 0 of the loops it does not depend on. Returns the body, the grid
+        and the block."""
         u, v = order[-2:]
-        U, V, T, R = self.ir.sizes[u], self.ir.sizes[v], TRANSPOSE_TILE, TRANSPOSE_ROWS
-        nu, nv = -(-U // T), -(-V // T)
+        U, V, T = self.ir.sizes[u], self.ir.sizes[v], TRANSPOSE_TILE
+        tu = T if U >= T else 1 << (U.bit_length() - 1)
+        tv, threads = T * T // tu, 32 * TRANSPOSE_ROWS
+        nu, nv = -(-U // tu), -(-V // tv)
         tiles = self._size(order[:-2]) * nu * nv
         self.transposing = True
         f = f"f{self.ntemp}"
         self.ntemp += 1
-        out += [f"  __shared__ {self.ctype(x.dtype)} tp{k}[{T}][{T + 1}];" for k, x in enumerate(loads)]
+        out += [f"  __shared__ {self.ctype(x.dtype)} tp{k}[{tv}][{tu + 1}];" for k, x in enumerate(loads)]
         out.append(f"  for (int64_t {f} = blockIdx.x; {f} < {tiles}; {f} += gridDim.x) {{")
-        out.append(f"    const int64_t {f}_v = ({f} % {nv}) * {T}, {f}_u = ({f} / {nv} % {nu}) * {T};")
+        out.append(f"    const int64_t {f}_v = ({f} % {nv}) * {tv}, {f}_u = ({f} / {nv} % {nu}) * {tu};")
         if order[:-2]:
             self._decompose(f"({f} / {nu * nv})", order[:-2], out, "    ")
 
-        def tile_loop(iu, iv, body):  # element (x, y) of the tile: x = threadIdx.x + c
+        def tile_loop(ku, kv, body):  # the tile's element (ku, kv) of e, a thread's k-th
             out.append("    #pragma unroll")
-            out.append(f"    for (int r = 0; r < {T}; r += {R}) {{")
-            out.append("      #pragma unroll")
-            out.append(f"      for (int c = 0; c < {T}; c += 32) {{")
-            out.append(f"        const int64_t i{u} = {f}_u + {iu}, i{v} = {f}_v + {iv};")
-            out.append(f"        if (i{u} < {U} && i{v} < {V}) {{")
-            out.extend(body() + ["        }", "      }", "    }"])
+            out.append(f"    for (int k = 0; k < {tu * tv // threads}; ++k) {{")
+            out.append(f"      const int e = threadIdx.x + k * {threads}, ku = {ku}, kv = {kv};")
+            out.append(f"      const int64_t i{u} = {f}_u + ku, i{v} = {f}_v + kv;")
+            out.append(f"      if (i{u} < {U} && i{v} < {V}) {{")
+            out.extend(body() + ["      }", "    }"])
 
-        tile_loop("threadIdx.x + c", "threadIdx.y + r",
-                  lambda: [f"          tp{k}[threadIdx.y + r][threadIdx.x + c] = b{x.args[0]}[{self._addr(x.args[1])}];"
+        tile_loop(f"e % {tu}", f"e / {tu}",
+                  lambda: [f"        tp{k}[kv][ku] = b{x.args[0]}[{self._addr(x.args[1])}];"
                            for k, x in enumerate(loads)])
         out.append("    __syncthreads();")
-        self.tiled = {x: f"tp{k}[threadIdx.x + c][threadIdx.y + r]" for k, x in enumerate(loads)}
+        self.tiled = {x: f"tp{k}[kv][ku]" for k, x in enumerate(loads)}
 
         def values():
             lines: List[str] = []
+            self.tile_vars = tuple(order)
             for sc in self.nest_scopes:
-                self._emit_items(sc, lines, "          ")
+                self._emit_items(sc, lines, "        ")
+            self.tile_vars = ()
             return lines
-        tile_loop("threadIdx.y + r", "threadIdx.x + c", values)
+        tile_loop(f"e / {tv}", f"e % {tv}", values)
         self.tiled = {}
         out.append("    __syncthreads();")
         out.append("  }")
-        return out, min(tiles, MAX_GRID), (32, R)
+        return out, min(tiles, MAX_GRID), threads

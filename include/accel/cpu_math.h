@@ -32,20 +32,22 @@ struct Partials {
   Partials& operator=(const Partials&) = delete;
 };
 /* A transposing nest's tile (accel/codegen/tiles.py, TiledLoops._emit_transposed_tile):
- * dst[c * T + r] = src[c + r * sv] for c < un, r < vn. Full tiles of 4-byte values go as 8 x 8
- * blocks through AVX registers (eight 8-wide loads, the unpack / shuffle / lane-permute
- * transpose, eight stores: as Inductor's CPU transposes); the rest element by element. */
+ * dst[c * T + r] = src[c + r * sv] for c < un, r < vn. 4-byte values go as 8 x 8 blocks through
+ * AVX registers (eight 8-wide loads, the unpack / shuffle / lane-permute transpose, eight
+ * stores: as Inductor's CPU transposes), a partial tile's too (a channels-last group norm's
+ * 8 channels a group); the edges past a multiple of 8 element by element. */
 #if defined(__AVX__)
 #include <immintrin.h>
 #endif
 template <int T, class E>
 inline void transpose_tile(const E* __restrict__ src, int64_t sv, E* __restrict__ dst, int64_t un, int64_t vn) {
 #if defined(__AVX__)
-  if (sizeof(E) == 4 && un == T && vn == T && T % 8 == 0) {
+  if (sizeof(E) == 4 && T % 8 == 0) {
     const float* s = reinterpret_cast<const float*>(src);
     float* d = reinterpret_cast<float*>(dst);
-    for (int a = 0; a < T; a += 8) {
-      for (int b = 0; b < T; b += 8) {
+    const int64_t ua = un & ~int64_t(7), va = vn & ~int64_t(7);
+    for (int64_t a = 0; a < ua; a += 8) {
+      for (int64_t b = 0; b < va; b += 8) {
         __m256 r[8];
         for (int k = 0; k < 8; ++k) r[k] = _mm256_loadu_ps(s + a + (b + k) * sv);
         const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
@@ -67,6 +69,8 @@ inline void transpose_tile(const E* __restrict__ src, int64_t sv, E* __restrict_
         _mm256_storeu_ps(o + 7 * T, _mm256_permute2f128_ps(u3, u7, 0x31));
       }
     }
+    for (int64_t r = 0; r < vn; ++r)  // the edges: columns past ua, rows past va
+      for (int64_t c = r < va ? ua : 0; c < un; ++c) dst[c * T + r] = src[c + r * sv];
     return;
   }
 #endif
