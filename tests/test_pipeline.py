@@ -212,6 +212,24 @@ def test_lowering_loops_follow_the_outputs_memory_order():
             assert e.args[1].coeff(out.vars[-1]) == 1
 
 
+def test_channels_last_group_norm_output_loops_over_a_positions_channels():
+    """With weight and bias, each channel's scale and shift go to arrays once per image,
+    nothing is left to compute per group, and the output's nest runs one vectorized loop
+    over a position's 16 contiguous channels (the group loop held at 0), not 4 loops of
+    a group's 4 (``TiledLoops._fusable``)."""
+    x = torch.empty(2, 16, 5, 6).contiguous(memory_format=torch.channels_last)
+    cl = x.stride()
+    calls = [(aten.native_group_norm.default, (("x", 0), ("x", 1), ("x", 2), ("c", 2), ("c", 16),
+                                               ("c", 30), ("c", 4), ("c", 1e-5)), {}, 3)]
+    meta = [((2, 16, 5, 6), cl, torch.float32), ((2, 4), (4, 1), torch.float32),
+            ((2, 4), (4, 1), torch.float32)]
+    ir = _lowered(calls, [x, torch.empty(16), torch.empty(16)], meta, (0, 1, 2))
+    src = CppRenderer().render(ir, "accel_region_golden")
+    positions = src[src.rindex("for (int64_t i", 0, src.rindex("const int64_t i")):]
+    assert re.search(r"< 30; \+\+i\d+\) \{\s*\{\s*const int64_t (i\d+) = 0;(.|\n)*#pragma omp simd\s*"
+                     r"for \(int64_t i\d+ = 0; i\d+ < 16; \+\+i\d+\)", positions), src
+
+
 def test_channels_last_group_norm_loops_in_memory_order():
     """A channels-last [N, C, H, W] group norm (4 groups of 4 channels): a group's channels
     are 4 contiguous floats of every 16, so its statistics are taken per channel first (a

@@ -175,6 +175,8 @@ class CppRenderer(ColumnLoops, TiledLoops, CStyle):
                 self._plan_f16_rows(order[-1], scopes[-2], scopes[-1])
             self._plan_row_cache(order[-1], scopes[-2], scopes[-1])
         self.tile = self._plan_tile(order, scopes) if self.tile_transposes else None
+        self.extent: Dict[int, int] = {}  # loop -> its extent, where it runs fused (_fusable)
+        self.fused: Dict[int, int] = {}  # a loop held at 0 -> the loop inside it that runs for both
         if len(order) >= 3 and self.expand_invariants and self.tile is None:
             self._plan_expansion(order, scopes)
         self.streamed = self._plan_streams(nest) if self.stream_stores and self.tile is None else {}
@@ -503,9 +505,15 @@ class CppRenderer(ColumnLoops, TiledLoops, CStyle):
         if not any(s.items for s in self.nest_scopes[j + 1:]):
             return  # nothing left inside the remaining loops
         v = nest.vars[j]
-        n = self.ir.sizes[v]
+        n = self.extent.get(v, self.ir.sizes[v])
         innermost = j == len(nest.vars) - 1
         parallel = j == 0 and self._work(nest) >= PARALLEL_MIN and machine_threads() > 1
+        if v in self.fused:  # (TiledLoops._fusable) the loop inside runs for both
+            out.append(f"{ind}{{")
+            out.append(f"{ind}  const int64_t i{v} = 0;")
+            self._emit_nest(j + 1, out, ind + "  ", nest)
+            out.append(f"{ind}}}")
+            return
         if self.tile is not None and j == len(nest.vars) - 2:
             self._emit_tile(j, out, ind, nest, parallel)
             return
@@ -526,7 +534,7 @@ class CppRenderer(ColumnLoops, TiledLoops, CStyle):
 
     def _emit_loop(self, j, out, ind, nest, parallel, innermost, simd, par_pragma) -> None:
         v = nest.vars[j]
-        n = self.ir.sizes[v]
+        n = self.extent.get(v, self.ir.sizes[v])
         if parallel and simd and len(nest.vars) == 1 and n > CHUNK:
             chunks = -(-n // CHUNK)
             out.append(f"{ind}#pragma {par_pragma}")

@@ -171,6 +171,25 @@ class TiledLoops:
                 else:
                     self.dead.add((id(sc), x))
         scopes[-4].items.append(("expand", (g, v, at, cands, arrays, moved, gs, inner)))
+        if self._fusable(g, v, gs, inner):
+            self.extent[v] = sizes[g] * sizes[v]
+            self.fused[g] = v
+
+    def _fusable(self, g: int, v: int, gs, inner) -> bool:
+        """After :meth:`_plan_expansion`: whether the loops over ``g`` and ``v`` can run as one
+        loop over ``g * size(v) + v``, ``i{g}`` held at 0 (nothing left in ``g``'s scope, and
+        every address of ``v``'s a function of that combination): a channels-last group
+        norm's output then loops over the 64 channels of a position, not 8 groups of 8
+        (whole vectors and streaming-store blocks: its nest on the dev VM, [32, 64, 56, 56]
+        float32, 1.08 -> 0.62 ms)."""
+        n = self.ir.sizes[v]
+        if any(k != "expr" or (id(gs), x) not in self.dead for k, x in gs.items):
+            return False
+        addrs = [st.addr for k, st in inner.items if k == "store"]
+        addrs += [x.args[1] if x.op == "load" else x.args[0] for k, x in inner.items
+                  if k == "expr" and x.op in ("load", "index") and (id(inner), x) not in self.dead
+                  and (id(inner), x) not in self.cached]
+        return all(a.coeff(g) == n * a.coeff(v) for a in addrs)
 
     def _emit_expansion(self, g, v, at, cands, arrays, moved, gs, inner, out, ind) -> None:
         """The loops over ``g`` and ``v`` of :meth:`_plan_expansion`, filling its arrays
