@@ -187,9 +187,12 @@ def test_column_sums_with_row_operands_accumulate_a_vector_of_columns():
     assert block and 32 <= int(block.group(1)) <= 256, src
     inner = src[src.index("for (int64_t i"):]
     assert "256 * i" in inner and "#pragma omp simd" in inner
-    # four rows a step, added pairwise before they meet the accumulator
+    # four rows a step, their float32 values added pairwise, then widened to meet the
+    # float64 accumulator
     assert re.search(r"i(\d+)_s < (1024|a\d+_e); i\1_s \+= 4\)", src), src  # (its rows, when split)
-    assert re.search(r"(a\d+)_0\[v\d+_k\] \+= \(\(\1_x0_0 \+ \1_x0_1\) \+ \(\1_x0_2 \+ \1_x0_3\)\);", src), src
+    assert re.search(r"float (a\d+)_x0_0;", src), src
+    assert re.search(r"(a\d+)_0\[v\d+_k\] \+= static_cast<double>\(\(\(\1_x0_0 \+ \1_x0_1\) \+ "
+                     r"\(\1_x0_2 \+ \1_x0_3\)\)\);", src), src
     assert not re.search(r"for \(int64_t i\d+ = 1024;", src)  # no rows left over
 
 

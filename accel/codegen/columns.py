@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional
 
+import torch
+
+from ..loop_ir import Expr
 from . import machine_threads
 from .scopes import ARG, SIMPLE, Group, Scope
 
@@ -41,6 +44,18 @@ def _pairwise(xs: List[str], pair: str) -> str:
     while len(xs) > 1:
         xs = [pair.format(*xs[i:i + 2]) if i + 1 < len(xs) else xs[i] for i in range(0, len(xs), 2)]
     return xs[0]
+
+
+def _widened_f32(x) -> bool:
+    """``x`` is a float32 value widened to float64 (a float32 sum's accumulated value): the
+    :data:`VROWS` rows of a step are then summed in float32, pairwise, and that sum
+    widened and accumulated in float64. Each value meets at most two float32 additions
+    (an error of at most 2 ulp of the rows' magnitudes, below eager's own float32
+    accumulation), and a step converts one vector instead of four: the kernel of a float32
+    mean over the middle dim of [64, 512, 256] on the dev VM, 0.61-0.70 -> 0.46-0.60 ms
+    (eager's whole call 0.48-0.55)."""
+    return (x.op == "cast" and x.dtype == torch.float64 and isinstance(x.args[0], Expr)
+            and x.args[0].dtype == torch.float32)
 
 
 def _share(rows: int, nt: str):
@@ -213,9 +228,14 @@ class ColumnLoops:
                 out.append(f"{ind}{self.ctype(e.dtype)} {a}[{vb}];")
                 out.append(f"{ind}for (int64_t k = 0; k < {vb}; ++k) {a}[k] = {init};")
                 pair = _PAIR[SIMPLE[key[0]][2]]
-                accs.append((self._name(key[1][0], inner), self.ctype(e.dtype),
-                             lambda xs, a=a, k=key[0], pair=pair: SIMPLE[k][1].format(
-                                 a=f"{a}[{b}_k]", x=_pairwise(xs, pair))))
+                x = key[1][0]
+                if key[0] == "sum" and _widened_f32(x):  # the rows' float32 values paired first
+                    x, wide = x.args[0], f"static_cast<{self.ctype(e.dtype)}>({{}})"
+                else:
+                    wide = "{}"
+                accs.append((self._name(x, inner), self.ctype(x.dtype),
+                             lambda xs, a=a, k=key[0], pair=pair, wide=wide: SIMPLE[k][1].format(
+                                 a=f"{a}[{b}_k]", x=wide.format(_pairwise(xs, pair)))))
                 results.update({(*key, w): a for w in (0, 1)})
                 merges.append((((a, self.ctype(e.dtype)),),
                                lambda r, p, k=key[0]: SIMPLE[k][1].format(a=r[0], x=p[0])))
