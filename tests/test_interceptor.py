@@ -843,6 +843,38 @@ def test_column_reductions_with_rows_split_among_threads_match_eager(threads, fr
         torch.set_num_threads(before)
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_float32_sums_in_lanes_match_float64(threads, fresh_store):
+    """float32 sums along a contiguous loop: four runs of 8 values a step added pairwise in
+    float32, then widened into float64 lanes (``CppRenderer._lanes_sum``), each thread's
+    lanes its own for a whole-tensor sum, the last values of a row one at a time (1000 and
+    1003 are not multiples of 32): row sums and means with a prologue, a row sum of
+    float16 values, and whole-tensor sums, on 1, 2 and 3 OpenMP threads, against float64."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(64, 1000, generator=g) * 3
+        y = torch.randn(1 << 16, generator=g) + 0.25
+        z = torch.randn(3, 1003, generator=g)
+        h = (torch.randn(32, 1000, generator=g) * 5).half()
+        fns = [lambda t: t.sum(-1), lambda t: (t * 2 + 1).mean(-1, keepdim=True),
+               lambda t: t.sum(), lambda t: (t * t).sum()]
+        accel.reset_stats()
+        for t in (x, y, z):
+            for fn in fns:
+                with accel.eager():
+                    got = fn(t)
+                close(got, fn(t.double()).float())
+        with accel.eager():
+            got = h.sum(-1)
+        close(got, h.double().sum(-1).half())
+        st = accel.stats()
+        assert st["kernel_runs"] >= 13 and st["eager_replays"] == 0 and st["compile_failures"] == 0, st
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_argmax_of_a_channels_last_tensor_takes_the_first_in_logical_order(device, fresh_store):
     """Reductions loop their variables in memory order, but an argmax's loop order is its

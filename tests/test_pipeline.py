@@ -171,6 +171,19 @@ def test_codegen_golden_broadcast_chain():
         assert src == f.read(), "generated source changed; rerun with ACCEL_UPDATE_GOLDEN=1 and review the diff"
 
 
+def test_float32_row_sum_accumulates_float64_lanes():
+    """A float32 sum along the contiguous dim: eight float64 lanes, each step four runs of
+    eight values added pairwise in float32 and widened; the lanes then added pairwise;
+    the 1000th row's last 8 values one at a time."""
+    x = torch.empty(16, 1000)
+    src = _kernel_source([(aten.sum.dim_IntList, (("x", 0), ("c", (1,))), {}, 1)], [x],
+                         [((16,), (1,), torch.float32)], (0,))
+    assert re.search(r"double (a\d+_\d+)_l\[8\] = \{\};", src), src
+    assert re.search(r"(a\d+_\d+)_l\[l\d+_k\] \+= static_cast<double>\(\(\(\1_y0 \+ \1_y1\) \+ "
+                     r"\(\1_y2 \+ \1_y3\)\)\);", src), src
+    assert re.search(r"l\d+_c < 31;", src) and re.search(r"for \(int64_t i\d+ = 992; i\d+ < 1000;", src), src
+
+
 def test_column_sums_with_row_operands_accumulate_a_vector_of_columns():
     """LayerNorm backward's weight gradient, sum over rows of dy * (x - mean[row]) * rstd[row]:
     the per-row operands are the same along the columns, so the column sum still loops

@@ -18,7 +18,7 @@ import torch
 from ..loop_ir import Addr, Expr, LoopIR, Nest, Store, free_vars, walk
 from ..ops import HALF
 from . import FLOATS, CodegenError, CStyle, llc_bytes, machine_threads
-from .columns import ColumnLoops
+from .columns import ColumnLoops, _pairwise, _widened_f32
 from .tiles import TiledLoops
 from .scopes import ARG, BLOCKED, SIMPLE, Group, Scope, f16_round, int_round_trip, subst, trivial, two_pass_softmax
 
@@ -26,6 +26,11 @@ from .scopes import ARG, BLOCKED, SIMPLE, Group, Scope, f16_round, int_round_tri
 PARALLEL_MIN = 32768
 #: elements per OpenMP work item in a one-loop nest.
 CHUNK = 4096
+#: a float32 sum along a contiguous loop of at least LANES_MIN values adds LANES_ROWS runs of
+#: LANES float32 values pairwise, then widens them into LANES float64 accumulators
+#: (:meth:`CppRenderer._lanes_sum`): a C++ microbenchmark of row sums of [8192, 1024] on the
+#: dev VM, one thread, 1.64-1.71 -> 1.35-1.36 ms (rows in the cache: 2x)
+LANES, LANES_ROWS, LANES_MIN = 8, 4, 64
 #: elements per block of a blockwise reduction (welford, online_softmax). Each block's
 #: horizontal sums and merge are serial work; blocks of 64 spent [8192, 1024] bfloat16
 #: add + LayerNorm's time there (1.59 -> 1.43 ms; bench/README.md, 28th round).
@@ -626,6 +631,11 @@ class CppRenderer(ColumnLoops, TiledLoops, CStyle):
             # miscompiled one with a 64-bit sum and 16-bit conversions (test_opinfo_reductions)
             split = wide and len({mm for mm, _, _ in clauses}) == 2
             par = (not scope.bound and self._size(rv) >= PARALLEL_MIN and machine_threads() > 1)
+            if self._lanes(rv, g, accs):
+                sums = [(a, self._name(key[1][0].args[0], inner)) for key, a in accs.items()]
+                self._lanes_sum(rv[0], body_lines, sums, [u for _, u in updates], out, ind, par)
+                self._emit_items = _emit_items
+                return
             for part in ((False,), (True,)) if split else ((False, True),):
                 merged: Dict[str, List[str]] = {}
                 for mm, c, a in clauses:
@@ -662,6 +672,56 @@ class CppRenderer(ColumnLoops, TiledLoops, CStyle):
         else:
             raise CodegenError(f"no rendering for reduction {kind}")
         self._emit_items = _emit_items
+
+    def _lanes(self, rv, g: Group, accs) -> bool:
+        """Whether a group's plain reductions run as :meth:`_lanes_sum`: every one a sum of
+        widened float32 values (:func:`accel.codegen.columns._widened_f32`) over one loop of
+        at least :data:`LANES_MIN` values, which every load walks contiguously or not at all."""
+        if len(rv) != 1 or self.ir.sizes[rv[0]] < LANES_MIN:
+            return False
+        if not all(kind == "sum" and _widened_f32(bodies[0]) for kind, bodies in accs):
+            return False
+        return all(e.args[1].coeff(rv[0]) in (0, 1) for m in g.members for b in m.args[1]
+                   for e in walk(b, set(), into_reduce=False) if e.op == "load")
+
+    def _lanes_sum(self, r: int, body: List[str], sums, tail: List[str], out: List[str], ind: str,
+                   par: bool) -> None:
+        """The loop over ``r`` of float32 sums ``sums`` (float64 accumulator, float32 value
+        names) in steps of :data:`LANES_ROWS` x :data:`LANES` values: the values at ``k``,
+        ``k + LANES``, ... added pairwise in float32 (each value meets at most two float32
+        additions, as a column sum's rows, :func:`accel.codegen.columns._widened_f32`),
+        widened into accumulator lane ``k``: several float64 vectors a step instead of one
+        chain of additions a value, one conversion for four values. The lanes are then added
+        pairwise into the accumulator; the last values (``tail``: the plain updates) one at a
+        time. With ``par`` each OpenMP thread keeps lanes of its own over its share of the
+        steps, and the accumulators are the threads' reduction."""
+        n, w, u_n = self.ir.sizes[r], LANES, LANES_ROWS
+        step, t = w * u_n, f"l{self.ntemp}"
+        self.ntemp += 1
+        steps = n // step
+        lines = [f"float {a}_y{u};" for a, _ in sums for u in range(u_n)]
+        for u in range(u_n):
+            lines += ["{", f"  const int64_t i{r} = {t}_c * {step} + {t}_k + {u * w};"]
+            lines += [f"  {b}" for b in body] + [f"  {a}_y{u} = {x};" for a, x in sums] + ["}"]
+        lines += [f"{a}_l[{t}_k] += static_cast<double>({_pairwise([f'{a}_y{u}' for u in range(u_n)], '({} + {})')});"
+                  for a, _ in sums]
+        if par:
+            out.append(f"{ind}#pragma omp parallel reduction(+: {', '.join(a for a, _ in sums)})")
+        out.append(f"{ind}{{")
+        out += [f"{ind}  double {a}_l[{w}] = {{}};" for a, _ in sums]
+        if par:
+            out.append(f"{ind}  #pragma omp for schedule(static)")
+        out.append(f"{ind}  for (int64_t {t}_c = 0; {t}_c < {steps}; ++{t}_c) {{")
+        out.append(f"{ind}    #pragma omp simd")
+        out.append(f"{ind}    for (int64_t {t}_k = 0; {t}_k < {w}; ++{t}_k) {{")
+        out += [f"{ind}      {x}" for x in lines]
+        out += [f"{ind}    }}", f"{ind}  }}"]
+        out += [f"{ind}  {a} += {_pairwise([f'{a}_l[{k}]' for k in range(w)], '({} + {})')};" for a, _ in sums]
+        out.append(f"{ind}}}")
+        if n % step:
+            out.append(f"{ind}for (int64_t i{r} = {steps * step}; i{r} < {n}; ++i{r}) {{")
+            out += [f"{ind}  {x}" for x in body + tail]
+            out.append(f"{ind}}}")
 
     def _loops(self, rv, body, out, ind, simd_clause, par_clause) -> None:
         """Loops over ``rv`` (outermost first) around ``body``; the innermost one ``omp
