@@ -41,11 +41,12 @@ class TransposeTiles:
         :data:`TRANSPOSE_ROWS` threads a tile (the shared-memory transpose of NVIDIA's "An
         Efficient Matrix Transpose in CUDA C/C++"): the threads read each transposed load's
         tile along ``u`` into shared memory (coalesced; where ``tu`` is shorter than 32, a
-        warp reads ``32 / tu`` runs of ``tu`` values), then compute the tile's values along ``v`` with those loads read
-        from it, and store them (coalesced). A row of the shared tile is one element longer
-        than ``tu``, so that a column's elements are in distinct banks. A store of an outer
-        scope (a group norm's mean beside its output) is written by the thread at 0 of the
-        loops it does not depend on. Returns the body, the grid and the block."""
+        warp reads ``32 / tu`` runs of ``tu`` values), then compute the tile's values along
+        ``v`` with those loads read from it, and store them (coalesced). A row of the shared
+        tile is one element longer than ``tu``, so that a column's elements are in distinct
+        banks. A store of an outer scope (a group norm's mean beside its output) is written
+        by the thread at 0 of the loops it does not depend on. Returns the body, the grid and
+        the block."""
         u, v = order[-2:]
         U, V, T, R = self.ir.sizes[u], self.ir.sizes[v], TRANSPOSE_TILE, TRANSPOSE_ROWS
         tu = T if U >= T else 1 << (U.bit_length() - 1)
