@@ -703,7 +703,8 @@ class CppRenderer(ColumnLoops, TiledLoops, CStyle):
         for u in range(u_n):
             lines += ["{", f"  const int64_t i{r} = {t}_c * {step} + {t}_k + {u * w};"]
             lines += [f"  {b}" for b in body] + [f"  {a}_y{u} = {x};" for a, x in sums] + ["}"]
-        lines += [f"{a}_l[{t}_k] += static_cast<double>({_pairwise([f'{a}_y{u}' for u in range(u_n)], '({} + {})')});"
+        plus = "({} + {})"
+        lines += [f"{a}_l[{t}_k] += static_cast<double>({_pairwise([f'{a}_y{u}' for u in range(u_n)], plus)});"
                   for a, _ in sums]
         if par:
             out.append(f"{ind}#pragma omp parallel reduction(+: {', '.join(a for a, _ in sums)})")
@@ -716,7 +717,7 @@ class CppRenderer(ColumnLoops, TiledLoops, CStyle):
         out.append(f"{ind}    for (int64_t {t}_k = 0; {t}_k < {w}; ++{t}_k) {{")
         out += [f"{ind}      {x}" for x in lines]
         out += [f"{ind}    }}", f"{ind}  }}"]
-        out += [f"{ind}  {a} += {_pairwise([f'{a}_l[{k}]' for k in range(w)], '({} + {})')};" for a, _ in sums]
+        out += [f"{ind}  {a} += {_pairwise([f'{a}_l[{k}]' for k in range(w)], plus)};" for a, _ in sums]
         out.append(f"{ind}}}")
         if n % step:
             out.append(f"{ind}for (int64_t i{r} = {steps * step}; i{r} < {n}; ++i{r}) {{")
