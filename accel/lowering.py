@@ -396,9 +396,14 @@ def _reads_across_rows(value: Expr, inner: int) -> bool:
     the renderers tile it (:func:`accel.codegen.tiles.transposed_loads`): in one nest with
     them, a CUDA block a group read the group's channels one element a thread, 291 us of
     the H200's time on [64, 128, 64, 64], torch.compile 62."""
-    return any(e.op == "load" and abs(e.args[1].coeff(inner)) >= CONTIGUOUS_RUN
-               and any(c == 1 for _, c in e.args[1].terms)
-               for e in walk(value, set(), into_reduce=False))
+    return any(_across(e, inner, None) for e in walk(value, set(), into_reduce=False))
+
+
+def _across(e: Expr, along: int, walks) -> bool:
+    """``e`` is a load that loop ``along`` strides by at least :data:`CONTIGUOUS_RUN`
+    elements and one of the loops ``walks`` (None: any loop) walks contiguously."""
+    return (e.op == "load" and abs(e.args[1].coeff(along)) >= CONTIGUOUS_RUN
+            and any(c == 1 and (walks is None or v in walks) for v, c in e.args[1].terms))
 
 
 def _reads_across(r: Expr, free) -> bool:
@@ -409,12 +414,7 @@ def _reads_across(r: Expr, free) -> bool:
     their own, then accumulate vectors of neighbouring rows (the column form; the C++
     renderer tiles the output's nest, :meth:`accel.codegen.tiles.TiledLoops._plan_tile`)."""
     last = r.args[2][-1] if r.args[2] else None
-    for b in r.args[1]:
-        for e in walk(b, set(), into_reduce=False):
-            if (e.op == "load" and abs(e.args[1].coeff(last)) >= CONTIGUOUS_RUN
-                    and any(e.args[1].coeff(f) == 1 for f in free)):
-                return True
-    return False
+    return any(_across(e, last, free) for b in r.args[1] for e in walk(b, set(), into_reduce=False))
 
 
 def _reads_new_values(jobs, lw: _Lowerer) -> bool:

@@ -203,9 +203,9 @@ class ColumnLoops:
         merges: List[tuple] = []  # (arrays with their C++ types, the threads' partials' merge)
         kind = g.members[0].args[0]
         lo, hi = "0", str(self.ir.sizes[rv[0]])
+        share = _share(self.ir.sizes[rv[0]], f"{b}_nt")  # thread t's rows: from share(t)
         if shared is not None:  # this thread's rows of the outermost reduction loop
             lo, hi = f"{tag}_lo", f"{tag}_hi"
-            share = _share(self.ir.sizes[rv[0]], f"{b}_nt")
             out.append(f"{ind}const int64_t {lo} = {share(f'{b}_t')}, {hi} = {share(f'({b}_t + 1)')};")
         if kind in ARG:
             init, better = ARG[kind]
@@ -264,7 +264,6 @@ class ColumnLoops:
                                   f"{sm}[{b}_k] = {sh}[{b}_k] + m; {sq}[{b}_k] = q > 0 ? q : {t}(0); }}")
                 else:  # over no values: a NaN mean (0 / 0, as eager), no deviations
                     finish.append(f"{sm}[{b}_k] = {t}(NAN); {sq}[{b}_k] = 0;")
-                share = _share(self.ir.sizes[rv[0]], f"{b}_nt")  # thread u's rows: as its lo, hi
                 merges.append((((sm, t), (sq, t)), lambda r, p, t=t, share=share, rest=rest: (
                     f"{{ const {t} nb = {t}(({share('(u + 1)')} - {share('u')}) * {rest}); "
                     f"if (nb > 0 && na == 0) {{ {r[0]} = {p[0]}; {r[1]} = {p[1]}; na = nb; }} "

@@ -180,7 +180,6 @@ class CppRenderer(ColumnLoops, TiledLoops, CStyle):
                 self._plan_f16_rows(order[-1], scopes[-2], scopes[-1])
             self._plan_row_cache(order[-1], scopes[-2], scopes[-1])
         self.tile = self._plan_tile(order, scopes) if self.tile_transposes else None
-        self.extent: Dict[int, int] = {}  # loop -> its extent, where it runs fused (_fusable)
         self.fused: Dict[int, int] = {}  # a loop held at 0 -> the loop inside it that runs for both
         if len(order) >= 3 and self.expand_invariants and self.tile is None:
             self._plan_expansion(order, scopes)
@@ -510,7 +509,7 @@ class CppRenderer(ColumnLoops, TiledLoops, CStyle):
         if not any(s.items for s in self.nest_scopes[j + 1:]):
             return  # nothing left inside the remaining loops
         v = nest.vars[j]
-        n = self.extent.get(v, self.ir.sizes[v])
+        n = self._extent(v)
         innermost = j == len(nest.vars) - 1
         parallel = j == 0 and self._work(nest) >= PARALLEL_MIN and machine_threads() > 1
         if v in self.fused:  # (TiledLoops._fusable) the loop inside runs for both
@@ -537,9 +536,17 @@ class CppRenderer(ColumnLoops, TiledLoops, CStyle):
         out += [f"{ind}accel::f16_narrow_row({name}, &b{st.buf}[{self._addr(start)}], {n});"
                 for (name, start, _), st in narrowed]
 
+    def _extent(self, v: int) -> int:
+        """Loop ``v``'s trip count, times that of a loop held at 0 around it where the two
+        run as one (:meth:`accel.codegen.tiles.TiledLoops._fusable`)."""
+        n = self.ir.sizes[v]
+        for g, w in self.fused.items():
+            n *= self.ir.sizes[g] if w == v else 1
+        return n
+
     def _emit_loop(self, j, out, ind, nest, parallel, innermost, simd, par_pragma) -> None:
         v = nest.vars[j]
-        n = self.extent.get(v, self.ir.sizes[v])
+        n = self._extent(v)
         if parallel and simd and len(nest.vars) == 1 and n > CHUNK:
             chunks = -(-n // CHUNK)
             out.append(f"{ind}#pragma {par_pragma}")

@@ -172,7 +172,6 @@ class TiledLoops:
                     self.dead.add((id(sc), x))
         scopes[-4].items.append(("expand", (g, v, at, cands, arrays, moved, gs, inner)))
         if self._fusable(g, v, gs, inner):
-            self.extent[v] = sizes[g] * sizes[v]
             self.fused[g] = v
 
     def _fusable(self, g: int, v: int, gs, inner) -> bool:
