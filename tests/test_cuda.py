@@ -2,6 +2,8 @@
 hypothesis suites (test_opinfo*.py, test_chains.py) also run on "cuda". Every test here
 skips cleanly on a machine without a GPU; tests/gpu.sh runs them on one."""
 import contextlib
+import math
+import re
 import shutil
 
 import pytest
@@ -54,6 +56,8 @@ WORKLOADS = {
     "conversions": lambda x: (x * 3).long() * 2 + (x * 7).int().float(),
     # groups of 2 channels: block loops over (channel, position), vectors along positions
     "group_norm": lambda x: F.silu(F.group_norm(x.reshape(x.shape[0] // 4, 4, -1), 2)),
+    # over the rows: column mode, one pass of running (max, sum) pairs (accel::SoftmaxState)
+    "column_softmax": lambda x: torch.softmax(x * 2, 0),
 }
 
 
@@ -122,6 +126,8 @@ MODES = [
     ("grid_mean_sqrt", lambda x: (x * x).mean().sqrt(), (512, 512)),
     ("grid_amax", lambda x: x.abs().amax(), (300, 1000)),
     ("long_softmax", WORKLOADS["softmax"], (8, 40000)),
+    ("column_softmax", WORKLOADS["column_softmax"], (1000, 96)),
+    ("column_log_softmax_split", lambda x: torch.log_softmax(x, 0), (8192, 64)),
     ("layer_norm_4096", WORKLOADS["layer_norm"], (64, 4096)),
 ]
 
@@ -139,6 +145,46 @@ def test_every_kernel_mode_is_correct(name, fn, shape):
     assert st["kernel_runs"] >= 1 and st["eager_replays"] == 0, st
     again, _ = _run(fn, x)  # grid mode's ticket counter is reset for the next launch
     torch.testing.assert_close(again, expected)
+
+
+@cuda
+@pytest.mark.parametrize("rows", [1000, 8192], ids=["one_block", "rows_split"])
+def test_column_softmax_special_values(rows):
+    """Softmax and log-softmax over the rows of [rows, 128] (column mode: a running max and
+    sum a thread, merged across threads and, for 8192 rows, across blocks): columns all
+    -inf, -inf in the first half of the rows only (a block's partial without a finite
+    value), one +inf, two +inf, a NaN, -inf and +inf together, and very large values.
+    Against the float64 result rounded to float32, special values alike (eager's float32
+    sums over 8192 rows are themselves up to 3e-5 off it); NaN where eager's is NaN."""
+    x = _x(rows, 128, seed=3) * 4
+    h = rows // 2
+    x[:, 0] = -math.inf
+    x[:h, 1] = -math.inf
+    x[7, 2] = math.inf
+    x[[5, rows - 3], 3] = math.inf
+    x[rows - 1, 4] = math.nan
+    x[3, 5], x[9, 5] = -math.inf, math.inf
+    x[:, 6] = x[:, 6] * 1e37
+    x[h:, 7] = -math.inf
+    for fn in (lambda t: torch.softmax(t, 0), lambda t: torch.log_softmax(t, 0)):
+        actual, st = _run(fn, x)
+        torch.testing.assert_close(actual, fn(x.double()).float(), equal_nan=True)
+        assert torch.equal(actual.isnan(), fn(x).isnan())
+        assert st["kernel_runs"] >= 1 and st["eager_replays"] == 0, st
+
+
+@cuda
+@pytest.mark.parametrize("groups", [8, 32])
+def test_channels_last_group_norm_matches_eager(groups):
+    """A channels-last GroupNorm written contiguous (torch 2.11's CUDA group norm): its
+    output's tiles take a position's 128 channels as one run, whatever the group's
+    channels (16 or 4)."""
+    x = _x(4, 128, 16, 16, seed=5).contiguous(memory_format=torch.channels_last)
+    w, b = _x(128, seed=6) + 1, _x(128, seed=8)
+    fn = lambda t: F.group_norm(t, groups, w, b)
+    actual, st = _run(fn, x)
+    torch.testing.assert_close(actual, fn(x))
+    assert st["kernel_runs"] >= 1 and st["eager_replays"] == 0, st
 
 
 @cuda
@@ -681,6 +727,19 @@ def test_cuda_reduction_modes_render():
     ir = _lowered([(aten.sum.default, (("x", 0),), {}, 1)], [x], [((), (), torch.float32)], (0,))
     src = CudaRenderer().render(ir, "accel_region_t")
     assert "accel::grid_reduce" in src and "__device__ unsigned int accel_region_t_k0_count = 0;" in src
+    # a softmax over the rows: its statistics in one pass over the column (a running max
+    # and sum a thread, merged), not a max loop then a sum-of-exp loop; rows split among
+    # blocks as a single reduction's are
+    x = torch.empty(8192, 4096)
+    ir = _lowered([(aten._softmax.default, (("x", 0), ("c", 0), ("c", False)), {}, 1)], [x],
+                  [((8192, 4096), (4096, 1), torch.float32)], (0,))
+    r = CudaRenderer()
+    src = r.render(ir, "accel_region_t")
+    stats = src[:src.index("accel_region_t_k1")]
+    assert r.launches[0]["grid"] == [128, 2, 1] and r.launches[0]["block"] == [32, 32, 1], r.launches
+    assert re.search(r"accel::SoftmaxState<float> (a\d+)\{-INFINITY, 0\};(.|\n)*\1\.add\(t\d+\);", stats), stats
+    assert stats.count("for (int64_t r") == 1 and "accel::exp" not in stats
+    assert "accel::col_combine(accel_region_t_k0_part0, accel::MergeSoftmax()" in stats
 
 
 _BUILDS = [(n, torch.float32) for n in sorted(WORKLOADS)] + [

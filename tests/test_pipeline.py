@@ -333,14 +333,18 @@ def test_cuda_transposing_nest_runs_in_shared_memory_tiles():
     assert src.count("__syncthreads();") == 2
 
 
-def test_cuda_channels_last_group_norm_output_runs_in_transposing_tiles():
+@pytest.mark.parametrize("groups", [4, 16])
+def test_cuda_channels_last_group_norm_output_runs_in_transposing_tiles(groups):
     """A channels-last group norm written contiguous (torch 2.11's CUDA group norm): its
     statistics go to memory first (:func:`accel.lowering._reads_across_rows`), and its
-    output's nest runs in tiles of a group's 16 channels x 64 positions through shared
-    memory; the mean and rstd outputs, stored beside it, by one thread each."""
+    output's nest runs in tiles through shared memory. A tile's contiguous run is a
+    position's 64 channels, the group loop and the channel loop as one
+    (``TransposeTiles._run``: a group's 16 or 4 channels alone were a short run, or too
+    short to tile), so tiles of 32 x 32; the group and channel come back from the run's
+    index. The mean and rstd outputs, stored beside it, by one thread each."""
     from accel.codegen.cuda import CudaRenderer
 
-    N, C, H, W, G = 4, 64, 16, 16, 4
+    N, C, H, W, G = 4, 64, 16, 16, groups
     x = torch.empty(N, C, H, W).contiguous(memory_format=torch.channels_last)
     calls = [(aten.native_group_norm.default, (("x", 0), ("x", 1), ("x", 2), ("c", N), ("c", C),
                                                ("c", H * W), ("c", G), ("c", 1e-5)), {}, 3)]
@@ -350,10 +354,20 @@ def test_cuda_channels_last_group_norm_output_runs_in_transposing_tiles():
     assert not any(e.op == "reduce" for st in ir.nests[-1].stores for e in walk(st.value, set()))
     r = CudaRenderer()
     src = r.render(ir, "accel_region_golden")
-    assert "__shared__ float tp0[64][17];" in src, src
-    assert "tp0[e / 16u][e % 16u] = b0[" in src, src
-    assert "= tp0[e % 64u][e / 64u];" in src
-    assert re.search(r"if \(i\d+ == 0 && i\d+ == 0\) b4\[", src), src
+    assert "__shared__ float tp0[32][33];" in src, src
+    assert r.launches[-1]["grid"] == [N * 2 * 8, 1, 1], r.launches  # 2 x 8 tiles an image
+    k = C // G
+    m = re.search(rf"const int64_t (i\d+)_r = (f\d+)_u \+ threadIdx.x \+ c, (i\d+) = \2_v \+ threadIdx.y \+ r;\s*"
+                  rf"if \(\1_r < 64 && \3 < 256\) {{\s*const int64_t \1 = \1_r % {k};\s*"
+                  rf"const int64_t (i\d+) = \(\1_r / {k}\);\s*"
+                  rf"tp0\[threadIdx.y \+ r\]\[threadIdx.x \+ c\] = b0\[", src)
+    assert m, src
+    # each channel's scale and shift once a tile, into shared memory (the tile's first 32
+    # threads), where the mean and rstd are stored too; the elements read them there
+    pre, tile = src.split("tq1[k] = ")[0], src.split("tq1[k] = ")[1]
+    assert "__shared__ float tq0[32];" in src and "accel::rsqrt" in pre and "accel::rsqrt" not in tile
+    assert re.search(r"if \(i\d+ == 0 && i\d+ == 0\) b4\[", pre), src
+    assert re.search(r"const float t\d+ = tq0\[threadIdx.y \+ r\];", tile), src
 
 
 def test_column_reductions_split_rows_among_threads(monkeypatch):

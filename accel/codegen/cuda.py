@@ -29,7 +29,7 @@ from typing import Dict, List
 
 import torch
 
-from ..loop_ir import Expr, LoopIR, Nest, free_vars
+from ..loop_ir import Expr, LoopIR, Nest, free_vars, walk
 from ..ops import HALF
 from . import CodegenError
 from .cpp import CppRenderer
@@ -51,7 +51,7 @@ def _dim3(v) -> List[int]:
 _COMBINE = {"sum": "accel::Sum()", "prod": "accel::Prod()", "amax": "accel::Max()",
             "amin": "accel::Min()"}
 #: the reduction kinds column mode renders (and splits among blocks)
-_COLUMN_KINDS = frozenset({*SIMPLE, *ARG, "welford"})
+_COLUMN_KINDS = frozenset({*SIMPLE, *ARG, "welford", "online_softmax"})
 
 
 class CudaRenderer(TransposeTiles, CppRenderer):
@@ -245,6 +245,11 @@ class CudaRenderer(TransposeTiles, CppRenderer):
         n_out = self._size(outer)
         if self._one_thread_per_result(outer, self.nest_scopes[lvl]):
             if self._columns_fit(order, lvl, n_out):
+                if not self.online_softmax and self._online_columns(nest, ir, order, lvl, n_out):
+                    try:  # one pass over the columns: (max, sum) a thread, not two passes
+                        return self._column_tiles(order, n_out, lvl, out)
+                    finally:
+                        self.online_softmax = False
                 return self._column_tiles(order, n_out, lvl, out)
             self.mode = "thread"
             self._tiles(order, n_out, 0, out, "  ", upto=lvl)
@@ -513,6 +518,27 @@ class CudaRenderer(TransposeTiles, CppRenderer):
         return all(k != "group" or g.members[0].args[0] in _COLUMN_KINDS
                    for k, g in self.nest_scopes[lvl].items)
 
+    def _online_columns(self, nest: Nest, ir: LoopIR, order, lvl: int, n_out: int) -> bool:
+        """Column mode, a nest whose reductions include an online softmax: plans ``nest``
+        again with those kept whole (:attr:`online_softmax`; ``accel::SoftmaxState``, a
+        running maximum and sum a thread), so that a column is read once, not once for
+        its maximum and again for its sum of exponentials (two reads of memory, as a
+        column is too long for the cache). True where that plan still takes column mode
+        (the flag is then left set for the caller to clear); else the two-pass plan is
+        restored."""
+        if not any(e.op == "reduce" and e.args[0] == "online_softmax"
+                   for st in nest.stores for e in walk(st.value, set())):
+            return False
+        self.online_softmax = True
+        self._plan(nest, ir)
+        levels = [j for j, sc in enumerate(self.nest_scopes) for k, _ in sc.items if k == "group"]
+        if (levels and max(levels) == lvl and self._one_thread_per_result(order[:lvl], self.nest_scopes[lvl])
+                and self._columns_fit(order, lvl, n_out)):
+            return True
+        self.online_softmax = False
+        self._plan(nest, ir)
+        return False
+
     def _column_tiles(self, order, n_out, lvl, out):
         """A block per tile of 32 neighbouring results (coalesced reads along them); its
         ``ROWS`` rows of threads split each reduction and combine through shared memory
@@ -762,7 +788,16 @@ class CudaRenderer(TransposeTiles, CppRenderer):
             finish.append(f"const {t} {tag}_mean = {tag}.n > {t}(0) ? {tag}.mean : {t}(NAN);")
             for e in g.members:
                 scope.names[e] = f"{tag}.m2" if e.args[3] == 0 else f"{tag}_mean"
-        else:  # online_softmax is two passes here too (CppRenderer._plan)
+        elif kind == "online_softmax" and col:  # one pass (_online_columns)
+            st = f"accel::SoftmaxState<{self.ctype(first.dtype)}>"
+            out.append(f"{ind}{st} {tag}{{-INFINITY, 0}};")
+            body.append(f"{tag}.add({self._name(first.args[1][0], inner)});")
+            finish.append(f"{tag} = accel::col_reduce({tag}, accel::MergeSoftmax());")
+            if self.col_split > 1:
+                self._col_split_finish([(tag, st, "accel::MergeSoftmax()")], finish)
+            for e in g.members:
+                scope.names[e] = f"{tag}.m" if e.args[3] == 0 else f"{tag}.s"
+        else:  # online_softmax is two passes elsewhere (CppRenderer._plan)
             raise CodegenError(f"no CUDA rendering for reduction {kind}")
         n = self._size(rv)
         cache = self.row_cache.get(id(g), ())

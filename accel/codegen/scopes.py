@@ -35,31 +35,35 @@ def subst(e: Expr, r: int, v: int, memo=None) -> Expr:
     return out
 
 
-def two_pass_softmax(e: Expr, memo=None) -> Expr:
+def two_pass_softmax(e: Expr, memo=None, online: bool = False) -> Expr:
     """CPU forms: an online softmax reduction as the max, then the sum of exp(x - max) (a
     row is in cache, so a second pass is cheap, and the row's exp values can be kept for
     the output: one exp per element instead of two); a division by a loop-invariant value
-    as a product with its reciprocal."""
+    as a product with its reciprocal. With ``online``, the online softmax reductions stay
+    (a GPU's column reductions: one pass over memory, not two)."""
     memo = {} if memo is None else memo
     out = memo.get(e)
     if out is None:
         if e.op == "reduce" and e.args[0] == "online_softmax":
             _, (b,), rv, which = e.args
-            b = two_pass_softmax(b, memo)  # (its divisions as the output's: one exp, kept)
+            b = two_pass_softmax(b, memo, online)  # (its divisions as the output's: one exp, kept)
+            if online:
+                memo[e] = Expr("reduce", e.dtype, ("online_softmax", (b,), rv, which))
+                return memo[e]
             m = Expr("reduce", e.dtype, ("amax", (b,), rv, 0))
             ex = Expr("exp", e.dtype, (Expr("sub", e.dtype, (b, m)),))
             out = m if which == 0 else Expr("reduce", e.dtype, ("sum", (ex,), rv, 0))
         elif e.op == "reduce":
             kind, bodies, rv, which = e.args
-            out = Expr("reduce", e.dtype, (kind, tuple(two_pass_softmax(b, memo) for b in bodies),
+            out = Expr("reduce", e.dtype, (kind, tuple(two_pass_softmax(b, memo, online) for b in bodies),
                                            rv, which))
         elif e.op == "div" and e.dtype.is_floating_point and free_vars(e.args[1]) < free_vars(e.args[0]):
             # a loop-invariant divisor: one reciprocal, a product per element (as eager's
             # softmax and norms do)
-            a, b = (two_pass_softmax(x, memo) for x in e.args)
+            a, b = (two_pass_softmax(x, memo, online) for x in e.args)
             out = Expr("mul", e.dtype, (a, Expr("reciprocal", e.dtype, (b,))))
         else:
-            out = Expr(e.op, e.dtype, tuple(two_pass_softmax(a, memo) if isinstance(a, Expr) else a
+            out = Expr(e.op, e.dtype, tuple(two_pass_softmax(a, memo, online) if isinstance(a, Expr) else a
                                             for a in e.args))
         memo[e] = out
     return out

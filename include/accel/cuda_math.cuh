@@ -282,6 +282,32 @@ struct MergeMoments {
   }
 };
 
+/* A running softmax maximum m and sum s of exp(x - m), a value at a time, and the merge of
+ * two (Milakov & Gimelshein 2018, "Online normalizer calculation for softmax"): column
+ * mode's one pass over memory. Special values as accel.library.online_softmax's: a -inf
+ * adds 0 (s stays 0 while every value seen is -inf), a NaN makes both NaN, a +inf makes s
+ * NaN (exp(inf - inf), as in eager's sum). Start from {-INFINITY, 0}. */
+template <typename T> struct SoftmaxState {
+  T m, s;
+  __device__ __forceinline__ void add(T x) {  // selects, one exp: no divergent branches
+    const bool up = x > m;
+    const T e = accel::exp(up ? m - x : x - m);
+    const T t = up ? s * e + (T(1) + (x - x)) : s + (x == -T(INFINITY) ? T(0) : e);  // x - x: NaN for +inf
+    m = maximum(m, x);
+    s = x != x ? x : t;
+  }
+};
+template <typename T> __device__ __forceinline__ SoftmaxState<T> load_cg(const SoftmaxState<T>* p) {
+  return {__ldcg(&p->m), __ldcg(&p->s)};  // (the partials bypass L1)
+}
+struct MergeSoftmax {
+  template <typename T> __device__ SoftmaxState<T> operator()(SoftmaxState<T> a, SoftmaxState<T> b) const {
+    const T m = maximum(a.m, b.m);
+    if (m == -T(INFINITY)) return {m, T(0)};
+    return {m, a.s * accel::exp(a.m - m) + b.s * accel::exp(b.m - m)};
+  }
+};
+
 /* One thread's values, as sums of x - k and (x - k)^2 with k its first value ("shifted
  * data", Chan, Golub & LeVeque 1983): no division per value, and no cancellation against
  * a mean far from zero, as a plain sum of squares would suffer. */
