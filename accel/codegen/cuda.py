@@ -221,7 +221,7 @@ class CudaRenderer(TransposeTiles, CppRenderer):
         variant with those buffers moved as 16-byte vectors, elementwise or a row kernel)."""
         self._plan(nest, ir)
         order = nest.vars
-        levels = [j for j, sc in enumerate(self.nest_scopes) for k, _ in sc.items if k == "group"]
+        levels = self._levels()
         out: List[str] = []
         self.elems = None  # set for a row kernel; block mode without it runs block loops
         self.vec = None
@@ -245,11 +245,7 @@ class CudaRenderer(TransposeTiles, CppRenderer):
         n_out = self._size(outer)
         if self._one_thread_per_result(outer, self.nest_scopes[lvl]):
             if self._columns_fit(order, lvl, n_out):
-                if not self.online_softmax and self._online_columns(nest, ir, order, lvl, n_out):
-                    try:  # one pass over the columns: (max, sum) a thread, not two passes
-                        return self._column_tiles(order, n_out, lvl, out)
-                    finally:
-                        self.online_softmax = False
+                self._online_columns(nest, ir, order, lvl, n_out)
                 return self._column_tiles(order, n_out, lvl, out)
             self.mode = "thread"
             self._tiles(order, n_out, 0, out, "  ", upto=lvl)
@@ -518,26 +514,29 @@ class CudaRenderer(TransposeTiles, CppRenderer):
         return all(k != "group" or g.members[0].args[0] in _COLUMN_KINDS
                    for k, g in self.nest_scopes[lvl].items)
 
-    def _online_columns(self, nest: Nest, ir: LoopIR, order, lvl: int, n_out: int) -> bool:
+    def _online_columns(self, nest: Nest, ir: LoopIR, order, lvl: int, n_out: int) -> None:
         """Column mode, a nest whose reductions include an online softmax: plans ``nest``
         again with those kept whole (:attr:`online_softmax`; ``accel::SoftmaxState``, a
         running maximum and sum a thread), so that a column is read once, not once for
         its maximum and again for its sum of exponentials (two reads of memory, as a
-        column is too long for the cache). True where that plan still takes column mode
-        (the flag is then left set for the caller to clear); else the two-pass plan is
-        restored."""
+        column is too long for the cache). Where that plan would not take column mode at
+        ``lvl``, the two-pass plan is made again."""
         if not any(e.op == "reduce" and e.args[0] == "online_softmax"
                    for st in nest.stores for e in walk(st.value, set())):
-            return False
+            return
         self.online_softmax = True
-        self._plan(nest, ir)
-        levels = [j for j, sc in enumerate(self.nest_scopes) for k, _ in sc.items if k == "group"]
-        if (levels and max(levels) == lvl and self._one_thread_per_result(order[:lvl], self.nest_scopes[lvl])
+        try:
+            self._plan(nest, ir)
+        finally:
+            self.online_softmax = False
+        if not (self._levels() and max(self._levels()) == lvl
+                and self._one_thread_per_result(order[:lvl], self.nest_scopes[lvl])
                 and self._columns_fit(order, lvl, n_out)):
-            return True
-        self.online_softmax = False
-        self._plan(nest, ir)
-        return False
+            self._plan(nest, ir)
+
+    def _levels(self) -> List[int]:
+        """The indices of the planned scopes that hold a reduction group."""
+        return [j for j, sc in enumerate(self.nest_scopes) for k, _ in sc.items if k == "group"]
 
     def _column_tiles(self, order, n_out, lvl, out):
         """A block per tile of 32 neighbouring results (coalesced reads along them); its
