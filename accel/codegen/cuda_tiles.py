@@ -61,8 +61,7 @@ class TransposeTiles:
         inner = self.nest_scopes[-1]
         refs = {a for k, x in inner.items for a in ((x.value,) if k == "store" else x.args)
                 if isinstance(a, Expr)}
-        return [x for sc in self.nest_scopes[:-1] for k, x in sc.items
-                if k == "expr" and x in refs and x.op not in ("const", "scalar")]
+        return [x for sc in self.nest_scopes[:-1] for k, x in sc.items if k == "expr" and x in refs]
 
     def _transpose_tiles(self, order, loads: List[Expr], out: List[str]):
         """The nest of :meth:`_plan_transpose` in tiles of ``tu`` x ``tv`` values of its last
