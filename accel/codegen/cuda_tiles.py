@@ -11,7 +11,7 @@ from typing import List
 
 from ..loop_ir import Expr
 from .cuda_shapes import MAX_GRID, TRANSPOSE_MIN_RUN, TRANSPOSE_ROWS, TRANSPOSE_TILE
-from .tiles import transposed_loads
+from .tiles import one_run, transposed_loads
 
 
 class TransposeTiles:
@@ -47,7 +47,7 @@ class TransposeTiles:
         run = [order[-2]]
         while len(run) < len(order) - 1 and self._size(run) < TRANSPOSE_TILE:
             g = order[-len(run) - 2]
-            if not all(x.args[1].coeff(g) == self._size(run) * x.args[1].coeff(run[-1]) for x in loads):
+            if not one_run([x.args[1] for x in loads], g, run[-1], self._size(run)):
                 break
             run.insert(0, g)
         return run
@@ -140,19 +140,10 @@ class TransposeTiles:
             lines: List[str] = []
             self.tile_vars = tuple(order)
             if kept:  # the run's values from shared memory; its stores were written above
-                saved = self.cached, self.dead, [sc.items for sc in self.nest_scopes[:-1]]
-                self.cached = {**self.cached, **{(id(sc), x): f"tq{kept.index(x)}[{wu}]"
-                                                 for sc in self.nest_scopes[:-1] for x in kept}}
-                self.dead = self.dead | {(id(sc), x) for sc in self.nest_scopes[:-1]
-                                         for k, x in sc.items if k == "expr" and x not in kept}
-                for sc in self.nest_scopes[:-1]:
-                    sc.items = [it for it in sc.items if it[0] == "expr"]
-            for sc in self.nest_scopes:
+                lines += [f"          const {self.ctype(x.dtype)} {self.nest_scopes[-2].lookup(x)} = tq{k}[{wu}];"
+                          for k, x in enumerate(kept)]
+            for sc in self.nest_scopes if not kept else self.nest_scopes[-1:]:
                 self._emit_items(sc, lines, "          ")
-            if kept:
-                self.cached, self.dead, items = saved
-                for sc, its in zip(self.nest_scopes[:-1], items):
-                    sc.items = its
             self.tile_vars = ()
             return lines
         tile_loop(tu, tv, wu, wv, values)

@@ -45,6 +45,15 @@ def transposed_loads(scope, u: int, v: int, stride: int) -> list:
             and x.args[1].coeff(u) == 1 and abs(x.args[1].coeff(v)) >= stride]
 
 
+def one_run(addrs, g: int, v: int, n: int) -> bool:
+    """Whether every address in ``addrs`` reads loops ``g`` and ``v`` (``v`` inside, ``n``
+    values of it, or of the loops it stands for) as one loop over ``g * n + v``: its stride
+    along ``g`` is ``n`` times its stride along ``v``. A channels-last group norm's group
+    and channel loops (:meth:`TiledLoops._fusable`; the GPU's tile runs,
+    :meth:`accel.codegen.cuda_tiles.TransposeTiles._run`)."""
+    return all(a.coeff(g) == n * a.coeff(v) for a in addrs)
+
+
 class TiledLoops:
     """:class:`accel.codegen.cpp.CppRenderer`'s nests with an outer loop's values in stack
     arrays."""
@@ -181,14 +190,13 @@ class TiledLoops:
         norm's output then loops over the 64 channels of a position, not 8 groups of 8
         (whole vectors and streaming-store blocks: the region's C++ on the dev VM, [32, 64,
         56, 56] float32, 2.03-2.15 -> 1.87-1.92 ms)."""
-        n = self.ir.sizes[v]
         if any(k != "expr" or (id(gs), x) not in self.dead for k, x in gs.items):
             return False
         addrs = [st.addr for k, st in inner.items if k == "store"]
         addrs += [x.args[1] if x.op == "load" else x.args[0] for k, x in inner.items
                   if k == "expr" and x.op in ("load", "index") and (id(inner), x) not in self.dead
                   and (id(inner), x) not in self.cached]
-        return all(a.coeff(g) == n * a.coeff(v) for a in addrs)
+        return one_run(addrs, g, v, self.ir.sizes[v])
 
     def _emit_expansion(self, g, v, at, cands, arrays, moved, gs, inner, out, ind) -> None:
         """The loops over ``g`` and ``v`` of :meth:`_plan_expansion`, filling its arrays
