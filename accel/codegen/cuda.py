@@ -29,13 +29,13 @@ from typing import Dict, List
 
 import torch
 
-from ..loop_ir import Expr, LoopIR, Nest, free_vars, walk
+from ..loop_ir import Expr, LoopIR, Nest, free_vars
 from ..ops import HALF
 from . import CodegenError
 from .cpp import CppRenderer
+from .cuda_columns import ColumnTiles
 from .cuda_tiles import TransposeTiles
-from .cuda_shapes import (BLOCK, BLOCK_UNROLL, BLOCK_VEC_UNROLL, COL_BLOCKS, COL_MIN_ROWS,
-                          COL_ROWS, COL_SPLIT_TYPES, COL_TILE, GRID_MIN, ILP, MAX_GRID,
+from .cuda_shapes import (BLOCK, BLOCK_UNROLL, BLOCK_VEC_UNROLL, GRID_MIN, ILP, MAX_GRID,
                           MOMENTS_HALF_BLOCK_BYTES, MOMENTS_HALF_BLOCK_THREADS, ROW_ELEMS,
                           ROW_ELEMS_MOMENTS, ROW_HALF_SCALE, ROW_REGISTERS, ROW_REGISTERS_32,
                           ROW_THREADS, VEC, VEC16, VEC_ILP, VEC_TYPES)
@@ -50,11 +50,9 @@ def _dim3(v) -> List[int]:
 
 _COMBINE = {"sum": "accel::Sum()", "prod": "accel::Prod()", "amax": "accel::Max()",
             "amin": "accel::Min()"}
-#: the reduction kinds column mode renders (and splits among blocks)
-_COLUMN_KINDS = frozenset({*SIMPLE, *ARG, "welford", "online_softmax"})
 
 
-class CudaRenderer(TransposeTiles, CppRenderer):
+class CudaRenderer(ColumnTiles, TransposeTiles, CppRenderer):
     """Renders a :class:`LoopIR` as CUDA C++ for ``nvcc -cubin``: the kernels, and their
     launch plan in :attr:`launches` (see :meth:`render`)."""
 
@@ -380,25 +378,6 @@ class CudaRenderer(TransposeTiles, CppRenderer):
             if used:
                 self.row_cache.setdefault(id(g), []).append((x, name))
 
-    def _one_thread_per_result(self, outer, scope: Scope) -> bool:
-        """The reductions at this level read along a strided dimension while a loop they
-        depend on is contiguous: one thread per result reads coalesced. Loads that do not
-        vary along that loop (a layer norm's per-row mean and rstd in its weight gradient)
-        are the same address for a warp's threads and do not count against it."""
-        if not outer:
-            return False
-        for k, g in scope.items:
-            if k != "group" or not g.rvars:
-                continue
-            loads = [x.args[1] for kk, x in self.group_scope[id(g)].items
-                     if kk == "expr" and x.op == "load"]
-            last = g.rvars[-1]
-            col = outer[-1]
-            if loads and all(abs(a.coeff(last)) != 1 or a.coeff(col) == 0 for a in loads) and any(
-                    a.coeff(col) == 1 for a in loads):
-                return True
-        return False
-
     def _vector_tiles(self, order, n, nest, vbufs, out) -> None:
         """Elementwise, 4 consecutive elements per thread and ``VEC_ILP`` such groups a
         block apart: each vector buffer read once as a float4/int4 before the unrolled
@@ -506,84 +485,9 @@ class CudaRenderer(TransposeTiles, CppRenderer):
         self._emit_items(self.nest_scopes[0], out, "  ")
         return out, self.grid, self.threads
 
-    def _columns_fit(self, order, lvl, n_out) -> bool:
-        """Column mode: the results come in whole warps (32 a tile), every reduction of the
-        level is a plain, Welford or arg one, and nothing runs in loops after it."""
-        if n_out % COL_TILE or any(s.items for s in self.nest_scopes[lvl + 1:]):
-            return False
-        return all(k != "group" or g.members[0].args[0] in _COLUMN_KINDS
-                   for k, g in self.nest_scopes[lvl].items)
-
-    def _online_columns(self, nest: Nest, ir: LoopIR, order, lvl: int, n_out: int) -> None:
-        """Column mode, a nest whose reductions include an online softmax: plans ``nest``
-        again with those kept whole (:attr:`online_softmax`; ``accel::SoftmaxState``, a
-        running maximum and sum a thread), so that a column is read once, not once for
-        its maximum and again for its sum of exponentials (two reads of memory, as a
-        column is too long for the cache). Where that plan would not take column mode at
-        ``lvl``, the two-pass plan is made again."""
-        if not any(e.op == "reduce" and e.args[0] == "online_softmax"
-                   for st in nest.stores for e in walk(st.value, set())):
-            return
-        self.online_softmax = True
-        try:
-            self._plan(nest, ir)
-        finally:
-            self.online_softmax = False
-        if not (self._levels() and max(self._levels()) == lvl
-                and self._one_thread_per_result(order[:lvl], self.nest_scopes[lvl])
-                and self._columns_fit(order, lvl, n_out)):
-            self._plan(nest, ir)
-
     def _levels(self) -> List[int]:
         """The indices of the planned scopes that hold a reduction group."""
         return [j for j, sc in enumerate(self.nest_scopes) for k, _ in sc.items if k == "group"]
-
-    def _column_tiles(self, order, n_out, lvl, out):
-        """A block per tile of 32 neighbouring results (coalesced reads along them); its
-        ``ROWS`` rows of threads split each reduction and combine through shared memory
-        (:func:`accel::col_reduce`), and row 0 stores the results. Blocks stride over
-        the tiles."""
-        self.mode = "col"
-        groups = [g for k, g in self.nest_scopes[lvl].items if k == "group"]
-        rsize = max(self._size(g.rvars) for g in groups)
-        rows = max(1, min(COL_ROWS, 1 << max(0, (rsize // 8).bit_length() - 1)))
-        tiles = n_out // COL_TILE
-        f, t = f"f{self.ntemp}", f"tile{self.ntemp}"
-        self.ntemp += 1
-        self.col_split = 1
-        if (len(groups) == 1 and tiles < COL_BLOCKS and tiles <= MAX_GRID
-                and all(e.args[0] in _COLUMN_KINDS and e.dtype in COL_SPLIT_TYPES
-                        for e in groups[0].members)):
-            self.col_split = max(1, min(-(-COL_BLOCKS // tiles), rsize // (rows * COL_MIN_ROWS)))
-        self.col_tile, self.col_tiles, self.col_rows = t, tiles, rows
-        out.append(f"  for (int64_t {t} = blockIdx.x; {t} < {tiles}; {t} += gridDim.x) {{")
-        out.append(f"    const int64_t {f} = {t} * {COL_TILE} + threadIdx.x;")
-        self._decompose(f, order[:lvl], out, "    ")
-        for j in range(0, lvl + 1):
-            self._emit_items(self.nest_scopes[j], out, "    ")
-        out.append("  }")
-        grid = min(tiles, MAX_GRID) if self.col_split == 1 else (tiles, self.col_split)
-        return out, grid, (COL_TILE, rows)
-
-    def _col_split_finish(self, parts: List[tuple], finish: List[str]) -> None:
-        """Column mode, rows split among ``col_split`` blocks a tile: each block writes its
-        columns' results (``parts``: each accumulator's name, C++ type and combining
-        functor; a Welford's moments, merged as Chan et al.'s pairs) to a ``__device__``
-        array of partials, and the tile's last block to finish (a ticket counter per tile,
-        reset by that block) combines them in block order, deterministically; the others
-        return."""
-        t, tiles, n = self.col_tile, self.col_tiles, self.col_split
-        arrays = []
-        for i, (a, ctype, combine) in enumerate(parts):
-            part = f"{self.kname}_part{i}"
-            self.globals.append(f"__device__ {ctype} {part}[{n * tiles * COL_TILE}];")
-            finish.append(f"accel::col_part({a}, {part}, {t}, {tiles});")
-            arrays.append((a, part, combine))
-        count = f"{self.kname}_count"
-        self.globals.append(f"__device__ unsigned int {count}[{tiles}];")
-        finish.append(f"if (!accel::col_ticket({count}, {t})) return;")
-        finish += [f"{a} = accel::col_combine({part}, {combine}, {t}, {tiles});"
-                   for a, part, combine in arrays]
 
     def _tiles(self, order, n, lvl, out, ind, upto=None) -> None:
         """Thread mode: tiles of ILP * BLOCK iterations per block, each thread taking ILP of
@@ -745,7 +649,7 @@ class CudaRenderer(TransposeTiles, CppRenderer):
                     finish.append(f"{a} = accel::block_reduce({a}, {_COMBINE[k]}, smem);")
                 elif col:
                     finish.append(f"{a} = accel::col_reduce({a}, {_COMBINE[k]});")
-            if col and self.col_split > 1:  # the rows split among blocks: partials, a ticket
+            if col:  # the rows split among blocks: partials, a ticket
                 self._col_split_finish([(a, self.ctype(e.dtype), _COMBINE[k]) for (k, _), (a, _, e)
                                         in accs.items()], finish)
             for e in g.members:
@@ -764,8 +668,7 @@ class CudaRenderer(TransposeTiles, CppRenderer):
             elif col:  # the rows of threads combined, first index on a tie
                 pair, comb = f"accel::ArgPair<{self.ctype(vt)}>", f"accel::ArgCombine<{is_max}>()"
                 finish.append(f"{pair} {tag}_p = accel::col_reduce({pair}{{{av}, {ai}}}, {comb});")
-                if self.col_split > 1:
-                    self._col_split_finish([(f"{tag}_p", pair, comb)], finish)
+                self._col_split_finish([(f"{tag}_p", pair, comb)], finish)
                 finish.append(f"{av} = {tag}_p.v; {ai} = {tag}_p.i;")
             finish.append(f"if ({ai} == INT64_MAX) {ai} = 0;")
             for e in g.members:
@@ -780,8 +683,7 @@ class CudaRenderer(TransposeTiles, CppRenderer):
             elif col:
                 finish.append(f"accel::Moments<{t}> {tag} = "
                               f"accel::col_reduce({tag}_a.moments(), accel::MergeMoments());")
-                if self.col_split > 1:
-                    self._col_split_finish([(tag, f"accel::Moments<{t}>", "accel::MergeMoments()")], finish)
+                self._col_split_finish([(tag, f"accel::Moments<{t}>", "accel::MergeMoments()")], finish)
             else:
                 finish.append(f"const accel::Moments<{t}> {tag} = {tag}_a.moments();")
             finish.append(f"const {t} {tag}_mean = {tag}.n > {t}(0) ? {tag}.mean : {t}(NAN);")
@@ -792,8 +694,7 @@ class CudaRenderer(TransposeTiles, CppRenderer):
             out.append(f"{ind}{st} {tag}{{-INFINITY, 0}};")
             body.append(f"{tag}.add({self._name(first.args[1][0], inner)});")
             finish.append(f"{tag} = accel::col_reduce({tag}, accel::MergeSoftmax());")
-            if self.col_split > 1:
-                self._col_split_finish([(tag, st, "accel::MergeSoftmax()")], finish)
+            self._col_split_finish([(tag, st, "accel::MergeSoftmax()")], finish)
             for e in g.members:
                 scope.names[e] = f"{tag}.m" if e.args[3] == 0 else f"{tag}.s"
         else:  # online_softmax is two passes elsewhere (CppRenderer._plan)

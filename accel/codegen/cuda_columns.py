@@ -1,0 +1,121 @@
+"""Column mode on a GPU: reductions along a strided dimension whose results vary along a
+contiguous one (a column sum, a batch norm's statistics, ``x.softmax(0)``) run as tiles of
+32 neighbouring results a block, coalesced along them, the block's rows of threads (and,
+for few tiles of long columns, several blocks) splitting each reduction. A part of
+:class:`accel.codegen.cuda.CudaRenderer` (the mixin :class:`ColumnTiles`: its
+``render_kernel`` takes column mode where :meth:`ColumnTiles._one_thread_per_result` and
+:meth:`ColumnTiles._columns_fit` say so; its ``_emit_group`` renders each reduction kind's
+column form and calls :meth:`ColumnTiles._col_split_finish`).
+"""
+from __future__ import annotations
+
+from typing import List
+
+from ..loop_ir import LoopIR, Nest, walk
+from .cuda_shapes import COL_BLOCKS, COL_MIN_ROWS, COL_ROWS, COL_SPLIT_TYPES, COL_TILE, MAX_GRID
+from .scopes import ARG, SIMPLE, Scope
+
+#: the reduction kinds column mode renders (and splits among blocks)
+COLUMN_KINDS = frozenset({*SIMPLE, *ARG, "welford", "online_softmax"})
+
+
+class ColumnTiles:
+    """:class:`accel.codegen.cuda.CudaRenderer`'s column mode."""
+
+    col_split = 1  # blocks a tile's rows are split among (set by _column_tiles)
+
+    def _one_thread_per_result(self, outer, scope: Scope) -> bool:
+        """The reductions at this level read along a strided dimension while a loop they
+        depend on is contiguous: one thread per result reads coalesced. Loads that do not
+        vary along that loop (a layer norm's per-row mean and rstd in its weight gradient)
+        are the same address for a warp's threads and do not count against it."""
+        if not outer:
+            return False
+        for k, g in scope.items:
+            if k != "group" or not g.rvars:
+                continue
+            loads = [x.args[1] for kk, x in self.group_scope[id(g)].items
+                     if kk == "expr" and x.op == "load"]
+            last = g.rvars[-1]
+            col = outer[-1]
+            if loads and all(abs(a.coeff(last)) != 1 or a.coeff(col) == 0 for a in loads) and any(
+                    a.coeff(col) == 1 for a in loads):
+                return True
+        return False
+
+    def _columns_fit(self, order, lvl, n_out) -> bool:
+        """Column mode: the results come in whole warps (32 a tile), every reduction of the
+        level is a plain, Welford or arg one, and nothing runs in loops after it."""
+        if n_out % COL_TILE or any(s.items for s in self.nest_scopes[lvl + 1:]):
+            return False
+        return all(k != "group" or g.members[0].args[0] in COLUMN_KINDS
+                   for k, g in self.nest_scopes[lvl].items)
+
+    def _online_columns(self, nest: Nest, ir: LoopIR, order, lvl: int, n_out: int) -> None:
+        """Column mode, a nest whose reductions include an online softmax: plans ``nest``
+        again with those kept whole (:attr:`online_softmax`; ``accel::SoftmaxState``, a
+        running maximum and sum a thread), so that a column is read once, not once for
+        its maximum and again for its sum of exponentials (two reads of memory, as a
+        column is too long for the cache). Where that plan would not take column mode at
+        ``lvl``, the two-pass plan is made again."""
+        if not any(e.op == "reduce" and e.args[0] == "online_softmax"
+                   for st in nest.stores for e in walk(st.value, set())):
+            return
+        self.online_softmax = True
+        try:
+            self._plan(nest, ir)
+        finally:
+            self.online_softmax = False
+        if not (self._levels() and max(self._levels()) == lvl
+                and self._one_thread_per_result(order[:lvl], self.nest_scopes[lvl])
+                and self._columns_fit(order, lvl, n_out)):
+            self._plan(nest, ir)
+
+    def _column_tiles(self, order, n_out, lvl, out):
+        """A block per tile of 32 neighbouring results (coalesced reads along them); its
+        ``ROWS`` rows of threads split each reduction and combine through shared memory
+        (:func:`accel::col_reduce`), and row 0 stores the results. Blocks stride over
+        the tiles."""
+        self.mode = "col"
+        groups = [g for k, g in self.nest_scopes[lvl].items if k == "group"]
+        rsize = max(self._size(g.rvars) for g in groups)
+        rows = max(1, min(COL_ROWS, 1 << max(0, (rsize // 8).bit_length() - 1)))
+        tiles = n_out // COL_TILE
+        f, t = f"f{self.ntemp}", f"tile{self.ntemp}"
+        self.ntemp += 1
+        self.col_split = 1
+        if (len(groups) == 1 and tiles < COL_BLOCKS and tiles <= MAX_GRID
+                and all(e.args[0] in COLUMN_KINDS and e.dtype in COL_SPLIT_TYPES
+                        for e in groups[0].members)):
+            self.col_split = max(1, min(-(-COL_BLOCKS // tiles), rsize // (rows * COL_MIN_ROWS)))
+        self.col_tile, self.col_tiles, self.col_rows = t, tiles, rows
+        out.append(f"  for (int64_t {t} = blockIdx.x; {t} < {tiles}; {t} += gridDim.x) {{")
+        out.append(f"    const int64_t {f} = {t} * {COL_TILE} + threadIdx.x;")
+        self._decompose(f, order[:lvl], out, "    ")
+        for j in range(0, lvl + 1):
+            self._emit_items(self.nest_scopes[j], out, "    ")
+        out.append("  }")
+        grid = min(tiles, MAX_GRID) if self.col_split == 1 else (tiles, self.col_split)
+        return out, grid, (COL_TILE, rows)
+
+    def _col_split_finish(self, parts: List[tuple], finish: List[str]) -> None:
+        """Column mode, rows split among ``col_split`` blocks a tile: each block writes its
+        columns' results (``parts``: each accumulator's name, C++ type and combining
+        functor; a Welford's moments, merged as Chan et al.'s pairs) to a ``__device__``
+        array of partials, and the tile's last block to finish (a ticket counter per tile,
+        reset by that block) combines them in block order, deterministically; the others
+        return. Nothing where the rows are not split."""
+        t, tiles, n = self.col_tile, self.col_tiles, self.col_split
+        if n == 1:
+            return
+        arrays = []
+        for i, (a, ctype, combine) in enumerate(parts):
+            part = f"{self.kname}_part{i}"
+            self.globals.append(f"__device__ {ctype} {part}[{n * tiles * COL_TILE}];")
+            finish.append(f"accel::col_part({a}, {part}, {t}, {tiles});")
+            arrays.append((a, part, combine))
+        count = f"{self.kname}_count"
+        self.globals.append(f"__device__ unsigned int {count}[{tiles}];")
+        finish.append(f"if (!accel::col_ticket({count}, {t})) return;")
+        finish += [f"{a} = accel::col_combine({part}, {combine}, {t}, {tiles});"
+                   for a, part, combine in arrays]
