@@ -174,6 +174,34 @@ def test_column_softmax_special_values(rows):
 
 
 @cuda
+@pytest.mark.parametrize("cols", [4096, 40000])
+def test_row_softmax_special_values(cols):
+    """Softmax, log-softmax and logsumexp over rows of 4096 values (a row kernel; with
+    ``y.t()`` added to the softmax, its statistics alone in one) and of 40000 (block loops: a
+    running max and sum a thread, merged across the block): rows all -inf, -inf in the
+    first half only, one +inf, two +inf, a NaN, -inf and +inf together, very large values.
+    Against the float64 result rounded to float32; NaN where eager's is NaN."""
+    x = _x(64, cols, seed=4) * 4
+    h = cols // 2
+    x[0] = -math.inf
+    x[1, :h] = -math.inf
+    x[2, 7] = math.inf
+    x[3, [5, cols - 3]] = math.inf
+    x[4, cols - 1] = math.nan
+    x[5, 3], x[5, 9] = -math.inf, math.inf
+    x[6] = x[6] * 1e37
+    x[7, h:] = -math.inf
+    y = _x(cols, 64, seed=5)
+    fns = [lambda t: torch.softmax(t, -1), lambda t: torch.log_softmax(t, -1), lambda t: torch.logsumexp(t, -1),
+           lambda t: torch.softmax(t, -1) + y.t().to(t.dtype)]
+    for fn in fns:
+        actual, st = _run(fn, x)
+        torch.testing.assert_close(actual, fn(x.double()).float(), equal_nan=True)
+        assert torch.equal(actual.isnan(), fn(x).isnan())
+        assert st["kernel_runs"] >= 1 and st["eager_replays"] == 0, st
+
+
+@cuda
 @pytest.mark.parametrize("groups", [8, 32])
 def test_channels_last_group_norm_matches_eager(groups):
     """A channels-last GroupNorm written contiguous (torch 2.11's CUDA group norm): its
@@ -633,7 +661,8 @@ def test_cuda_long_row_hints_leave_a_weight_every_row_reads_alone():
                          ids=str)
 def test_cuda_long_rows_keep_32_values_a_thread_then_loop_over_vectors(n, dtype, kept, tmp_path):
     """A float32 softmax row of up to 32 values a thread of 1024 stays in registers; a
-    longer row runs in block loops that read it twice, whose vector variant moves 16 bytes
+    longer row runs in block loops that read it twice (its statistics in one pass, then
+    the output), whose vector variant moves 16 bytes
     a thread at a time (one vector load per pass, one vector store: nvcc's PTX)."""
     x = torch.empty(8, n, dtype=dtype)
     ir = _lowered([(aten._softmax.default, (("x", 0), ("c", 1), ("c", False)), {}, 1)], [x],
@@ -647,9 +676,10 @@ def test_cuda_long_rows_keep_32_values_a_thread_then_loop_over_vectors(n, dtype,
     if kept:
         assert f"[{kept}];" in src and "for (int64_t q" not in src
         return
-    assert kv.count(f"for (int64_t q = threadIdx.x; q < {n // width}; q += 1024)") == 3  # max, sum, out
+    # the statistics (a running max and sum), then the output
+    assert kv.count(f"for (int64_t q = threadIdx.x; q < {n // width}; q += 1024)") == 2
     # the row stays in L2 between the passes and leaves it after the last (Triton's hints)
-    assert kv.count("accel::load_once<accel::L2_KEEP>(") == 2 and kv.count("accel::load_once<accel::L2_LAST>(") == 1
+    assert kv.count("accel::load_once<accel::L2_KEEP>(") == 1 and kv.count("accel::load_once<accel::L2_LAST>(") == 1
     assert "accel::load_once(" not in kv
     if shutil.which("nvcc") is None:
         return
@@ -740,6 +770,42 @@ def test_cuda_reduction_modes_render():
     assert re.search(r"accel::SoftmaxState<float> (a\d+)\{-INFINITY, 0\};(.|\n)*\1\.add\(t\d+\);", stats), stats
     assert stats.count("for (int64_t r") == 1 and "accel::exp" not in stats
     assert "accel::col_combine(accel_region_t_k0_part0, accel::MergeSoftmax()" in stats
+
+
+def _kernel_source(src: str, k: int) -> str:
+    """The scalar variant of kernel ``k`` of a rendered module."""
+    start = src.index(f"accel_region_t_k{k}(")
+    return src[start:src.index("\n}\n", start)]
+
+
+def test_cuda_softmax_statistics_read_a_row_once():
+    """Rows too long for registers (65536 float32 values) run block loops: the softmax's
+    statistics as one running (max, sum) a thread, merged across the block
+    (``accel::SoftmaxState``), then the output's loop, two reads of the row, not three.
+    Statistics alone, written for a later nest (a softmax whose output adds ``y.t()``, a
+    logsumexp): a row kernel whose maximum's loop keeps its loads in registers for the
+    sum of exponentials, one read, where block loops read the row twice; with nothing
+    after them, a thread keeps as many values as its registers hold (rendered here
+    without a GPU)."""
+    ir = _lowered([(aten._softmax.default, (("x", 0), ("c", -1), ("c", False)), {}, 1)],
+                  [torch.empty(16, 65536)], [((16, 65536), (65536, 1), torch.float32)], (0,))
+    k0 = _kernel_source(CudaRenderer().render(ir, "accel_region_t"), 0)
+    assert re.search(r"accel::SoftmaxState<float> (a\d+)\{-INFINITY, 0\};(.|\n)*"
+                     r"\1 = accel::block_reduce\(\1, accel::MergeSoftmax\(\), smem\);", k0), k0
+    assert k0.count("b0[") == 2 and "accel::Max()" not in k0
+    x, y = torch.empty(64, 4096), torch.empty(4096, 64)
+    calls = [(aten._softmax.default, (("x", 0), ("c", -1), ("c", False)), {}, 1),
+             (aten.t.default, (("x", 1),), {}, 1), (aten.add.Tensor, (("o", 0), ("o", 1)), {}, 1)]
+    meta = [((64, 4096), (4096, 1), torch.float32), ((64, 4096), (1, 64), torch.float32),
+            ((64, 4096), (4096, 1), torch.float32)]
+    lse = ([(aten.logsumexp.default, (("x", 0), ("c", [1]), ("c", False)), {}, 1)], [torch.empty(64, 4096)],
+           [((64,), (1,), torch.float32)], (0,))
+    for ir in (_lowered(calls, [x, y], meta, (2,)), _lowered(*lse)):
+        r = CudaRenderer()
+        k0 = _kernel_source(r.render(ir, "accel_region_t"), 0)
+        assert k0.count("b0[") == 1 and re.search(r"const float t\d+ = c\d+\[j\];", k0), k0
+        # as many values a thread as registers hold: 32 of 4096 on 128 threads
+        assert "for (int j = 0; j < 32; ++j)" in k0 and r.launches[0]["block"] == [128, 1, 1]
 
 
 _BUILDS = [(n, torch.float32) for n in sorted(WORKLOADS)] + [

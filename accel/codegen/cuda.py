@@ -29,7 +29,7 @@ from typing import Dict, List
 
 import torch
 
-from ..loop_ir import Expr, LoopIR, Nest, free_vars
+from ..loop_ir import Expr, LoopIR, Nest, free_vars, walk
 from ..ops import HALF
 from . import CodegenError
 from .cpp import CppRenderer
@@ -183,11 +183,11 @@ class CudaRenderer(ColumnTiles, TransposeTiles, CppRenderer):
             if loop_var is None:
                 return frozenset()
         else:
-            v, n = nest.vars[-1], ir.sizes[nest.vars[-1]]
+            v, outer, inner = self._row(nest.vars[self.block_lvl:], self.block_lvl)
+            n = ir.sizes[v]
             if n % w or -(-self.elems // w) * w > self.row_limit:
                 return frozenset()
-            outer, inner = self.nest_scopes[-2], self.nest_scopes[-1]
-            loop_var = {id(inner): v}
+            loop_var = {id(inner): v} if inner is not None else {}
             for k, g in outer.items:
                 if k == "group":
                     if len(g.rvars) != 1 or ir.sizes[g.rvars[0]] != n:
@@ -256,33 +256,77 @@ class CudaRenderer(ColumnTiles, TransposeTiles, CppRenderer):
         moments = any(k == "group" and g.members[0].args[0] == "welford"
                       for sc in self.nest_scopes for k, g in sc.items)
         scale = ROW_HALF_SCALE if self._half_row(nest, ir) else 1
-        per = -(-longest // ((ROW_ELEMS_MOMENTS if moments else ROW_ELEMS) * scale))  # threads a row
+        self.row_limit = ROW_REGISTERS * scale
+        if scale == 1 and self._widest(nest, ir) <= 4:
+            self.row_limit = ROW_REGISTERS_32
+        # values a thread: statistics alone (nothing reads the row after its reductions: a
+        # row sum, a logsumexp, a softmax's maximum and sum for a transposed output) as many
+        # as registers hold, fewer threads a row and more rows in flight (a logsumexp over
+        # [16384, 4096] float32 on the H200: 106 -> 62 us, 512 -> 128 threads)
+        each = self.row_limit if not inner else (ROW_ELEMS_MOMENTS if moments else ROW_ELEMS) * scale
+        per = -(-longest // each)  # threads a row
         self.threads = max(32, min(ROW_THREADS, 1 << (per - 1).bit_length()))
         if (moments and -(-longest // ROW_THREADS) > ROW_ELEMS_MOMENTS
                 and self._row_bytes_read(ir, n_out, longest) <= MOMENTS_HALF_BLOCK_BYTES):
             self.threads = MOMENTS_HALF_BLOCK_THREADS
-        self.row_limit = ROW_REGISTERS * scale
-        if scale == 1 and self._widest(nest, ir) <= 4:
-            self.row_limit = ROW_REGISTERS_32
         elems = -(-longest // self.threads)
         self.block_lvl, self.block_outer = lvl, outer
         if vbufs:  # vw neighbouring elements a thread at a time
             self.row_vec = vbufs
             for b in sorted({st.buf for st in nest.stores} & vbufs):
                 out.append(f"  {self._vec(b)} w{b};")
-        if elems <= self.row_limit and len(inner) == 1:  # a row kernel: the row in registers
+        row = self._row(inner, lvl)
+        if elems <= self.row_limit and row is not None:  # a row kernel: the row in registers
+            v, groups, loop = row
             if vbufs:
-                self.row_vars = {inner[0]} | {g.rvars[0] for k, g in self.nest_scopes[-2].items if k == "group"}
+                self.row_vars = {v} | {g.rvars[0] for k, g in groups.items if k == "group"}
                 elems = -(-elems // self.vw) * self.vw
             self.elems = elems
-            self._plan_row_cache(inner[0], self.nest_scopes[-2], self.nest_scopes[-1], "j")
-            self._plan_load_cache(inner[0], self.nest_scopes[-2], self.nest_scopes[-1])
-        elif vbufs:
-            self._plan_load_hints()
+            if loop is not None:
+                self._plan_row_cache(v, groups, loop, "j")
+            self._plan_load_cache(v, groups, loop)
+        else:  # block loops: a softmax's statistics in one pass over the row, not two
+            self._plan_online(nest, ir, lambda: max(self._levels()) == lvl)
+            if vbufs:
+                self._plan_load_hints()
         at = len(out)
         self._block_loop(order, n_out, lvl, out)
         out[at:at] = self.row_decls
         return out, min(n_out, MAX_GRID), self.threads
+
+    def _plan_online(self, nest: Nest, ir: LoopIR, keeps) -> None:
+        """Plans ``nest`` again with its online softmax reductions kept whole
+        (:attr:`online_softmax`: ``accel::SoftmaxState``, a running maximum and sum of
+        exponentials a thread, merged across threads as Milakov & Gimelshein's pairs), one
+        pass over the values instead of the maximum's and then the sum's; where ``keeps()``
+        is false for that plan (it would not take the mode chosen), the two-pass plan
+        again. Nothing for a nest without an online softmax."""
+        if not any(e.op == "reduce" and e.args[0] == "online_softmax"
+                   for st in nest.stores for e in walk(st.value, set())):
+            return
+        self.online_softmax = True
+        try:
+            self._plan(nest, ir)
+        finally:
+            self.online_softmax = False
+        if not (self._levels() and keeps()):
+            self._plan(nest, ir)
+
+    def _row(self, inner, lvl: int):
+        """A row kernel's row: (its variable, the scope of its reductions, the scope of the
+        loop over it after them), for a nest whose reductions at ``lvl`` are followed by
+        one loop (softmax, layer norm), or (the first reduction's variable, that scope,
+        None) for statistics alone (a softmax's maximum and sum of exponentials written
+        for a later nest that reads the rows transposed), where every reduction at ``lvl``
+        runs over one variable of the same size and a later one reads the row again; else
+        None (block loops: a row sum alone reads its row once either way)."""
+        if len(inner) == 1:
+            return inner[0], self.nest_scopes[-2], self.nest_scopes[-1]
+        scope = self.nest_scopes[lvl]
+        groups = [g for k, g in scope.items if k == "group"]
+        if inner or len(groups) < 2 or any(len(g.rvars) != 1 for g in groups) or len({self.ir.sizes[g.rvars[0]] for g in groups}) != 1:
+            return None
+        return groups[0].rvars[0], scope, None
 
     def _loaded(self) -> set:
         """The buffers the nest being rendered loads."""
@@ -354,14 +398,16 @@ class CudaRenderer(ColumnTiles, TransposeTiles, CppRenderer):
                 for sc in loops[i]:
                     self.load_hints[(id(sc), b)] = "accel::L2_LAST" if i == ls[-1] else "accel::L2_KEEP"
 
-    def _plan_load_cache(self, v: int, outer: Scope, inner: Scope) -> None:
+    def _plan_load_cache(self, v: int, outer: Scope, inner) -> None:
         """Row kernels: an element the row's first loop loads (softmax's max, layer norm's
         sums) is kept in registers for the row's later loops (the sum of exponentials, the
-        output), which read it there instead of loading it again."""
+        output; ``inner``, the loop over the row after the reductions, None where there is
+        none), which read it there instead of loading it again."""
         n = self.ir.sizes[v]
         loops = [(self.group_scope[id(g)], g, g.rvars[0]) for k, g in outer.items
                  if k == "group" and len(g.rvars) == 1 and self.ir.sizes[g.rvars[0]] == n]
-        loops.append((inner, None, v))
+        if inner is not None:
+            loops.append((inner, None, v))
         first: Dict[Expr, str] = {}  # a load, in the row loop's form -> its register array
         for scope, g, r in loops:
             for k, x in scope.items:
@@ -689,12 +735,15 @@ class CudaRenderer(ColumnTiles, TransposeTiles, CppRenderer):
             finish.append(f"const {t} {tag}_mean = {tag}.n > {t}(0) ? {tag}.mean : {t}(NAN);")
             for e in g.members:
                 scope.names[e] = f"{tag}.m2" if e.args[3] == 0 else f"{tag}_mean"
-        elif kind == "online_softmax" and col:  # one pass (_online_columns)
+        elif kind == "online_softmax" and (col or coop):  # one pass (_plan_online)
             st = f"accel::SoftmaxState<{self.ctype(first.dtype)}>"
             out.append(f"{ind}{st} {tag}{{-INFINITY, 0}};")
             body.append(f"{tag}.add({self._name(first.args[1][0], inner)});")
-            finish.append(f"{tag} = accel::col_reduce({tag}, accel::MergeSoftmax());")
-            self._col_split_finish([(tag, st, "accel::MergeSoftmax()")], finish)
+            if col:
+                finish.append(f"{tag} = accel::col_reduce({tag}, accel::MergeSoftmax());")
+                self._col_split_finish([(tag, st, "accel::MergeSoftmax()")], finish)
+            else:
+                finish.append(f"{tag} = accel::block_reduce({tag}, accel::MergeSoftmax(), smem);")
             for e in g.members:
                 scope.names[e] = f"{tag}.m" if e.args[3] == 0 else f"{tag}.s"
         else:  # online_softmax is two passes elsewhere (CppRenderer._plan)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import List
 
-from ..loop_ir import LoopIR, Nest, walk
+from ..loop_ir import LoopIR, Nest
 from .cuda_shapes import COL_BLOCKS, COL_MIN_ROWS, COL_ROWS, COL_SPLIT_TYPES, COL_TILE, MAX_GRID
 from .scopes import ARG, SIMPLE, Scope
 
@@ -52,24 +52,14 @@ class ColumnTiles:
                    for k, g in self.nest_scopes[lvl].items)
 
     def _online_columns(self, nest: Nest, ir: LoopIR, order, lvl: int, n_out: int) -> None:
-        """Column mode, a nest whose reductions include an online softmax: plans ``nest``
-        again with those kept whole (:attr:`online_softmax`; ``accel::SoftmaxState``, a
-        running maximum and sum a thread), so that a column is read once, not once for
-        its maximum and again for its sum of exponentials (two reads of memory, as a
-        column is too long for the cache). Where that plan would not take column mode at
-        ``lvl``, the two-pass plan is made again."""
-        if not any(e.op == "reduce" and e.args[0] == "online_softmax"
-                   for st in nest.stores for e in walk(st.value, set())):
-            return
-        self.online_softmax = True
-        try:
-            self._plan(nest, ir)
-        finally:
-            self.online_softmax = False
-        if not (self._levels() and max(self._levels()) == lvl
-                and self._one_thread_per_result(order[:lvl], self.nest_scopes[lvl])
-                and self._columns_fit(order, lvl, n_out)):
-            self._plan(nest, ir)
+        """Column mode, a nest whose reductions include an online softmax: its statistics in
+        one pass (:meth:`accel.codegen.cuda.CudaRenderer._plan_online`), so that a column
+        is read once, not once for its maximum and again for its sum of exponentials (two
+        reads of memory, as a column is too long for the cache), where that plan still
+        takes column mode at ``lvl``."""
+        self._plan_online(nest, ir, lambda: (
+            max(self._levels()) == lvl and self._one_thread_per_result(order[:lvl], self.nest_scopes[lvl])
+            and self._columns_fit(order, lvl, n_out)))
 
     def _column_tiles(self, order, n_out, lvl, out):
         """A block per tile of 32 neighbouring results (coalesced reads along them); its

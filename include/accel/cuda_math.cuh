@@ -283,8 +283,8 @@ struct MergeMoments {
 };
 
 /* A running softmax maximum m and sum s of exp(x - m), a value at a time, and the merge of
- * two (Milakov & Gimelshein 2018, "Online normalizer calculation for softmax"): column
- * mode's one pass over memory. Special values as accel.library.online_softmax's: a -inf
+ * two (Milakov & Gimelshein 2018, "Online normalizer calculation for softmax"): one pass
+ * over memory in column mode and in block loops (rows too long for registers). Special values as accel.library.online_softmax's: a -inf
  * adds 0 (s stays 0 while every value seen is -inf), a NaN makes both NaN, a +inf makes s
  * NaN (exp(inf - inf), as in eager's sum). Start from {-INFINITY, 0}. */
 template <typename T> struct SoftmaxState {
@@ -299,6 +299,9 @@ template <typename T> struct SoftmaxState {
 };
 template <typename T> __device__ __forceinline__ SoftmaxState<T> load_cg(const SoftmaxState<T>* p) {
   return {__ldcg(&p->m), __ldcg(&p->s)};  // (the partials bypass L1)
+}
+template <typename T> __device__ __forceinline__ SoftmaxState<T> shfl_xor(SoftmaxState<T> v, int lane) {
+  return {shfl_xor(v.m, lane), shfl_xor(v.s, lane)};  // (block_reduce's butterfly: MergeSoftmax commutes)
 }
 struct MergeSoftmax {
   template <typename T> __device__ SoftmaxState<T> operator()(SoftmaxState<T> a, SoftmaxState<T> b) const {
