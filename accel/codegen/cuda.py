@@ -11,8 +11,10 @@ how loops map to threads, by nest:
   the loops the reductions depend on; the block's threads share each reduction (strided over
   it, then warp shuffles and shared memory, every thread getting the result) and the loops
   inside (a softmax or layer norm row per block). A row each thread keeps a few values of in
-  registers is a row kernel (read once); a longer one, or group norm's group, runs block
-  loops that read it again, in 16-byte vectors where every loop allows;
+  registers is a row kernel (read once), as are statistics alone over one row (a
+  ``logsumexp``, a softmax's for a transposed output); a longer row, or group norm's group,
+  runs block loops that read it again (a softmax's maximum and sum of exponentials in one
+  pass, ``accel::SoftmaxState``), in 16-byte vectors where every loop allows;
 * reductions along a strided dimension whose result varies along a contiguous one (a column
   sum): one thread per result, each running its reduction on its own, neighbouring threads
   reading neighbouring addresses.
