@@ -799,9 +799,10 @@ def test_streaming_stores_only_for_large_memory_bound_stores(monkeypatch):
     """Where a nest's innermost loop stores at least STREAM_MIN_BYTES contiguously and
     computes only cheap ops, its stores go through a stack block to
     ``accel::stream_store`` and each thread fences; below the threshold, or with a
-    transcendental op in the loop (compute-bound), a store that is not contiguous along
-    the innermost loop, or a nest in tiles (reading across the rows it writes), they are
-    plain stores."""
+    transcendental op in the loop (compute-bound), or a store that is not contiguous along
+    the innermost loop, they are plain stores. A nest in transposing tiles of 4-byte values
+    (reading across the rows it writes) streams each whole row of a tile, the edge tiles'
+    rows plainly; tiles of 8-byte values store plainly."""
     import accel.codegen.cpp as cpp
 
     x, b = torch.empty(64, 1000), torch.empty(1000)
@@ -817,7 +818,14 @@ def test_streaming_stores_only_for_large_memory_bound_stores(monkeypatch):
     t = [(aten.t.default, (("x", 0),), {}, 1), (aten.mul.Tensor, (("o", 0), ("c", 2.0)), {}, 1)]
     tmeta = [((1000, 64), (1, 1000), torch.float32), ((1000, 64), (64, 1), torch.float32)]
     src = _kernel_source(t, [x], tmeta, (1,))  # reads x down a stride, writes contiguously:
-    assert "stream_store" not in src and "_b += 64" in src  # in tiles (_plan_tile), plain stores
+    assert "_b += 64" in src and "transpose_tile<64>" in src  # in tiles (_plan_tile)
+    assert re.search(r"if \(i\d+_b_n == 64\) \{\n\s*alignas\(64\) float nt0\[64\];", src), src
+    assert "accel::stream_store<64>(&b1[" in src and "#pragma omp for collapse(2) schedule(static) nowait" in src
+    assert re.search(r"\n(\s*)accel::stream_fence\(\);\n\s*\}\n\1?\s*accel::stream_fence", src), src
+    assert re.search(r"\} else \{\n\s*#pragma omp simd\n(.*\n){4}\s*b1\[64 \* i0 \+ i1\] = t\d+;", src), src  # edges plainly
+    xd = x.double()
+    src = _kernel_source(t, [xd], [(m[0], m[1], torch.float64) for m in tmeta], (1,))
+    assert "stream_store" not in src and "_b += 8" in src  # tiles of 8 rows, plain stores
     monkeypatch.setattr(cpp, "STREAM_MIN_BYTES", 1 << 40)
     assert "stream_store" not in _kernel_source(add, [x, b], meta, (0,))
 

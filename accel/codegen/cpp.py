@@ -185,7 +185,8 @@ class CppRenderer(ColumnLoops, TiledLoops, CStyle):
         self.fused: Dict[int, int] = {}  # a loop held at 0 -> the loop inside it that runs for both
         if len(order) >= 3 and self.expand_invariants and self.tile is None:
             self._plan_expansion(order, scopes)
-        self.streamed = self._plan_streams(nest) if self.stream_stores and self.tile is None else {}
+        self.streamed = (self._plan_streams(nest) if self.stream_stores
+                         and (self.tile is None or self._transposing_tile()) else {})
         self.streaming: Optional[str] = None  # the block variable while emitting a streamed block
 
     def _plan_streams(self, nest: Nest) -> Dict[int, str]:

@@ -25,7 +25,11 @@ TILE = 8
 #: microbenchmark of ``x.t() + y`` [8192, 1024] float32 on the dev VM, ms: the tiles of 8 above
 #: 12.2-12.3, 8 x 8 register transposes straight into the output 6.6-6.9, tiles of 32 filled by
 #: them 6.9-7.1, of 64 5.4; tiles of 16 and 32 filled element by element 15.6 and 17.2
-#: (torch.compile's kernel, from Python: 9.3-10.3)
+#: (torch.compile's kernel, from Python: 9.3-10.3). On the 2-core AVX-512 VM (AMD EPYC, 48 KiB
+#: L1), the same kernel: 8 x 8 blocks, plain stores 2.64-2.75; streamed whole tile rows
+#: 2.00-2.32; 16 x 16 AVX-512 blocks and streamed 1.66-1.94; tiles of 16 so 1.45-1.53 in C++
+#: alone, but slower from Python (``x.t() + y`` 2.92-3.06 ms against 2.65-2.72, a channels-last
+#: GroupNorm's contiguous output 5.7 against 2.3; torch.compile's tiles of 16, 1.6-2.4)
 TRANSPOSED_TILE = 64
 TRANSPOSED_TYPES = (torch.float32, torch.int32)
 #: longest loop whose values invariant in the loop around it are kept in stack arrays
@@ -84,7 +88,7 @@ class TiledLoops:
         :meth:`_emit_transposed_tile` instead."""
         u, v, loads = self.tile
         us, inner = self.nest_scopes[j + 1], self.nest_scopes[j + 2]
-        if all(self.ir.buffers[x.args[0]].dtype in TRANSPOSED_TYPES for x in loads):
+        if self._transposing_tile():
             self._emit_transposed_tile(j, out, ind, parallel)
             return
         U, V = self.ir.sizes[u], self.ir.sizes[v]
@@ -109,18 +113,31 @@ class TiledLoops:
         self._emit_items(inner, out, ind2 + "    ")
         out += [f"{ind2}  }}", f"{ind2}}}", f"{ind}}}"]
 
+    def _transposing_tile(self) -> bool:
+        """Whether :meth:`_plan_tile`'s tile is :meth:`_emit_transposed_tile`'s: every
+        transposed load holds 4-byte values (:data:`TRANSPOSED_TYPES`)."""
+        return self.tile is not None and all(
+            self.ir.buffers[x.args[0]].dtype in TRANSPOSED_TYPES for x in self.tile[2])
+
     def _emit_transposed_tile(self, j: int, out: List[str], ind: str, parallel: bool) -> None:
         """The loops ``u, v`` of :meth:`_plan_tile` in tiles of :data:`TRANSPOSED_TILE`
         values of each: each transposed load's tile into a stack array, transposed
         (``accel::transpose_tile``: 8 x 8 blocks through AVX registers), then for each ``u``
         of the tile its values and a vectorized loop along ``v`` that reads the loads'
-        tiles contiguously and writes the output's row."""
+        tiles contiguously and writes the output's row: where the stores are streamed
+        (:meth:`_plan_streams`), a whole row of the tile into stack arrays, then to memory
+        (``accel::stream_store``), each thread fencing its stores at its end."""
         u, v, loads = self.tile
         U, V, T = self.ir.sizes[u], self.ir.sizes[v], TRANSPOSED_TILE
         us, inner = self.nest_scopes[j + 1], self.nest_scopes[j + 2]
         b, c = f"i{u}_b", f"i{v}_b"
+        fence = parallel and self.streamed
+        if fence:
+            out += [f"{ind}#pragma omp parallel", f"{ind}{{"]
+            ind += "  "
         if parallel:
-            out.append(f"{ind}#pragma omp parallel for collapse(2) schedule(static)")
+            out.append(f"{ind}#pragma omp {'' if fence else 'parallel '}for collapse(2) schedule(static)"
+                       + (" nowait" if fence else ""))
         out.append(f"{ind}for (int64_t {b} = 0; {b} < {U}; {b} += {T}) {{")
         out.append(f"{ind}  for (int64_t {c} = 0; {c} < {V}; {c} += {T}) {{")
         ind2 = ind + "    "
@@ -136,12 +153,36 @@ class TiledLoops:
         out.append(f"{ind2}for (int64_t {b}_k = 0; {b}_k < {b}_n; ++{b}_k) {{")
         out.append(f"{ind2}  const int64_t i{u} = {b} + {b}_k;")
         self._emit_items(us, out, ind2 + "  ")
-        out.append(f"{ind2}  #pragma omp simd")
-        out.append(f"{ind2}  for (int64_t {c}_k = 0; {c}_k < {c}_n; ++{c}_k) {{")
-        out.append(f"{ind2}    const int64_t i{v} = {c} + {c}_k;")
-        self._emit_items(inner, out, ind2 + "    ")
+        ind3 = ind2 + "  "
+        if self.streamed:  # a whole row of the tile streamed, the edge tiles' plainly
+            stores = [st for k, st in inner.items if k == "store" and id(st) in self.streamed]
+            out.append(f"{ind3}if ({c}_n == {T}) {{")
+            out += [f"{ind3}  alignas(64) {self.ctype(self.ir.buffers[st.buf].dtype)} "
+                    f"{self.streamed[id(st)]}[{T}];" for st in stores]
+            self._tile_row(c, str(T), inner, out, ind3 + "  ", v, stream=True)
+            out.append(f"{ind3}  const int64_t i{v} = {c};")
+            out += [f"{ind3}  accel::stream_store<{T}>(&b{st.buf}[{self._addr(st.addr)}], "
+                    f"{self.streamed[id(st)]});" for st in stores]
+            out.append(f"{ind3}}} else {{")
+            self._tile_row(c, f"{c}_n", inner, out, ind3 + "  ", v)
+            out.append(f"{ind3}}}")
+        else:
+            self._tile_row(c, f"{c}_n", inner, out, ind3, v)
         self.tiled = {}
-        out += [f"{ind2}  }}", f"{ind2}}}", f"{ind}  }}", f"{ind}}}"]
+        out += [f"{ind2}}}", f"{ind}  }}", f"{ind}}}"]
+        if fence:
+            out += [f"{ind}accel::stream_fence();", f"{ind[:-2]}}}"]
+
+    def _tile_row(self, c: str, n: str, inner, out: List[str], ind: str, v: int, stream: bool = False) -> None:
+        """A row of a transposed tile: ``n`` values of ``v`` from ``c``, vectorized (into the
+        streamed stores' stack arrays where ``stream``)."""
+        out.append(f"{ind}#pragma omp simd")
+        out.append(f"{ind}for (int64_t {c}_k = 0; {c}_k < {n}; ++{c}_k) {{")
+        out.append(f"{ind}  const int64_t i{v} = {c} + {c}_k;")
+        self.streaming = c if stream else None
+        self._emit_items(inner, out, ind + "  ")
+        self.streaming = None
+        out.append(f"{ind}}}")
 
     def _plan_expansion(self, order, scopes) -> None:
         """Loops ``h, g, v`` innermost, ``v`` shorter than :data:`CONTIGUOUS_RUN` and ``g * v``

@@ -18,6 +18,9 @@
 #include "accel/kernel.h"
 #include "accel/half.h"
 #include "accel/libm_names.h"
+#if defined(__AVX__)
+#include <immintrin.h> /* accel::transpose_tile's vector transposes */
+#endif
 
 namespace accel {
 /* Each OpenMP thread's partial results of a column reduction whose rows are split among the
@@ -32,12 +35,61 @@ struct Partials {
   Partials& operator=(const Partials&) = delete;
 };
 /* A transposing nest's tile (accel/codegen/tiles.py, TiledLoops._emit_transposed_tile):
- * dst[c * T + r] = src[c + r * sv] for c < un, r < vn. 4-byte values go as 8 x 8 blocks through
- * AVX registers (eight 8-wide loads, the unpack / shuffle / lane-permute transpose, eight
- * stores: as Inductor's CPU transposes), a partial tile's too (a channels-last group norm's
- * 8 channels a group); the edges past a multiple of 8 element by element. */
+ * dst[c * T + r] = src[c + r * sv] for c < un, r < vn. 4-byte values go through vector
+ * registers: 16 x 16 blocks with AVX-512 (sixteen 16-wide loads, each a whole cache line, the
+ * unpack / shuffle transpose of Inductor's transpose_mxn, from FBGEMM), else 8 x 8 with AVX
+ * (the unpack / shuffle / lane-permute transpose), a partial tile's too (a channels-last group
+ * norm's 8 channels a group); the edges past a multiple of 8 element by element. A tile's
+ * blocks go along its rows first: the lines a block reads part of are read whole by the next
+ * (a source row's lines, a power of two apart, share one cache set). */
+#if defined(__AVX512F__)
+inline void transpose_16x16(const float* s, int64_t sv, float* d, int64_t T) {
+  __m512 in[16], t[16];
+  for (int i = 0; i < 16; ++i) in[i] = _mm512_loadu_ps(s + i * sv);
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(in[2 * i], in[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(in[2 * i], in[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    const __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 1]);
+    const __m512d c = _mm512_castps_pd(t[4 * i + 2]), e = _mm512_castps_pd(t[4 * i + 3]);
+    in[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+    in[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+    in[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, e));
+    in[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, e));
+  }
+  for (int i = 0; i < 2; ++i)
+    for (int k = 0; k < 4; ++k) {
+      t[8 * i + k] = _mm512_shuffle_f32x4(in[8 * i + k], in[8 * i + k + 4], 0x88);
+      t[8 * i + k + 4] = _mm512_shuffle_f32x4(in[8 * i + k], in[8 * i + k + 4], 0xdd);
+    }
+  for (int i = 0; i < 8; ++i) {
+    _mm512_storeu_ps(d + i * T, _mm512_shuffle_f32x4(t[i], t[8 + i], 0x88));
+    _mm512_storeu_ps(d + (i + 8) * T, _mm512_shuffle_f32x4(t[i], t[8 + i], 0xdd));
+  }
+}
+#endif
 #if defined(__AVX__)
-#include <immintrin.h>
+inline void transpose_8x8(const float* s, int64_t sv, float* d, int64_t T) {
+  __m256 r[8];
+  for (int k = 0; k < 8; ++k) r[k] = _mm256_loadu_ps(s + k * sv);
+  const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+  const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+  const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+  const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+  const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+  const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+  const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+  const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+  _mm256_storeu_ps(d + 0 * T, _mm256_permute2f128_ps(u0, u4, 0x20));
+  _mm256_storeu_ps(d + 1 * T, _mm256_permute2f128_ps(u1, u5, 0x20));
+  _mm256_storeu_ps(d + 2 * T, _mm256_permute2f128_ps(u2, u6, 0x20));
+  _mm256_storeu_ps(d + 3 * T, _mm256_permute2f128_ps(u3, u7, 0x20));
+  _mm256_storeu_ps(d + 4 * T, _mm256_permute2f128_ps(u0, u4, 0x31));
+  _mm256_storeu_ps(d + 5 * T, _mm256_permute2f128_ps(u1, u5, 0x31));
+  _mm256_storeu_ps(d + 6 * T, _mm256_permute2f128_ps(u2, u6, 0x31));
+  _mm256_storeu_ps(d + 7 * T, _mm256_permute2f128_ps(u3, u7, 0x31));
+}
 #endif
 template <int T, class E>
 inline void transpose_tile(const E* __restrict__ src, int64_t sv, E* __restrict__ dst, int64_t un, int64_t vn) {
@@ -45,30 +97,17 @@ inline void transpose_tile(const E* __restrict__ src, int64_t sv, E* __restrict_
   if (sizeof(E) == 4 && T % 8 == 0) {
     const float* s = reinterpret_cast<const float*>(src);
     float* d = reinterpret_cast<float*>(dst);
-    const int64_t ua = un & ~int64_t(7), va = vn & ~int64_t(7);
-    for (int64_t a = 0; a < ua; a += 8) {
-      for (int64_t b = 0; b < va; b += 8) {
-        __m256 r[8];
-        for (int k = 0; k < 8; ++k) r[k] = _mm256_loadu_ps(s + a + (b + k) * sv);
-        const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
-        const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
-        const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
-        const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
-        const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
-        const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
-        const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
-        const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
-        float* o = d + a * T + b;
-        _mm256_storeu_ps(o + 0 * T, _mm256_permute2f128_ps(u0, u4, 0x20));
-        _mm256_storeu_ps(o + 1 * T, _mm256_permute2f128_ps(u1, u5, 0x20));
-        _mm256_storeu_ps(o + 2 * T, _mm256_permute2f128_ps(u2, u6, 0x20));
-        _mm256_storeu_ps(o + 3 * T, _mm256_permute2f128_ps(u3, u7, 0x20));
-        _mm256_storeu_ps(o + 4 * T, _mm256_permute2f128_ps(u0, u4, 0x31));
-        _mm256_storeu_ps(o + 5 * T, _mm256_permute2f128_ps(u1, u5, 0x31));
-        _mm256_storeu_ps(o + 6 * T, _mm256_permute2f128_ps(u2, u6, 0x31));
-        _mm256_storeu_ps(o + 7 * T, _mm256_permute2f128_ps(u3, u7, 0x31));
-      }
+    int64_t u16 = 0, v16 = 0;  // the part done in 16 x 16 blocks
+#if defined(__AVX512F__)
+    if (T % 16 == 0) {
+      u16 = un & ~int64_t(15), v16 = vn & ~int64_t(15);
+      for (int64_t b = 0; b < v16; b += 16)
+        for (int64_t a = 0; a < u16; a += 16) transpose_16x16(s + a + b * sv, sv, d + a * T + b, T);
     }
+#endif
+    const int64_t ua = un & ~int64_t(7), va = vn & ~int64_t(7);
+    for (int64_t b = 0; b < va; b += 8)
+      for (int64_t a = b < v16 ? u16 : 0; a < ua; a += 8) transpose_8x8(s + a + b * sv, sv, d + a * T + b, T);
     for (int64_t r = 0; r < vn; ++r)  // the edges: columns past ua, rows past va
       for (int64_t c = r < va ? ua : 0; c < un; ++c) dst[c * T + r] = src[c + r * sv];
     return;
