@@ -147,6 +147,34 @@ def test_every_kernel_mode_is_correct(name, fn, shape):
     torch.testing.assert_close(again, expected)
 
 
+def _with_special_values(x, dim):
+    """``x`` (2-d) with special values along its reduced dim ``dim``, in lines 0-7 of the
+    other: all -inf, -inf in the first half only, one +inf, two +inf, a NaN, -inf and +inf
+    together, values near float32's largest, -inf in the second half only."""
+    t = x.movedim(dim, -1)  # a view: the writes land in x
+    n = t.shape[-1]
+    h = n // 2
+    t[0] = -math.inf
+    t[1, :h] = -math.inf
+    t[2, 7] = math.inf
+    t[3, [5, n - 3]] = math.inf
+    t[4, n - 1] = math.nan
+    t[5, 3], t[5, 9] = -math.inf, math.inf
+    t[6] = t[6] * 1e37
+    t[7, h:] = -math.inf
+    return x
+
+
+def _check_against_float64(fns, x) -> None:
+    """Each of ``fns`` on ``x`` under accel, in a kernel: within float32's tolerance of the
+    float64 result, NaN exactly where eager's float32 result is NaN."""
+    for fn in fns:
+        actual, st = _run(fn, x)
+        torch.testing.assert_close(actual, fn(x.double()).float(), equal_nan=True)
+        assert torch.equal(actual.isnan(), fn(x).isnan())
+        assert st["kernel_runs"] >= 1 and st["eager_replays"] == 0, st
+
+
 @cuda
 @pytest.mark.parametrize("rows", [1000, 8192], ids=["one_block", "rows_split"])
 def test_column_softmax_special_values(rows):
@@ -156,21 +184,8 @@ def test_column_softmax_special_values(rows):
     value), one +inf, two +inf, a NaN, -inf and +inf together, and very large values.
     Against the float64 result rounded to float32, special values alike (eager's float32
     sums over 8192 rows are themselves up to 3e-5 off it); NaN where eager's is NaN."""
-    x = _x(rows, 128, seed=3) * 4
-    h = rows // 2
-    x[:, 0] = -math.inf
-    x[:h, 1] = -math.inf
-    x[7, 2] = math.inf
-    x[[5, rows - 3], 3] = math.inf
-    x[rows - 1, 4] = math.nan
-    x[3, 5], x[9, 5] = -math.inf, math.inf
-    x[:, 6] = x[:, 6] * 1e37
-    x[h:, 7] = -math.inf
-    for fn in (lambda t: torch.softmax(t, 0), lambda t: torch.log_softmax(t, 0)):
-        actual, st = _run(fn, x)
-        torch.testing.assert_close(actual, fn(x.double()).float(), equal_nan=True)
-        assert torch.equal(actual.isnan(), fn(x).isnan())
-        assert st["kernel_runs"] >= 1 and st["eager_replays"] == 0, st
+    x = _with_special_values(_x(rows, 128, seed=3) * 4, 0)
+    _check_against_float64([lambda t: torch.softmax(t, 0), lambda t: torch.log_softmax(t, 0)], x)
 
 
 @cuda
@@ -181,24 +196,10 @@ def test_row_softmax_special_values(cols):
     running max and sum a thread, merged across the block): rows all -inf, -inf in the
     first half only, one +inf, two +inf, a NaN, -inf and +inf together, very large values.
     Against the float64 result rounded to float32; NaN where eager's is NaN."""
-    x = _x(64, cols, seed=4) * 4
-    h = cols // 2
-    x[0] = -math.inf
-    x[1, :h] = -math.inf
-    x[2, 7] = math.inf
-    x[3, [5, cols - 3]] = math.inf
-    x[4, cols - 1] = math.nan
-    x[5, 3], x[5, 9] = -math.inf, math.inf
-    x[6] = x[6] * 1e37
-    x[7, h:] = -math.inf
+    x = _with_special_values(_x(64, cols, seed=4) * 4, 1)
     y = _x(cols, 64, seed=5)
-    fns = [lambda t: torch.softmax(t, -1), lambda t: torch.log_softmax(t, -1), lambda t: torch.logsumexp(t, -1),
-           lambda t: torch.softmax(t, -1) + y.t().to(t.dtype)]
-    for fn in fns:
-        actual, st = _run(fn, x)
-        torch.testing.assert_close(actual, fn(x.double()).float(), equal_nan=True)
-        assert torch.equal(actual.isnan(), fn(x).isnan())
-        assert st["kernel_runs"] >= 1 and st["eager_replays"] == 0, st
+    _check_against_float64([lambda t: torch.softmax(t, -1), lambda t: torch.log_softmax(t, -1),
+                            lambda t: torch.logsumexp(t, -1), lambda t: torch.softmax(t, -1) + y.t().to(t.dtype)], x)
 
 
 @cuda

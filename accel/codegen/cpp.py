@@ -525,12 +525,9 @@ class CppRenderer(ColumnLoops, TiledLoops, CStyle):
             self._emit_tile(j, out, ind, nest, parallel)
             return
         simd = innermost and not any(k == "group" for k, _ in self.nest_scopes[j + 1].items)
-        if parallel and self.streamed:  # each thread fences its streaming stores
-            out.append(f"{ind}#pragma omp parallel")
-            out.append(f"{ind}{{")
-            self._emit_loop(j, out, ind + "  ", nest, parallel, innermost, simd, "omp for schedule(static) nowait")
-            out.append(f"{ind}  accel::stream_fence();")
-            out.append(f"{ind}}}")
+        if parallel and self.streamed:
+            self._fenced_team(out, ind, lambda ind2: self._emit_loop(
+                j, out, ind2, nest, parallel, innermost, simd, "omp for schedule(static) nowait"))
             return
         narrowed = [(self.narrowed[id(st)], st) for k, st in self.nest_scopes[j + 1].items
                     if k == "store" and id(st) in self.narrowed] if innermost else []
@@ -546,6 +543,15 @@ class CppRenderer(ColumnLoops, TiledLoops, CStyle):
         for g, w in self.fused.items():
             n *= self.ir.sizes[g] if w == v else 1
         return n
+
+    @staticmethod
+    def _fenced_team(out: List[str], ind: str, emit) -> None:
+        """A parallel loop whose stores stream: one OpenMP team around it, its ``omp for``
+        ``nowait`` (``emit(ind)`` writes it), each thread fencing its own streaming stores
+        before the team ends."""
+        out += [f"{ind}#pragma omp parallel", f"{ind}{{"]
+        emit(ind + "  ")
+        out += [f"{ind}  accel::stream_fence();", f"{ind}}}"]
 
     def _emit_loop(self, j, out, ind, nest, parallel, innermost, simd, par_pragma) -> None:
         v = nest.vars[j]

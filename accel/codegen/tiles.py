@@ -122,22 +122,27 @@ class TiledLoops:
     def _emit_transposed_tile(self, j: int, out: List[str], ind: str, parallel: bool) -> None:
         """The loops ``u, v`` of :meth:`_plan_tile` in tiles of :data:`TRANSPOSED_TILE`
         values of each: each transposed load's tile into a stack array, transposed
-        (``accel::transpose_tile``: 8 x 8 blocks through AVX registers), then for each ``u``
-        of the tile its values and a vectorized loop along ``v`` that reads the loads'
-        tiles contiguously and writes the output's row: where the stores are streamed
-        (:meth:`_plan_streams`), a whole row of the tile into stack arrays, then to memory
-        (``accel::stream_store``), each thread fencing its stores at its end."""
+        (``accel::transpose_tile``: 16 x 16 blocks through AVX-512 registers, else 8 x 8
+        through AVX), then for each ``u`` of the tile its values and a vectorized loop along
+        ``v`` that reads the loads' tiles contiguously and writes the output's row: where the
+        stores are streamed (:meth:`_plan_streams`), a whole row of the tile into stack
+        arrays, then to memory (``accel::stream_store``), each thread fencing its stores at
+        its end (:meth:`_fenced_team`)."""
+        if parallel and self.streamed:
+            self._fenced_team(out, ind, lambda ind2: self._emit_tiles(
+                j, out, ind2, "omp for collapse(2) schedule(static) nowait"))
+        else:
+            self._emit_tiles(j, out, ind, "omp parallel for collapse(2) schedule(static)" if parallel else None)
+
+    def _emit_tiles(self, j: int, out: List[str], ind: str, par_pragma: Optional[str]) -> None:
+        """:meth:`_emit_transposed_tile`'s loops over the tiles (``par_pragma``: their
+        OpenMP pragma, None for none)."""
         u, v, loads = self.tile
         U, V, T = self.ir.sizes[u], self.ir.sizes[v], TRANSPOSED_TILE
         us, inner = self.nest_scopes[j + 1], self.nest_scopes[j + 2]
         b, c = f"i{u}_b", f"i{v}_b"
-        fence = parallel and self.streamed
-        if fence:
-            out += [f"{ind}#pragma omp parallel", f"{ind}{{"]
-            ind += "  "
-        if parallel:
-            out.append(f"{ind}#pragma omp {'' if fence else 'parallel '}for collapse(2) schedule(static)"
-                       + (" nowait" if fence else ""))
+        if par_pragma:
+            out.append(f"{ind}#pragma {par_pragma}")
         out.append(f"{ind}for (int64_t {b} = 0; {b} < {U}; {b} += {T}) {{")
         out.append(f"{ind}  for (int64_t {c} = 0; {c} < {V}; {c} += {T}) {{")
         ind2 = ind + "    "
@@ -170,8 +175,6 @@ class TiledLoops:
             self._tile_row(c, f"{c}_n", inner, out, ind3, v)
         self.tiled = {}
         out += [f"{ind2}}}", f"{ind}  }}", f"{ind}}}"]
-        if fence:
-            out += [f"{ind}accel::stream_fence();", f"{ind[:-2]}}}"]
 
     def _tile_row(self, c: str, n: str, inner, out: List[str], ind: str, v: int, stream: bool = False) -> None:
         """A row of a transposed tile: ``n`` values of ``v`` from ``c``, vectorized (into the
