@@ -331,6 +331,11 @@ def test_cuda_transposing_nest_runs_in_shared_memory_tiles():
     assert re.search(r"tp0\[threadIdx.y \+ r\]\[threadIdx.x \+ c\] = b0\[i0 \+ 600 \* i1\];", src), src
     assert re.search(r"= tp0\[threadIdx.x \+ c\]\[threadIdx.y \+ r\];(.|\n)*b2\[1000 \* i0 \+ i1\] =", src), src
     assert src.count("__syncthreads();") == 2
+    # y, read along the output's rows, into registers before the transposed tile's loads
+    # (4 values a thread, in the order the elements take them), read there by the elements
+    pre, tile = src.split("__syncthreads();")[:2]
+    assert "float pf0[4];" in pre and pre.index("pf0[(r / 8) * 1 + c / 32] = b1[1000 * i0 + i1];") < pre.index("tp0[threadIdx")
+    assert re.search(r"const float t\d+ = pf0\[\(r / 8\) \* 1 \+ c / 32\];", tile) and "b1[" not in tile, src
 
 
 @pytest.mark.parametrize("groups", [4, 16])
