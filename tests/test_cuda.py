@@ -203,6 +203,28 @@ def test_row_softmax_special_values(cols):
 
 
 @cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("case", ["t_add", "t_add_run16", "softmax_t_add"])
+def test_transposing_tiles_match_eager(case, dtype):
+    """Nests that read an input across the rows they write run in shared-memory tiles, the
+    elements' other loads read into registers before the tile's barrier: ``x.t() + y`` over
+    sizes that are not multiples of the tile (tiles of 32 x 32, edge tiles), a transposed
+    run of 16 values (tiles of 16 x 64: a warp reads two runs, the threads take the tile's
+    values in turn), and a softmax's output plus ``y.t()`` (its per-row values once a tile
+    in shared memory, ``x`` read ahead): every result as eager's."""
+    if case == "t_add":
+        fn, a, b = (lambda p, q: p.t() + q), _x(1000, 600, seed=1), _x(600, 1000, seed=2)
+    elif case == "t_add_run16":
+        fn, a, b = (lambda p, q: p.t() * 0.5 + q), _x(4100, 64, seed=3)[:, :16], _x(16, 4100, seed=4)
+    else:
+        fn, a, b = (lambda p, q: p.softmax(-1) + q.t()), _x(333, 1000, seed=5), _x(1000, 333, seed=6)
+    a, b = a.to(dtype), b.to(dtype)
+    actual, st = _run(fn, a, b)
+    torch.testing.assert_close(actual, fn(a, b))
+    assert st["kernel_runs"] >= 1 and st["eager_replays"] == 0, st
+
+
+@cuda
 @pytest.mark.parametrize("groups", [8, 32])
 def test_channels_last_group_norm_matches_eager(groups):
     """A channels-last GroupNorm written contiguous (torch 2.11's CUDA group norm): its
