@@ -326,7 +326,8 @@ class CudaRenderer(ColumnTiles, TransposeTiles, CppRenderer):
             return inner[0], self.nest_scopes[-2], self.nest_scopes[-1]
         scope = self.nest_scopes[lvl]
         groups = [g for k, g in scope.items if k == "group"]
-        if inner or len(groups) < 2 or any(len(g.rvars) != 1 for g in groups) or len({self.ir.sizes[g.rvars[0]] for g in groups}) != 1:
+        if (inner or len(groups) < 2 or any(len(g.rvars) != 1 for g in groups)
+                or len({self.ir.sizes[g.rvars[0]] for g in groups}) != 1):
             return None
         return groups[0].rvars[0], scope, None
 

@@ -284,9 +284,10 @@ struct MergeMoments {
 
 /* A running softmax maximum m and sum s of exp(x - m), a value at a time, and the merge of
  * two (Milakov & Gimelshein 2018, "Online normalizer calculation for softmax"): one pass
- * over memory in column mode and in block loops (rows too long for registers). Special values as accel.library.online_softmax's: a -inf
- * adds 0 (s stays 0 while every value seen is -inf), a NaN makes both NaN, a +inf makes s
- * NaN (exp(inf - inf), as in eager's sum). Start from {-INFINITY, 0}. */
+ * over memory in column mode and in block loops (rows too long for registers). Special
+ * values as accel.library.online_softmax's: a -inf adds 0 (s stays 0 while every value seen
+ * is -inf), a NaN makes both NaN, a +inf makes s NaN (exp(inf - inf), as in eager's sum).
+ * Start from {-INFINITY, 0}. */
 template <typename T> struct SoftmaxState {
   T m, s;
   __device__ __forceinline__ void add(T x) {  // selects, one exp: no divergent branches
