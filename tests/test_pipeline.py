@@ -338,6 +338,24 @@ def test_cuda_transposing_nest_runs_in_shared_memory_tiles():
     assert re.search(r"const float t\d+ = pf0\[\(r / 8\) \* 1 \+ c / 32\];", tile) and "b1[" not in tile, src
 
 
+def test_cuda_transposing_tile_with_run_values_reads_its_loads_first():
+    """``x.softmax(-1) + y.t()``: the tile's run values (the rows' max and sum, once a
+    tile) come after the tile's transposed loads, read into registers (``ld0``) behind the
+    other loads (``pf0``), and only then does the tile go to shared memory: all three
+    groups of loads are in flight together before the barrier."""
+    from accel.codegen.cuda import CudaRenderer
+
+    m = ((16384, 4096), (4096, 1), torch.float32)
+    calls = [(aten._softmax.default, (("x", 0), ("c", -1), ("c", False)), {}, 1),
+             (aten.add.Tensor, (("o", 0), ("x", 1)), {}, 1)]
+    ir = _lowered(calls, [torch.empty(16384, 4096), torch.empty(4096, 16384).t()], [m, m], (1,))
+    src = CudaRenderer().render(ir, "accel_region_golden")
+    pre = src[src.index("__shared__ float tp0"):].split("__syncthreads();")[0]
+    order = [pre.index(s) for s in ("pf0[(r / 8) * 1 + c / 32] = b0[", "ld0[(r / 8) * 1 + c / 32] = b1[",
+                                     "tq0[k] = ", "tp0[threadIdx.y + r][threadIdx.x + c] = ld0[(r / 8) * 1 + c / 32];")]
+    assert order == sorted(order) and "float ld0[4];" in pre, src
+
+
 @pytest.mark.parametrize("groups", [4, 16])
 def test_cuda_channels_last_group_norm_output_runs_in_transposing_tiles(groups):
     """A channels-last group norm written contiguous (torch 2.11's CUDA group norm): its

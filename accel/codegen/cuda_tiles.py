@@ -82,7 +82,13 @@ class TransposeTiles:
         .softmax(-1)`` [16384, 4096]: 198 -> 164. The elements' other loads (the ``x`` of
         ``x.softmax(-1) + y.t()``) are read into registers before the transposed ones, so
         that both are in flight before the barrier (that kernel, [16384, 4096] on the H200:
-        264 -> 215 us; ``x.t() + y`` 195 and 196). Returns the body, the grid and the block."""
+        264 -> 215 us; ``x.t() + y`` 195 and 196). Where the tile has both run values and such
+        other loads, its transposed loads go into registers too, the run values after them
+        and the shared tile last, so that all are in flight together (the softmax's max and
+        sum had waited on the other loads: 215 -> 186 us). Without other loads the run
+        values stay first: the same order slowed the channels-last group norm's output
+        kernel (83 -> 93 us; ``x.t().softmax(-1)`` 164 -> 162). Returns the body, the grid
+        and the block."""
         run, v = self._run(order, loads), order[-1]
         u = run[-1] if len(run) == 1 else f"{run[-1]}_r"  # a run of several loops: i{u} combines them
         U, V, T, R = self._size(run), self.ir.sizes[v], TRANSPOSE_TILE, TRANSPOSE_ROWS
@@ -101,18 +107,19 @@ class TransposeTiles:
         out.append(f"    const int64_t {f}_v = ({f} % {nv}) * {tv}, {f}_u = ({f} / {nv} % {nu}) * {tu};")
         if outer:
             self._decompose(f"({f} / {nu * nv})", outer, out, "    ")
-        if kept:  # the run's values, once a tile: the first tu threads, into shared memory
-            out.append(f"    for (int k = threadIdx.y * 32 + threadIdx.x; k < {tu}; k += {32 * R}) {{")
-            out.append(f"      const int64_t i{u} = {f}_u + k, i{v} = {f}_v;")
-            out.append(f"      if (i{u} < {U}) {{")
+        kl: List[str] = []  # the run's values, once a tile: the first tu threads, into shared memory
+        if kept:
+            kl.append(f"    for (int k = threadIdx.y * 32 + threadIdx.x; k < {tu}; k += {32 * R}) {{")
+            kl.append(f"      const int64_t i{u} = {f}_u + k, i{v} = {f}_v;")
+            kl.append(f"      if (i{u} < {U}) {{")
             if len(run) > 1:
-                self._decompose(f"i{u}", run, out, "        ")
+                self._decompose(f"i{u}", run, kl, "        ")
             self.tile_vars = (*run, v)  # a store here: by the tile at v = 0, the run's 0s
             for sc in self.nest_scopes[:-1]:
-                self._emit_items(sc, out, "        ")
+                self._emit_items(sc, kl, "        ")
             self.tile_vars = ()
-            out += [f"        tq{k}[k] = {self._name(x, self.nest_scopes[-2])};" for k, x in enumerate(kept)]
-            out += ["      }", "    }"]
+            kl += [f"        tq{k}[k] = {self._name(x, self.nest_scopes[-2])};" for k, x in enumerate(kept)]
+            kl += ["      }", "    }"]
 
         def tile_loop(rows, cols, iu, iv, body):  # rows of TRANSPOSE_ROWS, columns of 32 threads
             out.append("    #pragma unroll")
@@ -143,9 +150,19 @@ class TransposeTiles:
         if ahead:
             tile_loop(tu, tv, wu, wv, lambda: [f"          pf{k}[{j}] = b{x.args[0]}[{self._addr(x.args[1])}];"
                                                for k, x in enumerate(ahead)])
-        tile_loop(tv, tu, ru, rv,
-                  lambda: [f"          tp{k}[{rv}][{ru}] = b{x.args[0]}[{self._addr(x.args[1])}];"
-                           for k, x in enumerate(loads)])
+        if kept and ahead:  # the tile's loads into registers, then the run's values, then the tile
+            out += [f"    {self.ctype(x.dtype)} ld{k}[{tu * tv // (32 * R)}];" for k, x in enumerate(loads)]
+            jt = f"(r / {R}) * {tu // 32} + c / 32" if m == 1 else "k"
+            tile_loop(tv, tu, ru, rv, lambda: [f"          ld{k}[{jt}] = b{x.args[0]}[{self._addr(x.args[1])}];"
+                                               for k, x in enumerate(loads)])
+            out += kl
+            tile_loop(tv, tu, ru, rv, lambda: [f"          tp{k}[{rv}][{ru}] = ld{k}[{jt}];"
+                                               for k, x in enumerate(loads)])
+        else:
+            out += kl
+            tile_loop(tv, tu, ru, rv,
+                      lambda: [f"          tp{k}[{rv}][{ru}] = b{x.args[0]}[{self._addr(x.args[1])}];"
+                               for k, x in enumerate(loads)])
         out.append("    __syncthreads();")
         self.tiled = {x: f"tp{k}[{wv}][{wu}]" for k, x in enumerate(loads)}
         self.tiled.update((x, f"pf{k}[{j}]") for k, x in enumerate(ahead))
