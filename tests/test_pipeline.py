@@ -351,9 +351,12 @@ def test_cuda_transposing_tile_with_run_values_reads_its_loads_first():
     ir = _lowered(calls, [torch.empty(16384, 4096), torch.empty(4096, 16384).t()], [m, m], (1,))
     src = CudaRenderer().render(ir, "accel_region_golden")
     pre = src[src.index("__shared__ float tp0"):].split("__syncthreads();")[0]
-    order = [pre.index(s) for s in ("pf0[(r / 8) * 1 + c / 32] = b0[", "ld0[(r / 8) * 1 + c / 32] = b1[",
+    order = [pre.index(s) for s in ("pf0[(r / 8) * 2 + c / 32] = b0[", "ld0[(r / 8) * 1 + c / 32] = b1[",
                                      "tq0[k] = ", "tp0[threadIdx.y + r][threadIdx.x + c] = ld0[(r / 8) * 1 + c / 32];")]
-    assert order == sorted(order) and "float ld0[4];" in pre, src
+    assert order == sorted(order) and "float ld0[8];" in pre and "float pf0[8];" in pre, src
+    # tiles of 32 x 64 where there are run values (8 values a thread): the run values and the
+    # barrier once per twice the values
+    assert "__shared__ float tp0[64][33];" in src, src
 
 
 @pytest.mark.parametrize("groups", [4, 16])
@@ -364,7 +367,8 @@ def test_cuda_channels_last_group_norm_output_runs_in_transposing_tiles(groups):
     position's 64 channels, the group loop and the channel loop as one
     (``TransposeTiles._run``: a group's 16 or 4 channels alone were a short run, or too
     short to tile), so tiles of 32 x 32; the group and channel come back from the run's
-    index. The mean and rstd outputs, stored beside it, by one thread each."""
+    index. The mean and rstd outputs, stored beside it, by one thread each. With these run
+    values (a channel's scale and shift) a tile is 32 channels by 64 positions."""
     from accel.codegen.cuda import CudaRenderer
 
     N, C, H, W, G = 4, 64, 16, 16, groups
@@ -377,8 +381,8 @@ def test_cuda_channels_last_group_norm_output_runs_in_transposing_tiles(groups):
     assert not any(e.op == "reduce" for st in ir.nests[-1].stores for e in walk(st.value, set()))
     r = CudaRenderer()
     src = r.render(ir, "accel_region_golden")
-    assert "__shared__ float tp0[32][33];" in src, src
-    assert r.launches[-1]["grid"] == [N * 2 * 8, 1, 1], r.launches  # 2 x 8 tiles an image
+    assert "__shared__ float tp0[64][33];" in src, src  # run values: tiles of 32 x 64
+    assert r.launches[-1]["grid"] == [N * 2 * 4, 1, 1], r.launches  # 2 x 4 tiles an image
     k = C // G
     m = re.search(rf"const int64_t (i\d+)_r = (f\d+)_u \+ threadIdx.x \+ c, (i\d+) = \2_v \+ threadIdx.y \+ r;\s*"
                   rf"if \(\1_r < 64 && \3 < 256\) {{\s*const int64_t \1 = \1_r % {k};\s*"

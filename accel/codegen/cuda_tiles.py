@@ -66,7 +66,8 @@ class TransposeTiles:
     def _transpose_tiles(self, order, loads: List[Expr], out: List[str]):
         """The nest of :meth:`_plan_transpose` in tiles of ``tu`` x ``tv`` values of its last
         two loops ``u, v`` (``tu`` :data:`TRANSPOSE_TILE`, or less where ``u`` is shorter;
-        ``tu * tv`` the square of :data:`TRANSPOSE_TILE`), a block of 32 x
+        ``tu * tv`` the square of :data:`TRANSPOSE_TILE`, twice that with run values: below),
+        a block of 32 x
         :data:`TRANSPOSE_ROWS` threads a tile (the shared-memory transpose of NVIDIA's "An
         Efficient Matrix Transpose in CUDA C/C++"): the threads read each transposed load's
         tile along ``u`` into shared memory (coalesced; where ``tu`` is shorter than 32, a
@@ -87,13 +88,20 @@ class TransposeTiles:
         and the shared tile last, so that all are in flight together (the softmax's max and
         sum had waited on the other loads: 215 -> 186 us). Without other loads the run
         values stay first: the same order slowed the channels-last group norm's output
-        kernel (83 -> 93 us; ``x.t().softmax(-1)`` 164 -> 162). Returns the body, the grid
-        and the block."""
+        kernel (83 -> 93 us; ``x.t().softmax(-1)`` 164 -> 162). A tile with run values is
+        twice as long along ``v`` (32 x 64 values, 8 a thread) where ``v`` has at least four
+        such tiles: its run values and its barrier come once per twice the values (that
+        group norm's output kernel 83 -> 77 us; the softmaxes above unchanged; without run
+        values longer tiles were slower: ``x.t() + y`` 196 -> 279). Returns the body, the
+        grid and the block."""
         run, v = self._run(order, loads), order[-1]
         u = run[-1] if len(run) == 1 else f"{run[-1]}_r"  # a run of several loops: i{u} combines them
         U, V, T, R = self._size(run), self.ir.sizes[v], TRANSPOSE_TILE, TRANSPOSE_ROWS
         tu = T if U >= T else 1 << (U.bit_length() - 1)
         tv, m = T * T // tu, T // tu  # m: the runs of u a warp reads
+        kept = self._run_values()
+        if kept and V >= 4 * tv:  # the run values and the barrier once per twice the values
+            tv *= 2
         nu, nv = -(-U // tu), -(-V // tv)
         outer = order[:-1 - len(run)]
         tiles = self._size(outer) * nu * nv
@@ -101,7 +109,6 @@ class TransposeTiles:
         f = f"f{self.ntemp}"
         self.ntemp += 1
         out += [f"  __shared__ {self.ctype(x.dtype)} tp{k}[{tv}][{tu + 1}];" for k, x in enumerate(loads)]
-        kept = self._run_values()
         out += [f"  __shared__ {self.ctype(x.dtype)} tq{k}[{tu}];" for k, x in enumerate(kept)]
         out.append(f"  for (int64_t {f} = blockIdx.x; {f} < {tiles}; {f} += gridDim.x) {{")
         out.append(f"    const int64_t {f}_v = ({f} % {nv}) * {tv}, {f}_u = ({f} / {nv} % {nu}) * {tu};")
