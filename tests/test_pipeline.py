@@ -338,6 +338,25 @@ def test_cuda_transposing_nest_runs_in_shared_memory_tiles():
     assert re.search(r"const float t\d+ = pf0\[\(r / 8\) \* 1 \+ c / 32\];", tile) and "b1[" not in tile, src
 
 
+@pytest.mark.parametrize("n", [5, 6])
+def test_cuda_transposing_tiles_fit_a_blocks_shared_memory(n):
+    """A sum of ``n`` transposed float64 inputs: each load's 32 x 33 tile takes 8448 bytes
+    of shared memory; five (41 KiB) run in tiles, six (49.5 KiB, past TRANSPOSE_SMEM) as a
+    plain nest: above 48 KiB a block's shared memory must be dynamic and opted into (CUDA C++
+    Programming Guide), where the tiles' is static (ptxas 13.0 builds the six tiles'
+    kernel, with 50688 bytes of static shared memory)."""
+    from accel.codegen.cuda import CudaRenderer
+    from accel.codegen.cuda_shapes import TRANSPOSE_SMEM
+
+    calls = [(aten.add.Tensor, (("x", 0), ("x", 1)), {}, 1)]
+    calls += [(aten.add.Tensor, (("o", k), ("x", k + 2)), {}, 1) for k in range(n - 2)]
+    ts = [torch.empty(600, 1000, dtype=torch.float64).t() for _ in range(n)]
+    m = ((1000, 600), (600, 1), torch.float64)
+    ir = _lowered(calls, ts, [m] * (n - 1), (n - 2,))
+    src = CudaRenderer().render(ir, "accel_region_golden")
+    assert (src.count("__shared__ double tp") == n) == (n * 32 * 33 * 8 <= TRANSPOSE_SMEM), src
+
+
 def test_cuda_transposing_tile_with_run_values_reads_its_loads_first():
     """``x.softmax(-1) + y.t()``: the tile's run values (the rows' max and sum, once a
     tile) come after the tile's transposed loads, read into registers (``ld0``) behind the

@@ -84,3 +84,10 @@ TRANSPOSE_ROWS = 8
 #: the shortest contiguous run (``u``'s size) a transposing tile reads: a tile of 8 x 128
 #: values reads 32-byte sectors whole
 TRANSPOSE_MIN_RUN = 8
+#: shared memory a block's transposing tiles may take (bytes; the tiles' shared memory is
+#: static, which the CUDA C++ Programming Guide limits to 48 KiB a block, the rest of the
+#: kernel's own taking about 1 KiB more): a nest whose loads' tiles need more is not tiled,
+#: and a tile with run values is twice as long only where its tiles then take at most
+#: TRANSPOSE_LONG_SMEM (two float32 loads' tiles, one float64's)
+TRANSPOSE_SMEM = 44 << 10
+TRANSPOSE_LONG_SMEM = 24 << 10

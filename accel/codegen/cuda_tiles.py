@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import List
 
 from ..loop_ir import Expr
-from .cuda_shapes import MAX_GRID, TRANSPOSE_MIN_RUN, TRANSPOSE_ROWS, TRANSPOSE_TILE
+from .cuda_shapes import (MAX_GRID, TRANSPOSE_LONG_SMEM, TRANSPOSE_MIN_RUN, TRANSPOSE_ROWS, TRANSPOSE_SMEM,
+                          TRANSPOSE_TILE)
 from .tiles import one_run, transposed_loads
 
 
@@ -35,6 +36,8 @@ class TransposeTiles:
         loads = transposed_loads(self.nest_scopes[-1], u, v, TRANSPOSE_TILE)
         if not loads or self._size(self._run(order, loads)) < TRANSPOSE_MIN_RUN:
             return []
+        if _tiles_bytes(loads, TRANSPOSE_TILE, TRANSPOSE_TILE) > TRANSPOSE_SMEM:
+            return []  # more shared memory than a block has
         return loads
 
     def _run(self, order, loads: List[Expr]) -> list:
@@ -100,8 +103,8 @@ class TransposeTiles:
         tu = T if U >= T else 1 << (U.bit_length() - 1)
         tv, m = T * T // tu, T // tu  # m: the runs of u a warp reads
         kept = self._run_values()
-        if kept and V >= 4 * tv:  # the run values and the barrier once per twice the values
-            tv *= 2
+        if kept and V >= 4 * tv and _tiles_bytes(loads, tu, 2 * tv) <= TRANSPOSE_LONG_SMEM:
+            tv *= 2  # the run values and the barrier once per twice the values
         nu, nv = -(-U // tu), -(-V // tv)
         outer = order[:-1 - len(run)]
         tiles = self._size(outer) * nu * nv
@@ -189,3 +192,8 @@ class TransposeTiles:
         out.append("    __syncthreads();")
         out.append("  }")
         return out, min(tiles, MAX_GRID), (32, R)
+
+
+def _tiles_bytes(loads: List[Expr], tu: int, tv: int) -> int:
+    """Shared memory of the tiles of ``loads``, ``tv`` rows of ``tu + 1`` values each."""
+    return sum(tv * (tu + 1) * x.dtype.itemsize for x in loads)
