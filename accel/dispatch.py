@@ -387,12 +387,13 @@ def _load(entry) -> None:
 
 def _register(lib, deferrable) -> Optional[bytes]:
     """Register (or re-register) the filter's fallback with the ops it may defer
-    (``deferrable``, OpOverloads) and the view ops; returns the reason it cannot, or None."""
+    (``deferrable``, OpOverloads; with them :data:`accel.ops.MODE_OPS`, which the mode must
+    see) and the view ops; returns the reason it cannot, or None."""
     from .interceptor import AccelMode, _DynamoSafeAccelMode, flush
-    from .ops import VIEW_OPS
+    from .ops import MODE_OPS, VIEW_OPS
     from .region import RegionCore
 
-    names = "\n".join(_name(op) for op in deferrable).encode()
+    names = "\n".join(_name(op) for op in [*deferrable, *MODE_OPS]).encode()
     views = "\n".join(_name(op) for op in VIEW_OPS).encode()
     replay = getattr(RegionCore, "_replay", None)  # the native core's (the twin: never called)
     return lib.accel_filter_register(names, views, id(AccelMode), id(_DynamoSafeAccelMode),

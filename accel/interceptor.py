@@ -387,6 +387,10 @@ class AccelMode(TorchDispatchMode):
             out = _record(self, region, func, spec, args, kwargs)
             return func(*args, **kwargs) if out is _EAGER else out
         if id(func) not in self.views and region.calls:
+            if func is _NLL_FORWARD and not region.busy and not (_len_modes() and _traced_below()):
+                out = _nll_of_log_softmax(self, region, args, kwargs)
+                if out is not None:
+                    return out
             _flush_region(region)
         return func._op(*args, **kwargs)  # the C++ op itself, past OpOverload.__call__
 
@@ -410,6 +414,85 @@ class AccelMode(TorchDispatchMode):
             elif id(func) not in self.views and region.calls:
                 _flush_region(region)
         return func._op(*args, **kwargs)
+
+
+_aten = torch.ops.aten
+_NLL_FORWARD = _aten.nll_loss_forward.default
+_LOG_SOFTMAX = _aten._log_softmax.default
+_data_ptr = torch._C.TensorBase.data_ptr  # the real one: Tensor.data_ptr is a flushing hook
+
+
+def _nll_of_log_softmax(mode, region, args, kwargs):
+    """``nll_loss_forward(logp, target, None, reduction, ignore_index)`` where ``logp`` [N, C]
+    is the pending output of ``_log_softmax(x, 1)`` over a float32 or float64 ``x`` from
+    outside the region (``F.cross_entropy``'s two halves), without reading ``logp``: since
+    ``-logp[i, t] = (max_i - x[i, t]) + log(sum_j exp(x[i, j] - max_i))``, eager's own
+    ``nll_loss_forward`` on ``x`` gives each row's ``-x[i, t]`` (0 where ``t`` is
+    ``ignore_index``; its checks and errors on the target are eager's, and so is the total
+    weight), and the rows' max, sum of exponentials, logarithm, the mask of ignored targets
+    and the reduction are deferred into the region, as calls of their own. ``logp`` is then
+    written only where something keeps it: the region reads ``x`` once and writes no [N, C]
+    output, as Inductor's fused cross entropy does. Not where ``logp`` requires grad
+    (training: autograd keeps it for the backward, so it is written anyway, and the usual
+    path computes its statistics and writes it in one pass over each row). The row's terms add as eager's log_softmax subtracts them
+    (``(x - max) - log(sum)``), so no cancellation beyond eager's own.
+
+    Returns:
+        ``(output, total_weight)`` as ``nll_loss_forward`` returns them, or None where the
+        pattern does not hold or eager's ``nll_loss_forward`` on ``x`` raised (the call then
+        runs as usual: the region flushed, eager's call on ``logp``, raising its error).
+    """
+    if kwargs or len(args) != 5:
+        return None
+    logp, target, weight, reduction, ignore_index = args
+    if weight is not None or region.mutates_ext or reduction not in (0, 1, 2) or logp.requires_grad:
+        # (a pending write into an external input: x or the target read twice; autograd
+        # keeps a logp that requires grad for the backward: written anyway)
+        return None
+    i = region.out_ids.get(id(logp))
+    if i is None or region.outs[i] is not logp or type(target) is not torch.Tensor:
+        return None
+    k = 0
+    for func, targs, tkw, n_new in region.calls:  # the call whose output logp is
+        if k + n_new > i:
+            break
+        k += n_new
+    else:
+        return None
+    if func is not _LOG_SOFTMAX or n_new != 1 or tkw or len(targs) != 3:
+        return None
+    const = {r[1] if r[0] == "c" else region.scalars[r[1]] if r[0] == "s" else None for r in targs[2:]}
+    x = region.ext[targs[0][1]] if targs[0][0] == "x" else None
+    if (x is None or const - {1, -1, False} or x.dim() != 2 or x.shape != logp.shape or x.dtype != logp.dtype
+            or x.dtype not in (torch.float32, torch.float64) or target.dim() != 1
+            or target.dtype != torch.int64 or target.device != x.device):
+        return None
+    if id(target) in region.out_ids or (
+            _data_ptr(target) - target.storage_offset() * target.element_size() in region.out_bases):
+        return None  # a pending target (or a view of one): eager would read it unwritten
+    try:
+        rows, total = _NLL_FORWARD._op(x, target, None, 0, ignore_index)  # -x[i, t], eager's checks
+        if reduction:
+            total = _NLL_FORWARD._op(x, target, None, reduction, ignore_index)[1]
+    except Exception:  # noqa: BLE001 - the usual path raises eager's error on logp
+        return None
+    d = mode.__torch_dispatch__
+    n = x.shape[0]
+    m = d(_aten.amax.default, (), (x, [1], True), {})
+    lse = d(_aten.log.default, (), (d(_aten.sum.dim_IntList, (), (
+        d(_aten.exp.default, (), (d(_aten.sub.Tensor, (), (x, m), {}),), {}), [1], True), {}),), {})
+    row = d(_aten.add.Tensor, (), (d(_aten.add.Tensor, (), (m, rows.view(n, 1)), {}), lse), {})
+    kept = d(_aten.ne.Scalar, (), (target.view(n, 1), ignore_index), {})
+    row = d(_aten.where.self, (), (kept, row, x.new_zeros(())), {})
+    if reduction == 0:
+        return d(_aten.sum.dim_IntList, (), (row, [1]), {}), total
+    out = d(_aten.sum.default, (), (row,), {})
+    if reduction == 1:
+        out = d(_aten.div.Tensor, (), (out, total), {})
+    return out, total
+
+
+_stack_at = torch._C._get_dispatch_stack_at
 
 
 _stack_at = torch._C._get_dispatch_stack_at

@@ -223,6 +223,30 @@ def log_softmax_replace(x, *, dims):
     return (x - _keepdim(amax, x, dims)) - _keepdim(torch.log(sumexp), x, dims)
 
 
+def softmax_stats_search(x, *, dims):
+    amax = aten.amax.default(x, dims, True)
+    return amax, aten.sum.dim_IntList(aten.exp.default(aten.sub.Tensor(x, amax)), dims, True)
+
+
+def softmax_stats_replace(x, *, dims):
+    amax, sumexp = torch.ops.accel.online_softmax(x, dims)
+    return _keepdim(amax, x, dims), _keepdim(sumexp, x, dims)
+
+
+def log_softmax_stats_search(x, *, dims):
+    amax = aten.amax.default(x, dims, True)
+    shifted = aten.sub.Tensor(x, amax)
+    sumexp = aten.sum.dim_IntList(aten.exp.default(shifted), dims, True)
+    log_sumexp = aten.log.default(sumexp)
+    return amax, sumexp, log_sumexp, aten.sub.Tensor(shifted, log_sumexp)
+
+
+def log_softmax_stats_replace(x, *, dims):
+    amax, sumexp = softmax_stats_replace(x, dims=dims)
+    log_sumexp = torch.log(sumexp)
+    return amax, sumexp, log_sumexp, (x - amax) - log_sumexp
+
+
 def var_mean_keepdim_search(x, *, dims, correction):
     return torch.var_mean(x, dims, correction=correction, keepdim=True)
 
@@ -280,6 +304,10 @@ _R3, _R4 = ((2, 3, 5),), ((3, 4, 6, 7),)  # two example ranks/sizes: shape liter
 REWRITES = (
     ("softmax", softmax_search, softmax_replace, ((_R3, {"dims": [1]}), (_R4, {"dims": [3]})), 0),
     ("log_softmax", log_softmax_search, log_softmax_replace,
+     ((_R3, {"dims": [1]}), (_R4, {"dims": [3]})), 0),
+    ("log_softmax_stats", log_softmax_stats_search, log_softmax_stats_replace,
+     ((_R3, {"dims": [1]}), (_R4, {"dims": [3]})), 0),
+    ("softmax_stats", softmax_stats_search, softmax_stats_replace,
      ((_R3, {"dims": [1]}), (_R4, {"dims": [3]})), 0),
     ("var_mean_keepdim", var_mean_keepdim_search, var_mean_keepdim_replace,
      ((_R3, {"dims": [1], "correction": 0.0}), (_R4, {"dims": [2, 3], "correction": 1.0})), 0),

@@ -87,6 +87,11 @@ COMPOSITES = ("_softmax", "_log_softmax", "_softmax_backward_data", "_log_softma
               "binary_cross_entropy_with_logits")
 # nll_loss_forward/backward stay eager: they gather/scatter at data-dependent class indices,
 # and eager raises at the call on an index out of range, which a kernel cannot do.
+#: ops the interceptor does not defer but must see while a region is pending, which the
+#: dispatch filter therefore sends to the mode as it sends deferrable ones (it runs other
+#: calls past the mode, flushing the region first): ``nll_loss_forward`` of a pending
+#: ``log_softmax`` (``accel.interceptor._nll_of_log_softmax``).
+MODE_OPS = (aten.nll_loss_forward.default,)
 #: ops without a decomposition that the lowering handles itself.
 _LOWERED = ("argmax", "argmin", "max.dim", "min.dim", "max", "min")
 #: pointwise ops that torch tags ``pointwise`` only from 2.13 on (torch 2.11's tags lack it):

@@ -25,7 +25,11 @@ Workloads (float32; CPU sizes, GPU ones in brackets):
 - ``softmax_t_add``, ``groupnorm_cl_contig``: ``x.softmax(-1) + y.t()`` and the
   channels-last GroupNorm's output made contiguous: a reduction's epilogue reading across
   the rows it writes; the reductions go to memory first, the epilogue's nest is tiled
-  (fifty-third round).
+  (fifty-third round);
+- ``cross_entropy``: ``F.cross_entropy`` of [2048, 32000] logits ([4096, 50257]) and their
+  targets (under ``no_grad``, as every workload here): its ``nll_loss`` as eager's on the
+  logits plus the rows' deferred statistics, so that the log-softmax is never written
+  (fifty-eighth round; ``accel.interceptor._nll_of_log_softmax``).
 """
 import os
 import sys
@@ -48,6 +52,8 @@ def main() -> None:
     gn = torch.nn.GroupNorm(8, img.shape[1]).to(dev)
     gn64 = torch.nn.GroupNorm(8, img.shape[1]).to(dev).double()
     y = x.t().contiguous() * 0.5
+    logits = torch.randn(*((4096, 50257) if big else (2048, 32000)), generator=g).to(dev)
+    target = torch.randint(0, logits.shape[1], (logits.shape[0],), generator=g).to(dev)
     workloads = {
         "argmax0": (lambda t: t.argmax(0), x, None),
         "max0": (lambda t: t.max(0), x, None),
@@ -62,6 +68,8 @@ def main() -> None:
         "t_softmax": (lambda t: t.t().softmax(-1), x, lambda: x.double().t().softmax(-1)),
         "softmax_t_add": (lambda t: t.softmax(-1) + y.t(), x, None),
         "groupnorm_cl_contig": (lambda t: gn(t).contiguous(), img_cl, lambda: gn64(img_cl.double()).contiguous()),
+        "cross_entropy": (lambda t: F.cross_entropy(t, target), logits,
+                          lambda: F.cross_entropy(logits.double(), target)),
     }
     rows = []
     with torch.no_grad():

@@ -1632,3 +1632,84 @@ def test_transposed_reads_match_eager(device, dtype):
             close(got, want)
         else:
             assert torch.equal(got, want)
+
+
+@pytest.fixture
+def fused_nll(monkeypatch):
+    """How many ``nll_loss_forward`` calls the interceptor ran as eager's on the logits plus
+    deferred row statistics (``accel.interceptor._nll_of_log_softmax``): a list, appended to."""
+    from accel import interceptor
+
+    done = []
+    original = interceptor._nll_of_log_softmax
+
+    def spy(*a):
+        out = original(*a)
+        done.append(out is not None)
+        return out
+
+    monkeypatch.setattr(interceptor, "_nll_of_log_softmax", spy)
+    return done
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_cross_entropy_without_grad_never_writes_log_softmax(device, dtype, reduction, fused_nll):
+    """``F.cross_entropy`` under ``no_grad``: its ``nll_loss_forward`` of the pending
+    ``log_softmax`` runs as eager's on the logits plus deferred row statistics, so the
+    region's kernel reads the logits once and writes no [N, C] output (the log-softmax is
+    dead at the flush). Results as eager's, ignored targets (the default -100, and an
+    ``ignore_index`` of 3) and a row of very large logits included; float64 as the oracle."""
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(48, 1000, generator=g, dtype=torch.float64) * 4).to(device, dtype)
+    x[5] += 1e4  # a row whose logits cancel: (max - x[t]) + log(sum) as eager's
+    t = torch.randint(0, 1000, (48,), generator=g).to(device)
+    t[[2, 7]] = -100
+    t3 = t.clamp(min=0)
+    t3[[9, 11]] = 3
+    F = torch.nn.functional
+    accel.reset_stats()
+    with torch.no_grad(), accel.eager():
+        got = [F.cross_entropy(x, t, reduction=reduction),
+               F.cross_entropy(x, t3, reduction=reduction, ignore_index=3)]
+    assert fused_nll == [True, True]
+    assert accel.stats()["eager_replays"] == 0
+    for (tt, ii), y in zip(((t, -100), (t3, 3)), got):
+        want = F.cross_entropy(x.double(), tt, reduction=reduction, ignore_index=ii)
+        close(y, want.to(dtype))
+        close(y, F.cross_entropy(x, tt, reduction=reduction, ignore_index=ii))
+
+
+def test_cross_entropy_fusion_keeps_eagers_errors_and_gradients(fused_nll):
+    """The fused ``nll_loss_forward`` raises eager's error on a target out of range (from
+    eager's own call, on the logits), and label smoothing's loss (which reads the
+    log-softmax again) is eager's. Calls it does not cover run as before, as eager's: a
+    class weight, logits computed in the region, and training, where autograd keeps the
+    log-softmax for the backward (the loss and the logits' gradient as eager's)."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(32, 100, generator=g)
+    t = torch.randint(0, 100, (32,), generator=g)
+    w = torch.rand(100, generator=g)
+    F = torch.nn.functional
+    bad = t.clone()
+    bad[4] = 100
+    with torch.no_grad(), accel.eager():
+        with pytest.raises(IndexError, match="out of bounds"):
+            F.cross_entropy(x, bad)
+        others = [F.cross_entropy(x, t, weight=w), F.cross_entropy(x * 2, t),
+                  F.cross_entropy(x, t, label_smoothing=0.1)]
+    close(others[0], F.cross_entropy(x, t, weight=w))
+    close(others[1], F.cross_entropy(x * 2, t))
+    close(others[2], F.cross_entropy(x, t, label_smoothing=0.1))
+    xa, xe = x.clone().requires_grad_(), x.clone().requires_grad_()
+    with accel.eager():
+        loss = F.cross_entropy(xa, t)
+        loss.backward()
+    want = F.cross_entropy(xe, t)
+    want.backward()
+    close(loss, want)
+    close(xa.grad, xe.grad)
+    # not fused: the bad target (eager's call on the logits raised: the usual path raised
+    # again), the weight, the logits computed in the region, training; fused: label smoothing's
+    assert fused_nll == [False, False, False, True, False]
