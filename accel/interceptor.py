@@ -434,8 +434,9 @@ def _nll_of_log_softmax(mode, region, args, kwargs):
     written only where something keeps it: the region reads ``x`` once and writes no [N, C]
     output, as Inductor's fused cross entropy does. Not where ``logp`` requires grad
     (training: autograd keeps it for the backward, so it is written anyway, and the usual
-    path computes its statistics and writes it in one pass over each row). The row's terms add as eager's log_softmax subtracts them
-    (``(x - max) - log(sum)``), so no cancellation beyond eager's own.
+    path computes its statistics and writes it in one pass over each row). A row's terms
+    add as eager's log_softmax subtracts them (``(x - max) - log(sum)``): no cancellation
+    beyond eager's own.
 
     Returns:
         ``(output, total_weight)`` as ``nll_loss_forward`` returns them, or None where the
@@ -476,23 +477,19 @@ def _nll_of_log_softmax(mode, region, args, kwargs):
             total = _NLL_FORWARD._op(x, target, None, reduction, ignore_index)[1]
     except Exception:  # noqa: BLE001 - the usual path raises eager's error on logp
         return None
-    d = mode.__torch_dispatch__
+    def op(f, *a):  # a call of its own, deferred as the program's calls are
+        return mode.__torch_dispatch__(f, (), a, {})
+
     n = x.shape[0]
-    m = d(_aten.amax.default, (), (x, [1], True), {})
-    lse = d(_aten.log.default, (), (d(_aten.sum.dim_IntList, (), (
-        d(_aten.exp.default, (), (d(_aten.sub.Tensor, (), (x, m), {}),), {}), [1], True), {}),), {})
-    row = d(_aten.add.Tensor, (), (d(_aten.add.Tensor, (), (m, rows.view(n, 1)), {}), lse), {})
-    kept = d(_aten.ne.Scalar, (), (target.view(n, 1), ignore_index), {})
-    row = d(_aten.where.self, (), (kept, row, x.new_zeros(())), {})
+    amax = op(_aten.amax.default, x, [1], True)
+    sumexp = op(_aten.sum.dim_IntList, op(_aten.exp.default, op(_aten.sub.Tensor, x, amax)), [1], True)
+    row = op(_aten.add.Tensor, op(_aten.add.Tensor, amax, rows.view(n, 1)), op(_aten.log.default, sumexp))
+    kept = op(_aten.ne.Scalar, target.view(n, 1), ignore_index)
+    row = op(_aten.where.self, kept, row, x.new_zeros(()))
     if reduction == 0:
-        return d(_aten.sum.dim_IntList, (), (row, [1]), {}), total
-    out = d(_aten.sum.default, (), (row,), {})
-    if reduction == 1:
-        out = d(_aten.div.Tensor, (), (out, total), {})
-    return out, total
-
-
-_stack_at = torch._C._get_dispatch_stack_at
+        return op(_aten.sum.dim_IntList, row, [1]), total
+    out = op(_aten.sum.default, row)
+    return (op(_aten.div.Tensor, out, total) if reduction == 1 else out), total
 
 
 _stack_at = torch._C._get_dispatch_stack_at
