@@ -487,6 +487,22 @@ def test_training_step_gradients_match(device, seen):
         assert len(seen) < len(log.calls) / 4, (len(seen), len(log.calls))
 
 
+def test_nll_loss_with_a_region_pending_reaches_the_mode(seen):
+    """``nll_loss_forward`` is no deferrable op, but the mode must see it while a region is
+    pending (``accel.ops.MODE_OPS``: it reads a pending log-softmax without flushing it,
+    ``accel.interceptor._nll_of_log_softmax``): the filter sends it there, where it would
+    have flushed the region and run it past the mode. The loss is eager's."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(16, 50, generator=g)
+    t = torch.randint(0, 50, (16,), generator=g)
+    with torch.no_grad():
+        for _ in range(3):
+            with accel.eager():
+                loss = torch.nn.functional.cross_entropy(x, t)
+            close(loss, torch.nn.functional.cross_entropy(x, t))
+    assert seen.count(torch.ops.aten.nll_loss_forward.default) == 3, seen
+
+
 def _run(code, env):
     e = dict(os.environ)
     e.update(env)
@@ -510,6 +526,27 @@ def test_turned_off_by_the_environment(tmp_path):
     r = _run(CHECK, {"ACCEL_DISPATCH_FILTER": "0", "ACCEL_CACHE_DIR": str(tmp_path / "s")})
     assert r.returncode == 0, r.stderr
     assert "loaded False off ACCEL_DISPATCH_FILTER=0" in r.stdout
+
+
+def test_cross_entropy_on_the_modes_path_alone(tmp_path):
+    """With the filter off, the mode alone runs ``F.cross_entropy``'s ``nll_loss`` of a
+    pending log-softmax as eager's on the logits plus deferred row statistics, as with it."""
+    code = """
+    import torch, accel
+    from accel import interceptor
+    fused = []
+    original = interceptor._nll_of_log_softmax
+    interceptor._nll_of_log_softmax = lambda *a: fused.append(original(*a)) or fused[-1]
+    x, t = torch.randn(32, 300), torch.randint(0, 300, (32,))
+    with torch.no_grad():
+        with accel.eager():
+            loss = torch.nn.functional.cross_entropy(x, t, reduction="sum")
+    torch.testing.assert_close(loss, torch.nn.functional.cross_entropy(x, t, reduction="sum"))
+    print("fused", [f is not None for f in fused])
+    """
+    r = _run(code, {"ACCEL_DISPATCH_FILTER": "0", "ACCEL_CACHE_DIR": str(tmp_path / "s")})
+    assert r.returncode == 0, r.stderr
+    assert "fused [True]" in r.stdout, r.stdout
 
 
 def test_a_failed_build_leaves_the_mode_path(tmp_path):
