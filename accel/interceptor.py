@@ -18,7 +18,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import allocator, config, dispatch, hooks, remat, runtime, sampling
 from .ops import VIEW_OPS, fusible_ops
-from .region import (NEW_NODES, PENDING_NODES, Deferred, Region, native, set_cuda_half,
+from .region import (NEW_NODES, PENDING_NODES, Deferred, Region, _data_ptr, native, set_cuda_half,
                      set_small_regions)
 from .runtime import CompiledRegion, execute, set_launch_ahead_min, speculate
 
@@ -419,7 +419,6 @@ class AccelMode(TorchDispatchMode):
 _aten = torch.ops.aten
 _NLL_FORWARD = _aten.nll_loss_forward.default
 _LOG_SOFTMAX = _aten._log_softmax.default
-_data_ptr = torch._C.TensorBase.data_ptr  # the real one: Tensor.data_ptr is a flushing hook
 
 
 def _nll_of_log_softmax(mode, region, args, kwargs):
@@ -462,9 +461,10 @@ def _nll_of_log_softmax(mode, region, args, kwargs):
         return None
     if func is not _LOG_SOFTMAX or n_new != 1 or tkw or len(targs) != 3:
         return None
-    const = {r[1] if r[0] == "c" else region.scalars[r[1]] if r[0] == "s" else None for r in targs[2:]}
+    dim, half = (r[1] if r[0] == "c" else region.scalars[r[1]] if r[0] == "s" else None for r in targs[1:])
     x = region.ext[targs[0][1]] if targs[0][0] == "x" else None
-    if (x is None or const - {1, -1, False} or x.dim() != 2 or x.shape != logp.shape or x.dtype != logp.dtype
+    if (x is None or type(dim) is not int or dim not in (1, -1) or half is not False or x.dim() != 2
+            or x.shape != logp.shape or x.dtype != logp.dtype
             or x.dtype not in (torch.float32, torch.float64) or target.dim() != 1
             or target.dtype != torch.int64 or target.device != x.device):
         return None

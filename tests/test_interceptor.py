@@ -1685,8 +1685,9 @@ def test_cross_entropy_fusion_keeps_eagers_errors_and_gradients(fused_nll):
     """The fused ``nll_loss_forward`` raises eager's error on a target out of range (from
     eager's own call, on the logits), and label smoothing's loss (which reads the
     log-softmax again) is eager's. Calls it does not cover run as before, as eager's: a
-    class weight, logits computed in the region, and training, where autograd keeps the
-    log-softmax for the backward (the loss and the logits' gradient as eager's)."""
+    class weight, logits computed in the region, a log-softmax over dim 0 (``0 == False``:
+    no dim taken for ``half_to_float``), and training, where autograd keeps the log-softmax
+    for the backward (the loss and the logits' gradient as eager's)."""
     g = torch.Generator().manual_seed(1)
     x = torch.randn(32, 100, generator=g)
     t = torch.randint(0, 100, (32,), generator=g)
@@ -1698,10 +1699,11 @@ def test_cross_entropy_fusion_keeps_eagers_errors_and_gradients(fused_nll):
         with pytest.raises(IndexError, match="out of bounds"):
             F.cross_entropy(x, bad)
         others = [F.cross_entropy(x, t, weight=w), F.cross_entropy(x * 2, t),
-                  F.cross_entropy(x, t, label_smoothing=0.1)]
+                  F.nll_loss(F.log_softmax(x, 0), t), F.cross_entropy(x, t, label_smoothing=0.1)]
     close(others[0], F.cross_entropy(x, t, weight=w))
     close(others[1], F.cross_entropy(x * 2, t))
-    close(others[2], F.cross_entropy(x, t, label_smoothing=0.1))
+    close(others[2], F.nll_loss(F.log_softmax(x, 0), t))  # over the other dim (0 == False)
+    close(others[3], F.cross_entropy(x, t, label_smoothing=0.1))
     xa, xe = x.clone().requires_grad_(), x.clone().requires_grad_()
     with accel.eager():
         loss = F.cross_entropy(xa, t)
@@ -1711,5 +1713,6 @@ def test_cross_entropy_fusion_keeps_eagers_errors_and_gradients(fused_nll):
     close(loss, want)
     close(xa.grad, xe.grad)
     # not fused: the bad target (eager's call on the logits raised: the usual path raised
-    # again), the weight, the logits computed in the region, training; fused: label smoothing's
-    assert fused_nll == [False, False, False, True, False]
+    # again), the weight, the logits computed in the region, a log-softmax over dim 0,
+    # training; fused: label smoothing's
+    assert fused_nll == [False, False, False, False, True, False]
