@@ -159,7 +159,9 @@ def _region_fn(calls, n_ext, n_out_slots, live_idx, scalars, out_dtypes=None):
 def _decompositions():
     """torch._decomp's decomposition table, with accel's corrections to it where a
     decomposition rounds otherwise than eager's kernel (:func:`_native_layer_norm`,
-    :func:`_batch_norm`) or computes otherwise (:func:`_gelu`, :func:`_gelu_backward`)."""
+    :func:`_batch_norm`) or computes otherwise (:func:`_gelu`, :func:`_gelu_backward`), and
+    the accel ops that the interceptor records whole, decomposed by their references
+    (:func:`accel.library.nll_of_log_softmax`)."""
     from torch._decomp import decomposition_table
 
     aten = torch.ops.aten
@@ -184,6 +186,7 @@ def _decompositions():
                         aten._native_batch_norm_legit_functional.default,
                         aten._native_batch_norm_legit_no_training.default))):
         table[op] = functools.partial(fix, table[op])
+    table[torch.ops.accel.nll_of_log_softmax.default] = library.nll_of_log_softmax  # (recorded whole)
     return table
 
 

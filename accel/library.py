@@ -193,6 +193,49 @@ def fma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     return (a.double() * b.double() + c.double()).to(a.dtype)
 
 
+def _fake_nll_of_log_softmax(x, rows, target, reduction, ignore_index):
+    n = x.shape[0] if x.dim() == 2 else -1
+    if not (x.is_floating_point() and tuple(rows.shape) == tuple(target.shape) == (n,)):
+        raise RuntimeError("accel.nll_of_log_softmax takes a floating x [N, C] and rows and target [N]")
+    return x.new_empty((n,) if reduction == 0 else ()), x.new_empty(())
+
+
+@_define("nll_of_log_softmax(Tensor x, Tensor rows, Tensor target, int reduction, int ignore_index)"
+         " -> (Tensor loss, Tensor total_weight)", _fake_nll_of_log_softmax)
+def nll_of_log_softmax(x: torch.Tensor, rows: torch.Tensor, target: torch.Tensor, reduction: int,
+                       ignore_index: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``nll_loss_forward(log_softmax(x, 1), target, None, reduction, ignore_index)`` given
+    ``rows = nll_loss_forward(x, target, None, 0, ignore_index)[0]`` (each row's
+    ``-x[i, target[i]]``, 0 where ``target[i]`` is ``ignore_index``), without the [N, C]
+    log-softmax: a row's loss is ``(max_i - x[i, t]) + log(sum_j exp(x[i, j] - max_i))``,
+    its terms added as eager's ``(x - max) - log(sum)`` subtracts them (no cancellation
+    beyond eager's own), 0 where the target is ignored. Only the interceptor records it
+    (:func:`accel.interceptor._nll_of_log_softmax`); traced, it decomposes into this
+    reference's aten calls (:func:`accel.graph._decompositions`), whose row max and sum of
+    exponentials the ``log_softmax_stats`` pattern makes one online-softmax reduction.
+
+    Shapes/dtypes: ``x`` [N, C] floating, ``rows`` [N] of its dtype, ``target`` [N] int64;
+    ``reduction`` 0 (none), 1 (mean) or 2 (sum). Returns ``(loss, total_weight)`` in ``x``'s
+    dtype: ``loss`` [N] for reduction 0, else a scalar (mean: the sum over kept rows divided
+    by their count, NaN where none is kept, as eager); ``total_weight`` the count of targets
+    other than ``ignore_index`` (eager's ``total_weight`` for reductions 1 and 2; eager's is 0
+    for reduction 0).
+
+    Raises:
+        RuntimeError: the shapes or dtypes above do not hold.
+    """
+    n = x.shape[0]
+    amax = torch.amax(x, [1], True)
+    sumexp = torch.sum(torch.exp(x - amax), [1], True)
+    kept = target.view(n, 1) != ignore_index
+    row = torch.where(kept, (amax + rows.view(n, 1)) + torch.log(sumexp), x.new_zeros(()))
+    total = torch.sum(kept, dtype=x.dtype)
+    if reduction == 0:
+        return torch.sum(row, [1]), total
+    out = torch.sum(row)
+    return (out / total if reduction == 1 else out), total
+
+
 # -- the rewrites that produce these ops (registered by accel.patterns) ----------------------
 aten = torch.ops.aten
 _SQRT_2_OVER_PI = 0.7978845608028654  # math.sqrt(2 / math.pi), as HF's NewGELUActivation

@@ -1716,3 +1716,28 @@ def test_cross_entropy_fusion_keeps_eagers_errors_and_gradients(fused_nll):
     # again), the weight, the logits computed in the region, a log-softmax over dim 0,
     # training; fused: label smoothing's
     assert fused_nll == [False, False, False, False, True, False]
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_cross_entropy_fusion_replayed_eagerly(reduction, fused_nll, fresh_store, monkeypatch):
+    """Without a compiler the region holding the fused ``nll_loss_forward``
+    (``accel.nll_of_log_softmax``, recorded as one call) runs eagerly, through that op's
+    reference: the loss and its total weight as eager's, ignored targets included, and
+    again at the next calls (the dispatch filter learns no edge from the fused call: an edge
+    taken from it would replay the accel op's arguments as ``nll_loss_forward``'s)."""
+    monkeypatch.setenv("ACCEL_CXX", "/nonexistent/g++")
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(40, 300, generator=g)
+    t = torch.randint(0, 300, (40,), generator=g)
+    t[[3, 8]] = -100
+    red = {"none": 0, "mean": 1, "sum": 2}[reduction]
+    want = torch.ops.aten.nll_loss_forward(torch.log_softmax(x, 1), t, None, red, -100)
+    accel.reset_stats()
+    with torch.no_grad():
+        for _ in range(3):
+            with accel.eager():
+                got = torch.ops.aten.nll_loss_forward(torch.log_softmax(x, 1), t, None, red, -100)
+            close(got[0], want[0])
+            assert got[1].item() == want[1].item()
+    assert fused_nll == [True] * 3
+    assert accel.stats()["eager_replays"] >= 1 and accel.stats()["kernel_runs"] == 0
