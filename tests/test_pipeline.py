@@ -357,6 +357,29 @@ def test_cuda_transposing_tiles_fit_a_blocks_shared_memory(n):
     assert (src.count("__shared__ double tp") == n) == (n * 32 * 33 * 8 <= TRANSPOSE_SMEM), src
 
 
+@pytest.mark.parametrize("cols", [50257, 65536])
+def test_cuda_long_statistics_rows_in_scalar_loops_take_small_blocks(cols):
+    """A row kernel computing statistics alone (``logsumexp`` over the last dim) over rows
+    too long for a block's registers: in scalar block loops (rows of an odd length, no
+    16-byte vectors: rows of an odd length, and the scalar kernel that runs where a
+    buffer is misaligned) blocks of STATS_ROW_THREADS threads, unrolled STATS_ROW_UNROLL
+    times (more rows in flight); the vector variant in blocks of ROW_THREADS as before."""
+    from accel.codegen.cuda import CudaRenderer
+    from accel.codegen.cuda_shapes import ROW_THREADS, STATS_ROW_THREADS, STATS_ROW_UNROLL
+
+    calls = [(aten.logsumexp.default, (("x", 0), ("c", [1]), ("c", False)), {}, 1)]
+    ir = _lowered(calls, [torch.empty(64, cols)], [((64,), (1,), torch.float32)], (0,))
+    r = CudaRenderer()
+    src = r.render(ir, "accel_region_golden")
+    (launch,) = r.launches
+    assert launch["block"] == [STATS_ROW_THREADS, 1, 1], launch
+    assert f"#pragma unroll {STATS_ROW_UNROLL}\n" in src.split("_k0v")[0], src
+    if cols % 4 == 0:
+        assert launch["vector"]["block"] == [ROW_THREADS, 1, 1], launch
+    else:
+        assert "vector" not in launch
+
+
 def test_cuda_transposing_tile_with_run_values_reads_its_loads_first():
     """``x.softmax(-1) + y.t()``: the tile's run values (the rows' max and sum, once a
     tile) come after the tile's transposed loads, read into registers (``ld0``) behind the

@@ -40,7 +40,7 @@ from .cuda_tiles import TransposeTiles
 from .cuda_shapes import (BLOCK, BLOCK_UNROLL, BLOCK_VEC_UNROLL, GRID_MIN, ILP, MAX_GRID,
                           MOMENTS_HALF_BLOCK_BYTES, MOMENTS_HALF_BLOCK_THREADS, ROW_ELEMS,
                           ROW_ELEMS_MOMENTS, ROW_HALF_SCALE, ROW_REGISTERS, ROW_REGISTERS_32,
-                          ROW_THREADS, VEC, VEC16, VEC_ILP, VEC_TYPES)
+                          ROW_THREADS, STATS_ROW_THREADS, STATS_ROW_UNROLL, VEC, VEC16, VEC_ILP, VEC_TYPES)
 from .scopes import ARG, SIMPLE, Group, Scope, subst
 
 
@@ -226,6 +226,7 @@ class CudaRenderer(ColumnTiles, TransposeTiles, CppRenderer):
         self.elems = None  # set for a row kernel; block mode without it runs block loops
         self.vec = None
         self.row_vec = frozenset()
+        self.unroll = BLOCK_UNROLL  # block loops' (scalar) unrolling
         self.row_regs, self.row_decls = {}, []  # row kernels' vector registers (_rhs)
         self.load_hints = {}  # block loops: (scope id, buffer) -> L2 priority (_plan_load_hints)
         self.transposing = False
@@ -268,6 +269,8 @@ class CudaRenderer(ColumnTiles, TransposeTiles, CppRenderer):
         each = self.row_limit if not inner else (ROW_ELEMS_MOMENTS if moments else ROW_ELEMS) * scale
         per = -(-longest // each)  # threads a row
         self.threads = max(32, min(ROW_THREADS, 1 << (per - 1).bit_length()))
+        if not inner and not vbufs and -(-longest // ROW_THREADS) > each:  # statistics alone, scalar block loops
+            self.threads, self.unroll = STATS_ROW_THREADS, STATS_ROW_UNROLL
         if (moments and -(-longest // ROW_THREADS) > ROW_ELEMS_MOMENTS
                 and self._row_bytes_read(ir, n_out, longest) <= MOMENTS_HALF_BLOCK_BYTES):
             self.threads = MOMENTS_HALF_BLOCK_THREADS
@@ -588,7 +591,7 @@ class CudaRenderer(ColumnTiles, TransposeTiles, CppRenderer):
             return f
         # the block's size as a constant: nvcc then unrolls the loop and puts BLOCK_UNROLL
         # loads in flight per thread, where the loop's trip count at runtime kept one
-        open_lines.append(f"{ind}#pragma unroll {BLOCK_UNROLL}")
+        open_lines.append(f"{ind}#pragma unroll {self.unroll}")
         open_lines.append(f"{ind}for (int64_t {f} = threadIdx.x; {f} < {n}; {f} += {self.threads}) {{")
         open_lines.append(f"{ind}  {{")
         return f

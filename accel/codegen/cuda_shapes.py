@@ -37,6 +37,17 @@ MOMENTS_HALF_BLOCK_THREADS = 512
 MOMENTS_HALF_BLOCK_BYTES = 128 << 10
 ROW_REGISTERS = 16
 ROW_REGISTERS_32 = 32
+#: threads a block, and block loops' unrolling, of a row kernel that computes statistics
+#: alone (nothing reads the row after its reductions) over rows too long for ROW_THREADS
+#: threads' registers, which it reads in scalar block loops (no 16-byte vectors: rows of an
+#: odd length, say): more rows in flight a multiprocessor and more loads a thread. H200,
+#: kernel µs of ``F.cross_entropy`` (its log-softmax unwritten: a row's online-softmax max
+#: and sum) over [4096, 50257] float32: 1024 threads, unrolled 8 times, 271; 512 240; 256
+#: 227; 256, unrolled 16 times, 218 (the copy floor 196; a second run 269 -> 220); 1024
+#: and 16 252; 128 and 16 234. Vector block loops keep ROW_THREADS: ``x.logsumexp(-1)``
+#: over [2048, 65536] float32 took 204 us with 1024 threads, 234 with 256.
+STATS_ROW_THREADS = 256
+STATS_ROW_UNROLL = 16
 #: values of a row each thread of a row kernel aims to take (smaller blocks, more of them
 #: resident per multiprocessor, shorter block reductions); rows with a mean and variance
 #: take twice as many: their block reduction merges three sums and syncs four times, and
