@@ -161,7 +161,7 @@ def _decompositions():
     decomposition rounds otherwise than eager's kernel (:func:`_native_layer_norm`,
     :func:`_batch_norm`) or computes otherwise (:func:`_gelu`, :func:`_gelu_backward`), and
     the accel ops that the interceptor records whole, decomposed by their references
-    (:func:`accel.library.nll_of_log_softmax`)."""
+    (:func:`accel.library.nll_of_log_softmax`, :func:`accel.library.nll_loss_backward`)."""
     from torch._decomp import decomposition_table
 
     aten = torch.ops.aten
@@ -187,6 +187,7 @@ def _decompositions():
                         aten._native_batch_norm_legit_no_training.default))):
         table[op] = functools.partial(fix, table[op])
     table[torch.ops.accel.nll_of_log_softmax.default] = library.nll_of_log_softmax  # (recorded whole)
+    table[torch.ops.accel.nll_loss_backward.default] = library.nll_loss_backward
     return table
 
 

@@ -17,7 +17,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import allocator, config, dispatch, hooks, library, remat, runtime, sampling
-from .ops import VIEW_OPS, _spec, fusible_ops
+from .ops import VIEW_OPS, fusible_ops, op_spec
 from .region import (NEW_NODES, PENDING_NODES, Deferred, Region, _data_ptr, native, set_cuda_half,
                      set_small_regions)
 from .runtime import CompiledRegion, execute, set_launch_ahead_min, speculate
@@ -386,6 +386,10 @@ class AccelMode(TorchDispatchMode):
         if spec is not None and not region.busy:
             out = _record(self, region, func, spec, args, kwargs)
             return func(*args, **kwargs) if out is _EAGER else out
+        if func is _NLL_BACKWARD and not region.busy and not (_len_modes() and _traced_below()):
+            out = _nll_loss_backward(self, region, args, kwargs)
+            if out is not None:
+                return out
         if id(func) not in self.views and region.calls:
             if func is _NLL_FORWARD and not region.busy and not (_len_modes() and _traced_below()):
                 out = _nll_of_log_softmax(self, region, args, kwargs)
@@ -411,7 +415,12 @@ class AccelMode(TorchDispatchMode):
                 out = _record(self, region, func, spec, args, kwargs)
                 if out is not _EAGER:
                     return out
-            elif id(func) not in self.views and region.calls:
+            elif (func is _NLL_BACKWARD and not region.busy and not (_len_modes() and _traced_below())
+                  and (w.queued or w.queue_final_callback())):
+                out = _nll_loss_backward(self, region, args, kwargs)
+                if out is not None:
+                    return out
+            if spec is None and id(func) not in self.views and region.calls:
                 _flush_region(region)
         return func._op(*args, **kwargs)
 
@@ -476,10 +485,8 @@ def _nll_of_log_softmax(mode, region, args, kwargs):
         rows, total = _NLL_FORWARD._op(x, target, None, 0, ignore_index)  # -x[i, t], eager's checks
     except Exception:  # noqa: BLE001 - the usual path raises eager's error on logp
         return None
-    global _NLL_SPEC
-    if _NLL_SPEC is None:
-        _NLL_SPEC = _spec(_NLL_OF_LOG_SOFTMAX)
-    out = _record(mode, region, _NLL_OF_LOG_SOFTMAX, _NLL_SPEC, (x, rows, target, reduction, ignore_index), {})
+    out = _record(mode, region, _NLL_OF_LOG_SOFTMAX, op_spec(_NLL_OF_LOG_SOFTMAX),
+                  (x, rows, target, reduction, ignore_index), {})
     if out is _EAGER:  # (the region flushed: logp written) the usual path
         return None
     region.last_call = None  # the dispatch filter learns no edge for nll_loss_forward from it
@@ -487,7 +494,48 @@ def _nll_of_log_softmax(mode, region, args, kwargs):
 
 
 _NLL_OF_LOG_SOFTMAX = torch.ops.accel.nll_of_log_softmax.default  # (accel.library)
-_NLL_SPEC = None
+_NLL_BACKWARD = _aten.nll_loss_backward.default
+_NLL_BACKWARD_DENSE = torch.ops.accel.nll_loss_backward.default
+_current_node = torch._C._current_autograd_node
+
+
+def _nll_loss_backward(mode, region, args, kwargs):
+    """``nll_loss_backward(grad_output, self, target, None, reduction, ignore_index,
+    total_weight)`` run by autograd's ``NllLossBackward0`` (the forward's ``nll_loss``, eager's,
+    checked every target against ``self``'s classes; autograd refuses a target changed
+    since), deferred as one call of :func:`accel.library.nll_loss_backward`: its [N, C]
+    result (``-grad_output / total_weight`` at each row's target, 0 elsewhere) is then
+    computed where it is read, and a log-softmax backward reading it (``F.cross_entropy``'s)
+    reads only the log-softmax: the gradient's zeros and scatter are never written. Eager
+    writes them (C values a row) and reads them back in the log-softmax backward.
+
+    Returns:
+        The gradient (a pending output), or None where the case does not hold (a class
+        weight, ``self`` not 2-D float32 or float64, a pending target, not autograd's
+        ``NllLossBackward0``) or the region could not take the call (it was flushed): the
+        call then runs as usual.
+    """
+    if kwargs or len(args) != 7:
+        return None
+    grad_output, logp, target, weight, reduction, ignore_index, total = args
+    if (weight is not None or reduction not in (0, 1, 2) or type(logp) is not torch.Tensor
+            or logp.dim() != 2 or logp.dtype not in (torch.float32, torch.float64)
+            or type(target) is not torch.Tensor or target.dim() != 1 or target.dtype != torch.int64
+            or target.shape[0] != logp.shape[0] or grad_output.dtype != logp.dtype
+            or total.dtype != logp.dtype or len({t.device for t in (grad_output, logp, target, total)}) != 1):
+        return None
+    node = _current_node()
+    if node is None or node.name() != "NllLossBackward0":
+        return None  # (called elsewhere: eager's checks of the target are needed)
+    if id(target) in region.out_ids or (
+            _data_ptr(target) - target.storage_offset() * target.element_size() in region.out_bases):
+        return None
+    out = _record(mode, region, _NLL_BACKWARD_DENSE, op_spec(_NLL_BACKWARD_DENSE),
+                  (grad_output, target, total, logp.shape[1], reduction, ignore_index), {})
+    if out is _EAGER:
+        return None
+    region.last_call = None  # the dispatch filter learns no edge for nll_loss_backward from it
+    return out
 
 
 _stack_at = torch._C._get_dispatch_stack_at

@@ -236,6 +236,44 @@ def nll_of_log_softmax(x: torch.Tensor, rows: torch.Tensor, target: torch.Tensor
     return (out / total if reduction == 1 else out), total
 
 
+def _fake_nll_loss_backward(grad_output, target, total_weight, classes, reduction, ignore_index):
+    if not (grad_output.is_floating_point() and target.dim() == 1 and classes > 0):
+        raise RuntimeError("accel.nll_loss_backward takes a floating grad_output and a target [N]")
+    return grad_output.new_empty((target.shape[0], classes))
+
+
+@_define("nll_loss_backward(Tensor grad_output, Tensor target, Tensor total_weight, int classes,"
+         " int reduction, int ignore_index) -> Tensor", _fake_nll_loss_backward)
+def nll_loss_backward(grad_output: torch.Tensor, target: torch.Tensor, total_weight: torch.Tensor,
+                      classes: int, reduction: int, ignore_index: int) -> torch.Tensor:
+    """Eager's ``nll_loss_backward(grad_output, self, target, None, reduction, ignore_index,
+    total_weight)`` for a ``self`` of [N, classes] and no class weight, written without
+    a scatter: element ``[i, j]`` is ``-(grad_output / total_weight)`` (mean), or
+    ``-grad_output`` (sum; ``-grad_output[i]`` for reduction none) where ``j == target[i]``
+    and ``target[i] != ignore_index``, else 0 (ATen's ``nll_loss_backward_out_frame``, which
+    zeroes its result and writes those elements). Only the interceptor records it, in
+    ``NllLossBackward0`` (:func:`accel.interceptor._nll_loss_backward`), where eager's forward
+    has checked every target; traced, it decomposes into this reference's calls (a column
+    index compared with each row's target), so a log-softmax backward reading it fuses with
+    it and the [N, classes] gradient is not written.
+
+    Shapes/dtypes: ``grad_output`` floating, [N] for reduction 0 (none), else one element;
+    ``target`` [N] int64; ``total_weight`` one element of ``grad_output``'s dtype;
+    ``reduction`` 0, 1 (mean) or 2 (sum). Returns [N, classes] in ``grad_output``'s dtype,
+    contiguous.
+
+    Raises:
+        RuntimeError: the shapes or dtypes above do not hold.
+    """
+    n = target.shape[0]
+    g = grad_output.reshape(n, 1) if reduction == 0 else grad_output.reshape(1, 1)
+    if reduction == 1:
+        g = g / total_weight.reshape(1, 1)
+    hit = (torch.arange(classes, device=target.device).reshape(1, classes) == target.reshape(n, 1)) & (
+        target.reshape(n, 1) != ignore_index)
+    return torch.where(hit, -g, grad_output.new_zeros(()))
+
+
 # -- the rewrites that produce these ops (registered by accel.patterns) ----------------------
 aten = torch.ops.aten
 _SQRT_2_OVER_PI = 0.7978845608028654  # math.sqrt(2 / math.pi), as HF's NewGELUActivation

@@ -90,8 +90,9 @@ COMPOSITES = ("_softmax", "_log_softmax", "_softmax_backward_data", "_log_softma
 #: ops the interceptor does not defer but must see while a region is pending, which the
 #: dispatch filter therefore sends to the mode as it sends deferrable ones (it runs other
 #: calls past the mode, flushing the region first): ``nll_loss_forward`` of a pending
-#: ``log_softmax`` (``accel.interceptor._nll_of_log_softmax``).
-MODE_OPS = (aten.nll_loss_forward.default,)
+#: ``log_softmax`` (``accel.interceptor._nll_of_log_softmax``), ``nll_loss_backward`` in
+#: autograd's ``NllLossBackward0`` (``accel.interceptor._nll_loss_backward``).
+MODE_OPS = (aten.nll_loss_forward.default, aten.nll_loss_backward.default)
 #: ops without a decomposition that the lowering handles itself.
 _LOWERED = ("argmax", "argmin", "max.dim", "min.dim", "max", "min")
 #: pointwise ops that torch tags ``pointwise`` only from 2.13 on (torch 2.11's tags lack it):
@@ -276,13 +277,26 @@ def overlap_args(call) -> tuple:
     eager's ``at::assert_no_partial_overlap`` may refuse it there and then. ``()`` where
     the call has no other argument to share it with."""
     func, targs, tkw = call[0], call[1], call[2]
-    written = list(dict.fromkeys(r[1] for r in written_refs(fusible_ops()[func], targs, tkw)
+    written = list(dict.fromkeys(r[1] for r in written_refs(op_spec(func), targs, tkw)
                                  if r[0] == "x"))
     read = dict.fromkeys(r[1] for r in (*targs, *tkw.values())
                          if type(r) is tuple and len(r) == 2 and r[0] == "x" and r[1] not in written)
     if len(written) + len(read) < 2:
         return ()
     return tuple(written) + tuple(read), tuple(range(len(written)))
+
+
+def op_spec(func) -> OpSpec:
+    """The :class:`OpSpec` of a recorded call's op: its :func:`fusible_ops` entry, or, for
+    the ops of accel's own that the interceptor records (``accel.library``:
+    ``nll_of_log_softmax``, ``nll_loss_backward``), its schema's."""
+    spec = fusible_ops().get(func)
+    return spec if spec is not None else _schema_spec(func)
+
+
+@functools.lru_cache(maxsize=None)
+def _schema_spec(func) -> OpSpec:
+    return _spec(func)
 
 
 @functools.lru_cache(maxsize=None)

@@ -350,10 +350,9 @@ class Region(RegionCore):
         input (external inputs that are only read may share it: ``x`` and ``x.t()``)."""
         written = self.node.written  # the calls' wiring is the trie path's
         if written is None:
-            from .ops import fusible_ops
+            from .ops import op_spec
 
-            table = fusible_ops()
             written = self.node.written = tuple(sorted(
                 {ref[1] for func, targs, tkw, _ in self.calls
-                 for ref in written_refs(table[func], targs, tkw) if ref[0] == "x"}))
+                 for ref in written_refs(op_spec(func), targs, tkw) if ref[0] == "x"}))
         return native.ext_overlap(self.ext, written)

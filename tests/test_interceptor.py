@@ -1652,6 +1652,85 @@ def fused_nll(monkeypatch):
     return done
 
 
+@pytest.fixture
+def fused_nll_backward(monkeypatch):
+    """Which ``nll_loss_backward`` calls the interceptor deferred as
+    ``accel.nll_loss_backward`` (``accel.interceptor._nll_loss_backward``): a list of bools."""
+    from accel import interceptor
+
+    done = []
+    original = interceptor._nll_loss_backward
+
+    def spy(*a):
+        out = original(*a)
+        done.append(out is not None)
+        return out
+
+    monkeypatch.setattr(interceptor, "_nll_loss_backward", spy)
+    return done
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_cross_entropy_backward_never_writes_the_nll_gradient(device, dtype, reduction, fused_nll_backward):
+    """Training ``F.cross_entropy``: autograd's ``NllLossBackward0`` defers its
+    ``nll_loss_backward`` as one call (``accel.nll_loss_backward``: the rows' gradient at
+    their targets, written without a scatter), so the log-softmax backward reading it
+    fuses with it and the [N, C] gradient of the log-softmax is never written. Loss and
+    logits' gradient as eager's, three steps (the dispatch filter learns no edge from the
+    fused call), ignored targets (-100, and an ``ignore_index`` that is a class)."""
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(48, 700, generator=g, dtype=torch.float64) * 3).to(device, dtype)
+    t = torch.randint(0, 700, (48,), generator=g).to(device)
+    t[[2, 7]] = -100
+    t5 = t.clamp(min=0)
+    t5[[9, 11]] = 5
+    F = torch.nn.functional
+    for tt, ii in ((t, -100), (t5, 5)):
+        xe = x.clone().requires_grad_()
+        want = F.cross_entropy(xe, tt, reduction=reduction, ignore_index=ii)
+        (want.sum() if reduction == "none" else want).backward()
+        xa = x.clone().requires_grad_()
+        accel.reset_stats()
+        for _ in range(3):
+            xa.grad = None
+            with accel.eager():
+                got = F.cross_entropy(xa, tt, reduction=reduction, ignore_index=ii)
+                (got.sum() if reduction == "none" else got).backward()
+            close(got, want)
+            close(xa.grad, xe.grad)
+        assert accel.stats()["eager_replays"] == 0
+    assert fused_nll_backward == [True] * 6
+
+
+def test_nll_loss_backward_elsewhere_runs_eagerly(fused_nll_backward):
+    """``nll_loss_backward`` outside autograd's ``NllLossBackward0`` (called directly, where
+    no forward checked the targets) runs as eager's, raising eager's error on a target out
+    of range; with a class weight it runs eagerly too. Results as eager's."""
+    g = torch.Generator().manual_seed(4)
+    logp = torch.randn(16, 30, generator=g).log_softmax(1)
+    t = torch.randint(0, 30, (16,), generator=g)
+    w = torch.rand(30, generator=g)
+    go, tot = torch.tensor(1.0), torch.tensor(16.0)
+    bwd = torch.ops.aten.nll_loss_backward.default
+    bad = t.clone()
+    bad[3] = 30
+    with accel.eager():
+        with pytest.raises((IndexError, RuntimeError)):
+            bwd(go, logp, bad, None, 1, -100, tot)
+        got = bwd(go, logp, t, None, 1, -100, tot) * 1
+    close(got, bwd(go, logp, t, None, 1, -100, tot))
+    x = torch.randn(16, 30, generator=g)
+    xa, xe = x.clone().requires_grad_(), x.clone().requires_grad_()
+    F = torch.nn.functional
+    with accel.eager():
+        F.cross_entropy(xa, t, weight=w).backward()
+    F.cross_entropy(xe, t, weight=w).backward()
+    close(xa.grad, xe.grad)
+    assert fused_nll_backward == [False, False, False]
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
