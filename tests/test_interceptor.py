@@ -1634,40 +1634,35 @@ def test_transposed_reads_match_eager(device, dtype):
             assert torch.equal(got, want)
 
 
-@pytest.fixture
-def fused_nll(monkeypatch):
-    """How many ``nll_loss_forward`` calls the interceptor ran as eager's on the logits plus
-    deferred row statistics (``accel.interceptor._nll_of_log_softmax``): a list, appended to."""
+def _spy_on(monkeypatch, name):
+    """A list to which each call of ``accel.interceptor.<name>`` appends whether it returned
+    a result (took the call) rather than None."""
     from accel import interceptor
 
     done = []
-    original = interceptor._nll_of_log_softmax
+    original = getattr(interceptor, name)
 
     def spy(*a):
         out = original(*a)
         done.append(out is not None)
         return out
 
-    monkeypatch.setattr(interceptor, "_nll_of_log_softmax", spy)
+    monkeypatch.setattr(interceptor, name, spy)
     return done
+
+
+@pytest.fixture
+def fused_nll(monkeypatch):
+    """Which ``nll_loss_forward`` calls the interceptor ran as eager's on the logits plus
+    deferred row statistics (``accel.interceptor._nll_of_log_softmax``): a list of bools."""
+    return _spy_on(monkeypatch, "_nll_of_log_softmax")
 
 
 @pytest.fixture
 def fused_nll_backward(monkeypatch):
     """Which ``nll_loss_backward`` calls the interceptor deferred as
     ``accel.nll_loss_backward`` (``accel.interceptor._nll_loss_backward``): a list of bools."""
-    from accel import interceptor
-
-    done = []
-    original = interceptor._nll_loss_backward
-
-    def spy(*a):
-        out = original(*a)
-        done.append(out is not None)
-        return out
-
-    monkeypatch.setattr(interceptor, "_nll_loss_backward", spy)
-    return done
+    return _spy_on(monkeypatch, "_nll_loss_backward")
 
 
 @pytest.mark.parametrize("device", DEVICES)
