@@ -1,11 +1,14 @@
-"""accel's own operators (``torch.ops.accel.*``), the targets of pattern replacements
-(:mod:`accel.patterns`).
+"""accel's own operators (``torch.ops.accel.*``): the targets of pattern replacements
+(:mod:`accel.patterns`), and two ops the interceptor records in place of eager calls
+(``nll_of_log_softmax``, ``nll_loss_backward``: :func:`accel.interceptor._nll_of_log_softmax`,
+:func:`accel.interceptor._nll_loss_backward`), which :func:`accel.graph._decompositions`
+decomposes through their references when a region is traced.
 
 Each op has a reference implementation written with torch ops (``CompositeExplicitAutograd``:
 any device; it defines the semantics the generated kernels must reproduce, and tests compare
 against it) and a fake implementation (``torch.library.register_fake``), so that ``make_fx``
 with ``tracing_mode="fake"`` records the op as one node instead of tracing into it. The
-decomposition table has no entry for these ops: they stay whole through
+decomposition table has no entry for the pattern targets: they stay whole through
 :func:`accel.graph.trace_region`. Ops with two results appear in a graph as the op node
 (``meta["val"]`` a tuple of two tensors) followed by ``operator.getitem(node, 0)`` and
 ``operator.getitem(node, 1)``.
@@ -13,7 +16,7 @@ decomposition table has no entry for these ops: they stay whole through
 Output layout (fake and reference agree): reductions return new contiguous tensors of
 shape ``[x.shape[d] for d not in dims]`` and ``x``'s dtype; pointwise ops return
 ``torch.empty_like(x)`` (``x``'s strides when ``x`` is dense, as eager's TensorIterator).
-All of them take floating tensors only.
+The pattern targets take floating tensors only.
 
 The rewrites that produce these ops (search and replacement functions, examples) are
 declared at the end, as data: :data:`REWRITES`, registered by :mod:`accel.patterns`.
