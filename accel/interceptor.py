@@ -16,9 +16,10 @@ import threading
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from . import allocator, config, dispatch, hooks, library, remat, runtime, sampling
+from . import allocator, config, dispatch, hooks, remat, runtime, sampling
+from . import losses  # (its import registers torch.ops.accel.*: accel.library)
 from .ops import VIEW_OPS, fusible_ops, op_spec
-from .region import (NEW_NODES, PENDING_NODES, Deferred, Region, _data_ptr, native, set_cuda_half,
+from .region import (NEW_NODES, PENDING_NODES, Deferred, Region, native, set_cuda_half,
                      set_small_regions)
 from .runtime import CompiledRegion, execute, set_launch_ahead_min, speculate
 
@@ -386,12 +387,12 @@ class AccelMode(TorchDispatchMode):
         if spec is not None and not region.busy:
             out = _record(self, region, func, spec, args, kwargs)
             return func(*args, **kwargs) if out is _EAGER else out
-        if func is _NLL_BACKWARD and not region.busy and not (_len_modes() and _traced_below()):
+        if func is _NLL_BACKWARD and _may_record_whole(region):
             out = _nll_loss_backward(self, region, args, kwargs)
             if out is not None:
                 return out
         if id(func) not in self.views and region.calls:
-            if func is _NLL_FORWARD and not region.busy and not (_len_modes() and _traced_below()):
+            if func is _NLL_FORWARD and _may_record_whole(region):
                 out = _nll_of_log_softmax(self, region, args, kwargs)
                 if out is not None:
                     return out
@@ -415,8 +416,7 @@ class AccelMode(TorchDispatchMode):
                 out = _record(self, region, func, spec, args, kwargs)
                 if out is not _EAGER:
                     return out
-            elif (func is _NLL_BACKWARD and not region.busy and not (_len_modes() and _traced_below())
-                  and (w.queued or w.queue_final_callback())):
+            elif func is _NLL_BACKWARD and _may_record_whole(region) and (w.queued or w.queue_final_callback()):
                 out = _nll_loss_backward(self, region, args, kwargs)
                 if out is not None:
                     return out
@@ -425,117 +425,47 @@ class AccelMode(TorchDispatchMode):
         return func._op(*args, **kwargs)
 
 
-_aten = torch.ops.aten
-_NLL_FORWARD = _aten.nll_loss_forward.default
-_LOG_SOFTMAX = _aten._log_softmax.default
+_NLL_FORWARD = torch.ops.aten.nll_loss_forward.default
+_NLL_BACKWARD = torch.ops.aten.nll_loss_backward.default
+_NLL_OF_LOG_SOFTMAX = torch.ops.accel.nll_of_log_softmax.default
+_NLL_BACKWARD_DENSE = torch.ops.accel.nll_loss_backward.default
+
+
+def _may_record_whole(region) -> bool:
+    """Whether the mode may record an accel op in place of a call of ``accel.ops.MODE_OPS``:
+    not while the region flushes or replays, nor under another tracing mode."""
+    return not region.busy and not (_len_modes() and _traced_below())
+
+
+def _record_whole(mode, region, op, args):
+    """Record ``op`` (an accel op: ``accel.library``) in ``region`` in place of the call of
+    ``accel.ops.MODE_OPS`` being dispatched; its result, or None where the region could not
+    take it (then flushed: the call runs as usual). The dispatch filter learns no edge from
+    it: it would replay ``op``'s arguments as the dispatched call's."""
+    out = _record(mode, region, op, op_spec(op), args, {})
+    if out is _EAGER:
+        return None
+    region.last_call = None
+    return out
 
 
 def _nll_of_log_softmax(mode, region, args, kwargs):
-    """``nll_loss_forward(logp, target, None, reduction, ignore_index)`` where ``logp`` [N, C]
-    is the pending output of ``_log_softmax(x, 1)`` over a float32 or float64 ``x`` from
-    outside the region (``F.cross_entropy``'s two halves), without reading ``logp``: since
-    ``-logp[i, t] = (max_i - x[i, t]) + log(sum_j exp(x[i, j] - max_i))``, eager's own
-    ``nll_loss_forward`` on ``x`` gives each row's ``-x[i, t]`` (0 where ``t`` is
-    ``ignore_index``; its checks and errors on the target are eager's), and the rest (the
-    rows' max and sum of exponentials, the mask of ignored targets, the total weight and
-    the reduction) is deferred into the region as one call,
-    :func:`accel.library.nll_of_log_softmax`, which its trace decomposes. One recorded call,
-    not the ten of its aten calls: the host's time for a [64, 128] ``cross_entropy`` under
-    accel 57 -> 25 µs on the dev VM (eager's: 4.4). ``logp`` is then written only where
-    something keeps it: the region reads ``x`` once and writes no [N, C] output, as
-    Inductor's fused cross entropy does. Not where ``logp`` requires grad (training:
-    autograd keeps it for the backward, so it is written anyway, and the usual path
-    computes its statistics and writes it in one pass over each row).
-
-    Returns:
-        ``(output, total_weight)`` as ``nll_loss_forward`` returns them, or None where the
-        pattern does not hold or eager's ``nll_loss_forward`` on ``x`` raised (the call then
-        runs as usual: the region flushed, eager's call on ``logp``, raising its error).
-    """
-    if kwargs or len(args) != 5:
+    """``nll_loss_forward`` of a pending log-softmax (:func:`accel.losses.nll_of_log_softmax`),
+    recorded as ``accel.nll_of_log_softmax``: ``(output, total_weight)`` as eager's call
+    returns them, or None (the call then runs as usual: the region flushed, eager's call on
+    the log-softmax, raising its error)."""
+    plan = losses.nll_of_log_softmax(region, args, kwargs)
+    out = None if plan is None else _record_whole(mode, region, _NLL_OF_LOG_SOFTMAX, plan[0])
+    if out is None:
         return None
-    logp, target, weight, reduction, ignore_index = args
-    if weight is not None or region.mutates_ext or reduction not in (0, 1, 2) or logp.requires_grad:
-        # (a pending write into an external input: x or the target read twice; autograd
-        # keeps a logp that requires grad for the backward: written anyway)
-        return None
-    i = region.out_ids.get(id(logp))
-    if i is None or region.outs[i] is not logp or type(target) is not torch.Tensor:
-        return None
-    k = 0
-    for func, targs, tkw, n_new in region.calls:  # the call whose output logp is
-        if k + n_new > i:
-            break
-        k += n_new
-    else:
-        return None
-    if func is not _LOG_SOFTMAX or n_new != 1 or tkw or len(targs) != 3:
-        return None
-    dim, half = (r[1] if r[0] == "c" else region.scalars[r[1]] if r[0] == "s" else None for r in targs[1:])
-    x = region.ext[targs[0][1]] if targs[0][0] == "x" else None
-    if (x is None or type(dim) is not int or dim not in (1, -1) or half is not False or x.dim() != 2
-            or x.shape != logp.shape or x.dtype != logp.dtype
-            or x.dtype not in (torch.float32, torch.float64) or target.dim() != 1
-            or target.dtype != torch.int64 or target.device != x.device):
-        return None
-    if id(target) in region.out_ids or (
-            _data_ptr(target) - target.storage_offset() * target.element_size() in region.out_bases):
-        return None  # a pending target (or a view of one): eager would read it unwritten
-    try:
-        rows, total = _NLL_FORWARD._op(x, target, None, 0, ignore_index)  # -x[i, t], eager's checks
-    except Exception:  # noqa: BLE001 - the usual path raises eager's error on logp
-        return None
-    out = _record(mode, region, _NLL_OF_LOG_SOFTMAX, op_spec(_NLL_OF_LOG_SOFTMAX),
-                  (x, rows, target, reduction, ignore_index), {})
-    if out is _EAGER:  # (the region flushed: logp written) the usual path
-        return None
-    region.last_call = None  # the dispatch filter learns no edge for nll_loss_forward from it
-    return out if reduction else (out[0], total)
-
-
-_NLL_OF_LOG_SOFTMAX = torch.ops.accel.nll_of_log_softmax.default  # (accel.library)
-_NLL_BACKWARD = _aten.nll_loss_backward.default
-_NLL_BACKWARD_DENSE = torch.ops.accel.nll_loss_backward.default
-_current_node = torch._C._current_autograd_node
+    return out if plan[0][3] else (out[0], plan[1])  # reduction none: eager's total weight
 
 
 def _nll_loss_backward(mode, region, args, kwargs):
-    """``nll_loss_backward(grad_output, self, target, None, reduction, ignore_index,
-    total_weight)`` run by autograd's ``NllLossBackward0`` (the forward's ``nll_loss``, eager's,
-    checked every target against ``self``'s classes; autograd refuses a target changed
-    since), deferred as one call of :func:`accel.library.nll_loss_backward`: its [N, C]
-    result (``-grad_output / total_weight`` at each row's target, 0 elsewhere) is then
-    computed where it is read, and a log-softmax backward reading it (``F.cross_entropy``'s)
-    reads only the log-softmax: the gradient's zeros and scatter are never written. Eager
-    writes them (C values a row) and reads them back in the log-softmax backward.
-
-    Returns:
-        The gradient (a pending output), or None where the case does not hold (a class
-        weight, ``self`` not 2-D float32 or float64, a pending target, not autograd's
-        ``NllLossBackward0``) or the region could not take the call (it was flushed): the
-        call then runs as usual.
-    """
-    if kwargs or len(args) != 7:
-        return None
-    grad_output, logp, target, weight, reduction, ignore_index, total = args
-    if (weight is not None or reduction not in (0, 1, 2) or type(logp) is not torch.Tensor
-            or logp.dim() != 2 or logp.dtype not in (torch.float32, torch.float64)
-            or type(target) is not torch.Tensor or target.dim() != 1 or target.dtype != torch.int64
-            or target.shape[0] != logp.shape[0] or grad_output.dtype != logp.dtype
-            or total.dtype != logp.dtype or len({t.device for t in (grad_output, logp, target, total)}) != 1):
-        return None
-    node = _current_node()
-    if node is None or node.name() != "NllLossBackward0":
-        return None  # (called elsewhere: eager's checks of the target are needed)
-    if id(target) in region.out_ids or (
-            _data_ptr(target) - target.storage_offset() * target.element_size() in region.out_bases):
-        return None
-    out = _record(mode, region, _NLL_BACKWARD_DENSE, op_spec(_NLL_BACKWARD_DENSE),
-                  (grad_output, target, total, logp.shape[1], reduction, ignore_index), {})
-    if out is _EAGER:
-        return None
-    region.last_call = None  # the dispatch filter learns no edge for nll_loss_backward from it
-    return out
+    """Autograd's ``nll_loss_backward`` (:func:`accel.losses.nll_loss_backward`), recorded as
+    ``accel.nll_loss_backward``: the gradient (pending), or None (the call runs as usual)."""
+    op_args = losses.nll_loss_backward(region, args, kwargs)
+    return None if op_args is None else _record_whole(mode, region, _NLL_BACKWARD_DENSE, op_args)
 
 
 _stack_at = torch._C._get_dispatch_stack_at

@@ -1,7 +1,7 @@
 """accel's own operators (``torch.ops.accel.*``): the targets of pattern replacements
 (:mod:`accel.patterns`), and two ops the interceptor records in place of eager calls
-(``nll_of_log_softmax``, ``nll_loss_backward``: :func:`accel.interceptor._nll_of_log_softmax`,
-:func:`accel.interceptor._nll_loss_backward`), which :func:`accel.graph._decompositions`
+(``nll_of_log_softmax``, ``nll_loss_backward``: :func:`accel.losses.nll_of_log_softmax`,
+:func:`accel.losses.nll_loss_backward`), which :func:`accel.graph._decompositions`
 decomposes through their references when a region is traced.
 
 Each op has a reference implementation written with torch ops (``CompositeExplicitAutograd``:
@@ -213,7 +213,7 @@ def nll_of_log_softmax(x: torch.Tensor, rows: torch.Tensor, target: torch.Tensor
     log-softmax: a row's loss is ``(max_i - x[i, t]) + log(sum_j exp(x[i, j] - max_i))``,
     its terms added as eager's ``(x - max) - log(sum)`` subtracts them (no cancellation
     beyond eager's own), 0 where the target is ignored. Only the interceptor records it
-    (:func:`accel.interceptor._nll_of_log_softmax`); traced, it decomposes into this
+    (:func:`accel.losses.nll_of_log_softmax`); traced, it decomposes into this
     reference's aten calls (:func:`accel.graph._decompositions`), whose row max and sum of
     exponentials the ``log_softmax_stats`` pattern makes one online-softmax reduction.
 
@@ -255,7 +255,7 @@ def nll_loss_backward(grad_output: torch.Tensor, target: torch.Tensor, total_wei
     ``-grad_output`` (sum; ``-grad_output[i]`` for reduction none) where ``j == target[i]``
     and ``target[i] != ignore_index``, else 0 (ATen's ``nll_loss_backward_out_frame``, which
     zeroes its result and writes those elements). Only the interceptor records it, in
-    ``NllLossBackward0`` (:func:`accel.interceptor._nll_loss_backward`), where eager's forward
+    ``NllLossBackward0`` (:func:`accel.losses.nll_loss_backward`), where eager's forward
     has checked every target; traced, it decomposes into this reference's calls (a column
     index compared with each row's target), so a log-softmax backward reading it fuses with
     it and the [N, classes] gradient is not written.

@@ -90,8 +90,8 @@ COMPOSITES = ("_softmax", "_log_softmax", "_softmax_backward_data", "_log_softma
 #: ops the interceptor does not defer but must see while a region is pending, which the
 #: dispatch filter therefore sends to the mode as it sends deferrable ones (it runs other
 #: calls past the mode, flushing the region first): ``nll_loss_forward`` of a pending
-#: ``log_softmax`` (``accel.interceptor._nll_of_log_softmax``), ``nll_loss_backward`` in
-#: autograd's ``NllLossBackward0`` (``accel.interceptor._nll_loss_backward``).
+#: ``log_softmax`` (``accel.losses.nll_of_log_softmax``), ``nll_loss_backward`` in
+#: autograd's ``NllLossBackward0`` (``accel.losses.nll_loss_backward``).
 MODE_OPS = (aten.nll_loss_forward.default, aten.nll_loss_backward.default)
 #: ops without a decomposition that the lowering handles itself.
 _LOWERED = ("argmax", "argmin", "max.dim", "min.dim", "max", "min")

@@ -29,12 +29,12 @@ Workloads (float32; CPU sizes, GPU ones in brackets):
 - ``cross_entropy``: ``F.cross_entropy`` of [2048, 32000] logits ([4096, 50257]) and their
   targets (under ``no_grad``, as every workload here): its ``nll_loss`` as eager's on the
   logits plus the rows' deferred statistics, so that the log-softmax is never written
-  (fifty-eighth round; ``accel.interceptor._nll_of_log_softmax``);
+  (fifty-eighth round; ``accel.losses.nll_of_log_softmax``);
 - ``cross_entropy_train``: the same loss and its logits' gradient
   (``torch.autograd.grad``, grad enabled inside the workload): the backward's
   ``nll_loss_backward`` deferred, so the log-softmax backward reads the log-softmax alone
   and its incoming [N, C] gradient is never written (fifty-ninth round;
-  ``accel.interceptor._nll_loss_backward``).
+  ``accel.losses.nll_loss_backward``).
 """
 import os
 import sys
@@ -59,7 +59,7 @@ def main() -> None:
     y = x.t().contiguous() * 0.5
     logits = torch.randn(*((4096, 50257) if big else (2048, 32000)), generator=g).to(dev)
     target = torch.randint(0, logits.shape[1], (logits.shape[0],), generator=g).to(dev)
-    def ce_train(t, target=target):
+    def ce_train(t):
         with torch.enable_grad():
             t = t.detach().requires_grad_()
             loss = F.cross_entropy(t, target)
