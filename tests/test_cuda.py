@@ -660,6 +660,26 @@ def test_cuda_long_layer_norm_rows_take_half_blocks_where_two_fit_in_l2(n, dtype
         assert kv.count("accel::load_once(rv") == 1  # the weight, read by every row
 
 
+@pytest.mark.parametrize("n,dtype,narrow", [
+    (32768, torch.float32, True), (32768, torch.bfloat16, True), (32768, torch.float64, False),
+    (4096, torch.float32, False)], ids=str)
+def test_cuda_block_loop_moments_sum_float32_per_thread(n, dtype, narrow):
+    """A layer norm row in block loops (too long for registers) sums each thread's share of
+    float32 or 16-bit values shifted in float32 and merges the threads in float64
+    (``accel::widen``), as eager's float32 sums; float64 values keep float64 sums, and so do
+    rows kept in registers ([*, 4096])."""
+    x, w = torch.empty(8, n, dtype=dtype), torch.empty(n, dtype=dtype)
+    calls = [(aten.native_layer_norm.default, (("x", 0), ("c", [n]), ("x", 1), ("x", 1), ("c", 1e-5)), {}, 3)]
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    ir = _lowered(calls, [x, w], [((8, n), (n, 1), dtype)] + [((8, 1), (1, 1), acc)] * 2, (0,))
+    src = CudaRenderer().render(ir, "accel_region_t")
+    assert ("accel::ShiftedMoments<float>" in src) == narrow
+    assert ("accel::block_moments(accel::widen<double>(" in src) == narrow
+    assert "accel::ShiftedMoments<double>" in src or narrow
+    if narrow:
+        assert "accel::ShiftedMoments<double>" not in src
+
+
 def test_cuda_long_row_hints_leave_a_weight_every_row_reads_alone():
     """A layer norm backward over rows too long for registers reads dy and x in both of its
     row loops (L2 kept between them, evicted first after the last) and the weight in both

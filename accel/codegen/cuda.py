@@ -512,6 +512,19 @@ class CudaRenderer(ColumnTiles, TransposeTiles, CppRenderer):
             return f"accel::lane(accel::load_once({reg}[j >> {sh}], {ptr}, (j & {m}) == 0), j & {m})"
         return super()._rhs(e, scope)
 
+    def _narrow_moments(self, red: Expr, coop: bool) -> bool:
+        """Block loops' mean and variance (``red``, a ``welford`` reduction) of float32 or
+        16-bit values accumulated in float64: each thread's shifted sums in float32 (its
+        share of the row, shifted by its first value: Chan, Golub & LeVeque's shifted data),
+        widened to float64 for the block's merge and what follows. Eager's CUDA layer and
+        group norms keep float32 Welford sums throughout (``at::acc_type<float, true>``).
+        H200, ms back to back, float64 -> float32 per thread: GroupNorm(32) + SiLU [32, 512,
+        64, 64] 0.234 / 0.235 -> 0.222 / 0.219 (torch.compile 0.226), LayerNorm [4096, 24576]
+        0.242 / 0.241 -> 0.239 / 0.238, the other long rows within 0.005."""
+        body = red.args[1][0]
+        return (coop and self.elems is None and red.dtype == torch.float64 and body.op == "cast"
+                and body.args[0].dtype in (torch.float32, torch.float16, torch.bfloat16))
+
     def _vec(self, buf: int) -> str:
         """The C++ type of a vector of :attr:`vw` elements of buffer ``buf``."""
         return f"accel::vec_t<{self.ctype(self.ir.buffers[buf].dtype)}, {self.vw}>"
@@ -728,10 +741,12 @@ class CudaRenderer(ColumnTiles, TransposeTiles, CppRenderer):
         elif kind == "welford":  # shifted sums per thread (accel::ShiftedMoments)
             t = self.ctype(first.dtype)
             x = self._name(first.args[1][0], inner)
-            out.append(f"{ind}accel::ShiftedMoments<{t}> {tag}_a;")
-            body.append(f"{tag}_a.add({x});")
+            narrow = self._narrow_moments(first, coop)  # float32 sums a thread, widened to merge
+            out.append(f"{ind}accel::ShiftedMoments<{'float' if narrow else t}> {tag}_a;")
+            body.append(f"{tag}_a.add({f'static_cast<float>({x})' if narrow else x});")
             if coop:  # moved to one shift and summed: no division per thread
-                finish.append(f"const accel::Moments<{t}> {tag} = accel::block_moments({tag}_a, smem);")
+                a = f"accel::widen<{t}>({tag}_a)" if narrow else f"{tag}_a"
+                finish.append(f"const accel::Moments<{t}> {tag} = accel::block_moments({a}, smem);")
             elif col:
                 finish.append(f"accel::Moments<{t}> {tag} = "
                               f"accel::col_reduce({tag}_a.moments(), accel::MergeMoments());")

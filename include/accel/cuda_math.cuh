@@ -331,6 +331,13 @@ template <typename T> struct ShiftedMoments {
   }
 };
 
+/* The same shifted sums in a wider type (a thread's float32 sums, merged in float64). */
+template <typename T, typename U> __device__ __forceinline__ ShiftedMoments<T> widen(const ShiftedMoments<U>& a) {
+  ShiftedMoments<T> w;
+  w.n = T(a.n); w.k = T(a.k); w.s = T(a.s); w.q = T(a.q);
+  return w;
+}
+
 /* Block mode (blockDim.x a multiple of 32, every thread calling): each warp's shifted
  * sums moved to the shift of its first lane that has values (a shuffle, no shared memory)
  * and summed by a butterfly; the warps' sums then moved to the first such warp's shift and
