@@ -662,12 +662,13 @@ def test_cuda_long_layer_norm_rows_take_half_blocks_where_two_fit_in_l2(n, dtype
 
 @pytest.mark.parametrize("n,dtype,narrow", [
     (32768, torch.float32, True), (32768, torch.bfloat16, True), (32768, torch.float64, False),
-    (4096, torch.float32, False)], ids=str)
+    (4096, torch.float32, False), (65536, torch.float32, True), (131072, torch.float32, False)], ids=str)
 def test_cuda_block_loop_moments_sum_float32_per_thread(n, dtype, narrow):
     """A layer norm row in block loops (too long for registers) sums each thread's share of
     float32 or 16-bit values shifted in float32 and merges the threads in float64
     (``accel::widen``), as eager's float32 sums; float64 values keep float64 sums, and so do
-    rows kept in registers ([*, 4096])."""
+    rows kept in registers ([*, 4096]) and shares over 64 values ([*, 131072]: 128 a thread
+    of 1024)."""
     x, w = torch.empty(8, n, dtype=dtype), torch.empty(n, dtype=dtype)
     calls = [(aten.native_layer_norm.default, (("x", 0), ("c", [n]), ("x", 1), ("x", 1), ("c", 1e-5)), {}, 3)]
     acc = torch.float64 if dtype == torch.float64 else torch.float32

@@ -54,6 +54,11 @@ _COMBINE = {"sum": "accel::Sum()", "prod": "accel::Prod()", "amax": "accel::Max(
             "amin": "accel::Min()"}
 
 
+#: most values a thread of a block loop sums in float32 for a mean and variance
+#: (:meth:`CudaRenderer._narrow_moments`); longer shares keep float64 sums.
+NARROW_MOMENTS_MAX = 64
+
+
 class CudaRenderer(ColumnTiles, TransposeTiles, CppRenderer):
     """Renders a :class:`LoopIR` as CUDA C++ for ``nvcc -cubin``: the kernels, and their
     launch plan in :attr:`launches` (see :meth:`render`)."""
@@ -520,10 +525,13 @@ class CudaRenderer(ColumnTiles, TransposeTiles, CppRenderer):
         group norms keep float32 Welford sums throughout (``at::acc_type<float, true>``).
         H200, ms back to back, float64 -> float32 per thread: GroupNorm(32) + SiLU [32, 512,
         64, 64] 0.234 / 0.235 -> 0.222 / 0.219 (torch.compile 0.226), LayerNorm [4096, 24576]
-        0.242 / 0.241 -> 0.239 / 0.238, the other long rows within 0.005."""
+        0.242 / 0.241 -> 0.239 / 0.238, the other long rows within 0.005. Only where a thread
+        sums at most ``NARROW_MOMENTS_MAX`` values (the rows measured took 48-64): a float32
+        sum's rounding grows with its length."""
         body = red.args[1][0]
         return (coop and self.elems is None and red.dtype == torch.float64 and body.op == "cast"
-                and body.args[0].dtype in (torch.float32, torch.float16, torch.bfloat16))
+                and body.args[0].dtype in (torch.float32, torch.float16, torch.bfloat16)
+                and -(-self._size(red.args[2]) // self.threads) <= NARROW_MOMENTS_MAX)
 
     def _vec(self, buf: int) -> str:
         """The C++ type of a vector of :attr:`vw` elements of buffer ``buf``."""
