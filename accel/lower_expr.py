@@ -218,9 +218,11 @@ class _Lowerer:
             n *= self.sizes[v]
         if kind == "sum" and not index and n > 0 and not free_vars(body) & set(rv):
             # a sum of one value (the gradient of ``loss.sum()``, expanded): body * n, which
-            # the sum's float64 or int64 accumulation gives exactly (n < 2**29 for floats)
-            return self.mk("mul", acc_dtype, body, self.const(n, acc_dtype)) \
-                if n != 1 else body
+            # the sum's float64 or int64 accumulation gives exactly (n < 2**29 for floats);
+            # then + 0.0, as eager's float sums start from +0.0 (a sum of -0.0 values, a
+            # dim of size 1 too, is +0.0: ``1 / x.sum(0)`` of [[-0.0]] is +inf)
+            r = self.mk("mul", acc_dtype, body, self.const(n, acc_dtype)) if n != 1 else body
+            return self.mk("add", acc_dtype, r, self.const(0.0, acc_dtype)) if acc_dtype.is_floating_point else r
         bodies = (body,)
         if index:  # the flat index over the reduced dims, row-major, as eager's argmax
             xs, stride, terms = x.meta["val"].shape, 1, []

@@ -296,10 +296,14 @@ def test_random_chains(prog, device):
     {"inputs": [("4x5", "f32", 11, False), ("4x5", "f32", 12, False)],
      "steps": [("unary", "sin", 1), ("inplace", "add_", 0, 1), ("inplace", "fill_", 1, 1)],
      "keep": [3]},
+    # a sum or mean over a dim of size 1 of -0.0 is +0.0 in eager (its sums start at +0.0)
+    {"inputs": [("unsqueeze(5)", "f32", 256, True), ("4x5", "f32", 14, False)],
+     "steps": [("reduce", "sum", 0, 0, True), ("reduce", "mean", 0, 0, False),
+               ("binary", "div", 1, 2), ("binary", "div", 1, 3)], "keep": [4, 5]},
     # sign(nan) is 0 in eager
     {"inputs": [("4x5", "f64", 13, True)], "steps": [("unary", "sign", 0)], "keep": [1]},
 ], ids=["f32-chain", "f64-int-inplace", "softmax-center-var", "manual-softmax-argmax",
-        "inplace-broadcast-row-repeated", "add_-then-fill_-of-operand", "sign-of-nan"])
+        "inplace-broadcast-row-repeated", "add_-then-fill_-of-operand", "size-1-sum-of-negative-zero", "sign-of-nan"])
 @pytest.mark.parametrize("device", DEVICES)
 def test_fixed_chains(prog, device):
     accel.reset_stats()
