@@ -38,8 +38,8 @@ from .cpp import CppRenderer
 from .cuda_columns import ColumnTiles
 from .cuda_tiles import TransposeTiles
 from .cuda_shapes import (BLOCK, BLOCK_UNROLL, BLOCK_VEC_UNROLL, GRID_MIN, ILP, MAX_GRID,
-                          MOMENTS_HALF_BLOCK_BYTES, MOMENTS_HALF_BLOCK_THREADS, ROW_ELEMS,
-                          ROW_ELEMS_MOMENTS, ROW_HALF_SCALE, ROW_REGISTERS, ROW_REGISTERS_32,
+                          MOMENTS_HALF_BLOCK_BYTES, MOMENTS_HALF_BLOCK_THREADS, NARROW_MOMENTS_MAX,
+                          ROW_ELEMS, ROW_ELEMS_MOMENTS, ROW_HALF_SCALE, ROW_REGISTERS, ROW_REGISTERS_32,
                           ROW_THREADS, STATS_ROW_THREADS, STATS_ROW_UNROLL, VEC, VEC16, VEC_ILP, VEC_TYPES)
 from .scopes import ARG, SIMPLE, Group, Scope, subst
 
@@ -52,11 +52,6 @@ def _dim3(v) -> List[int]:
 
 _COMBINE = {"sum": "accel::Sum()", "prod": "accel::Prod()", "amax": "accel::Max()",
             "amin": "accel::Min()"}
-
-
-#: most values a thread of a block loop sums in float32 for a mean and variance
-#: (:meth:`CudaRenderer._narrow_moments`); longer shares keep float64 sums.
-NARROW_MOMENTS_MAX = 64
 
 
 class CudaRenderer(ColumnTiles, TransposeTiles, CppRenderer):
@@ -519,15 +514,11 @@ class CudaRenderer(ColumnTiles, TransposeTiles, CppRenderer):
 
     def _narrow_moments(self, red: Expr, coop: bool) -> bool:
         """Block loops' mean and variance (``red``, a ``welford`` reduction) of float32 or
-        16-bit values accumulated in float64: each thread's shifted sums in float32 (its
-        share of the row, shifted by its first value: Chan, Golub & LeVeque's shifted data),
-        widened to float64 for the block's merge and what follows. Eager's CUDA layer and
-        group norms keep float32 Welford sums throughout (``at::acc_type<float, true>``).
-        H200, ms back to back, float64 -> float32 per thread: GroupNorm(32) + SiLU [32, 512,
-        64, 64] 0.234 / 0.235 -> 0.222 / 0.219 (torch.compile 0.226), LayerNorm [4096, 24576]
-        0.242 / 0.241 -> 0.239 / 0.238, the other long rows within 0.005. Only where a thread
-        sums at most ``NARROW_MOMENTS_MAX`` values (the rows measured took 48-64): a float32
-        sum's rounding grows with its length."""
+        16-bit values accumulated in float64, where a thread sums at most
+        ``NARROW_MOMENTS_MAX`` of them: each thread's shifted sums in float32 (shifted by its
+        first value: Chan, Golub & LeVeque's shifted data), widened to float64 for the
+        block's merge (``accel::widen``). Eager's CUDA layer and group norms keep float32
+        Welford sums throughout (``at::acc_type<float, true>``)."""
         body = red.args[1][0]
         return (coop and self.elems is None and red.dtype == torch.float64 and body.op == "cast"
                 and body.args[0].dtype in (torch.float32, torch.float16, torch.bfloat16)
