@@ -41,6 +41,13 @@ class LoweringError(Exception):
 _PRIM_REDUCTIONS = {"sum": "sum", "prod": "prod", "amax": "amax", "amin": "amin"}
 
 
+def _wrap_dims(dims, shape) -> list:
+    """Reduction ``dims`` (negative ones wrapped) of a tensor of ``shape``, sorted, each once;
+    none for a 0-d tensor, whose dims 0 and -1 reduce its one value (as eager's
+    ``maybe_wrap_dim`` wraps them against a rank of 1)."""
+    return sorted({d % len(shape) for d in dims}) if len(shape) else []
+
+
 def _affine(*parts) -> tuple:
     """Sum of (atom, multiplier) pairs as a canonical atom."""
     acc: Dict[int, int] = {}
@@ -184,7 +191,7 @@ class _Lowerer:
         memory order (:meth:`_memory_order`), or with ``dim_order`` in dim order (an
         argmax's iteration order is its tie-break: the first index, row-major)."""
         xs = tuple(x.meta["val"].shape)
-        dims = sorted({d % len(xs) for d in dims}) if xs else []
+        dims = _wrap_dims(dims, xs)
         key = (xs, tuple(dims), idx, dim_order)
         known = self.rvars.get(key)
         rv = known[0] if known else tuple(self.new_var(xs[d]) for d in dims)
@@ -226,7 +233,7 @@ class _Lowerer:
         bodies = (body,)
         if index:  # the flat index over the reduced dims, row-major, as eager's argmax
             xs, stride, terms = x.meta["val"].shape, 1, []
-            for v, d in zip(reversed(rv), reversed(sorted({d % len(xs) for d in dims}))):
+            for v, d in zip(reversed(rv), reversed(_wrap_dims(dims, xs))):
                 terms.append((v, stride))
                 stride *= xs[d]
             bodies += (self.mk("index", torch.int64, Addr(tuple(sorted(terms)))),)
@@ -263,7 +270,7 @@ class _Lowerer:
         if t is prims.squeeze.default:
             x, dims = n.args
             xs = x.meta["val"].shape
-            dims = {d % len(xs) for d in dims} if xs else set()
+            dims = set(_wrap_dims(dims, xs))
             it = iter(idx)
             return self.value(x, tuple(() if d in dims else next(it) for d in range(len(xs))))
         if t is prims.transpose.default:
@@ -338,7 +345,7 @@ class _Lowerer:
         f64 = torch.float64
         xs = x.meta["val"].shape
         n = 1
-        for d in {d % len(xs) for d in dims}:
+        for d in _wrap_dims(dims, xs):
             n *= xs[d]
         split = self._column_split(x, dims, idx) if welford else None
         if split is not None:  # each column's moments, then the columns' merged (Chan et al.)
@@ -375,7 +382,7 @@ class _Lowerer:
         None for any other reduction."""
         xv = x.meta["val"]
         xs = tuple(xv.shape)
-        dims = sorted({d % len(xs) for d in dims}) if xs else []
+        dims = _wrap_dims(dims, xs)
         xi, rv = self.reduce_vars(x, dims, idx)
         if len(rv) < 2 or any(self.sizes[v] == 1 for v in rv):
             return None

@@ -58,6 +58,8 @@ WORKLOADS = {
     "group_norm": lambda x: F.silu(F.group_norm(x.reshape(x.shape[0] // 4, 4, -1), 2)),
     # over the rows: column mode, one pass of running (max, sum) pairs (accel::SoftmaxState)
     "column_softmax": lambda x: torch.softmax(x * 2, 0),
+    # a boolean result: past GRID_MIN values (grid mode), partials of bool read back
+    "full_any": lambda x: (x > 3).amax(),
 }
 
 
@@ -125,6 +127,8 @@ MODES = [
     ("grid_sum", WORKLOADS["full_sum"], (1024, 1000)),
     ("grid_mean_sqrt", lambda x: (x * x).mean().sqrt(), (512, 512)),
     ("grid_amax", lambda x: x.abs().amax(), (300, 1000)),
+    ("grid_any", lambda x: (x.abs() > 4).amax().to(x.dtype), (300, 1000)),
+    ("grid_all", lambda x: (x.abs() < 4).amin().to(x.dtype), (300, 1000)),
     ("long_softmax", WORKLOADS["softmax"], (8, 40000)),
     ("column_softmax", WORKLOADS["column_softmax"], (1000, 96)),
     ("column_log_softmax_split", lambda x: torch.log_softmax(x, 0), (8192, 64)),
@@ -874,7 +878,7 @@ def test_every_kernel_mode_builds_a_cubin_with_its_planned_kernels(name, dtype, 
         return cpu_render(self, ir, kname)
 
     monkeypatch.setattr(CppRenderer, "render", render)
-    shapes = {"full_sum": (1 << 17,), "column_sums_split": (4096, 64),  # grid mode; split columns
+    shapes = {"full_sum": (1 << 17,), "full_any": (1 << 17,), "column_sums_split": (4096, 64),  # grid mode; split
               "column_max": (4096, 64)}
     x = _x(*shapes.get(name, (256, 512)), device="cpu").to(dtype)
     _run(WORKLOADS[name], x)

@@ -155,6 +155,13 @@ __device__ __forceinline__ const V& load_once(V& reg, const V* p, bool first) {
   return reg;
 }
 
+/* A partial written by another block, read past L1 (``__ldcg``; a bool through its byte,
+ * which ``__ldcg`` has no overload for). */
+template <typename T> __device__ __forceinline__ T load_cg(const T* p) { return __ldcg(p); }
+__device__ __forceinline__ bool load_cg(const bool* p) {
+  return __ldcg(reinterpret_cast<const unsigned char*>(p)) != 0;
+}
+
 /* Grid mode: every thread of every block calls this with its own ``v``; the
  * block that finishes last gets true and ``v`` combined over the partials in block order
  * (``part``: gridDim.x slots, at most blockDim.x); the others get false. ``count`` is 0 on
@@ -171,7 +178,7 @@ __device__ bool grid_reduce(T& v, F f, T init, T* part, unsigned int* count, voi
   __syncthreads();
   if (!last) return false;
   __threadfence();
-  T p = threadIdx.x < gridDim.x ? __ldcg(part + threadIdx.x) : init;
+  T p = threadIdx.x < gridDim.x ? load_cg(part + threadIdx.x) : init;
   v = block_reduce(p, f, scratch);
   if (threadIdx.x == 0) *count = 0;
   return true;
@@ -214,7 +221,6 @@ __device__ __forceinline__ bool col_ticket(unsigned int* count, int64_t tile) {
   if (last) __threadfence();
   return last;
 }
-template <typename T> __device__ __forceinline__ T load_cg(const T* p) { return __ldcg(p); }
 template <typename T, typename F>
 __device__ T col_combine(const T* part, F f, int64_t tile, int64_t tiles) {
   T v = load_cg(part + tile * 32 + threadIdx.x);
