@@ -26,12 +26,23 @@ def _targets(gm):
 
 def test_trace_decomposes_to_prims_with_scalar_placeholders():
     x = torch.empty(4, 8)
-    calls = [(aten.add.Tensor, (("x", 0), ("x", 0)), {"alpha": ("s", 0)}, 1),
+    calls = [(aten.mul.Tensor, (("x", 0), ("s", 0)), {}, 1),
              (aten.gelu.default, (("o", 0),), {"approximate": ("c", "tanh")}, 1)]
     tr = trace_region(calls, [x], 2, (1,), ["f"])
     phs = [n for n in tr.gm.graph.nodes if n.op == "placeholder"]
     assert len(phs) == 2 and tr.n_ext == 1 and tr.n_scalars == 1
     assert all(t.startswith("prims.") for t in _targets(tr.gm))
+    assert any(phs[1] in n.args for n in tr.gm.graph.nodes if n.op == "call_function")
+
+
+def test_add_with_alpha_traces_to_one_fused_multiply_add():
+    """``add(x, y, alpha=s)`` as eager computes it, ``fma(y, s, x)`` rounded once
+    (accel.graph._add_alpha), its alpha still the region's scalar placeholder."""
+    x = torch.empty(4, 8)
+    calls = [(aten.add.Tensor, (("x", 0), ("x", 0)), {"alpha": ("s", 0)}, 1)]
+    tr = trace_region(calls, [x], 1, (0,), ["f"])
+    phs = [n for n in tr.gm.graph.nodes if n.op == "placeholder"]
+    assert "accel.fma.default" in _targets(tr.gm) and "prims.mul.default" not in _targets(tr.gm)
     assert any(phs[1] in n.args for n in tr.gm.graph.nodes if n.op == "call_function")
 
 

@@ -89,6 +89,7 @@ class CppRenderer(ColumnLoops, TiledLoops, CStyle):
     prefix = '#include "accel/cpu_math.h"\n'
     row_caching = True  # keep a row's values in a stack array between its loops
     online_softmax = False  # online softmax reductions kept whole (else two passes, scopes.two_pass_softmax)
+    reciprocal_numbers = False  # divisions by numbers as products with their reciprocals (eager's GPU kernels)
     cache_across_reductions = True  # ... also between two reductions' loops
     keep_widened_f16 = True  # ... and float16 values widened (see trivial)
     f16_row_passes = True  # a row's float16 conversions as whole-row passes (_plan_f16_rows)
@@ -161,7 +162,8 @@ class CppRenderer(ColumnLoops, TiledLoops, CStyle):
         self.nest_scopes = scopes
         self.group_of: Dict[Expr, Group] = {}
         self.group_scope: Dict[int, Scope] = {}
-        stores = [Store(st.buf, st.addr, two_pass_softmax(st.value, online=self.online_softmax))
+        stores = [Store(st.buf, st.addr, two_pass_softmax(st.value, online=self.online_softmax,
+                                                        numbers=self.reciprocal_numbers))
                   for st in nest.stores]
         for st in stores:
             for e in walk(st.value, set()):

@@ -64,6 +64,7 @@ class CudaRenderer(ColumnTiles, TransposeTiles, CppRenderer):
     keep_widened_f16 = False  # (one instruction here; the row's loads are kept already)
     f16_row_passes = False  # (conversions are single instructions in device code)
     stream_stores = False  # (CPU only)
+    reciprocal_numbers = True  # (div_true_kernel_cuda: a number divisor's reciprocal)
     expand_invariants = False  # (CPU only)
     tile_transposes = False  # (CPU only)
     #: a row kernel's kept values are a thread's share of the row (at most row_limit)

@@ -35,18 +35,38 @@ def subst(e: Expr, r: int, v: int, memo=None) -> Expr:
     return out
 
 
-def two_pass_softmax(e: Expr, memo=None, online: bool = False) -> Expr:
+def reciprocal_divisor(b: Expr, numbers: bool) -> bool:
+    """Whether eager's kernel multiplies by the reciprocal of loop-invariant divisor ``b``
+    rather than divide by it: a softmax's sum of exponentials (ATen's CPU softmax
+    kernels), and with ``numbers`` (a GPU) a number, a constant or a scalar argument and
+    what is computed from them alone (``div_true_kernel_cuda``'s CPU scalar divisor,
+    ``MeanOps``' factor). Eager divides by anything else (the CPU's ``mean``, ``x / 0.3``,
+    a row's value broadcast): its bits."""
+    while b.op == "cast":
+        b = b.args[0]
+    if b.op == "reduce":
+        return b.args[0] == "online_softmax" and b.args[3] == 1
+    return numbers and _number(b)
+
+
+def _number(e: Expr) -> bool:
+    return e.op in ("const", "scalar") or (
+        e.op not in ("load", "index", "reduce") and all(_number(a) for a in e.args if isinstance(a, Expr)))
+
+
+def two_pass_softmax(e: Expr, memo=None, online: bool = False, numbers: bool = False) -> Expr:
     """CPU forms: an online softmax reduction as the max, then the sum of exp(x - max) (a
     row is in cache, so a second pass is cheap, and the row's exp values can be kept for
     the output: one exp per element instead of two); a division by a loop-invariant value
-    as a product with its reciprocal. With ``online``, the online softmax reductions stay
-    (a GPU's column reductions: one pass over memory, not two)."""
+    that eager's kernel takes the reciprocal of (:func:`reciprocal_divisor`, ``numbers``
+    passed on) as a product with that reciprocal. With ``online``, the online softmax
+    reductions stay (a GPU's column reductions: one pass over memory, not two)."""
     memo = {} if memo is None else memo
     out = memo.get(e)
     if out is None:
         if e.op == "reduce" and e.args[0] == "online_softmax":
             _, (b,), rv, which = e.args
-            b = two_pass_softmax(b, memo, online)  # (its divisions as the output's: one exp, kept)
+            b = two_pass_softmax(b, memo, online, numbers)  # (its divisions as the output's: one exp, kept)
             if online:
                 memo[e] = Expr("reduce", e.dtype, ("online_softmax", (b,), rv, which))
                 return memo[e]
@@ -55,15 +75,15 @@ def two_pass_softmax(e: Expr, memo=None, online: bool = False) -> Expr:
             out = m if which == 0 else Expr("reduce", e.dtype, ("sum", (ex,), rv, 0))
         elif e.op == "reduce":
             kind, bodies, rv, which = e.args
-            out = Expr("reduce", e.dtype, (kind, tuple(two_pass_softmax(b, memo, online) for b in bodies),
+            out = Expr("reduce", e.dtype, (kind, tuple(two_pass_softmax(b, memo, online, numbers) for b in bodies),
                                            rv, which))
-        elif e.op == "div" and e.dtype.is_floating_point and free_vars(e.args[1]) < free_vars(e.args[0]):
-            # a loop-invariant divisor: one reciprocal, a product per element (as eager's
-            # softmax and norms do)
-            a, b = (two_pass_softmax(x, memo, online) for x in e.args)
+        elif (e.op == "div" and e.dtype.is_floating_point and free_vars(e.args[1]) < free_vars(e.args[0])
+              and reciprocal_divisor(e.args[1], numbers)):
+            # a loop-invariant divisor: one reciprocal, a product per element (as eager's)
+            a, b = (two_pass_softmax(x, memo, online, numbers) for x in e.args)
             out = Expr("mul", e.dtype, (a, Expr("reciprocal", e.dtype, (b,))))
         else:
-            out = Expr(e.op, e.dtype, tuple(two_pass_softmax(a, memo, online) if isinstance(a, Expr) else a
+            out = Expr(e.op, e.dtype, tuple(two_pass_softmax(a, memo, online, numbers) if isinstance(a, Expr) else a
                                             for a in e.args))
         memo[e] = out
     return out
