@@ -312,7 +312,7 @@ def test_division_has_eagers_bits(dtype, device):
     x = (torch.randn(64, 257, generator=g) * 100).to(device, dtype)
     i = torch.randint(-5, 6, (64, 257), generator=g).to(device)
     cases = [lambda: (x * 1) / 0.3, lambda: (x + 1) / 7.1, lambda: (x * 1).div_(3.0),
-             lambda: (x * 2) / -0.001, lambda: (x * 1) / (x[:, :1] + 1000), lambda: (i / 0.001) * 1,
+             lambda: (x * 2) / -0.001, lambda: (x * 1) / (x[:, :1] + 1000), lambda: (i / 0.001).to(dtype) + x,
              lambda: (x * 1).div_(x[0] + 1000)]
     for fn in cases:
         expected = fn()

@@ -54,6 +54,20 @@ def _number(e: Expr) -> bool:
         e.op not in ("load", "index", "reduce") and all(_number(a) for a in e.args if isinstance(a, Expr)))
 
 
+def _reciprocal(b: Expr, dtype) -> Expr:
+    """``1 / b`` in ``dtype``; a float32 number's (a constant or a scalar argument) taken in
+    float64 from the number as given, then rounded, as ``div_true_kernel_cuda`` takes it
+    (``i / 0.001`` is -2000.0 there: 1000.0 a reciprocal, where float32's of 0.001 is
+    999.99994)."""
+    leaf = b
+    while leaf.op == "cast":
+        leaf = leaf.args[0]
+    if dtype == torch.float32 and leaf.op in ("const", "scalar"):
+        wide = Expr(leaf.op, torch.float64, leaf.args)
+        return Expr("cast", dtype, (Expr("reciprocal", torch.float64, (wide,)),))
+    return Expr("reciprocal", dtype, (b,))
+
+
 def two_pass_softmax(e: Expr, memo=None, online: bool = False, numbers: bool = False) -> Expr:
     """CPU forms: an online softmax reduction as the max, then the sum of exp(x - max) (a
     row is in cache, so a second pass is cheap, and the row's exp values can be kept for
@@ -81,7 +95,7 @@ def two_pass_softmax(e: Expr, memo=None, online: bool = False, numbers: bool = F
               and reciprocal_divisor(e.args[1], numbers)):
             # a loop-invariant divisor: one reciprocal, a product per element (as eager's)
             a, b = (two_pass_softmax(x, memo, online, numbers) for x in e.args)
-            out = Expr("mul", e.dtype, (a, Expr("reciprocal", e.dtype, (b,))))
+            out = Expr("mul", e.dtype, (a, _reciprocal(b, e.dtype)))
         else:
             out = Expr(e.op, e.dtype, tuple(two_pass_softmax(a, memo, online, numbers) if isinstance(a, Expr) else a
                                             for a in e.args))
