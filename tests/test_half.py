@@ -258,6 +258,16 @@ def test_cpu_std_takes_its_root_in_float64_as_eager(dtype):
                 assert torch.isfinite(actual[0] if isinstance(actual, tuple) else actual).all()
 
 
+def _kernels_have_eagers_bits(cases):
+    """Each case (a function of no arguments) runs as a kernel under accel, its result
+    bit for bit eager's."""
+    for fn in cases:
+        expected = fn()
+        actual, st = _run(fn)
+        assert st["kernel_runs"] >= 1 and st["eager_replays"] == 0, st
+        _same_bits(actual, expected)
+
+
 @pytest.mark.parametrize("dtype", (torch.float32, torch.float64) + HALF, ids=str)
 def test_cpu_lerp_has_eagers_bits(dtype):
     """``lerp`` on the CPU, bit for bit as eager's: one rounding of ``coeff * (end - start)
@@ -270,11 +280,7 @@ def test_cpu_lerp_has_eagers_bits(dtype):
     cases = [lambda: torch.lerp(a * 1, b, 0.1), lambda: torch.lerp(a * 1, b, 0.7),
              lambda: torch.lerp(a * 1, b, w), lambda: torch.lerp(a.t() * 1, b.t(), 0.3),
              lambda: (a * 1).lerp_(b, 0.9), lambda: (a * 1).lerp_(b, w)]
-    for fn in cases:
-        expected = fn()
-        actual, st = _run(fn)
-        assert st["kernel_runs"] >= 1 and st["eager_replays"] == 0, st
-        _same_bits(actual, expected)
+    _kernels_have_eagers_bits(cases)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -292,11 +298,7 @@ def test_add_with_alpha_has_eagers_bits(dtype, device):
              lambda: torch.rsub(a * 1, b, alpha=-2.5), lambda: (a * 1).add_(b[0], alpha=0.7),
              lambda: (a.t() * 1).sub_(b.t(), alpha=1.1), lambda: (near * 1).add(b, alpha=1.25),
              lambda: (a * 4).long().add(b, alpha=0.3)]
-    for fn in cases:
-        expected = fn()
-        actual, st = _run(fn)
-        assert st["kernel_runs"] >= 1 and st["eager_replays"] == 0, st
-        _same_bits(actual, expected)
+    _kernels_have_eagers_bits(cases)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -314,11 +316,7 @@ def test_division_has_eagers_bits(dtype, device):
     cases = [lambda: (x * 1) / 0.3, lambda: (x + 1) / 7.1, lambda: (x * 1).div_(3.0),
              lambda: (x * 2) / -0.001, lambda: (x * 1) / (x[:, :1] + 1000), lambda: (i / 0.001).to(dtype) + x,
              lambda: (x * 1).div_(x[0] + 1000)]
-    for fn in cases:
-        expected = fn()
-        actual, st = _run(fn)
-        assert st["kernel_runs"] >= 1 and st["eager_replays"] == 0, st
-        _same_bits(actual, expected)
+    _kernels_have_eagers_bits(cases)
 
 
 @pytest.mark.parametrize("device", DEVICES)
