@@ -419,11 +419,14 @@ def test_rounding_against_the_float64_reference(device):
      "steps": [("reduce", "var_c0", 0, -1, False), ("reduce", "argmax", 0, 0, False),
                ("reduce", "var", 0, 0, True), ("binary", "add", 1, 2), ("binary", "mul", 5, 3)],
      "keep": [2, 6]},
+    # round of integers leaves them as they are (it ran eagerly: no rendering)
+    {"inputs": [("4x5", "i32", 17, False), ("t(5x4)", "i64", 18, False)],
+     "steps": [("unary", "round", 0), ("binary", "add", 2, 1), ("unary", "round", 3)], "keep": [4]},
     # sign(nan) is 0 in eager
     {"inputs": [("4x5", "f64", 13, True)], "steps": [("unary", "sign", 0)], "keep": [1]},
 ], ids=["f32-chain", "f64-int-inplace", "softmax-center-var", "manual-softmax-argmax",
         "inplace-broadcast-row-repeated", "add_-then-fill_-of-operand", "size-1-sum-of-negative-zero",
-    "reductions-of-a-0d-tensor", "sign-of-nan"])
+    "reductions-of-a-0d-tensor", "round-of-integers", "sign-of-nan"])
 @pytest.mark.parametrize("device", DEVICES)
 def test_fixed_chains(prog, device):
     accel.reset_stats()

@@ -51,7 +51,7 @@ class CStyle:
         "shift_left": {"int": "$shift_left({0}, {1})"},
         "shift_right_arithmetic": {"int": "$shift_right_arithmetic({0}, {1})"},
         "remainder": {"float": "$remainder({0}, {1})"},
-        "round": {"float": "$round({0})"},
+        "round": {"float": "$round({0})", "int": "{0}"},  # (eager: integers unchanged, bool raises)
         "reciprocal": {"float": "$reciprocal({0})"}, "rsqrt": {"float": "$rsqrt({0})"},
         "silu": {"float": "$silu({0})"}, "gelu_tanh": {"float": "$gelu_tanh({0})"},
         "vec_erf": {"float": "$vec_erf({0})"},  # CPU only (accel/graph.py: GELU's erf)
