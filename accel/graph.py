@@ -292,7 +292,8 @@ def _add_alpha(name, decomposition, a, b, **kwargs):
     inplace, base = name.endswith("_"), name.rstrip("_")
     alpha = kwargs.get("alpha", 1)
     dtype = torch.result_type(a, b)
-    if set(kwargs) - {"alpha"} or isinstance(alpha, bool) or alpha == 1 or dtype not in (torch.float32, torch.float64):
+    if (set(kwargs) - {"alpha"} or isinstance(alpha, bool) or alpha == 1 or dtype not in (torch.float32, torch.float64)
+            or not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor))):
         return decomposition(a, b, **kwargs)
     x, y = (b, a) if base == "rsub" else (a, b)
     x, y = x.to(dtype), y.to(dtype)
