@@ -296,10 +296,9 @@ def _add_alpha(name, decomposition, a, b, **kwargs):
             or not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor))):
         return decomposition(a, b, **kwargs)
     x, y = (b, a) if base == "rsub" else (a, b)
-    x, y = x.to(dtype), y.to(dtype)
-    w = y.new_full((), alpha)
-    coeff, other, self = torch.broadcast_tensors(torch.neg(w) if base != "add" else w, y, x)
-    out = torch.ops.accel.fma(other, coeff, self)
+    w = y.new_full((), alpha, dtype=dtype)
+    w, y, x = torch.broadcast_tensors(torch.neg(w) if base != "add" else w, y.to(dtype), x.to(dtype))
+    out = torch.ops.accel.fma(y, w, x)
     return a.copy_(out) if inplace else out
 
 

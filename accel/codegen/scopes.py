@@ -42,11 +42,16 @@ def reciprocal_divisor(b: Expr, numbers: bool) -> bool:
     what is computed from them alone (``div_true_kernel_cuda``'s CPU scalar divisor,
     ``MeanOps``' factor). Eager divides by anything else (the CPU's ``mean``, ``x / 0.3``,
     a row's value broadcast): its bits."""
-    while b.op == "cast":
-        b = b.args[0]
+    b = _uncast(b)
     if b.op == "reduce":
         return b.args[0] == "online_softmax" and b.args[3] == 1
     return numbers and _number(b)
+
+
+def _uncast(e: Expr) -> Expr:
+    while e.op == "cast":
+        e = e.args[0]
+    return e
 
 
 def _number(e: Expr) -> bool:
@@ -59,9 +64,7 @@ def _reciprocal(b: Expr, dtype) -> Expr:
     float64 from the number as given, then rounded, as ``div_true_kernel_cuda`` takes it
     (``i / 0.001`` is -2000.0 there: 1000.0 a reciprocal, where float32's of 0.001 is
     999.99994)."""
-    leaf = b
-    while leaf.op == "cast":
-        leaf = leaf.args[0]
+    leaf = _uncast(b)
     if dtype == torch.float32 and leaf.op in ("const", "scalar"):
         wide = Expr(leaf.op, torch.float64, leaf.args)
         return Expr("cast", dtype, (Expr("reciprocal", torch.float64, (wide,)),))
