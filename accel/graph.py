@@ -179,6 +179,7 @@ def _decompositions():
                       for name in ("lerp", "lerp_") for ov in ("Scalar", "Tensor")),
                     *((getattr(aten, name).Tensor, functools.partial(_add_alpha, name))
                       for name in ("add", "add_", "sub", "sub_", "rsub")),
+                    *((op, _integral_value) for op in (aten.addcmul.default, aten.addcmul_.default)),
                     *((getattr(getattr(aten, name), ov), functools.partial(_clamp, name))
                       for name in ("clamp", "clamp_min", "clamp_max", "clamp_", "clamp_min_", "clamp_max_")
                       for ov in ("default", "Tensor")),
@@ -300,6 +301,16 @@ def _add_alpha(name, decomposition, a, b, **kwargs):
     w, y, x = torch.broadcast_tensors(torch.neg(w) if base != "add" else w, y.to(dtype), x.to(dtype))
     out = torch.ops.accel.fma(y, w, x)
     return a.copy_(out) if inplace else out
+
+
+def _integral_value(decomposition, a, t1, t2, value=1):
+    """``aten.addcmul`` (and ``addcmul_``) of integer tensors with a float ``value``, as
+    eager's kernel takes it: truncated to the integer type (``Scalar::to<int64_t>``), where
+    torch's reference implementation raises (``value argument ... cannot be safely cast``)."""
+    if isinstance(value, float) and not any(t.is_floating_point() or t.is_complex()
+                                            for t in (a, t1, t2) if isinstance(t, torch.Tensor)):
+        value = int(value)
+    return decomposition(a, t1, t2, value=value)
 
 
 def _std(variance, decomposition, a, *args, **kwargs):

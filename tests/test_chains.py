@@ -421,9 +421,21 @@ def test_rounding_against_the_float64_reference(device):
      "steps": [("unary", "round", 0), ("binary", "add", 2, 1), ("unary", "round", 3)], "keep": [4]},
     # sign(nan) is 0 in eager
     {"inputs": [("4x5", "f64", 13, True)], "steps": [("unary", "sign", 0)], "keep": [1]},
+    # integer powers, negative exponents (0, or +-1 for bases of +-1) and wrapping products
+    # (a power of a power of values up to 5) included (they ran eagerly: no rendering)
+    {"inputs": [("4x5", "i64", 19, False), ("t(5x4)", "i32", 20, False)],
+     "steps": [("binary", "pow", 0, 1), ("binary", "pow", 1, 0), ("unary", "abs", 0),
+               ("binary", "mul", 4, 4), ("binary", "pow", 0, 5), ("binary", "pow", 6, 5)],
+     "keep": [2, 3, 7]},
+    # addcmul_ of integers with value=0.5: eager truncates the value to 0, torch's reference
+    # raised (the region ran eagerly)
+    {"inputs": [("1x5", "i64", 21, False), ("4x5", "i32", 22, False)],
+     "steps": [("reduce", "sum", 1, 0, True), ("inplace", "addcmul_", 2, 0), ("binary", "mul", 2, 1)],
+     "keep": [3, 4]},
 ], ids=["f32-chain", "f64-int-inplace", "softmax-center-var", "manual-softmax-argmax",
         "inplace-broadcast-row-repeated", "add_-then-fill_-of-operand", "size-1-sum-of-negative-zero",
-    "reductions-of-a-0d-tensor", "round-of-integers", "sign-of-nan"])
+    "reductions-of-a-0d-tensor", "round-of-integers", "sign-of-nan", "integer-powers",
+    "addcmul_-of-integers"])
 @pytest.mark.parametrize("device", DEVICES)
 def test_fixed_chains(prog, device):
     accel.reset_stats()

@@ -56,6 +56,7 @@ class CStyle:
         "silu": {"float": "$silu({0})"}, "gelu_tanh": {"float": "$gelu_tanh({0})"},
         "vec_erf": {"float": "$vec_erf({0})"},  # CPU only (accel/graph.py: GELU's erf)
         "fma": {"float": "$fma({0}, {1}, {2})"},  # accel/graph.py: lerp (CPU), add's alpha
+        "pow": {"float": "$pow({0}, {1})", "int": "$powi({0}, {1})"},
     }
     # float-only math functions rendered as $name(args)
     unary_math = ("exp exp2 expm1 log log2 log10 log1p sin cos tan asin acos atan sinh cosh "

@@ -2,7 +2,8 @@
  * namespace accel after defining ACCEL_FN (``static inline`` on CPU, ``__device__
  * __forceinline__`` on the GPU) and accel::sqrt, accel::fmod, accel::exp, accel::tanh.
  * Semantics as ATen's kernels: NaN-propagating maximum/minimum, Python-style remainder,
- * sign(NaN) = 0, well-defined out-of-range shifts, argmax/argmin taking the first NaN. */
+ * sign(NaN) = 0, integer powers, well-defined out-of-range shifts, argmax/argmin taking the
+ * first NaN. */
 template <typename T> ACCEL_FN T rsqrt(T x) { return T(1) / accel::sqrt(x); }
 template <typename T> ACCEL_FN T reciprocal(T x) { return T(1) / x; }
 template <typename T> ACCEL_FN T maximum(T a, T b) {
@@ -20,6 +21,22 @@ template <typename T> ACCEL_FN T remainder(T a, T b) {
 template <typename T> ACCEL_FN T sign(T x) {
   if constexpr (std::is_same_v<T, bool>) return x;
   else return T((T(0) < x) - (x < T(0)));
+}
+/* Integer power as ATen's powi (aten/src/ATen/native/Pow.h): square-and-multiply, wrapping
+ * as eager's does (here in the unsigned type, where wrapping is defined); a negative
+ * exponent gives 1 for a base of 1, +-1 for a base of -1 and 0 otherwise. */
+template <typename T> ACCEL_FN T powi(T a, T b) {
+  if constexpr (std::is_signed_v<T>) {
+    if (b < 0) return a == T(1) ? T(1) : a == T(-1) ? ((-b) % T(2) ? T(-1) : T(1)) : T(0);
+  }
+  using U = std::make_unsigned_t<T>;
+  U result = 1, base = U(a);
+  while (b) {
+    if (b & 1) result = U(result * base);
+    b /= 2;
+    base = U(base * base);
+  }
+  return T(result);
 }
 template <typename T> ACCEL_FN T shift_left(T a, T b) {
   using U = std::make_unsigned_t<T>;
