@@ -1,0 +1,263 @@
+"""Reduction groups on the CPU: the loops of one group of reductions over the same domain
+(plain sums, maxima and minima as OpenMP reduction clauses, float32 sums in float64 lanes,
+argmax and argmin, and the blockwise ``welford`` and ``online_softmax`` helpers of
+``include/accel/cpu_math.h``). A part of :class:`accel.codegen.cpp.CppRenderer` (the mixin
+:class:`GroupLoops`).
+"""
+from __future__ import annotations
+
+from typing import Dict, List
+
+import torch
+
+from ..loop_ir import walk
+from . import CodegenError, machine_threads
+from .columns import _pairwise, _widened_f32
+from .scopes import ARG, BLOCKED, SIMPLE, Group, Scope, f16_round
+
+#: nests with less work than this (elements visited) run on one thread.
+PARALLEL_MIN = 32768
+#: a float32 sum along a contiguous loop of at least LANES_MIN values adds LANES_ROWS runs of
+#: LANES float32 values pairwise, then widens them into LANES float64 accumulators
+#: (:meth:`GroupLoops._lanes_sum`): a C++ microbenchmark of row sums of [8192, 1024] on the
+#: dev VM, one thread, 1.64-1.71 -> 1.35-1.36 ms (rows in the cache: 2x)
+LANES, LANES_ROWS, LANES_MIN = 8, 4, 64
+#: elements per block of a blockwise reduction (welford, online_softmax). Each block's
+#: horizontal sums and merge are serial work; blocks of 64 spent [8192, 1024] bfloat16
+#: add + LayerNorm's time there (1.59 -> 1.43 ms; bench/README.md, 28th round).
+BLOCK = 512
+
+
+class GroupLoops:
+    """The CPU renderer's reduction groups (:meth:`_emit_group`); it relies on the
+    renderer's planning state (``group_scope``, ``row_cache``, ``cached``) and helpers
+    (``_emit_items``, ``_name``, ``_size``)."""
+
+    def _lim(self, which: str, dtype) -> str:
+        if dtype == torch.bool:
+            return "false" if which == "$lowest" else "true"
+        if dtype.is_floating_point:
+            return ("-" if which == "$lowest" else "") + f"{self.ctype(dtype)}(INFINITY)"
+        lim = "lowest" if which == "$lowest" else "max"
+        return f"std::numeric_limits<{self.ctype(dtype)}>::{lim}()"
+
+    def _emit_group(self, g: Group, scope: Scope, out: List[str], ind: str) -> None:
+        inner = self.group_scope[id(g)]
+        rv = list(g.rvars)
+        first = g.members[0]
+        kind = first.args[0]
+        tag = f"r{self.ntemp}"
+        self.ntemp += 1
+        body_lines: List[str] = []
+        kept = self.row_cache.get(id(g), [])
+        for x, name in kept:
+            out.append(f"{ind}{self.ctype(x.dtype)} {name}[{self.ir.sizes[rv[0]]}];")
+        rounded = [(x, name) for x, name in kept if f16_round(x)] if self.f16_row_passes else []
+        if rounded and len(rv) == 1 and not any(k == "group" for k, _ in inner.items):
+            # kept float16 roundings: a loop of their own computes them unrounded, one pass
+            # rounds the row (see _plan_f16_rows), the reduction's loop reads them
+            lines: List[str] = []
+            self._emit_items(inner, lines, "")
+            lines += [f"{name}[i{rv[0]}] = {self._name(x.args[0].args[0], inner)};" for x, name in rounded]
+            self._loops(rv, lines, out, ind, "simd", None)
+            out += [f"{ind}accel::f16_round_row({name}, {self.ir.sizes[rv[0]]});" for _, name in rounded]
+            for x, name in rounded:
+                self.cached[(id(inner), x)] = f"{name}[i{rv[0]}]"
+            kept = [(x, name) for x, name in kept if (x, name) not in rounded]
+        _emit_items = self._emit_items
+
+        def emit_inner(sc, lines, ind_):
+            _emit_items(sc, lines, ind_)
+            if sc is inner:
+                lines += [f"{name}[i{rv[0]}] = {inner.names[x]};" for x, name in kept]
+        self._emit_items = emit_inner
+        if kind in SIMPLE:
+            # reduction clauses and update lines, each marked whether it is a max's or min's
+            accs, clauses, updates, fixes, wide = {}, [], [], [], False
+            self._emit_items(inner, body_lines, "")
+            for e in g.members:  # one accumulator per distinct (kind, body)
+                key = (e.args[0], e.args[1])
+                if key not in accs:
+                    a = accs[key] = f"a{self.ntemp}_{len(accs)}"
+                    x = self._name(e.args[1][0], inner)
+                    init, update, clause = SIMPLE[e.args[0]]
+                    mm = e.args[0] in ("amax", "amin")
+                    if mm:  # built-in clauses vectorize; NaN aside
+                        gt = ">" if e.args[0] == "amax" else "<"
+                        if e.dtype == torch.bool:
+                            update, clause = ("{a} = {a} || {x};", "||") if gt == ">" else \
+                                ("{a} = {a} && {x};", "&&")
+                        else:
+                            update, clause = f"{{a}} = {{x}} {gt} {{a}} ? {{x}} : {{a}};", e.args[0][1:]
+                        if e.dtype.is_floating_point:
+                            out.append(f"{ind}int {a}_nan = 0;")
+                            clauses.append((mm, "|", f"{a}_nan"))
+                            updates.append((mm, f"{a}_nan |= ({x} != {x});"))
+                            fixes.append(f"if ({a}_nan) {a} = {self.ctype(e.dtype)}(NAN);")
+                    init = self._lim(init, e.dtype) if init.startswith("$") else init
+                    out.append(f"{ind}{self.ctype(e.dtype)} {a} = {init};")
+                    clauses.append((mm, clause, a))
+                    updates.append((mm, update.format(a=a, x=x)))
+                    wide |= e.dtype in (torch.float64, torch.int64)
+                scope.names[e] = accs[key]
+            # with a 64-bit accumulator, maxima and minima get a loop of their own: GCC 12
+            # miscompiled one with a 64-bit sum and 16-bit conversions (test_opinfo_reductions)
+            split = wide and len({mm for mm, _, _ in clauses}) == 2
+            par = (not scope.bound and self._size(rv) >= PARALLEL_MIN and machine_threads() > 1)
+            if self._lanes(rv, g, accs):
+                sums = [(a, self._name(key[1][0].args[0], inner)) for key, a in accs.items()]
+                self._lanes_sum(rv[0], body_lines, sums, [u for _, u in updates], out, ind, par)
+                self._emit_items = _emit_items
+                return
+            for part in ((False,), (True,)) if split else ((False, True),):
+                merged: Dict[str, List[str]] = {}
+                for mm, c, a in clauses:
+                    if mm in part:
+                        merged.setdefault(c, []).append(a)
+                red = " ".join(f"reduction({c}:{', '.join(v)})" for c, v in merged.items())
+                self._loops(rv, body_lines + [u for mm, u in updates if mm in part], out, ind,
+                            f"simd {red}", f"parallel for {red}" if par else None)
+            out += [ind + f for f in fixes]
+        elif kind in ARG:
+            init, better = ARG[kind]
+            vt = first.args[1][0].dtype
+            av, ai = f"a{self.ntemp}_v", f"a{self.ntemp}_i"
+            out.append(f"{ind}{self.ctype(vt)} {av} = {self._lim(init, vt)};")
+            out.append(f"{ind}int64_t {ai} = 0;")
+            self._emit_items(inner, body_lines, "")
+            x, i = (self._name(b, inner) for b in first.args[1])
+            body_lines.append(f"if ({better}({x}, {av})) {{ {av} = {x}; {ai} = {i}; }}")
+            for e in g.members:
+                scope.names[e] = av if e.args[3] == 0 else ai
+            self._loops(rv, body_lines, out, ind, None, None)
+        elif kind in BLOCKED:
+            t = self.ctype(first.dtype)
+            acc = f"a{self.ntemp}"
+            out.append(f"{ind}{BLOCKED[kind]}<{t}> {acc};")
+            self._emit_items(inner, body_lines, "")
+            body_lines.append(f"{tag}[{tag}_o + {tag}_k] = {self._name(first.args[1][0], inner)};")
+            self._blocked(rv, body_lines, out, ind, t, tag, acc)
+            if kind == "welford":
+                out.append(f"{ind}{acc}.finish();")
+            names = {"welford": ("{a}.m2", "{a}.mean_or_nan()"), "online_softmax": ("{a}.m", "{a}.s")}[kind]
+            for e in g.members:
+                scope.names[e] = names[e.args[3]].format(a=acc)
+        else:
+            raise CodegenError(f"no rendering for reduction {kind}")
+        self._emit_items = _emit_items
+
+    def _lanes(self, rv, g: Group, accs) -> bool:
+        """Whether a group's plain reductions run as :meth:`_lanes_sum`: every one a sum of
+        widened float32 values (:func:`accel.codegen.columns._widened_f32`) over one loop of
+        at least :data:`LANES_MIN` values, which every load walks contiguously or not at all."""
+        if len(rv) != 1 or self.ir.sizes[rv[0]] < LANES_MIN:
+            return False
+        if not all(kind == "sum" and _widened_f32(bodies[0]) for kind, bodies in accs):
+            return False
+        return all(e.args[1].coeff(rv[0]) in (0, 1) for m in g.members for b in m.args[1]
+                   for e in walk(b, set(), into_reduce=False) if e.op == "load")
+
+    def _lanes_sum(self, r: int, body: List[str], sums, tail: List[str], out: List[str], ind: str,
+                   par: bool) -> None:
+        """The loop over ``r`` of float32 sums ``sums`` (float64 accumulator, float32 value
+        names) in steps of :data:`LANES_ROWS` x :data:`LANES` values: the values at ``k``,
+        ``k + LANES``, ... added pairwise in float32 (each value meets at most two float32
+        additions, as a column sum's rows, :func:`accel.codegen.columns._widened_f32`),
+        widened into accumulator lane ``k``: several float64 vectors a step instead of one
+        chain of additions a value, one conversion for four values. The lanes are then added
+        pairwise into the accumulator; the last values (``tail``: the plain updates) one at a
+        time. With ``par`` each OpenMP thread keeps lanes of its own over its share of the
+        steps, and the accumulators are the threads' reduction."""
+        n, w, u_n = self.ir.sizes[r], LANES, LANES_ROWS
+        step, t = w * u_n, f"l{self.ntemp}"
+        self.ntemp += 1
+        steps = n // step
+        lines = [f"float {a}_y{u};" for a, _ in sums for u in range(u_n)]
+        for u in range(u_n):
+            lines += ["{", f"  const int64_t i{r} = {t}_c * {step} + {t}_k + {u * w};"]
+            lines += [f"  {b}" for b in body] + [f"  {a}_y{u} = {x};" for a, x in sums] + ["}"]
+        plus = "({} + {})"
+        lines += [f"{a}_l[{t}_k] += static_cast<double>({_pairwise([f'{a}_y{u}' for u in range(u_n)], plus)});"
+                  for a, _ in sums]
+        if par:
+            out.append(f"{ind}#pragma omp parallel reduction(+: {', '.join(a for a, _ in sums)})")
+        out.append(f"{ind}{{")
+        out += [f"{ind}  double {a}_l[{w}] = {{}};" for a, _ in sums]
+        if par:
+            out.append(f"{ind}  #pragma omp for schedule(static)")
+        out.append(f"{ind}  for (int64_t {t}_c = 0; {t}_c < {steps}; ++{t}_c) {{")
+        out.append(f"{ind}    #pragma omp simd")
+        out.append(f"{ind}    for (int64_t {t}_k = 0; {t}_k < {w}; ++{t}_k) {{")
+        out += [f"{ind}      {x}" for x in lines]
+        out += [f"{ind}    }}", f"{ind}  }}"]
+        out += [f"{ind}  {a} += {_pairwise([f'{a}_l[{k}]' for k in range(w)], plus)};" for a, _ in sums]
+        out.append(f"{ind}}}")
+        if n % step:
+            out.append(f"{ind}for (int64_t i{r} = {steps * step}; i{r} < {n}; ++i{r}) {{")
+            out += [f"{ind}  {x}" for x in body + tail]
+            out.append(f"{ind}}}")
+
+    def _loops(self, rv, body, out, ind, simd_clause, par_clause) -> None:
+        """Loops over ``rv`` (outermost first) around ``body``; the innermost one ``omp
+        simd``, the outermost ``omp parallel for`` if ``par_clause``."""
+        if not rv:
+            out.append(f"{ind}{{")
+            out += [f"{ind}  {b}" for b in body]
+            out.append(f"{ind}}}")
+            return
+        for k, v in enumerate(rv):
+            last = k == len(rv) - 1
+            if k == 0 and par_clause and last and simd_clause:
+                out.append(f"{ind}#pragma omp parallel for {simd_clause}")
+            elif k == 0 and par_clause:
+                out.append(f"{ind}#pragma omp {par_clause}")
+            elif last and simd_clause:
+                out.append(f"{ind}#pragma omp {simd_clause}")
+            out.append(f"{ind}for (int64_t i{v} = 0; i{v} < {self.ir.sizes[v]}; ++i{v}) {{")
+            ind += "  "
+        out += [f"{ind}{b}" for b in body]
+        for _ in rv:
+            ind = ind[:-2]
+            out.append(f"{ind}}}")
+
+    def _blocked(self, rv, body, out, ind, t, tag, acc) -> None:
+        """Loops over ``rv``; the innermost in blocks of :data:`BLOCK` values handed to the
+        accumulator ``acc`` (``acc.add(values, n)``); ``body`` stores its value at
+        ``{tag}[{tag}_o + {tag}_k]``. An innermost loop shorter than half a block shares a
+        block with iterations of the loop around it (a channels-last group norm's 8
+        channels of a group at 64 spatial positions: one call of ``add``, not 64)."""
+        last = rv[-1] if rv else None
+        n = self.ir.sizes[last] if rv else 1
+        rows = BLOCK // n if len(rv) > 1 and 0 < n <= BLOCK // 2 else 1
+        outer = rv[:-2] if rows > 1 else rv[:-1]
+        for v in outer:
+            out.append(f"{ind}for (int64_t i{v} = 0; i{v} < {self.ir.sizes[v]}; ++i{v}) {{")
+            ind += "  "
+        # the block: rows of the loop around (p) each n values long, or n's values in turn
+        p, m, size, k = (rv[-2], self.ir.sizes[rv[-2]], n, rows) if rows > 1 else (last, n, 1, BLOCK)
+        out.append(f"{ind}for (int64_t {tag}_b = 0; {tag}_b < {m}; {tag}_b += {k}) {{")
+        out.append(f"{ind}  const int64_t {tag}_r = {m} - {tag}_b < {k} ? {m} - {tag}_b : {k};")
+        out.append(f"{ind}  {t} {tag}[{k * size}];")
+        inner = ind + "  "
+        if rows > 1:
+            out.append(f"{inner}for (int64_t {tag}_j = 0; {tag}_j < {tag}_r; ++{tag}_j) {{")
+            out.append(f"{inner}  const int64_t i{p} = {tag}_b + {tag}_j, {tag}_o = {tag}_j * {n};")
+            inner += "  "
+            count = str(n)
+        else:
+            out.append(f"{inner}const int64_t {tag}_o = 0;")
+            count = f"{tag}_r"
+        out.append(f"{inner}#pragma omp simd")
+        out.append(f"{inner}for (int64_t {tag}_k = 0; {tag}_k < {count}; ++{tag}_k) {{")
+        if last is not None:
+            out.append(f"{inner}  const int64_t i{last} = {tag}_k;" if rows > 1 else
+                       f"{inner}  const int64_t i{last} = {tag}_b + {tag}_k;")
+        out += [f"{inner}  {b}" for b in body]
+        out.append(f"{inner}}}")
+        if rows > 1:
+            out.append(f"{ind}  }}")
+        out.append(f"{ind}  {acc}.add({tag}, {tag}_r * {size});")
+        out.append(f"{ind}}}")
+        for _ in outer:
+            ind = ind[:-2]
+            out.append(f"{ind}}}")
