@@ -7,7 +7,10 @@ logsumexp/argmax/max/softmax/log_softmax over a random dim, keepdim or not, whos
 results broadcast back into later steps, or centre their input as
 ``x - red(x, keepdim=True)``). It runs twice on fresh copies of the inputs; the kept
 values, the inputs (in-place ops may write them through views) and the first exception
-type must match. Dropped intermediates exercise liveness (outputs kept in
+type must match. A program with ``"grad"`` makes its float inputs' bases leaves that
+require grad and, still under ``accel.eager()`` for accel's run, takes the gradients of
+its kept values (each against a cotangent) with respect to them: the backward formulas'
+ops, recorded as the forward's are, compared as the kept values are. Dropped intermediates exercise liveness (outputs kept in
 registers). Floats: ``assert_close`` defaults with ``equal_nan``; ints/bools: exact.
 
 ``--hypothesis-profile=accel-explore`` runs many more, non-derandomized examples.
@@ -131,12 +134,13 @@ def _reduce(name, x, dim, keepdim):
 
 # -- program generation -----------------------------------------------------------------
 @st.composite
-def programs(draw, shapes=None):
+def programs(draw, shapes=None, dtypes=None):
     """A random program over the base shape [4, 5], or one drawn from ``shapes`` (a list
-    of ``(R, C)``; the program's ``"shape"``)."""
+    of ``(R, C)``; the program's ``"shape"``); its inputs' dtypes drawn from ``dtypes``
+    (names of :data:`DTYPES`; all of them by default)."""
     shape = draw(st.sampled_from(shapes)) if shapes else None
     n_in = draw(st.integers(1, 3))
-    inputs = [(draw(st.sampled_from(sorted(INPUT_KINDS))), draw(st.sampled_from(sorted(DTYPES))),
+    inputs = [(draw(st.sampled_from(sorted(INPUT_KINDS))), draw(st.sampled_from(sorted(dtypes or DTYPES))),
                draw(st.integers(0, 2 ** 16)), draw(st.booleans()))
               for _ in range(n_in)]
     steps = []
@@ -174,9 +178,10 @@ def programs(draw, shapes=None):
     return prog
 
 
-def make_inputs(specs, device="cpu", shape=(4, 5), reference=False):
+def make_inputs(specs, device="cpu", shape=(4, 5), reference=False, grad=False):
     """The program's inputs over base shape ``shape``; ``reference``: float32 bases (their
-    values as rounded to float32) widened to float64 before the view is taken."""
+    values as rounded to float32) widened to float64 before the view is taken; ``grad``:
+    float bases are leaves that require grad."""
     out = []
     for kind, dt, seed, special in specs:
         dtype = DTYPES[dt]
@@ -196,7 +201,9 @@ def make_inputs(specs, device="cpu", shape=(4, 5), reference=False):
             return t
 
         wide = torch.float64 if reference and dtype == torch.float32 else dtype
-        out.append(INPUT_KINDS[kind](lambda size, base=base, wide=wide: base(size).to(device, wide), *shape))
+        leaf = grad and wide.is_floating_point
+        out.append(INPUT_KINDS[kind](
+            lambda size, base=base, wide=wide, leaf=leaf: base(size).to(device, wide).requires_grad_(leaf), *shape))
     return out
 
 
@@ -238,7 +245,7 @@ def execute(prog, use_accel, device="cpu", reference=False):
 
 def _execute(prog, use_accel, device, reference):
     shape = prog.get("shape", (4, 5))
-    inputs = make_inputs(prog["inputs"], device, shape, reference)
+    inputs = make_inputs(prog["inputs"], device, shape, reference, prog.get("grad", False))
     bases = [t._base if t._base is not None else t for t in inputs]
     env = list(inputs)
     err = None
@@ -253,7 +260,27 @@ def _execute(prog, use_accel, device, reference):
                 break
         kept = [env[i] if i < len(env) else None for i in keep]
         del env, inputs  # the rest is dead: accel may keep it in registers
+        if prog.get("grad") and err is None:
+            try:
+                kept += _gradients(kept, bases)
+            except Exception as e:  # noqa: BLE001 - compared by type
+                err = e
     return kept, bases, err
+
+
+def _gradients(kept, bases):
+    """The gradients of the kept values that require grad (each times a cotangent of
+    quarters, exact in every float dtype, and summed) with respect to the bases that do:
+    a list, ``None`` for a base they do not depend on; empty where nothing requires grad."""
+    outs = [o for o in kept if isinstance(o, torch.Tensor) and o.requires_grad]
+    leaves = [b for b in bases if b.requires_grad]
+    if not outs or not leaves:
+        return []
+    loss = 0
+    for k, o in enumerate(outs):
+        g = torch.Generator().manual_seed(100 + k)
+        loss = loss + (o * (torch.randint(-4, 5, o.shape, generator=g) / 4).to(o.device, o.dtype)).sum()
+    return list(torch.autograd.grad(loss, leaves, allow_unused=True))
 
 
 class _nullctx:
@@ -321,8 +348,10 @@ def check_program(prog, device="cpu"):
     else:
         assert a_err is None, f"accel raised {type(a_err).__name__}: {a_err}; eager did not"
     ref = functools.cache(lambda: execute(prog, False, device, reference=True))
-    for j, (i, (a, e)) in enumerate(zip(prog["keep"], zip(a_kept, e_kept))):
-        assert_same(a, e, f"value {i}", lambda j=j: ref()[0][j])
+    assert len(a_kept) == len(e_kept), (len(a_kept), len(e_kept))  # (as many gradients)
+    names = [f"value {i}" for i in prog["keep"]] + [f"gradient {j}" for j in range(len(e_kept) - len(prog["keep"]))]
+    for j, (what, a, e) in enumerate(zip(names, a_kept, e_kept)):
+        assert_same(a, e, what, lambda j=j: ref()[0][j])
     for i, (a, e) in enumerate(zip(a_in, e_in)):
         assert_same(a, e, f"input {i} after the program", lambda i=i: ref()[1][i])
 
@@ -347,6 +376,14 @@ LARGE_SHAPES = [(3, 4099), (2, 32768), (1, 65540), (64, 1027), (4099, 33), (1030
 @given(prog=programs(LARGE_SHAPES))
 def test_random_chains_large(prog, device):
     check_program(prog, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@given(prog=programs([(4, 5), (64, 1027)], ["f32", "f32", "f64", "i64"]))
+def test_random_chains_backward(prog, device):
+    """The programs' gradients (``"grad"``): their backward under accel as eager's. Mostly
+    float inputs, so that most programs have gradients to take."""
+    check_program({**prog, "grad": True}, device)
 
 
 #: found by test_random_chains_large: a float32 sum over 4099 values that nearly cancel
