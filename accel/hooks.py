@@ -41,20 +41,27 @@ def _flushing(fn):
 
 _TENSOR_HOOKS = ("tolist", "data_ptr", "__reduce_ex__", "__repr__", "__format__",
                  "untyped_storage", "_typed_storage", "storage", "backward", "__setstate__")
-_MODULE_HOOKS = ((torch.autograd, "grad"), (torch, "save"))
+_MODULE_HOOKS = ((torch, "save"),)
 
 
-def _stepping(fn):
-    """``torch.autograd.backward`` (which ``Tensor.backward`` calls): flush, then end the
-    thread's step (step sampling, accel/sampling.py) before the backward pass begins, so
-    that autograd's device threads inherit the state of the step that begins."""
+def _backward_pass(fn, step):
+    """``torch.autograd.backward`` (which ``Tensor.backward`` calls; ``step``) and
+    ``torch.autograd.grad``: flush, then (``step``) end the thread's step (step sampling,
+    accel/sampling.py) before the backward pass begins, so that autograd's device threads
+    inherit the state of the step that begins. A pass that raises ran no final callback:
+    what it recorded on an engine thread is flushed before the exception goes on
+    (:func:`accel.interceptor.flush_workers`)."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         _ic.flush()
         st = _ic._state
-        if st.depth and _ic._sampling:
+        if step and st.depth and _ic._sampling:
             _ic._step_boundary(st)
-        return fn(*args, **kwargs)
+        try:
+            return fn(*args, **kwargs)
+        except BaseException:
+            _ic.flush_workers()
+            raise
 
     return wrapper
 
@@ -180,8 +187,10 @@ def _table():
         targets = [(torch.Tensor, n) for n in _TENSOR_HOOKS] + list(_MODULE_HOOKS)
         targets += [(o, n) for o, n in _STREAM_HOOKS if hasattr(o, n)] + list(_HANDOFF_HOOKS)
         _HOOKS = [(o, n, getattr(o, n), _flushing(getattr(o, n))) for o, n in targets]
-        _HOOKS.append((torch.autograd, "backward", torch.autograd.backward,
-                       _stepping(torch.autograd.backward)))
+        _HOOKS += [(torch.autograd, "backward", torch.autograd.backward,
+                    _backward_pass(torch.autograd.backward, True)),
+                   (torch.autograd, "grad", torch.autograd.grad,
+                    _backward_pass(torch.autograd.grad, False))]
         _HOOKS += [(o, n, getattr(o, n), _eagerly(getattr(o, n))) for o, n in _EAGER_HOOKS
                    if hasattr(o, n)]
         _HOOKS += [(o, n, getattr(o, n), wrap(getattr(o, n))) for o, n, wrap in _SHARED_MEMORY_HOOKS

@@ -12,6 +12,7 @@ import functools
 import logging
 import sys
 import threading
+import weakref
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -318,23 +319,34 @@ class _Worker:
     which inherits the caller's dispatch modes). It is flushed on that thread like any
     other, and at the end of every backward pass that recorded into it by a final callback
     of the autograd engine (running on the thread that called backward), so no gradient
-    is left pending; ``lock`` keeps the two threads apart."""
+    is left pending; ``lock`` keeps the two threads apart.
+
+    A backward pass that raises runs no final callback: the pass that queued one is known
+    by its graph task id (``torch._C._current_graph_task_id``), so the next pass queues its
+    own, and the caller's entry point flushes what the failed pass recorded
+    (:func:`flush_workers`) before the exception reaches the program."""
 
     def __init__(self, region):
         self.region = region
         self.lock = threading.RLock()
-        self.queued = False  # a final callback is queued
+        self.task = None  # the graph task (backward pass) whose final callback is queued
         self.stream = None  # the CUDA stream the backward ran on
         # what the dispatch filter calls to record into the region (RegionCore._replay under
         # the lock, once the final callback is queued; raises Deferred outside a backward)
         self.replay_fn = native.WorkerReplay(self, region, self.lock)
+        _WORKERS.add(self)
+
+    @property
+    def queued(self) -> bool:
+        """Whether the running backward pass has this worker's final callback queued."""
+        return self.task is not None and self.task == _current_graph_task_id()
 
     def queue_final_callback(self) -> bool:
         try:
             torch.autograd.Variable._execution_engine.queue_callback(self.final)
         except RuntimeError:  # not inside a backward pass: this thread runs eagerly
             return False
-        self.queued = True
+        self.task = _current_graph_task_id()
         if torch.cuda.is_initialized():
             self.stream = torch.cuda.current_stream()
         return True
@@ -342,7 +354,7 @@ class _Worker:
     @_without_torch_function
     def final(self) -> None:
         with self.lock:
-            self.queued = False
+            self.task = None
             if not self.region.calls:
                 return
             if self.stream is None:
@@ -350,6 +362,20 @@ class _Worker:
             else:
                 with torch.cuda.stream(self.stream):
                     _flush_region(self.region)
+
+
+_current_graph_task_id = torch._C._current_graph_task_id
+#: every engine thread's worker (weakly: a worker lives as long as its thread's state)
+_WORKERS: "weakref.WeakSet[_Worker]" = weakref.WeakSet()
+
+
+def flush_workers() -> None:
+    """Flush what every autograd engine thread's worker holds (a backward pass that raised
+    left its recorded calls there, with no final callback to run them): called by the
+    backward entry points (accel/hooks.py) when the pass raises, before the exception
+    reaches the program, so that gradients already accumulated are filled."""
+    for w in list(_WORKERS):
+        w.final()
 
 
 class AccelMode(TorchDispatchMode):

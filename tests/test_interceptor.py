@@ -1092,6 +1092,89 @@ def test_backward_on_an_engine_thread_is_fused_and_flushed(backward_case):
     torch.testing.assert_close(w.grad, want[1])
 
 
+def _raising_backward(x, z):
+    """A loss whose backward pass records ``z``'s gradient (3 everywhere, handed to
+    ``z.grad``) and then raises: ``exp``'s saved result was modified in place."""
+    b = x.sin().exp()
+    loss = (b * 2).sum() + (z * 3).sum()
+    b.mul_(1)
+    return loss
+
+
+def _on_engine_thread(mode, jobs):
+    """Run ``jobs`` (functions) in turn on one other thread under ``mode`` (owned by this
+    thread), as autograd's CUDA device thread runs every backward pass; each job's result
+    or exception, handed back without Python's thread primitives (which accel's hooks
+    flush on: the engine hands gradients back in C++), and the calls its worker held after
+    it."""
+    out = []
+
+    def run():
+        with mode:
+            for job in jobs:
+                try:
+                    r = job()
+                except RuntimeError as e:
+                    r = e
+                w = _state.worker
+                out.append((r, len(w.region.calls) if w is not None else 0))
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    return out
+
+
+def test_a_backward_pass_that_raises_on_an_engine_thread_leaves_nothing_pending():
+    """A backward pass that raises on an engine thread runs no final callback. The next
+    pass on that thread queues its own (the worker knows the pass by its graph task id),
+    so its gradients are filled; before, the first pass's callback counted as queued, and
+    the second pass's gradients were handed back pending (the random programs' gradients
+    on a GPU, after a program whose backward raised). The engine is called here without
+    accel's entry points (``_engine_run_backward``), which flush on their own."""
+    from torch.autograd.graph import _engine_run_backward
+
+    from accel.interceptor import AccelMode
+
+    torch.manual_seed(0)
+    x, z, v = (torch.randn(64, 33, requires_grad=True) for _ in range(3))
+    g = torch.randn(64, 33)
+    mode = AccelMode()
+
+    def failing():
+        loss = _raising_backward(x, z)
+        return _engine_run_backward((loss,), (torch.ones(()),), False, False, (), True, True)
+
+    def clean():
+        loss = (torch.tanh(v * g) * 3).sum()
+        return _engine_run_backward((loss,), (torch.ones(()),), False, False, (), True, True)
+
+    (err, _), (_, left) = _on_engine_thread(mode, [failing, clean])
+    assert isinstance(err, RuntimeError) and "modified by an inplace operation" in str(err)
+    assert left == 0
+    want = (1 - torch.tanh(v.detach() * g) ** 2) * g * 3
+    torch.testing.assert_close(v.grad, want)
+
+
+def test_a_backward_pass_that_raises_leaves_its_gradients_filled():
+    """``torch.autograd.backward`` (and ``torch.autograd.grad``) flush what a pass that
+    raised recorded on an engine thread before the exception goes on: the gradient it
+    accumulated into ``z.grad`` before raising is filled, as eager's is."""
+    from accel.interceptor import AccelMode
+
+    torch.manual_seed(0)
+    x, z = (torch.randn(64, 33, requires_grad=True) for _ in range(2))
+    mode = AccelMode()
+    for entry in (lambda loss: torch.autograd.backward(loss),
+                  lambda loss: torch.autograd.grad(loss, [x, z])):
+        z.grad = None
+        [(err, left)] = _on_engine_thread(mode, [lambda: entry(_raising_backward(x, z))])
+        assert isinstance(err, RuntimeError) and "modified by an inplace operation" in str(err)
+        assert left == 0
+        if z.grad is not None:  # (autograd.grad accumulates into no leaf)
+            torch.testing.assert_close(z.grad, torch.full((64, 33), 3.0))
+
+
 # -- background builds (ACCEL_ASYNC_COMPILE) ---------------------------------------------------
 def test_async_compile_runs_eagerly_until_the_kernels_are_ready(fresh_store, monkeypatch):
     """Four new regions: the first call runs them eagerly while their kernels build on
