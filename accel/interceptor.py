@@ -375,7 +375,11 @@ def flush_workers() -> None:
     backward entry points (accel/hooks.py) when the pass raises, before the exception
     reaches the program, so that gradients already accumulated are filled."""
     for w in list(_WORKERS):
-        w.final()
+        try:
+            w.final()
+        except Exception:  # noqa: BLE001 - the pass's own exception is the one to raise
+            log.warning("accel: flushing an engine thread's calls after a failed backward "
+                        "pass raised", exc_info=True)
 
 
 class AccelMode(TorchDispatchMode):

@@ -1175,6 +1175,24 @@ def test_a_backward_pass_that_raises_leaves_its_gradients_filled():
             torch.testing.assert_close(z.grad, torch.full((64, 33), 3.0))
 
 
+def test_a_failed_flush_after_a_failed_backward_pass_keeps_the_passs_error(monkeypatch, caplog):
+    """Where flushing the engine threads' calls after a backward pass that raised fails
+    too, the program gets the pass's own exception, and accel logs the flush's."""
+    from accel import interceptor
+
+    def broken(self):
+        raise ValueError("the flush failed")
+
+    monkeypatch.setattr(interceptor._Worker, "final", broken)
+    torch.manual_seed(0)
+    x, z = (torch.randn(64, 33, requires_grad=True) for _ in range(2))
+    with caplog.at_level("WARNING", logger="accel"):
+        [(err, _)] = _on_engine_thread(interceptor.AccelMode(),
+                                       [lambda: torch.autograd.backward(_raising_backward(x, z))])
+    assert isinstance(err, RuntimeError) and "modified by an inplace operation" in str(err)
+    assert "failed backward pass raised" in caplog.text
+
+
 # -- background builds (ACCEL_ASYNC_COMPILE) ---------------------------------------------------
 def test_async_compile_runs_eagerly_until_the_kernels_are_ready(fresh_store, monkeypatch):
     """Four new regions: the first call runs them eagerly while their kernels build on
