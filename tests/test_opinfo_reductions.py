@@ -24,7 +24,7 @@ import torch
 from torch.testing._internal.common_methods_invocations import op_db
 
 import accel
-from accel.codegen.cpp import BLOCK
+from accel.codegen.cpp_groups import BLOCK
 from test_opinfo import (DEVICES, DTYPES, HALF, Job, _check_case, _dtname, _opid, _outcome, _samples,
                          _tensors, assert_same, run_jobs)
 
