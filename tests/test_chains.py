@@ -17,6 +17,8 @@ registers). Floats: ``assert_close`` defaults with ``equal_nan``; ints/bools: ex
 """
 import functools
 import math
+import threading
+import time
 
 import pytest
 import torch
@@ -262,16 +264,17 @@ def _execute(prog, use_accel, device, reference):
         del env, inputs  # the rest is dead: accel may keep it in registers
         if prog.get("grad") and err is None:
             try:
-                kept += _gradients(kept, bases)
+                kept += _gradients(kept, bases, prog["grad"] == "engine thread" and use_accel)
             except Exception as e:  # noqa: BLE001 - compared by type
                 err = e
     return kept, bases, err
 
 
-def _gradients(kept, bases):
+def _gradients(kept, bases, on_engine_thread=False):
     """The gradients of the kept values that require grad (each times a cotangent of
     quarters, exact in every float dtype, and summed) with respect to the bases that do:
-    a list, ``None`` for a base they do not depend on; empty where nothing requires grad."""
+    a list, ``None`` for a base they do not depend on; empty where nothing requires grad.
+    ``on_engine_thread``: the backward pass runs on :data:`ENGINE_THREAD`."""
     outs = [o for o in kept if isinstance(o, torch.Tensor) and o.requires_grad]
     leaves = [b for b in bases if b.requires_grad]
     if not outs or not leaves:
@@ -280,7 +283,65 @@ def _gradients(kept, bases):
     for k, o in enumerate(outs):
         g = torch.Generator().manual_seed(100 + k)
         loss = loss + (o * (torch.randint(-4, 5, o.shape, generator=g) / 4).to(o.device, o.dtype)).sum()
+    if on_engine_thread:
+        return ENGINE_THREAD.grad(loss, leaves)
     return list(torch.autograd.grad(loss, leaves, allow_unused=True))
+
+
+class _EngineThread:
+    """One thread for every backward pass, as autograd's CUDA device thread (one a GPU, for
+    the whole process), to test that path on a CPU: ``grad`` does what accel's
+    ``torch.autograd.grad`` does on the calling thread (flush its region; if the pass
+    raises, flush the engine threads' calls: ``accel.interceptor.flush_workers``) and
+    runs the pass itself (torch's own ``grad``) on this thread, under the caller's dispatch
+    mode and dispatch filter key, as the engine passes them on. Passes and results are
+    handed over without Python's thread primitives, which accel's hooks flush on (the
+    engine hands gradients back in C++)."""
+
+    def __init__(self):
+        self.jobs = []
+        threading.Thread(target=self._loop, daemon=True).start()
+
+    def _loop(self):
+        while True:
+            if not self.jobs:
+                time.sleep(1e-4)
+                continue
+            job, out = self.jobs.pop()
+            try:
+                out.append((True, job()))
+            except Exception as e:  # noqa: BLE001 - raised on the calling thread
+                out.append((False, e))
+
+    def grad(self, loss, leaves):
+        from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+        from accel import dispatch, interceptor
+
+        mode, key = _get_current_dispatch_mode(), dispatch.active()
+        grad = getattr(torch.autograd.grad, "__wrapped__", torch.autograd.grad)
+
+        def job():
+            dispatch.set_included(key)
+            try:
+                with mode:
+                    return list(grad(loss, leaves, allow_unused=True))
+            finally:
+                dispatch.set_included(False)
+
+        interceptor.flush()
+        out = []
+        self.jobs.append((job, out))
+        while not out:
+            time.sleep(1e-4)
+        ok, result = out[0]
+        if not ok:
+            interceptor.flush_workers()
+            raise result
+        return result
+
+
+ENGINE_THREAD = _EngineThread()
 
 
 class _nullctx:
@@ -384,6 +445,16 @@ def test_random_chains_backward(prog, device):
     """The programs' gradients (``"grad"``): their backward under accel as eager's. Mostly
     float inputs, so that most programs have gradients to take."""
     check_program({**prog, "grad": True}, device)
+
+
+@given(prog=programs([(4, 5), (64, 1027)], ["f32", "f32", "f64", "i64"]))
+def test_random_chains_backward_on_an_engine_thread(prog):
+    """The programs' gradients on the CPU, each backward pass on one other thread
+    (:class:`_EngineThread`), as CUDA's backward runs on autograd's device thread: the
+    calls recorded through the engine thread's worker, flushed by its final callbacks. What
+    these programs found on the GPU (a backward pass that raised left every later pass's
+    gradients pending) has tests of its own (test_interceptor.py, ``..._raises...``)."""
+    check_program({**prog, "grad": "engine thread"}, "cpu")
 
 
 #: found by test_random_chains_large: a float32 sum over 4099 values that nearly cancel
