@@ -18,7 +18,6 @@ registers). Floats: ``assert_close`` defaults with ``equal_nan``; ints/bools: ex
 import functools
 import math
 import threading
-import time
 
 import pytest
 import torch
@@ -295,29 +294,33 @@ class _EngineThread:
     raises, flush the engine threads' calls: ``accel.interceptor.flush_workers``) and
     runs the pass itself (torch's own ``grad``) on this thread, under the caller's dispatch
     mode and dispatch filter key, as the engine passes them on. Passes and results are
-    handed over without Python's thread primitives, which accel's hooks flush on (the
+    handed over through plain locks, not the thread primitives accel's hooks flush on (the
     engine hands gradients back in C++)."""
 
     def __init__(self):
-        self.jobs = []
-        threading.Thread(target=self._loop, daemon=True).start()
+        self.job = self.out = None
+        self.ready, self.done = threading.Lock(), threading.Lock()
+        self.ready.acquire()
+        self.done.acquire()
+        self.thread = None
 
     def _loop(self):
         while True:
-            if not self.jobs:
-                time.sleep(1e-4)
-                continue
-            job, out = self.jobs.pop()
+            self.ready.acquire()
             try:
-                out.append((True, job()))
+                self.out = (True, self.job())
             except Exception as e:  # noqa: BLE001 - raised on the calling thread
-                out.append((False, e))
+                self.out = (False, e)
+            self.done.release()
 
     def grad(self, loss, leaves):
         from torch.utils._python_dispatch import _get_current_dispatch_mode
 
         from accel import dispatch, interceptor
 
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._loop, daemon=True)
+            self.thread.start()
         mode, key = _get_current_dispatch_mode(), dispatch.active()
         grad = getattr(torch.autograd.grad, "__wrapped__", torch.autograd.grad)
 
@@ -330,11 +333,11 @@ class _EngineThread:
                 dispatch.set_included(False)
 
         interceptor.flush()
-        out = []
-        self.jobs.append((job, out))
-        while not out:
-            time.sleep(1e-4)
-        ok, result = out[0]
+        self.job = job
+        self.ready.release()
+        self.done.acquire()
+        ok, result = self.out
+        self.job = self.out = None
         if not ok:
             interceptor.flush_workers()
             raise result
