@@ -23,13 +23,14 @@ _IMPURE = {aten.copy_.default}
 def remove_noops(gm: fx.GraphModule) -> int:
     """Drop nodes that return their input unchanged: a cast to the same dtype, ``view_of``,
     ``alias``, a ``broadcast_in_dim`` to the same shape with identity dims, a functional
-    ``copy(dst, src)`` of a ``src`` of ``dst``'s shape and dtype (its value is ``src``)."""
+    ``copy(dst, src[, non_blocking])`` of a ``src`` of ``dst``'s shape and dtype (its value
+    is ``src``)."""
     n_removed = 0
     for n in list(gm.graph.nodes):
         if n.op != "call_function":
             continue
         if n.target is aten.copy.default and not n.kwargs:  # functionalized copy_: src's values
-            dst, src = n.args
+            dst, src = n.args[:2]  # non_blocking changes nothing within a device
             if (isinstance(src, fx.Node) and "val" in src.meta
                     and src.meta["val"].shape == dst.meta["val"].shape
                     and src.meta["val"].dtype == dst.meta["val"].dtype):

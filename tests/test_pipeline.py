@@ -1026,6 +1026,24 @@ def test_noop_removal_drops_a_functional_copy_of_the_same_shape_and_dtype():
     assert mutations[0].target is prims.sin.default and mutations[1] is kept
 
 
+def test_a_non_blocking_copy_runs_in_a_kernel():
+    """``dst.copy_(src, True)`` (non_blocking, positional, as DistributedDataParallel's
+    buffer copies pass it) compiles like ``copy_``: its region used to fail in the no-op
+    pass, which unpacked the copy's arguments as two."""
+    import accel
+
+    src = torch.randn(9, dtype=torch.float64)
+    want = torch.zeros(9)
+    want.copy_(src * 2, True)
+    got = torch.zeros(9)
+    accel.reset_stats()
+    with accel.eager():
+        got.copy_(src * 2, True)
+    st = accel.stats()
+    assert st["compile_failures"] == 0 and st["kernel_runs"] == 1, st
+    torch.testing.assert_close(got, want)
+
+
 def test_transposed_softmax_takes_column_statistics_and_a_tiled_output():
     """A softmax over the rows of a transposed tensor (``x.t().softmax(-1)``, x [512, 96]):
     its statistics read down x's columns (a stride of 96 a step), so they go to a nest of

@@ -120,6 +120,68 @@ def test_ddp_training_matches_eager(device, tmp_path):
     torch.testing.assert_close(pa, pe)
 
 
+def _ddp_rank(rank, world, device, root, bucket_view):
+    """One rank of ``test_ddp_on_two_ranks_matches_eager`` (a spawned process): trains
+    ``_DDP_MODEL`` eagerly, then under accel, each in a process group of its own over the
+    same data (this rank's shard); saves both runs' losses and parameters to
+    ``root/rank{rank}.pt``."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dev = f"cuda:{rank}" if device == "cuda" else "cpu"
+    if device == "cuda":
+        torch.cuda.set_device(rank)
+    torch.manual_seed(0)
+    base = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.LayerNorm(64), nn.Linear(64, 64),
+                         nn.SiLU(), nn.Linear(64, 4)).to(dev)
+    runs = {}
+    for name, ctx in (("eager", contextlib.nullcontext), ("accel", accel.eager)):
+        dist.init_process_group("nccl" if device == "cuda" else "gloo", rank=rank, world_size=world,
+                                init_method=f"file://{root}/{name}")
+        model, ddp = copy.deepcopy(base), None
+        try:
+            with ctx():
+                # a bucket a parameter or two: buckets are reduced while the backward
+                # still computes the gradients of the layers before them
+                ddp = DDP(model, device_ids=[rank] if device == "cuda" else None,
+                          bucket_cap_mb=0.01, gradient_as_bucket_view=bucket_view)
+            opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
+            g = torch.Generator().manual_seed(10 + rank)
+            losses = []
+            for _ in range(3):
+                x = torch.randn(16, 32, generator=g).to(dev)
+                with ctx():
+                    loss = ddp(x).pow(2).mean()
+                    loss.backward()
+                    opt.step()
+                    opt.zero_grad()
+                losses.append(loss.detach())
+            runs[name] = (torch.stack(losses).cpu(), [p.detach().cpu() for p in model.parameters()])
+        finally:
+            del ddp  # the reducer before the process group (see _ddp_train)
+            gc.collect()
+            dist.destroy_process_group()
+    torch.save(runs, f"{root}/rank{rank}.pt")
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="no torch.distributed")
+@pytest.mark.parametrize("bucket_view", [False, True], ids=["bucket-copies", "bucket-views"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_ddp_on_two_ranks_matches_eager(device, bucket_view, tmp_path):
+    """DistributedDataParallel over two processes (gloo on the CPU; NCCL, one GPU a rank,
+    where there are two): with small buckets the reducer copies (or views) and all-reduces
+    gradients in the middle of the backward, so a gradient an accel region still held
+    unwritten would be averaged as garbage. Each rank's losses and parameters after three
+    steps are its eager run's, and the ranks' parameters agree."""
+    if device == "cuda" and torch.cuda.device_count() < 2:
+        pytest.skip("one GPU")
+    torch.multiprocessing.spawn(_ddp_rank, args=(2, device, str(tmp_path), bucket_view), nprocs=2)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    for runs in ranks:
+        torch.testing.assert_close(runs["accel"], runs["eager"])
+    torch.testing.assert_close(ranks[1]["accel"][1], ranks[0]["accel"][1])
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_llama_training_step_and_generation_match_eager(device):
     model = _llama(device)
