@@ -25,7 +25,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import accel
-from devices import DEVICES  # tests/devices.py (pytest puts tests/ on sys.path)
+from devices import DEVICES, SECOND_GPU  # tests/devices.py (pytest puts tests/ on sys.path)
 
 # profiles "accel-ci" (default: 60 examples, derandomized) and "accel-explore" are
 # registered in conftest.py
@@ -423,7 +423,7 @@ def check_program(prog, device="cpu"):
 # -- tests ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", DEVICES + [SECOND_GPU])
 @given(prog=programs())
 def test_random_chains(prog, device):
     check_program(prog, device)
@@ -442,7 +442,7 @@ def test_random_chains_large(prog, device):
     check_program(prog, device)
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", DEVICES + [SECOND_GPU])
 @given(prog=programs([(4, 5), (64, 1027)], ["f32", "f32", "f64", "i64"]))
 def test_random_chains_backward(prog, device):
     """The programs' gradients (``"grad"``): their backward under accel as eager's. Mostly

@@ -477,8 +477,10 @@ def test_make_graphed_callables():
     torch.testing.assert_close(run(True), run(False))
 
 
-@cuda
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="one GPU")
+two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="fewer than two GPUs")
+
+
+@two_gpus
 def test_second_gpu_and_device_guard():
     """A region runs on its tensors' GPU whatever the current device is (each GPU loads
     its own module), and launching leaves the current device as it was."""
@@ -489,6 +491,124 @@ def test_second_gpu_and_device_guard():
             assert torch.cuda.current_device() == current
         assert y.device == x.device and st["kernel_runs"] == 1
         torch.testing.assert_close(y, WORKLOADS["softmax"](x))
+
+
+def _block(device):
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.LayerNorm(128),
+                               torch.nn.Linear(128, 64), torch.nn.SiLU()).to(device)
+
+
+def _sgd_steps(model, forward, xs, ctx):
+    """Three-ish steps of SGD with momentum on ``forward(x)``'s mean square, each under
+    ``ctx()``; the losses and parameters, on the CPU."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    losses = []
+    for x in xs:
+        with ctx():
+            loss = forward(x).square().mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        losses.append(loss.detach().cpu())
+    return torch.stack(losses), [p.detach().cpu() for p in model.parameters()]
+
+
+def _trains_as_eager(make, forward, xs):
+    """``make()`` trained eagerly and under accel (``forward(model, x)``) give the same
+    losses and parameters; accel ran kernels."""
+    me, ma = make(), make()
+    want = _sgd_steps(me, lambda x: forward(me, x), xs, contextlib.nullcontext)
+    accel.reset_stats()
+    got = _sgd_steps(ma, lambda x: forward(ma, x), xs, accel.eager)
+    st = accel.stats()
+    assert st["kernel_runs"] >= 1, st
+    torch.testing.assert_close(got, want)
+
+
+@two_gpus
+def test_training_on_the_second_gpu_matches_eager():
+    """A model on cuda:1 while the current device is cuda:0: its forward's regions on the
+    calling thread, its backward's on autograd's device thread of GPU 1."""
+    xs = [_x(32, 64, device="cuda:1", seed=k) for k in range(3)]
+    _trains_as_eager(lambda: _block("cuda:1"), lambda m, x: m(x), xs)
+    assert torch.cuda.current_device() == 0
+
+
+@two_gpus
+def test_a_model_split_across_two_gpus_trains_as_eager():
+    """Pipeline-style model parallelism: the first layers on cuda:0, the rest on cuda:1,
+    activations moved between them. The backward runs on both GPUs' device threads, each
+    recording into a region of its own and flushing it at the pass's end."""
+    def make():
+        m = _block("cpu")
+        m[:3].to("cuda:0")
+        m[3:].to("cuda:1")
+        return m
+
+    xs = [_x(32, 64, device="cuda:0", seed=k) for k in range(3)]
+    _trains_as_eager(make, lambda m, x: m[3:](m[:3](x).to("cuda:1")), xs)
+
+
+@two_gpus
+def test_data_parallel_on_two_gpus_matches_eager():
+    """``nn.DataParallel`` (replicas on both GPUs, run in threads of its own) trains as
+    eager under accel."""
+    xs = [_x(32, 64, device="cuda:0", seed=k) for k in range(3)]
+
+    def forward(m, x):
+        return torch.nn.DataParallel(m, device_ids=[0, 1])(x)
+
+    _trains_as_eager(lambda: _block("cuda:0"), forward, xs)
+
+
+@two_gpus
+def test_values_moved_between_gpus_match_eager():
+    """Regions on either side of copies between GPUs (``.to``: eager, one region ends and
+    another starts on the other GPU), and a call that mixes GPUs raises eager's error."""
+    def fn(x0):
+        a = torch.sin(x0) * 2 + 1
+        b = a.to("cuda:1") * 3 - x0.to("cuda:1").exp()
+        c = (b * b).sum(1).to("cuda:0") * a.mean(1)
+        return a, b, c
+
+    x0 = _x(64, 300, device="cuda:0")
+    got, st = _run(fn, x0)
+    assert [t.device.index for t in got] == [0, 1, 0]
+    assert st["kernel_runs"] >= 2, st
+    torch.testing.assert_close(got, fn(x0))
+    x1 = _x(64, 300, device="cuda:1")
+    with pytest.raises(RuntimeError) as eager_error:
+        torch.sin(x0) + x1
+    with pytest.raises(RuntimeError) as accel_error:
+        with accel.eager():
+            y = torch.sin(x0) * 2
+            (y + x1).sum().item()
+    assert str(accel_error.value).splitlines()[0] == str(eager_error.value).splitlines()[0]
+
+
+@two_gpus
+def test_a_region_on_the_second_gpu_launches_on_that_gpus_current_stream():
+    """The current stream of the region's GPU, not of the current device: a side stream of
+    cuda:1, current there, while the current device is cuda:0. Its input is written on
+    that stream after a 50 ms sleep; launched on any other stream, the kernel would read it
+    before it is written."""
+    s = torch.cuda.Stream(device="cuda:1")
+    for _ in range(3):
+        with torch.cuda.stream(s):
+            with torch.cuda.device(1):
+                a = torch.full((256, 256), -1.0, device="cuda:1")
+                m = torch.ones(256, 256, device="cuda:1")
+                s.synchronize()
+                torch.cuda._sleep(50_000_000)
+                torch.mm(m, m, out=a)  # on s: 256s, late
+            with torch.cuda.device(0):
+                assert torch.cuda.current_stream(1) == s
+                with accel.eager():
+                    y = (a * 3 + 1) * 0.5 - 0.5
+                    w = y.sum(1)
+        s.synchronize()
+        torch.testing.assert_close(w, torch.full((256,), 256 * 384.0, device="cuda:1"))
 
 
 @cuda

@@ -5,6 +5,7 @@ that raise in eager, which must raise the same error under accel."""
 import contextlib
 import copy
 import gc
+import warnings
 
 import pytest
 import torch
@@ -265,3 +266,213 @@ def test_recurrent_networks_match_eager(device):
         return torch.stack(losses), [p.detach() for p in params]
 
     torch.testing.assert_close(train(accel.eager), train(contextlib.nullcontext))
+
+
+# -- the features of PyTorch a training program uses around its ops ---------------------
+# Each program below runs twice from the same seed, eagerly and under accel.eager(), and
+# must give eager's results: what accel defers has to stay in order with what autograd,
+# hooks, the random number generator, autocast and the other dispatch keys do around it.
+
+
+def _mlp(device, *layers):
+    return nn.Sequential(nn.Linear(32, 64), *layers, nn.Linear(64, 8)).to(device)
+
+
+def _batch(device, n=16, generator_seed=1):
+    g = torch.Generator().manual_seed(generator_seed)
+    return torch.randn(n, 32, generator=g).to(device), torch.randint(0, 8, (n,), generator=g).to(device)
+
+
+def _autocast_training(ctx, device):
+    """Three SGD steps under autocast (CPU: bfloat16; GPU: float16 with a GradScaler). The
+    layer norm has no weight: eager's CPU layer norm backward sums a 16-bit input's weight
+    gradient with bfloat16 errors (3.5e-4 here) where accel's float32 sum is the float64
+    one's (the README's 16-bit limitation; tests/test_half.py checks it against float64)."""
+    model = _mlp(device, nn.GELU(), nn.LayerNorm(64, elementwise_affine=False))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    scaler = torch.amp.GradScaler(device, enabled=device == "cuda")
+    dtype = torch.float16 if device == "cuda" else torch.bfloat16
+    losses = []
+    for k in range(3):
+        x, y = _batch(device, generator_seed=k)
+        with ctx():
+            with torch.autocast(device, dtype=dtype):
+                loss = F.cross_entropy(model(x), y)
+            opt.zero_grad()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+        losses.append(loss.detach())
+    return torch.stack(losses), [p.detach() for p in model.parameters()]
+
+
+def _hooks(ctx, device):
+    """A tensor hook that rewrites a gradient, a module's full backward hook, a hook after
+    a parameter's gradient is accumulated (scaling it in place)."""
+    model = _mlp(device, nn.Tanh())
+    seen = []
+    model[1].register_full_backward_hook(lambda m, gin, gout: seen.append(gout[0] * 1))
+    def halve(p):
+        p.grad.mul_(0.5)
+
+    model[0].weight.register_post_accumulate_grad_hook(halve)
+    x, _ = _batch(device)
+    x.requires_grad_()
+    with ctx():
+        h = model[0](x)
+        h.register_hook(lambda g: g * 2 + 0.25)
+        out = model[2](model[1](h))
+        out.sin().sum().backward()
+    return out.detach(), x.grad, [p.grad for p in model.parameters()], seen
+
+
+def _gradient_penalty(ctx, device):
+    """Double backward: a loss of the input gradient's norm (``create_graph=True``), as a
+    WGAN-GP critic's."""
+    model = _mlp(device, nn.Softplus())
+    x, _ = _batch(device)
+    x.requires_grad_()
+    with ctx():
+        out = model(x)
+        (gx,) = torch.autograd.grad(out.sum(), x, create_graph=True)
+        loss = out.mean() + 10 * (gx.norm(2, dim=1) - 1).square().mean()
+        loss.backward()
+    return loss.detach(), gx.detach(), [p.grad for p in model.parameters()]
+
+
+def _dropout(ctx, device):
+    """Dropout and other random ops between fusible calls: the same masks and numbers as
+    eager's, in the same order (each draws from the generator when called)."""
+    model = _mlp(device, nn.ReLU(), nn.Dropout(0.3))
+    x, _ = _batch(device)
+    with ctx():
+        out = F.dropout(model(x) * 2 + 1, 0.1)
+        out.square().sum().backward()
+        y = F.dropout(x.sin() + 1, 0.5) + torch.rand_like(x) * x.exp() + torch.randn(32, device=device)
+    return out.detach(), y, [p.grad for p in model.parameters()]
+
+
+def _attention(ctx, device):
+    """``nn.MultiheadAttention`` with a causal mask, and ``scaled_dot_product_attention``
+    on a scaled, biased input, forward and backward."""
+    mha = nn.MultiheadAttention(32, 4, batch_first=True).to(device)
+    x, _ = _batch(device, 20)
+    q = x.view(2, 10, 32).requires_grad_()
+    mask = torch.triu(torch.ones(10, 10, dtype=torch.bool, device=device), 1)
+    with ctx():
+        out, w = mha(q, q, q, attn_mask=mask)
+        h = (q * 0.5 + 1).view(2, 10, 4, 8).transpose(1, 2)
+        o2 = F.scaled_dot_product_attention(h, h.tanh(), h, is_causal=True)
+        (out.sum() + o2.square().sum()).backward()
+    return out.detach(), w, o2.detach(), q.grad, [p.grad for p in mha.parameters()]
+
+
+def _scripted_fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return torch.tanh(x * y + 1).sum(1) - y.exp().mean()
+
+
+def _scripted_and_unusual_tensors(ctx, device):
+    """A TorchScript function; complex tensors, a sparse matmul and a view of a complex
+    tensor as real, between fusible calls."""
+    with warnings.catch_warnings():  # deprecated from torch 2.13 on, still in use
+        warnings.simplefilter("ignore", DeprecationWarning)
+        scripted = torch.jit.script(_scripted_fn)
+    x, _ = _batch(device)
+    z = torch.complex(x, x.flip(0))
+    s = x.relu().t().to_sparse()
+    with ctx():
+        a = scripted(x, x * 0.5)
+        b = (z * z.conj() + 1).abs() * 2
+        c = torch.sparse.mm(s, x * 2).sin()
+        d = torch.view_as_real(z * 2).sin() + 1
+    return a, b, c, d
+
+
+def _parametrized(ctx, device):
+    """Spectral norm (power iteration updating buffers in place under ``no_grad``), weight
+    norm, an embedding with ``max_norm`` (renormalizing its rows in place), three steps."""
+    torch.manual_seed(4)
+    emb = nn.Embedding(20, 32, max_norm=1.0)
+    sn = nn.utils.parametrizations.spectral_norm(nn.Linear(32, 64))
+    wn = nn.utils.parametrizations.weight_norm(nn.Linear(64, 8))
+    model = nn.Sequential(emb, sn, nn.Tanh(), wn).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    idx = torch.tensor([[1, 5, 7], [1, 2, 19]], device=device)
+    outs = []
+    for _ in range(3):
+        with ctx():
+            out = model(idx)
+            out.square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+        outs.append(out.detach())
+    return outs, [p.detach() for p in model.parameters()], [b for b in model.buffers()]
+
+
+class _ScaleInPlace(torch.autograd.Function):
+    """A custom autograd function that scales its input in place (``mark_dirty``)."""
+
+    @staticmethod
+    def forward(ctx, x, s):
+        ctx.s = s
+        x.mul_(s)
+        ctx.mark_dirty(x)
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.s, None
+
+
+class _Swish(torch.autograd.Function):
+    """x * sigmoid(x) with a hand-written backward from its saved input."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * torch.sigmoid(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        s = torch.sigmoid(x)
+        return g * s * (1 + x * (1 - s))
+
+
+def _custom_functions_and_accumulation(ctx, device):
+    """Custom autograd functions; three backward passes through one graph
+    (``retain_graph``), accumulating; a loop whose condition reads a value (``item``)."""
+    model = _mlp(device, nn.Identity())
+    x, _ = _batch(device)
+    with ctx():
+        h = _Swish.apply(model[0](x))
+        out = model[2](_ScaleInPlace.apply(h * 1, 1.5))
+        for k in range(3):
+            (out * (k + 1)).sin().sum().backward(retain_graph=True)
+        y, n = x, 0
+        while y.abs().max().item() > 0.05 and n < 50:
+            y = y * 0.5 + 0.01 * y.sin()
+            n += 1
+    return out.detach(), [p.grad for p in model.parameters()], y, n
+
+
+FEATURE_PROGRAMS = {
+    "autocast": _autocast_training, "hooks": _hooks, "gradient penalty": _gradient_penalty,
+    "dropout": _dropout, "attention": _attention,
+    "TorchScript, complex and sparse": _scripted_and_unusual_tensors,
+    "parametrizations": _parametrized, "custom functions": _custom_functions_and_accumulation,
+}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", list(FEATURE_PROGRAMS))
+def test_programs_using_autograd_and_torch_features_match_eager(name, device):
+    program = FEATURE_PROGRAMS[name]
+    torch.manual_seed(0)
+    want = program(contextlib.nullcontext, device)
+    torch.manual_seed(0)
+    accel.reset_stats()
+    got = program(accel.eager, device)
+    st = accel.stats()
+    torch.testing.assert_close(got, want)
+    assert st["flushes"] >= 1, st
