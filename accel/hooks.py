@@ -144,10 +144,15 @@ _STREAM_HOOKS = ((torch.cuda, "synchronize"), (torch.cuda, "set_stream"),
 #: C++ (an ``accessor``, ``data_ptr``), where no hook sees it: DDP's check that every rank
 #: has the same parameters (it read a deferred ``copy_``'s output unfilled: "params[0] in
 #: this process with sizes [64, 32] appears not to match sizes of the same param in
-#: process 0"), and its broadcast of the parameters from rank 0. Each runs with the
-#: calling thread's calls passing through eagerly, its pending region flushed first.
+#: process 0"), and its broadcast of the parameters from rank 0; and TorchScript's
+#: functions and methods (scripted, traced or loaded), whose graph executor runs fused
+#: groups of ops as kernels of its own (NNC on GPUs), reading its inputs' memory: a
+#: deferred input, or a deferred result of the graph's own unfused ops, unfilled (wrong
+#: results on a GPU). Each runs with the calling thread's calls passing through eagerly,
+#: its pending region flushed first.
 _EAGER_HOOKS = ((getattr(torch, "distributed", None), "_verify_params_across_processes"),
-                (getattr(torch, "distributed", None), "_broadcast_coalesced"))
+                (getattr(torch, "distributed", None), "_broadcast_coalesced"),
+                (torch._C.ScriptFunction, "__call__"), (torch._C.ScriptMethod, "__call__"))
 
 
 def _eagerly(fn):

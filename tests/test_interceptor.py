@@ -1491,6 +1491,44 @@ def test_factories_do_not_flush(x):
     close(y, torch.sin(x * 2) + 1.5 + torch.arange(33.0))
 
 
+def _script_fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return torch.tanh(x * y + 1).sum(1) - y.exp().mean()
+
+
+class _ScriptModule(torch.nn.Module):
+    def forward(self, y):
+        return (y * 2).sigmoid()
+
+
+def test_torchscript_runs_eagerly_its_pending_inputs_flushed_first(x):
+    """TorchScript's graph executor runs fused groups of ops as kernels of its own (NNC on
+    GPUs), which read their inputs' memory directly: a scripted function, a scripted
+    module's method and a traced one run with the pending region flushed and their calls
+    passed through eagerly (on a GPU, a deferred input read unfilled gave wrong results:
+    test_programs.py's TorchScript program). On the CPU NNC needs an LLVM build of torch,
+    so here the test sees the mechanism: nothing is pending inside or after the call."""
+    import warnings
+
+    with warnings.catch_warnings():  # TorchScript is deprecated from torch 2.13 on
+        warnings.simplefilter("ignore", DeprecationWarning)
+        scripted = [torch.jit.script(_script_fn), torch.jit.script(_ScriptModule()),
+                    torch.jit.trace(_ScriptModule(), x)]
+    seen = []
+    for fn in scripted:
+        args = (x, x * 0.5) if fn is scripted[0] else (x * 0.5,)
+        want = fn(*args)
+        with accel.eager():
+            y = x * 0.5  # pending
+            assert pending() == 1
+            got = fn(*(x, y) if fn is scripted[0] else (y,))
+            seen.append(pending())
+            z = got + 1  # deferred again after the call
+            seen.append(pending())
+        close(got, want)
+        close(z, want + 1)
+    assert seen == [0, 1] * 3, seen
+
+
 def test_compiled_function_inside_is_not_traced_into_accel(x):
     """A torch.compile'd function called under accel: TorchDynamo must not trace accel's
     dispatch (without a skip it converted 77 frames of it here); the results are eager's,

@@ -1,7 +1,10 @@
 """Whole programs under accel against eager: a convolutional network trained with an
 optimizer, gradient clipping and a learning-rate schedule; DistributedDataParallel on one
-rank; a small Llama's training step and greedy generation; LSTM and GRU; and programs
-that raise in eager, which must raise the same error under accel."""
+and on two; a small Llama's training step and greedy generation; LSTM and GRU; programs
+that raise in eager, which must raise the same error under accel; and programs around the
+features of PyTorch that training code uses with its ops (autocast, hooks, double
+backward, random numbers, attention, TorchScript, parametrizations, custom autograd
+functions, checkpointing, inference mode)."""
 import contextlib
 import copy
 import gc
@@ -10,6 +13,7 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import nn
 
 import accel
@@ -121,13 +125,31 @@ def test_ddp_training_matches_eager(device, tmp_path):
     torch.testing.assert_close(pa, pe)
 
 
-def _ddp_rank(rank, world, device, root, bucket_view):
-    """One rank of ``test_ddp_on_two_ranks_matches_eager`` (a spawned process): trains
-    ``_DDP_MODEL`` eagerly, then under accel, each in a process group of its own over the
-    same data (this rank's shard); saves both runs' losses and parameters to
-    ``root/rank{rank}.pt``."""
-    import torch.distributed as dist
+def _data_parallel(model, rank, device, wrap):
+    """``model`` wrapped for data-parallel training on this rank: DDP with a bucket a
+    parameter or two, copying gradients into the buckets or viewing them there (buckets
+    are all-reduced while the backward still computes the layers before them), or FSDP2's
+    ``fully_shard`` on each linear layer and the whole (parameters all-gathered before
+    use, gradients reduce-scattered in the backward)."""
     from torch.nn.parallel import DistributedDataParallel as DDP
+
+    if wrap == "fully_shard":
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in model:
+            if isinstance(layer, nn.Linear):
+                fully_shard(layer)
+        return fully_shard(model)
+    return DDP(model, device_ids=[rank] if device == "cuda" else None, bucket_cap_mb=0.01,
+               gradient_as_bucket_view=wrap == "bucket-views")
+
+
+def _two_ranks(rank, world, device, root, wrap):
+    """One rank of ``test_data_parallel_training_on_two_ranks_matches_eager`` (a spawned
+    process): trains a model wrapped by :func:`_data_parallel` eagerly, then under accel,
+    each in a process group of its own over the same data (this rank's shard); saves both
+    runs' losses and full parameters to ``root/rank{rank}.pt``."""
+    import torch.distributed as dist
 
     dev = f"cuda:{rank}" if device == "cuda" else "cpu"
     if device == "cuda":
@@ -139,44 +161,42 @@ def _ddp_rank(rank, world, device, root, bucket_view):
     for name, ctx in (("eager", contextlib.nullcontext), ("accel", accel.eager)):
         dist.init_process_group("nccl" if device == "cuda" else "gloo", rank=rank, world_size=world,
                                 init_method=f"file://{root}/{name}")
-        model, ddp = copy.deepcopy(base), None
+        model, wrapped = copy.deepcopy(base), None
         try:
             with ctx():
-                # a bucket a parameter or two: buckets are reduced while the backward
-                # still computes the gradients of the layers before them
-                ddp = DDP(model, device_ids=[rank] if device == "cuda" else None,
-                          bucket_cap_mb=0.01, gradient_as_bucket_view=bucket_view)
-            opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
+                wrapped = _data_parallel(model, rank, device, wrap)
+            opt = torch.optim.SGD(wrapped.parameters(), lr=0.1, momentum=0.9)
             g = torch.Generator().manual_seed(10 + rank)
             losses = []
             for _ in range(3):
                 x = torch.randn(16, 32, generator=g).to(dev)
                 with ctx():
-                    loss = ddp(x).pow(2).mean()
+                    loss = wrapped(x).pow(2).mean()
                     loss.backward()
                     opt.step()
                     opt.zero_grad()
                 losses.append(loss.detach())
-            runs[name] = (torch.stack(losses).cpu(), [p.detach().cpu() for p in model.parameters()])
+            params = [getattr(p, "full_tensor", lambda p=p: p)().detach().cpu() for p in model.parameters()]
+            runs[name] = (torch.stack(losses).cpu(), params)
         finally:
-            del ddp  # the reducer before the process group (see _ddp_train)
+            del wrapped  # the reducer before the process group (see _ddp_train)
             gc.collect()
             dist.destroy_process_group()
     torch.save(runs, f"{root}/rank{rank}.pt")
 
 
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="no torch.distributed")
-@pytest.mark.parametrize("bucket_view", [False, True], ids=["bucket-copies", "bucket-views"])
+@pytest.mark.parametrize("wrap", ["bucket-copies", "bucket-views", "fully_shard"])
 @pytest.mark.parametrize("device", DEVICES)
-def test_ddp_on_two_ranks_matches_eager(device, bucket_view, tmp_path):
-    """DistributedDataParallel over two processes (gloo on the CPU; NCCL, one GPU a rank,
-    where there are two): with small buckets the reducer copies (or views) and all-reduces
-    gradients in the middle of the backward, so a gradient an accel region still held
-    unwritten would be averaged as garbage. Each rank's losses and parameters after three
-    steps are its eager run's, and the ranks' parameters agree."""
+def test_data_parallel_training_on_two_ranks_matches_eager(device, wrap, tmp_path):
+    """DistributedDataParallel and FSDP2 over two processes (gloo on the CPU; NCCL, one GPU
+    a rank, where there are two): collectives read and write gradients and parameters in
+    the middle of the forward and backward, where a value an accel region still held
+    unwritten would be communicated as garbage. Each rank's losses and parameters after
+    three steps are its eager run's, and the ranks' parameters agree."""
     if device == "cuda" and torch.cuda.device_count() < 2:
         pytest.skip("one GPU")
-    torch.multiprocessing.spawn(_ddp_rank, args=(2, device, str(tmp_path), bucket_view), nprocs=2)
+    torch.multiprocessing.spawn(_two_ranks, args=(2, device, str(tmp_path), wrap), nprocs=2)
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
     for runs in ranks:
         torch.testing.assert_close(runs["accel"], runs["eager"])
@@ -456,11 +476,43 @@ def _custom_functions_and_accumulation(ctx, device):
     return out.detach(), [p.grad for p in model.parameters()], y, n
 
 
+def _checkpointed(ctx, device):
+    """Activation checkpointing, reentrant (its backward runs a backward pass of its own
+    inside the outer one) and not, over a block with dropout (the recomputation restores
+    the generator's state, so it draws the forward's masks again)."""
+    model = _mlp(device, nn.GELU(), nn.Dropout(0.2), nn.LayerNorm(64))
+    x, _ = _batch(device)
+    x.requires_grad_()
+    with ctx():
+        a = torch.utils.checkpoint.checkpoint(model, x, use_reentrant=True)
+        b = torch.utils.checkpoint.checkpoint(model, x * 2, use_reentrant=False)
+        (a.square().sum() + b.sin().sum()).backward()
+    return a.detach(), b.detach(), x.grad, [p.grad for p in model.parameters()]
+
+
+def _inference_mode(ctx, device):
+    """Regions under ``inference_mode`` (their outputs are inference tensors), and an
+    inference tensor then saved for the backward outside it: eager's error."""
+    model = _mlp(device, nn.SiLU())
+    x, _ = _batch(device)
+    with ctx():
+        with torch.inference_mode():
+            out = model(x).softmax(-1) * 2
+            inference = out.is_inference()
+        try:
+            (model[0].weight * out.sum()).sum().backward()  # mul saves the inference tensor
+            error = None
+        except RuntimeError as e:
+            error = str(e).splitlines()[0]
+    return out, inference, error
+
+
 FEATURE_PROGRAMS = {
     "autocast": _autocast_training, "hooks": _hooks, "gradient penalty": _gradient_penalty,
     "dropout": _dropout, "attention": _attention,
     "TorchScript, complex and sparse": _scripted_and_unusual_tensors,
     "parametrizations": _parametrized, "custom functions": _custom_functions_and_accumulation,
+    "checkpointing": _checkpointed, "inference mode": _inference_mode,
 }
 
 
