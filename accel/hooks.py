@@ -50,18 +50,34 @@ def _backward_pass(fn, step):
     accel/sampling.py) before the backward pass begins, so that autograd's device threads
     inherit the state of the step that begins. A pass that raises ran no final callback:
     what it recorded on an engine thread is flushed before the exception goes on
-    (:func:`accel.interceptor.flush_workers`)."""
+    (:func:`accel.interceptor.flush_workers`).
+
+    With CUDA in use the calling thread's calls pass through eagerly during the pass: the
+    pass's CPU nodes run on this thread and its CUDA nodes on autograd's device threads,
+    which read a CPU node's result as soon as the node returns (a CPU gradient that a
+    custom function's backward copies to the GPU), in memory a call deferred here would
+    leave unfilled until this thread's next flush (wrong gradients on a GPU)."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         _ic.flush()
         st = _ic._state
         if step and st.depth and _ic._sampling:
             _ic._step_boundary(st)
+        # (a pass begun inside another, as a reentrant checkpoint's, runs on the outer
+        # pass's thread: an engine thread's calls stay deferred, flushed by its worker)
+        region = st.region
+        hold = (not region.busy and torch.cuda.is_initialized()
+                and _ic._current_graph_task_id() == -1)
+        if hold:
+            region.busy = True
         try:
             return fn(*args, **kwargs)
         except BaseException:
             _ic.flush_workers()
             raise
+        finally:
+            if hold:
+                region.busy = False
 
     return wrapper
 

@@ -611,6 +611,38 @@ def test_a_region_on_the_second_gpu_launches_on_that_gpus_current_stream():
         torch.testing.assert_close(w, torch.full((256,), 256 * 384.0, device="cuda:1"))
 
 
+class _GpuAndCpuOutputs(torch.autograd.Function):
+    """Outputs on the GPU and on the CPU: its backward runs on the GPU's device thread,
+    one of its inputs a CPU gradient that the calling thread computed."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2, x.cpu() * 3
+
+    @staticmethod
+    def backward(ctx, g_gpu, g_cpu):
+        return g_gpu * 2 + g_cpu.cuda() * 3
+
+
+@cuda
+def test_a_cpu_gradient_read_on_the_device_thread_is_filled():
+    """A backward pass with CPU and CUDA nodes: the CPU gradient of ``_GpuAndCpuOutputs``
+    (a fusible chain's, on the calling thread) is read on autograd's device thread as soon
+    as it is computed. Deferred there, it was read unfilled: gradients off by 3.0, or
+    9e25, at every step."""
+    def run(ctx):
+        x = torch.linspace(-2, 2, 256 * 256, device="cuda").view(256, 256).requires_grad_()
+        with ctx():
+            a, b = _GpuAndCpuOutputs.apply(x)
+            loss = a.sin().sum() + (b.cos() * 2 + 1).sum() * 0.5
+            loss.backward()
+        return x.grad
+
+    want = run(contextlib.nullcontext)
+    for _ in range(3):
+        torch.testing.assert_close(run(accel.eager), want)
+
+
 @cuda
 def test_cpu_and_gpu_tensors_do_not_share_a_region():
     a, b = _x(16, 16), _x(16, 16, device="cpu")

@@ -1125,6 +1125,30 @@ def _on_engine_thread(mode, jobs):
     return out
 
 
+@pytest.mark.parametrize("cuda_in_use", [False, True])
+def test_with_cuda_in_use_the_calling_thread_defers_nothing_during_a_backward_pass(cuda_in_use, x,
+                                                                                  monkeypatch):
+    """A backward pass runs its CPU nodes on the calling thread and its CUDA nodes on
+    autograd's device threads, which read a CPU node's result as soon as it returns; so
+    with CUDA in use the calling thread's calls pass through eagerly during the pass
+    (a custom function's backward copying a CPU gradient to the GPU read it unfilled:
+    test_cuda.py's ``..._cpu_gradient_...``). Seen here by a tensor hook in the middle of
+    the pass: nothing pending on this thread then. Without CUDA in use (a CPU program) the
+    pass's calls are deferred as ever."""
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: cuda_in_use)
+    seen = []
+    w = x.clone().requires_grad_()
+    with accel.eager():
+        h = w * 2
+        h.register_hook(lambda g: seen.append(pending()))
+        h.sin().exp().sum().backward()
+        assert pending() == 0 or not cuda_in_use
+    ref = x.clone().requires_grad_()
+    (ref * 2).sin().exp().sum().backward()
+    close(w.grad, ref.grad)
+    assert (seen[0] == 0) == cuda_in_use, seen
+
+
 def test_a_backward_pass_that_raises_on_an_engine_thread_leaves_nothing_pending():
     """A backward pass that raises on an engine thread runs no final callback. The next
     pass on that thread queues its own (the worker knows the pass by its graph task id),
