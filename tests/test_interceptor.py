@@ -1064,13 +1064,16 @@ def test_new_process_with_warm_store_skips_meta_evaluation(fresh_store):
     assert not warm["dynamo"], "a warm process evaluated a call on meta tensors"
 
 
-def test_backward_on_an_engine_thread_is_fused_and_flushed(backward_case):
+def test_backward_on_an_engine_thread_is_fused_and_flushed(backward_case, monkeypatch):
     """CUDA backward runs on the autograd engine's device thread, which inherits the
     caller's mode. Here a thread that did not create the mode plays that part: the backward
     pass it runs is recorded into its own region and flushed by the engine's final
     callback before ``backward`` returns; its forward calls (outside a backward pass) run
-    eagerly."""
+    eagerly. (That thread calls ``backward`` itself, whose hook holds the calling thread's
+    calls eager where CUDA is in use, as a GPU suite's process has it: a CPU pass here.)"""
     from accel.interceptor import AccelMode
+
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
 
     x, w, f, want = backward_case
     mode = AccelMode()  # owned by this thread
