@@ -61,13 +61,17 @@ def _backward_pass(fn, step):
     def wrapper(*args, **kwargs):
         _ic.flush()
         st = _ic._state
-        if step and st.depth and _ic._sampling:
+        # a pass begun inside another (a reentrant checkpoint's backward) is neither a
+        # step boundary (the outer pass's engine restores the dispatch modes it began with
+        # after each node: a mode taken off the stack there came back, and the exit of
+        # accel.eager() then popped an empty stack) nor the calling thread's own (its
+        # thread is the outer pass's; an engine thread's calls stay deferred, flushed by
+        # its worker)
+        outermost = _ic._current_graph_task_id() == -1
+        if step and st.depth and _ic._sampling and outermost:
             _ic._step_boundary(st)
-        # (a pass begun inside another, as a reentrant checkpoint's, runs on the outer
-        # pass's thread: an engine thread's calls stay deferred, flushed by its worker)
         region = st.region
-        hold = (not region.busy and torch.cuda.is_initialized()
-                and _ic._current_graph_task_id() == -1)
+        hold = outermost and not region.busy and torch.cuda.is_initialized()
         if hold:
             region.busy = True
         try:
@@ -171,10 +175,12 @@ _EAGER_HOOKS = ((getattr(torch, "distributed", None), "_verify_params_across_pro
                 (torch._C.ScriptFunction, "__call__"), (torch._C.ScriptMethod, "__call__"))
 
 
-def _eagerly(fn):
+def _eagerly(fn, every_thread=False):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         _ic.flush()
+        if every_thread:
+            _ic.flush_workers(after_failed_pass=False)
         st = _ic._state
         w = st.worker
         region = st.region if w is None else w.region
@@ -187,6 +193,17 @@ def _eagerly(fn):
             region.busy = False
 
     return wrapper
+
+
+#: ``torch.nn.parallel.comm``: DataParallel's copies and reductions between GPUs, in C++
+#: (NCCL, or copies) reading and writing memory directly. In the backward its gradient
+#: reduction (``reduce_add_coalesced``, the backward of the parameters' broadcast) runs on
+#: one GPU's device thread over gradients another GPU's device thread computed, which
+#: that thread's worker may still hold: every engine thread's worker is flushed first,
+#: then the call runs eagerly.
+_COMM_HOOKS = tuple((getattr(getattr(torch.nn, "parallel", None), "comm", None), n)
+                    for n in ("broadcast", "broadcast_coalesced", "reduce_add",
+                              "reduce_add_coalesced", "scatter", "gather"))
 
 
 #: The ways a thread hands tensors to another: ``Condition.notify`` (``notify_all`` calls
@@ -214,6 +231,8 @@ def _table():
                     _backward_pass(torch.autograd.grad, False))]
         _HOOKS += [(o, n, getattr(o, n), _eagerly(getattr(o, n))) for o, n in _EAGER_HOOKS
                    if hasattr(o, n)]
+        _HOOKS += [(o, n, getattr(o, n), _eagerly(getattr(o, n), every_thread=True))
+                   for o, n in _COMM_HOOKS if hasattr(o, n)]
         _HOOKS += [(o, n, getattr(o, n), wrap(getattr(o, n))) for o, n, wrap in _SHARED_MEMORY_HOOKS
                    if hasattr(o, n)]
     return _HOOKS

@@ -369,17 +369,27 @@ _current_graph_task_id = torch._C._current_graph_task_id
 _WORKERS: "weakref.WeakSet[_Worker]" = weakref.WeakSet()
 
 
-def flush_workers() -> None:
-    """Flush what every autograd engine thread's worker holds (a backward pass that raised
-    left its recorded calls there, with no final callback to run them): called by the
-    backward entry points (accel/hooks.py) when the pass raises, before the exception
-    reaches the program, so that gradients already accumulated are filled."""
+def flush_workers(after_failed_pass: bool = True) -> None:
+    """Flush what every autograd engine thread's worker holds, and order the calling
+    thread's current stream of each GPU after the kernels that launched there. Called by
+    the backward entry points (accel/hooks.py) when a pass raises (it left its recorded
+    calls there, with no final callback to run them), before the exception reaches the
+    program, so that gradients already accumulated are filled; a flush that fails there is
+    logged (``after_failed_pass``: the pass's own exception is the one to raise). Called
+    also before code that reads other threads' results outside the dispatcher (DataParallel's
+    gradient reduction on one device thread of gradients computed on another)."""
     for w in list(_WORKERS):
         try:
             w.final()
-        except Exception:  # noqa: BLE001 - the pass's own exception is the one to raise
+        except Exception:  # noqa: BLE001
+            if not after_failed_pass:
+                raise
             log.warning("accel: flushing an engine thread's calls after a failed backward "
                         "pass raised", exc_info=True)
+            continue
+        stream = w.stream
+        if stream is not None and torch.cuda.current_stream(stream.device) != stream:
+            torch.cuda.current_stream(stream.device).wait_stream(stream)
 
 
 class AccelMode(TorchDispatchMode):

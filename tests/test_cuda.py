@@ -551,15 +551,37 @@ def test_a_model_split_across_two_gpus_trains_as_eager():
 
 
 @two_gpus
-def test_data_parallel_on_two_gpus_matches_eager():
+@pytest.mark.parametrize("one_block", [False, True], ids=["a-block-a-step", "one-block"])
+def test_data_parallel_on_two_gpus_matches_eager(one_block):
     """``nn.DataParallel`` (replicas on both GPUs, run in threads of its own) trains as
-    eager under accel."""
+    eager under accel. Its backward reduces the replicas' parameter gradients on one GPU's
+    device thread (``comm.reduce_add_coalesced``, reading memory in C++) while the other
+    GPU's device thread may still hold its share pending; in one block, the optimizer's
+    deferred updates are what the next step's replication reads."""
     xs = [_x(32, 64, device="cuda:0", seed=k) for k in range(3)]
 
     def forward(m, x):
         return torch.nn.DataParallel(m, device_ids=[0, 1])(x)
 
-    _trains_as_eager(lambda: _block("cuda:0"), forward, xs)
+    if not one_block:
+        _trains_as_eager(lambda: _block("cuda:0"), forward, xs)
+        return
+
+    def train(m):  # nothing read back between the steps
+        opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+        losses = []
+        for x in xs:
+            loss = forward(m, x).square().mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+        return torch.stack(losses), [p.detach() for p in m.parameters()]
+
+    want = train(_block("cuda:0"))
+    with accel.eager():
+        got = train(_block("cuda:0"))
+    torch.testing.assert_close(got, want)
 
 
 @two_gpus

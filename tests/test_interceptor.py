@@ -1128,6 +1128,54 @@ def _on_engine_thread(mode, jobs):
     return out
 
 
+def test_a_comm_function_runs_after_every_engine_threads_worker_is_flushed():
+    """DataParallel's backward reduces, on one GPU's device thread and in C++, gradients
+    another GPU's device thread computed (``torch.nn.parallel.comm.reduce_add_coalesced``):
+    the comm functions run eagerly after every engine thread's worker is flushed. Here an
+    engine thread is paused in the middle of its pass (in a tensor hook), its worker
+    holding the gradients computed so far, while another thread calls a function wrapped
+    as the comm functions are: that worker holds nothing by then, and the pass's
+    gradients are still eager's."""
+    from torch.autograd.graph import _engine_run_backward
+
+    from accel.hooks import _COMM_HOOKS, _eagerly
+    from accel.interceptor import _WORKERS, AccelMode
+
+    assert all(hasattr(o, n) for o, n in _COMM_HOOKS)
+    torch.manual_seed(0)
+    x = torch.randn(64, 33, requires_grad=True)
+    mode = AccelMode()
+    paused, resume = threading.Lock(), threading.Lock()  # plain locks: no hook flushes
+    paused.acquire()
+    resume.acquire()
+    seen = {}
+
+    def in_the_middle(g):
+        seen["held"] = len(_state.worker.region.calls)
+        paused.release()
+        resume.acquire()
+
+    def job():
+        h = x * 2
+        h.register_hook(in_the_middle)
+        loss = (h.sin() * 3).exp().sum()
+        return _engine_run_backward((loss,), (torch.ones(()),), False, False, (), True, True)
+
+    out = []
+    t = threading.Thread(target=lambda: out.extend(_on_engine_thread(mode, [job])))
+    t.start()
+    paused.acquire()
+    _eagerly(lambda: seen.setdefault("during", [len(w.region.calls) for w in _WORKERS]),
+             every_thread=True)()
+    resume.release()
+    t.join()
+    assert seen["held"] > 0 and not any(seen["during"]), seen
+    assert out[0][1] == 0
+    ref = x.detach().clone().requires_grad_()
+    ((ref * 2).sin() * 3).exp().sum().backward()
+    close(x.grad, ref.grad)
+
+
 @pytest.mark.parametrize("cuda_in_use", [False, True])
 def test_with_cuda_in_use_the_calling_thread_defers_nothing_during_a_backward_pass(cuda_in_use, x,
                                                                                   monkeypatch):

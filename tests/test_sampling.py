@@ -12,6 +12,7 @@ import re
 
 import pytest
 import torch
+import torch.utils.checkpoint
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import accel
@@ -383,6 +384,46 @@ def test_an_exception_in_a_step_without_interception_leaves_the_thread_clean(sam
             m(torch.randn(3, 5))
     assert not accel.is_enabled() and interceptor._state.depth == 0
     assert not interceptor._state.suspended
+
+
+class _SwitchingAtEveryBoundary(sampling.Sampler):
+    """Interception off and on at every step boundary, without trials (as
+    tests/sample_everything.py's); counts the boundaries."""
+
+    def boundary(self) -> bool:
+        self.fp = self._quiet()
+        self.steps = getattr(self, "steps", 0) + 1
+        self.intercept = self.steps % 2 == 0
+        return self.intercept
+
+
+def test_a_backward_pass_begun_inside_another_is_not_a_step_boundary(sampled):
+    """A reentrant checkpoint's backward calls ``torch.autograd.backward`` inside the outer
+    pass: not a step boundary. (A switch there took accel's mode off the dispatch mode
+    stack inside a node, where the engine put back the modes its pass began with: the exit
+    of ``accel.eager()`` then popped an empty stack, "trying to pop from empty mode stack".)
+    Switching at every boundary, the blocks exit cleanly, with eager's gradients, and a
+    step counts the outer backward call and the block only."""
+    sampled()
+    st = interceptor._state
+    st.sampler = _SwitchingAtEveryBoundary(interceptor._quiet_fingerprint)
+    model = _model()
+    x = torch.randn(16, 16, requires_grad=True)
+
+    def step(m):
+        m.zero_grad(set_to_none=True)
+        x.grad = None
+        out = torch.utils.checkpoint.checkpoint(m, x * 2, use_reentrant=True)
+        (out.tanh() * 3).sum().backward()
+        return [p.grad for p in m.parameters()] + [x.grad]
+
+    want = step(model)
+    for k in range(4):
+        with accel.eager():
+            got = step(model)
+        torch.testing.assert_close(got, want)
+        assert st.depth == 0 and torch._C._len_torch_dispatch_stack() == 0
+    assert st.sampler.steps <= 2 * 4, st.sampler.steps
 
 
 def test_inference_blocks_are_steps_too(sampled):
