@@ -80,53 +80,8 @@ def _llama(device):
     return transformers.LlamaForCausalLM(cfg).to(device)
 
 
-def _ddp_train(model, ctx, device, init):
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    dist.init_process_group("nccl" if device == "cuda" else "gloo", init_method=init, rank=0,
-                            world_size=1)
-    ddp = None
-    try:
-        with ctx():  # DDP checks and broadcasts its parameters in C++ at construction
-            ddp = DDP(model, device_ids=[0] if device == "cuda" else None)
-        opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
-        g = torch.Generator().manual_seed(2)
-        losses = []
-        for _ in range(3):
-            x = torch.randn(16, 32, generator=g).to(device)
-            with ctx():
-                loss = ddp(x).pow(2).mean()
-                loss.backward()
-                opt.step()
-                opt.zero_grad()
-            losses.append(loss.detach())
-        return torch.stack(losses), [p.detach().clone() for p in model.parameters()]
-    finally:
-        # the reducer first, while the group still holds the process group: where the
-        # reducer's deallocation (the GIL held) ended the process group's life, it joined
-        # a gloo thread that was freeing a finished work, which waited for the GIL (a
-        # deadlock seen once in the full suite); destroy_process_group shuts it down with
-        # the GIL released
-        del ddp
-        gc.collect()
-        dist.destroy_process_group()
-
-
-@pytest.mark.skipif(not torch.distributed.is_available(), reason="no torch.distributed")
-@pytest.mark.parametrize("device", DEVICES)
-def test_ddp_training_matches_eager(device, tmp_path):
-    """DistributedDataParallel (one rank) built and trained under accel, as eager."""
-    torch.manual_seed(0)
-    base = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.LayerNorm(64), nn.Linear(64, 4)).to(device)
-    le, pe = _ddp_train(copy.deepcopy(base), contextlib.nullcontext, device, f"file://{tmp_path}/e")
-    la, pa = _ddp_train(copy.deepcopy(base), accel.eager, device, f"file://{tmp_path}/a")
-    torch.testing.assert_close(la, le)
-    torch.testing.assert_close(pa, pe)
-
-
-def _data_parallel(model, rank, device, wrap):
-    """``model`` wrapped for data-parallel training on this rank: DDP with a bucket a
+def _data_parallel(model, dev, wrap):
+    """``model`` wrapped for data-parallel training on device ``dev``: DDP with a bucket a
     parameter or two, copying gradients into the buckets or viewing them there (buckets
     are all-reduced while the backward still computes the layers before them), or FSDP2's
     ``fully_shard`` on each linear layer and the whole (parameters all-gathered before
@@ -140,48 +95,73 @@ def _data_parallel(model, rank, device, wrap):
             if isinstance(layer, nn.Linear):
                 fully_shard(layer)
         return fully_shard(model)
-    return DDP(model, device_ids=[rank] if device == "cuda" else None, bucket_cap_mb=0.01,
-               gradient_as_bucket_view=wrap == "bucket-views")
+    return DDP(model, device_ids=None if dev == "cpu" else [torch.device(dev).index or 0],
+               bucket_cap_mb=0.01, gradient_as_bucket_view=wrap == "bucket-views")
+
+
+def _train_data_parallel(model, ctx, dev, init, rank=0, world=1, wrap="bucket-copies", seed=2):
+    """Three SGD steps of ``model`` wrapped by :func:`_data_parallel` (under ``ctx()``:
+    DDP checks and broadcasts its parameters in C++ at construction), each step under
+    ``ctx()``, as rank ``rank`` of a process group of ``world`` (gloo on the CPU, NCCL on
+    GPUs) begun at ``init``, on data drawn from ``seed``. Returns the losses and the full
+    parameters, on the CPU."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo" if dev == "cpu" else "nccl", init_method=init, rank=rank,
+                            world_size=world)
+    wrapped = None
+    try:
+        with ctx():
+            wrapped = _data_parallel(model, dev, wrap)
+        opt = torch.optim.SGD(wrapped.parameters(), lr=0.1, momentum=0.9)
+        g = torch.Generator().manual_seed(seed)
+        losses = []
+        for _ in range(3):
+            x = torch.randn(16, 32, generator=g).to(dev)
+            with ctx():
+                loss = wrapped(x).pow(2).mean()
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+            losses.append(loss.detach())
+        params = [getattr(p, "full_tensor", lambda p=p: p)().detach().cpu() for p in model.parameters()]
+        return torch.stack(losses).cpu(), params
+    finally:
+        # the reducer first, while the group still holds the process group: where the
+        # reducer's deallocation (the GIL held) ended the process group's life, it joined
+        # a gloo thread that was freeing a finished work, which waited for the GIL (a
+        # deadlock seen once in the full suite); destroy_process_group shuts it down with
+        # the GIL released
+        del wrapped
+        gc.collect()
+        dist.destroy_process_group()
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="no torch.distributed")
+@pytest.mark.parametrize("device", DEVICES)
+def test_ddp_training_matches_eager(device, tmp_path):
+    """DistributedDataParallel (one rank) built and trained under accel, as eager."""
+    torch.manual_seed(0)
+    base = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.LayerNorm(64), nn.Linear(64, 4)).to(device)
+    want = _train_data_parallel(copy.deepcopy(base), contextlib.nullcontext, device, f"file://{tmp_path}/e")
+    got = _train_data_parallel(copy.deepcopy(base), accel.eager, device, f"file://{tmp_path}/a")
+    torch.testing.assert_close(got, want)
 
 
 def _two_ranks(rank, world, device, root, wrap):
     """One rank of ``test_data_parallel_training_on_two_ranks_matches_eager`` (a spawned
-    process): trains a model wrapped by :func:`_data_parallel` eagerly, then under accel,
-    each in a process group of its own over the same data (this rank's shard); saves both
-    runs' losses and full parameters to ``root/rank{rank}.pt``."""
-    import torch.distributed as dist
-
+    process): :func:`_train_data_parallel` eagerly, then under accel, each in a process
+    group of its own over the same data (this rank's shard); saves both runs' losses and
+    parameters to ``root/rank{rank}.pt``."""
     dev = f"cuda:{rank}" if device == "cuda" else "cpu"
     if device == "cuda":
         torch.cuda.set_device(rank)
     torch.manual_seed(0)
     base = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.LayerNorm(64), nn.Linear(64, 64),
                          nn.SiLU(), nn.Linear(64, 4)).to(dev)
-    runs = {}
-    for name, ctx in (("eager", contextlib.nullcontext), ("accel", accel.eager)):
-        dist.init_process_group("nccl" if device == "cuda" else "gloo", rank=rank, world_size=world,
-                                init_method=f"file://{root}/{name}")
-        model, wrapped = copy.deepcopy(base), None
-        try:
-            with ctx():
-                wrapped = _data_parallel(model, rank, device, wrap)
-            opt = torch.optim.SGD(wrapped.parameters(), lr=0.1, momentum=0.9)
-            g = torch.Generator().manual_seed(10 + rank)
-            losses = []
-            for _ in range(3):
-                x = torch.randn(16, 32, generator=g).to(dev)
-                with ctx():
-                    loss = wrapped(x).pow(2).mean()
-                    loss.backward()
-                    opt.step()
-                    opt.zero_grad()
-                losses.append(loss.detach())
-            params = [getattr(p, "full_tensor", lambda p=p: p)().detach().cpu() for p in model.parameters()]
-            runs[name] = (torch.stack(losses).cpu(), params)
-        finally:
-            del wrapped  # the reducer before the process group (see _ddp_train)
-            gc.collect()
-            dist.destroy_process_group()
+    runs = {name: _train_data_parallel(copy.deepcopy(base), ctx, dev, f"file://{root}/{name}", rank,
+                                       world, wrap, seed=10 + rank)
+            for name, ctx in (("eager", contextlib.nullcontext), ("accel", accel.eager))}
     torch.save(runs, f"{root}/rank{rank}.pt")
 
 
