@@ -4,7 +4,8 @@ and on two; a small Llama's training step and greedy generation; LSTM and GRU; p
 that raise in eager, which must raise the same error under accel; and programs around the
 features of PyTorch that training code uses with its ops (autocast, hooks, double
 backward, random numbers, attention, TorchScript, parametrizations, custom autograd
-functions, checkpointing, inference mode)."""
+functions, checkpointing, inference mode, L-BFGS, ``torch.autograd.functional``,
+``torch.func``, distributions, pruning)."""
 import contextlib
 import copy
 import gc
@@ -487,12 +488,84 @@ def _inference_mode(ctx, device):
     return out, inference, error
 
 
+def _lbfgs(ctx, device):
+    """L-BFGS: a closure that runs forward and backward several times a step, the optimizer
+    reading values back (``item``) between them."""
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1)).to(device)
+    x, y = torch.randn(32, 8, device=device), torch.randn(32, 1, device=device)
+    opt = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=5)
+
+    def closure():
+        opt.zero_grad()
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        return loss
+
+    with ctx():
+        for _ in range(3):
+            opt.step(closure)
+    return [p.detach() for p in model.parameters()]
+
+
+def _autograd_functional(ctx, device):
+    """``torch.autograd.functional``'s Hessian, Jacobian and Hessian-vector product
+    (double backward, over a batch of cotangents); ``torch.func``'s vmap over stacked
+    models' parameters (``functional_call``), an ensemble."""
+    from torch.func import functional_call, stack_module_state, vmap
+
+    x = torch.linspace(-1, 1, 6, device=device)
+
+    def f(v):
+        return (v.sin() * v.exp()).sum() + (v * v).prod()
+
+    models = [nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 2)).to(device) for _ in range(3)]
+    params, buffers = stack_module_state(models)
+    batch = torch.randn(4, 8, device=device)
+    with ctx():
+        h = torch.autograd.functional.hessian(f, x)
+        j = torch.autograd.functional.jacobian(lambda v: v.tanh() * 2, x)
+        hv = torch.autograd.functional.hvp(f, x, torch.ones(6, device=device))[1]
+        ensemble = vmap(lambda p, b, v: functional_call(models[0], (p, b), (v,)),
+                        in_dims=(0, 0, None))(params, buffers, batch)
+    return h, j, hv, ensemble
+
+
+def _distributions_and_pruning(ctx, device):
+    """``torch.distributions`` (a reparameterized sample, log-probability and KL divergence,
+    backward), a pruned linear layer (a forward pre-hook applying its mask), an FFT and
+    ``grid_sample`` over an affine grid, ``cdist``."""
+    import torch.nn.utils.prune
+
+    mu = torch.zeros(5, device=device, requires_grad=True)
+    sig = torch.ones(5, device=device, requires_grad=True)
+    lin = nn.Linear(8, 8).to(device)
+    torch.nn.utils.prune.l1_unstructured(lin, "weight", amount=0.5)
+    img = torch.randn(2, 3, 8, 8, device=device, requires_grad=True)
+    theta = torch.tensor([[[0.9, 0.1, 0.0], [-0.1, 0.9, 0.0]]], device=device).repeat(2, 1, 1)
+    x = torch.randn(4, 8, device=device)
+    with ctx():
+        d = torch.distributions.Normal(mu * 2, sig.exp())
+        s = d.rsample((10,))
+        lp = d.log_prob(s).sum() + torch.distributions.kl_divergence(
+            d, torch.distributions.Normal(torch.zeros(5, device=device), 1.0)).sum()
+        y = lin(x * 2).relu()
+        spectrum = torch.fft.rfft(y * 3, dim=1).abs() + 1
+        out = F.grid_sample(img * 2, F.affine_grid(theta * 1.0, (2, 3, 8, 8), align_corners=False),
+                            align_corners=False)
+        dist = torch.cdist(out.flatten(2) * 0.5, out.flatten(2) + 1)
+        (lp + y.sum() + dist.sum() + out.square().sum()).backward()
+    return (s.detach(), lp.detach(), mu.grad, sig.grad, y.detach(), spectrum, lin.weight_orig.grad,
+            dist.detach(), img.grad)
+
+
 FEATURE_PROGRAMS = {
     "autocast": _autocast_training, "hooks": _hooks, "gradient penalty": _gradient_penalty,
     "dropout": _dropout, "attention": _attention,
     "TorchScript, complex and sparse": _scripted_and_unusual_tensors,
     "parametrizations": _parametrized, "custom functions": _custom_functions_and_accumulation,
-    "checkpointing": _checkpointed, "inference mode": _inference_mode,
+    "checkpointing": _checkpointed, "inference mode": _inference_mode, "L-BFGS": _lbfgs,
+    "autograd.functional and an ensemble": _autograd_functional,
+    "distributions, pruning, FFT, grid_sample": _distributions_and_pruning,
 }
 
 
