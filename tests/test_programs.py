@@ -5,7 +5,7 @@ that raise in eager, which must raise the same error under accel; and programs a
 features of PyTorch that training code uses with its ops (autocast, hooks, double
 backward, random numbers, attention, TorchScript, parametrizations, custom autograd
 functions, checkpointing, inference mode, L-BFGS, ``torch.autograd.functional``,
-``torch.func``, distributions, pruning)."""
+``torch.func``, distributions, pruning, a transformer's fast path, sparse gradients)."""
 import contextlib
 import copy
 import gc
@@ -558,6 +558,42 @@ def _distributions_and_pruning(ctx, device):
             dist.detach(), img.grad)
 
 
+def _transformer_and_sparse_gradients(ctx, device):
+    """A transformer encoder with a padding mask, trained, then in eval mode under
+    ``no_grad`` (its fused fast path, over nested tensors); an embedding with sparse
+    gradients and ``SparseAdam``, an ``EmbeddingBag``; CTC loss; bilinear and nearest
+    interpolation."""
+    enc = nn.TransformerEncoder(nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True),
+                                2, enable_nested_tensor=True).to(device)
+    x = torch.randn(2, 10, 32, device=device)
+    mask = torch.zeros(2, 10, dtype=torch.bool, device=device)
+    mask[1, 7:] = True
+    emb = nn.Embedding(50, 16, sparse=True).to(device)
+    bag = nn.EmbeddingBag(50, 16, mode="mean").to(device)
+    idx = torch.tensor([[1, 4, 4, 9], [0, 2, 49, 1]], device=device)
+    opt = torch.optim.SparseAdam(list(emb.parameters()))
+    logits = torch.randn(12, 2, 6, device=device, requires_grad=True)
+    img = torch.randn(1, 2, 5, 5, device=device, requires_grad=True)
+    with ctx():
+        out = enc(x * 1.5, src_key_padding_mask=mask)
+        out.square().mean().backward()
+        for _ in range(2):
+            loss = (emb(idx) * 2).tanh().sum() + bag(idx).sin().sum()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+        ctc = F.ctc_loss((logits * 2).log_softmax(-1), torch.tensor([[1, 2, 3], [2, 2, 4]], device=device),
+                         torch.tensor([12, 10]), torch.tensor([3, 3]))
+        up = F.interpolate(img * 3, scale_factor=2, mode="bilinear", align_corners=False)
+        near = F.interpolate(img.exp(), size=(7, 9), mode="nearest")
+        (ctc + up.sum() + near.sum()).backward()
+    enc.eval()
+    with torch.no_grad(), ctx():
+        fast = enc(x * 1.5, src_key_padding_mask=mask)
+    return (out.detach(), [p.grad for p in enc.parameters()], fast, emb.weight.detach(), bag.weight.grad,
+            ctc.detach(), up.detach(), near.detach(), logits.grad, img.grad)
+
+
 FEATURE_PROGRAMS = {
     "autocast": _autocast_training, "hooks": _hooks, "gradient penalty": _gradient_penalty,
     "dropout": _dropout, "attention": _attention,
@@ -566,6 +602,7 @@ FEATURE_PROGRAMS = {
     "checkpointing": _checkpointed, "inference mode": _inference_mode, "L-BFGS": _lbfgs,
     "autograd.functional and an ensemble": _autograd_functional,
     "distributions, pruning, FFT, grid_sample": _distributions_and_pruning,
+    "transformer, sparse gradients, CTC": _transformer_and_sparse_gradients,
 }
 
 
