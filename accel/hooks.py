@@ -18,6 +18,7 @@ import functools
 import threading
 
 import torch
+import torch.nn.parallel.comm
 
 from . import shared
 
@@ -70,20 +71,27 @@ def _backward_pass(fn, step):
         outermost = _ic._current_graph_task_id() == -1
         if step and st.depth and _ic._sampling and outermost:
             _ic._step_boundary(st)
-        region = st.region
-        hold = outermost and not region.busy and torch.cuda.is_initialized()
-        if hold:
-            region.busy = True
         try:
+            if outermost and torch.cuda.is_initialized():
+                return _passing_through(st.region, fn, *args, **kwargs)
             return fn(*args, **kwargs)
         except BaseException:
             _ic.flush_workers()
             raise
-        finally:
-            if hold:
-                region.busy = False
 
     return wrapper
+
+
+def _passing_through(region, fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` with the calls of ``region``'s thread passing through
+    eagerly (on the mode's path and the filter's), unless they already do."""
+    if region.busy:
+        return fn(*args, **kwargs)
+    region.busy = True
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        region.busy = False
 
 
 def _exporting(fn):
@@ -183,14 +191,7 @@ def _eagerly(fn, every_thread=False):
             _ic.flush_workers(after_failed_pass=False)
         st = _ic._state
         w = st.worker
-        region = st.region if w is None else w.region
-        if region.busy:
-            return fn(*args, **kwargs)
-        region.busy = True  # its calls pass through, on the mode's path and the filter's
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            region.busy = False
+        return _passing_through(st.region if w is None else w.region, fn, *args, **kwargs)
 
     return wrapper
 
@@ -201,9 +202,8 @@ def _eagerly(fn, every_thread=False):
 #: one GPU's device thread over gradients another GPU's device thread computed, which
 #: that thread's worker may still hold: every engine thread's worker is flushed first,
 #: then the call runs eagerly.
-_COMM_HOOKS = tuple((getattr(getattr(torch.nn, "parallel", None), "comm", None), n)
-                    for n in ("broadcast", "broadcast_coalesced", "reduce_add",
-                              "reduce_add_coalesced", "scatter", "gather"))
+_COMM_HOOKS = tuple((torch.nn.parallel.comm, n) for n in (
+    "broadcast", "broadcast_coalesced", "reduce_add", "reduce_add_coalesced", "scatter", "gather"))
 
 
 #: The ways a thread hands tensors to another: ``Condition.notify`` (``notify_all`` calls

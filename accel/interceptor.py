@@ -387,9 +387,10 @@ def flush_workers(after_failed_pass: bool = True) -> None:
             log.warning("accel: flushing an engine thread's calls after a failed backward "
                         "pass raised", exc_info=True)
             continue
-        stream = w.stream
-        if stream is not None and torch.cuda.current_stream(stream.device) != stream:
-            torch.cuda.current_stream(stream.device).wait_stream(stream)
+        if w.stream is not None:
+            current = torch.cuda.current_stream(w.stream.device)
+            if current != w.stream:
+                current.wait_stream(w.stream)
 
 
 class AccelMode(TorchDispatchMode):

@@ -500,8 +500,8 @@ def _block(device):
 
 
 def _sgd_steps(model, forward, xs, ctx):
-    """Three-ish steps of SGD with momentum on ``forward(x)``'s mean square, each under
-    ``ctx()``; the losses and parameters, on the CPU."""
+    """SGD with momentum on ``forward(x)``'s mean square, a step for each input of ``xs``,
+    each under ``ctx()``; the losses and parameters, on the CPU."""
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     losses = []
     for x in xs:
@@ -510,8 +510,8 @@ def _sgd_steps(model, forward, xs, ctx):
             opt.zero_grad()
             loss.backward()
             opt.step()
-        losses.append(loss.detach().cpu())
-    return torch.stack(losses), [p.detach().cpu() for p in model.parameters()]
+        losses.append(loss.detach())  # nothing read back between the steps
+    return torch.stack(losses).cpu(), [p.detach().cpu() for p in model.parameters()]
 
 
 def _trains_as_eager(make, forward, xs):
@@ -567,20 +567,10 @@ def test_data_parallel_on_two_gpus_matches_eager(one_block):
         _trains_as_eager(lambda: _block("cuda:0"), forward, xs)
         return
 
-    def train(m):  # nothing read back between the steps
-        opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
-        losses = []
-        for x in xs:
-            loss = forward(m, x).square().mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            losses.append(loss.detach())
-        return torch.stack(losses), [p.detach() for p in m.parameters()]
-
-    want = train(_block("cuda:0"))
+    me, ma = _block("cuda:0"), _block("cuda:0")
+    want = _sgd_steps(me, lambda x: forward(me, x), xs, contextlib.nullcontext)
     with accel.eager():
-        got = train(_block("cuda:0"))
+        got = _sgd_steps(ma, lambda x: forward(ma, x), xs, contextlib.nullcontext)
     torch.testing.assert_close(got, want)
 
 
