@@ -42,7 +42,25 @@ def _flushing(fn):
 
 _TENSOR_HOOKS = ("tolist", "data_ptr", "__reduce_ex__", "__repr__", "__format__",
                  "untyped_storage", "_typed_storage", "storage", "backward", "__setstate__")
-_MODULE_HOOKS = ((torch, "save"),)
+#: ``torch.utils.swap_tensors`` (``nn.Module._apply`` under the swap conversion) exchanges
+#: two tensors' contents under their Python objects, as ``Tensor.data = t`` replaces one's
+#: (``_data_setter``), outside the dispatcher.
+_MODULE_HOOKS = ((torch, "save"), (torch.utils, "swap_tensors"))
+
+
+def _data_setter(descriptor):
+    """``Tensor.data`` as a property that reads as ``descriptor`` (``TensorBase.data``) does
+    and flushes before it sets. ``t.data = u`` gives the Python object ``t`` the storage,
+    shape and dtype of ``u`` outside the dispatcher, and a pending region holds its inputs
+    and outputs as those objects: unflushed, a deferred call on ``t`` (an external input)
+    would read ``u``'s memory, and a deferred result ``t`` would be written there
+    (``nn.Module.to(dtype)``, ``half()`` and ``cuda()`` set their parameters so, after a
+    forward whose result is unread: wrong values)."""
+    def set_data(self, value):
+        _ic.flush()
+        descriptor.__set__(self, value)
+
+    return property(descriptor.__get__, set_data, doc=descriptor.__doc__)
 
 
 def _backward_pass(fn, step):
@@ -225,6 +243,7 @@ def _table():
         targets = [(torch.Tensor, n) for n in _TENSOR_HOOKS] + list(_MODULE_HOOKS)
         targets += [(o, n) for o, n in _STREAM_HOOKS if hasattr(o, n)] + list(_HANDOFF_HOOKS)
         _HOOKS = [(o, n, getattr(o, n), _flushing(getattr(o, n))) for o, n in targets]
+        _HOOKS += [(torch.Tensor, "data", torch.Tensor.data, _data_setter(torch.Tensor.data))]
         _HOOKS += [(torch.autograd, "backward", torch.autograd.backward,
                     _backward_pass(torch.autograd.backward, True)),
                    (torch.autograd, "grad", torch.autograd.grad,

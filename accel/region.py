@@ -39,6 +39,20 @@ _data_ptr = torch._C.TensorBase.data_ptr  # the real one: Tensor.data_ptr is an 
 _untyped_storage = torch._C.TensorBase.untyped_storage  # likewise
 
 
+def _above_python():
+    """The dispatch keys above the Python key, the ones the interceptor's dispatch mode runs
+    below (autograd, ADInplaceOrView, autocast, functorch's layers and transforms,
+    functionalization, the dispatch filter's...), less the keys that say how a tensor's
+    data reads (conjugate, negative and zero tensors)."""
+    K, keyset = torch._C.DispatchKey, torch._C.DispatchKeySet
+    above = torch._C._dispatch_keyset_full() - torch._C._dispatch_keyset_full_after(K.Python)
+    for k in (K.Conjugate, K.Negative, K.ZeroTensor):
+        above = above - keyset(k)
+    return above
+
+
+_ABOVE_PYTHON = _above_python()
+
 
 class TrieNode:
     """One step of a region: the call that led here and what follows it.
@@ -176,9 +190,12 @@ class Region(RegionCore):
         faults after the first call)."""
         bufs = self.scratch.get(kern.key)
         if bufs is None:
-            bufs = self.scratch[kern.key] = [torch.empty(max(n, 1), dtype=torch.uint8,
-                                                         device=self.device or "cpu")
-                                             for n in kern.scratch]
+            # below the keys above Python: a flush inside a torch.func transform (``grad``)
+            # would get functorch's wrappers, which have no storage to point a kernel at
+            with torch._C._ExcludeDispatchKeyGuard(_ABOVE_PYTHON):
+                bufs = self.scratch[kern.key] = [torch.empty(max(n, 1), dtype=torch.uint8,
+                                                             device=self.device or "cpu")
+                                                 for n in kern.scratch]
         return bufs
 
     def reset(self):

@@ -21,7 +21,7 @@ import torch
 
 from . import __version__, allocator, config
 from .ops import run_calls
-from .region import (PENDING_NODES, PREFETCHED_NODES, ROOT, Region, TrieNode, _data_ptr,
+from .region import (_ABOVE_PYTHON, PENDING_NODES, PREFETCHED_NODES, ROOT, Region, TrieNode, _data_ptr,
                      _untyped_storage, native)
 
 log = logging.getLogger("accel")
@@ -441,21 +441,6 @@ def _ready(node: TrieNode, live, pending: _Pending) -> Optional[CompiledRegion]:
         kern = None
     node.kernels[live] = kern
     return kern
-
-
-def _above_python():
-    """The dispatch keys above the Python key, the ones the interceptor's dispatch mode runs
-    below (autograd, ADInplaceOrView, autocast, functorch's layers and transforms,
-    functionalization, the dispatch filter's...), less the keys that say how a tensor's
-    data reads (conjugate, negative and zero tensors)."""
-    K, keyset = torch._C.DispatchKey, torch._C.DispatchKeySet
-    above = torch._C._dispatch_keyset_full() - torch._C._dispatch_keyset_full_after(K.Python)
-    for k in (K.Conjugate, K.Negative, K.ZeroTensor):
-        above = above - keyset(k)
-    return above
-
-
-_ABOVE_PYTHON = _above_python()
 
 
 def replay(region: Region) -> None:

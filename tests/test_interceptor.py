@@ -1,5 +1,6 @@
 """The interceptor: enablement, deferral, liveness, and every way of reading a pending
 tensor's data (each must flush first)."""
+import copy
 import io
 import os
 import pickle
@@ -262,6 +263,57 @@ def test_stream_and_graph_entry_points_flush(x):
     for owner, name in _STREAM_HOOKS:
         if owner is not None:
             assert getattr(owner, name).__wrapped__, f"{owner.__name__}.{name} is not hooked"
+
+
+#: Ways to give a tensor's Python object other contents outside the dispatcher: ``x`` an
+#: input of the pending region, ``y`` its pending output, ``u`` another tensor.
+REPLACE_CONTENTS = {
+    "input.data": lambda x, y, u: setattr(x, "data", u),
+    "input.data of another dtype": lambda x, y, u: setattr(x, "data", u.double()),
+    "input.data pending": lambda x, y, u: setattr(x, "data", x.data.clamp(-0.1, 0.1)),
+    "output.data": lambda x, y, u: setattr(y, "data", u),
+    "swap_tensors input": lambda x, y, u: torch.utils.swap_tensors(x, u),
+    "swap_tensors output": lambda x, y, u: torch.utils.swap_tensors(y, u),
+}
+
+
+@pytest.mark.parametrize("how", list(REPLACE_CONTENTS))
+def test_replacing_a_pending_tensors_contents_flushes_first(x, how):
+    """``t.data = u`` and ``torch.utils.swap_tensors`` (``nn.Module.to``, ``half()``,
+    ``cuda()``) change what a tensor's Python object holds, which the pending region reads
+    or writes through that object: each flushes first, the region's values are the ones
+    eager computed from the contents it saw (unflushed: ``chain(x)`` read ``u``'s memory,
+    or wrote its result into ``u``)."""
+    def program(x, u):
+        y = chain(x)
+        REPLACE_CONTENTS[how](x, y, u)
+        return y * 1, x * 1, u * 1
+
+    want = program(x.clone(), -x.flip(0))
+    x, u = x.clone(), -x.flip(0)
+    with accel.eager():
+        got = program(x, u)
+    close(got, want)
+
+
+def test_module_to_after_a_forward_whose_result_is_unread():
+    """``nn.Module.double()`` between a forward and the read of its result: the forward's
+    values are the float32 parameters' (unflushed, the kernel read float64 memory as
+    float32: 0.0 instead of 5.12)."""
+    m = torch.nn.Sequential(torch.nn.Linear(32, 16), torch.nn.GELU(), torch.nn.LayerNorm(16))
+    for p in m.parameters():
+        torch.nn.init.constant_(p, 0.02)
+    x = torch.randn(16, 32)
+
+    def program(m):
+        a = (m(x) * 2).sum(0)
+        m.double()
+        return a, m(x.double().sin())
+
+    want = program(copy.deepcopy(m))
+    with accel.eager():
+        got = program(m)
+    close(got, want)
 
 
 def test_views_of_pending_outputs(x):

@@ -5,7 +5,9 @@ that raise in eager, which must raise the same error under accel; and programs a
 features of PyTorch that training code uses with its ops (autocast, hooks, double
 backward, random numbers, attention, TorchScript, parametrizations, custom autograd
 functions, checkpointing, inference mode, L-BFGS, ``torch.autograd.functional``,
-``torch.func``, distributions, pruning, a transformer's fast path, sparse gradients)."""
+``torch.func``'s transforms, distributions, pruning, a transformer's fast path, sparse
+gradients, forward-mode AD, saved-tensor hooks, anomaly detection, a user's dispatch mode,
+module conversion)."""
 import contextlib
 import copy
 import gc
@@ -594,6 +596,91 @@ def _transformer_and_sparse_gradients(ctx, device):
             ctc.detach(), up.detach(), near.detach(), logits.grad, img.grad)
 
 
+def _func_transforms(ctx, device):
+    """``torch.func``: a model's parameter gradients by ``grad`` over ``functional_call``,
+    per-sample gradients (``vmap`` of ``grad``), ``jacrev`` and ``hessian``. A region's
+    scratch buffers allocated at a flush inside ``grad`` came back as functorch's wrappers,
+    without storage ("Cannot access data pointer of Tensor that doesn't have storage")."""
+    model = _mlp(device, nn.Tanh())
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    x, y = _batch(device)
+
+    def loss(p, x, y):
+        return F.cross_entropy(torch.func.functional_call(model, p, (x,)), y)
+
+    def sample_loss(p, xi, yi):
+        return loss(p, xi[None], yi[None])
+
+    with ctx():
+        grads = torch.func.grad(loss)(params, x, y)
+        per_sample = torch.func.vmap(torch.func.grad(sample_loss), in_dims=(None, 0, 0))(params, x, y)
+        jac = torch.func.jacrev(lambda z: (z.sin() * z).sum(0))(x[:4, :5])
+        hess = torch.func.hessian(lambda z: (z.tanh() ** 2).sum())(x[0, :6])
+    return grads, per_sample, jac, hess
+
+
+def _forward_ad(ctx, device):
+    """Forward-mode AD: dual tensors through fusible calls, and ``torch.func.jvp`` of a
+    model's softmax."""
+    import torch.autograd.forward_ad as fwAD
+
+    model = _mlp(device, nn.GELU())
+    x, _ = _batch(device)
+    t = torch.randn_like(x)
+    with ctx():
+        with fwAD.dual_level():
+            d = fwAD.make_dual(x, t)
+            z = (d.sin() * 2 + 1).exp().tanh() * d
+            z = F.gelu(z) + z.sum(1, keepdim=True)
+            primal, tangent = (v * 1 for v in fwAD.unpack_dual(z))
+        out, jv = torch.func.jvp(lambda v: model(v).softmax(-1), (x,), (t,))
+    return primal, tangent, out, jv
+
+
+def _saved_tensor_hooks_and_modes(ctx, device):
+    """Saved-tensor hooks (``save_on_cpu``, and hooks that copy each saved value), anomaly
+    detection (its NaN checks read every node's gradients), and a user's dispatch mode
+    (``FlopCounterMode``) above accel's."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model = _mlp(device, nn.GELU(), nn.LayerNorm(64))
+    x, y = _batch(device)
+    packed = []
+
+    def pack(t):
+        packed.append(t.detach() * 1)
+        return t * 1
+
+    with ctx():
+        with torch.autograd.graph.save_on_cpu(pin_memory=device != "cpu"):
+            loss = F.cross_entropy(model(x).sin() * 2, y)
+        with torch.autograd.detect_anomaly():
+            loss.backward()
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t + 0):
+            loss2 = (model(x).exp() * x.sum()).mean()
+        with FlopCounterMode(display=False) as flops:
+            loss2.backward()
+    return loss.detach(), loss2.detach(), [p.grad for p in model.parameters()], packed, flops.get_total_flops()
+
+
+def _module_conversion(ctx, device):
+    """Parameters given other contents outside the dispatcher between a forward and the
+    read of its result: ``Tensor.data = t`` (weight clipping, as a WGAN critic's) and
+    ``nn.Module.double()``."""
+    model = _mlp(device, nn.Tanh())
+    x, _ = _batch(device)
+    outs = []
+    with ctx():
+        for _ in range(2):
+            outs.append(model(x).sin() * 2)
+            for p in model.parameters():
+                p.data = p.data.clamp(-0.05, 0.05)
+        outs.append(model(x) + 1)
+        model.double()
+        outs.append(model(x.double()).exp())
+    return [o.detach() for o in outs]
+
+
 FEATURE_PROGRAMS = {
     "autocast": _autocast_training, "hooks": _hooks, "gradient penalty": _gradient_penalty,
     "dropout": _dropout, "attention": _attention,
@@ -603,6 +690,9 @@ FEATURE_PROGRAMS = {
     "autograd.functional and an ensemble": _autograd_functional,
     "distributions, pruning, FFT, grid_sample": _distributions_and_pruning,
     "transformer, sparse gradients, CTC": _transformer_and_sparse_gradients,
+    "torch.func transforms": _func_transforms, "forward-mode AD": _forward_ad,
+    "saved-tensor hooks, anomaly detection, a user's mode": _saved_tensor_hooks_and_modes,
+    "module conversion, .data set": _module_conversion,
 }
 
 
