@@ -1130,14 +1130,17 @@ def test_filter_include_sets_the_threads_key_and_returns_the_old_state(core):
         mod.set_include_fn(ctypes.cast(dispatch._lib.accel_filter_include, ctypes.c_void_p).value)
 
 
-def test_an_engine_thread_records_through_its_worker(backward_case):
+def test_an_engine_thread_records_through_its_worker(backward_case, monkeypatch):
     """On a thread that did not enable accel (as autograd's CUDA device thread, which
     inherits the filter's key and the mode), the filter records a backward pass's calls
     into that thread's region through its worker (``WorkerReplay``: the lock, the final
     callback) once it has seen them; calls outside a backward pass run eagerly; gradients
-    are eager's and nothing is left pending, step after step."""
+    are eager's and nothing is left pending, step after step. (That thread calls
+    ``backward`` itself, whose hook holds the calling thread's calls eager where CUDA is in
+    use, as in a GPU suite's process: a CPU pass here.)"""
     from accel.region import native
 
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
     assert dispatch.wait(120)
     x, w, f, want = backward_case
     mode = AccelMode()  # owned by this thread
