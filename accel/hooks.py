@@ -236,6 +236,33 @@ _HANDOFF_HOOKS = ((threading.Condition, "notify"), (threading.Thread, "start"),
                   (concurrent.futures.ThreadPoolExecutor, "submit"))
 
 
+def _ctc_lengths_as_lists(fn):
+    """``torch.ctc_loss`` (``F.ctc_loss`` calls it) with CPU length tensors and
+    log-probabilities on another device, under a dispatch mode: the lengths as lists, as
+    eager's composite ``ctc_loss.Tensor`` passes them to the kernel without a mode. Under
+    any dispatch mode (accel's) that composite takes its path for tensor subclasses
+    instead, whose ``_ctc_loss.Tensor`` CUDA kernel refuses lengths on the CPU ("Expected
+    all tensors to be on the same device"), where eager ran the program."""
+    @functools.wraps(fn)
+    def wrapper(log_probs, targets, input_lengths, target_lengths, *args, **kwargs):
+        if (_len_modes() and isinstance(log_probs, torch.Tensor) and log_probs.device.type != "cpu"
+                and _cpu_lengths(input_lengths) and _cpu_lengths(target_lengths)):
+            input_lengths, target_lengths = input_lengths.tolist(), target_lengths.tolist()
+        return fn(log_probs, targets, input_lengths, target_lengths, *args, **kwargs)
+
+    return wrapper
+
+
+_len_modes = torch._C._len_torch_dispatch_stack
+
+
+def _cpu_lengths(t) -> bool:
+    """``t`` is a plain CPU tensor of integers (eager's fast path takes such lengths)."""
+    return (type(t) is torch.Tensor and t.device.type == "cpu" and t.dtype != torch.bool
+            and not t.dtype.is_floating_point and not t.dtype.is_complex
+            and not torch._C._functorch.is_functorch_wrapped_tensor(t))
+
+
 def _table():
     """(owner, name, original, wrapper) for every hooked entry point (built once)."""
     global _HOOKS
@@ -243,7 +270,8 @@ def _table():
         targets = [(torch.Tensor, n) for n in _TENSOR_HOOKS] + list(_MODULE_HOOKS)
         targets += [(o, n) for o, n in _STREAM_HOOKS if hasattr(o, n)] + list(_HANDOFF_HOOKS)
         _HOOKS = [(o, n, getattr(o, n), _flushing(getattr(o, n))) for o, n in targets]
-        _HOOKS += [(torch.Tensor, "data", torch.Tensor.data, _data_setter(torch.Tensor.data))]
+        _HOOKS += [(torch.Tensor, "data", torch.Tensor.data, _data_setter(torch.Tensor.data)),
+                   (torch, "ctc_loss", torch.ctc_loss, _ctc_lengths_as_lists(torch.ctc_loss))]
         _HOOKS += [(torch.autograd, "backward", torch.autograd.backward,
                     _backward_pass(torch.autograd.backward, True)),
                    (torch.autograd, "grad", torch.autograd.grad,

@@ -316,6 +316,40 @@ def test_module_to_after_a_forward_whose_result_is_unread():
     close(got, want)
 
 
+class _OnAGpu(torch.Tensor):
+    """A tensor that says it is on a GPU (no data: nothing runs on it)."""
+
+    @staticmethod
+    def __new__(cls, shape):
+        return torch.Tensor._make_wrapper_subclass(cls, shape, device=torch.device("cuda"))
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        raise NotImplementedError(func)
+
+
+def test_ctc_loss_takes_cpu_lengths_as_lists_under_the_mode():
+    """Under a dispatch mode, ``ctc_loss.Tensor``'s composite takes its path for tensor
+    subclasses, whose CUDA kernel refused CPU lengths that eager accepts ("Expected all
+    tensors to be on the same device": ``F.ctc_loss`` on a GPU under accel raised). The hook
+    passes them as lists, as eager's path does, only under a mode and only for CPU
+    integer lengths with log-probabilities elsewhere (the GPU case runs in
+    ``test_programs.py`` on the device)."""
+    from accel.hooks import _ctc_lengths_as_lists
+
+    assert torch.ctc_loss.__wrapped__
+    seen = []
+    ctc = _ctc_lengths_as_lists(lambda lp, t, il, tl, *a, **k: seen.append((il, tl, a, k)))
+    gpu, lengths = _OnAGpu((12, 2, 6)), torch.tensor([12, 10])
+    with accel.eager():
+        ctc(gpu, None, lengths, torch.tensor([3, 3]), 0, reduction=1)
+        ctc(torch.zeros(12, 2, 6), None, lengths, lengths)  # all on the CPU: as given
+        ctc(gpu, None, lengths.float(), lengths)  # not integers: eager's error, as given
+    ctc(gpu, None, lengths, lengths)  # no mode: as given
+    assert seen[0] == ([12, 10], [3, 3], (0,), {"reduction": 1})
+    assert all(type(s[0]) is torch.Tensor for s in seen[1:])
+
+
 def test_views_of_pending_outputs(x):
     with accel.eager():
         y = chain(x)

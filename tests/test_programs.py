@@ -492,10 +492,13 @@ def _inference_mode(ctx, device):
 
 def _lbfgs(ctx, device):
     """L-BFGS: a closure that runs forward and backward several times a step, the optimizer
-    reading values back (``item``) between them."""
+    reading values back (``item``) between them. Two steps of four iterations: a third
+    step of five amplifies rounding a hundredfold (its curvature pairs nearly degenerate:
+    on the H200 eager's float32 parameters end 2.7e-5 from the float64 run's, outside
+    ``assert_close``'s tolerance, accel's 3.1e-6; here both are 3.5e-7 from it)."""
     model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1)).to(device)
     x, y = torch.randn(32, 8, device=device), torch.randn(32, 1, device=device)
-    opt = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=5)
+    opt = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=4)
 
     def closure():
         opt.zero_grad()
@@ -504,7 +507,7 @@ def _lbfgs(ctx, device):
         return loss
 
     with ctx():
-        for _ in range(3):
+        for _ in range(2):
             opt.step(closure)
     return [p.detach() for p in model.parameters()]
 
