@@ -242,11 +242,15 @@ def _ctc_lengths_as_lists(fn):
     eager's composite ``ctc_loss.Tensor`` passes them to the kernel without a mode. Under
     any dispatch mode (accel's) that composite takes its path for tensor subclasses
     instead, whose ``_ctc_loss.Tensor`` CUDA kernel refuses lengths on the CPU ("Expected
-    all tensors to be on the same device"), where eager ran the program."""
+    all tensors to be on the same device"), where eager ran the program. Where cuDNN takes
+    the call eager passes the tensors too (``_use_cudnn_ctc_loss``): so does the hook."""
     @functools.wraps(fn)
     def wrapper(log_probs, targets, input_lengths, target_lengths, *args, **kwargs):
         if (_len_modes() and isinstance(log_probs, torch.Tensor) and log_probs.device.type != "cpu"
-                and _cpu_lengths(input_lengths) and _cpu_lengths(target_lengths)):
+                and _cpu_lengths(input_lengths) and _cpu_lengths(target_lengths)
+                and not (log_probs.device.type == "cuda" and torch._use_cudnn_ctc_loss(
+                    log_probs, targets, input_lengths, target_lengths,
+                    args[0] if args else kwargs.get("blank", 0)))):
             input_lengths, target_lengths = input_lengths.tolist(), target_lengths.tolist()
         return fn(log_probs, targets, input_lengths, target_lengths, *args, **kwargs)
 

@@ -328,25 +328,28 @@ class _OnAGpu(torch.Tensor):
         raise NotImplementedError(func)
 
 
-def test_ctc_loss_takes_cpu_lengths_as_lists_under_the_mode():
+def test_ctc_loss_takes_cpu_lengths_as_lists_under_the_mode(monkeypatch):
     """Under a dispatch mode, ``ctc_loss.Tensor``'s composite takes its path for tensor
     subclasses, whose CUDA kernel refused CPU lengths that eager accepts ("Expected all
     tensors to be on the same device": ``F.ctc_loss`` on a GPU under accel raised). The hook
     passes them as lists, as eager's path does, only under a mode and only for CPU
-    integer lengths with log-probabilities elsewhere (the GPU case runs in
-    ``test_programs.py`` on the device)."""
+    integer lengths with log-probabilities elsewhere, and not where cuDNN takes the call
+    (eager passes the tensors there). The GPU case runs in ``test_programs.py``."""
     from accel.hooks import _ctc_lengths_as_lists
 
     assert torch.ctc_loss.__wrapped__
-    seen = []
+    seen, cudnn = [], []
+    monkeypatch.setattr(torch, "_use_cudnn_ctc_loss", lambda *args: cudnn.append(args[-1]) or len(cudnn) > 1)
     ctc = _ctc_lengths_as_lists(lambda lp, t, il, tl, *a, **k: seen.append((il, tl, a, k)))
     gpu, lengths = _OnAGpu((12, 2, 6)), torch.tensor([12, 10])
     with accel.eager():
-        ctc(gpu, None, lengths, torch.tensor([3, 3]), 0, reduction=1)
+        ctc(gpu, None, lengths, torch.tensor([3, 3]), 3, reduction=1)
+        ctc(gpu, None, lengths, lengths, blank=2)  # cuDNN's call: as given
         ctc(torch.zeros(12, 2, 6), None, lengths, lengths)  # all on the CPU: as given
         ctc(gpu, None, lengths.float(), lengths)  # not integers: eager's error, as given
     ctc(gpu, None, lengths, lengths)  # no mode: as given
-    assert seen[0] == ([12, 10], [3, 3], (0,), {"reduction": 1})
+    assert cudnn == [3, 2]  # (the blank index passed on)
+    assert seen[0] == ([12, 10], [3, 3], (3,), {"reduction": 1})
     assert all(type(s[0]) is torch.Tensor for s in seen[1:])
 
 
