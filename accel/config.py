@@ -101,6 +101,13 @@ FLAGS = {
              "Build missing kernels in the background, several at once (one per core, at "
              "most 8), running their regions eagerly until each is ready; "
              "accel.wait_for_compiles() waits for them."),
+        Flag("ACCEL_RECOMPILE_LIMIT", 8, _parse_int(0),
+             "New shapes of one region (the same calls over inputs of the same dtypes and "
+             "ranks) whose kernels are built after the step of its first build; past it, "
+             "or past 4 times as many shapes in all, the region runs eagerly at new shapes "
+             "(shapes that keep changing: a sequence length per batch, a generation's "
+             "growing cache). Steps: backward passes and outermost accel.eager() blocks. "
+             "0: no limit."),
         Flag("ACCEL_LAUNCH_AHEAD", "cuda", _parse_choice("cuda", "all", "off"),
              "Launch a region's kernel at its first call where the last flushes of regions "
              "starting there ran the same kernel, so that on a GPU it runs while the host "

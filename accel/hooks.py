@@ -87,8 +87,10 @@ def _backward_pass(fn, step):
         # thread is the outer pass's; an engine thread's calls stay deferred, flushed by
         # its worker)
         outermost = _ic._current_graph_task_id() == -1
-        if step and st.depth and _ic._sampling and outermost:
-            _ic._step_boundary(st)
+        if step and st.depth and outermost:
+            _ic.runtime.STEPS[0] += 1
+            if _ic._sampling:
+                _ic._step_boundary(st)
         try:
             if outermost and torch.cuda.is_initialized():
                 return _passing_through(st.region, fn, *args, **kwargs)

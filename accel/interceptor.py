@@ -694,6 +694,8 @@ def enable() -> None:
     dispatch.start()  # outside the mode: loading it from the store is not the program's work
     hooks.install(_this)
     intercept = True
+    if st.depth == 0:
+        runtime.STEPS[0] += 1
     if st.suspended:  # nested in a step that step sampling runs eagerly: this block is not
         st.sampler.restart()  # (a step of its own; the sampler starts again)
     elif st.depth == 0 and _sampling:

@@ -281,6 +281,55 @@ def _load(entry) -> CompiledRegion:
                           tuple(entry.meta.get("scratch", ())), cuda)
 
 
+#: steps begun in this process, on every thread: backward passes (outermost) and outermost
+#: accel.eager() / enable() blocks (accel.hooks, accel.interceptor)
+STEPS = [0]
+#: per shape-generic region signature (_signature): [the step of its first build, kernels
+#: built in this process, of those built in a later step than the first]
+_SHAPES_BUILT: dict = {}
+
+
+def _signature(region: Region, live) -> tuple:
+    """What a region's kernels for different shapes share: its device type, liveness mask,
+    ops in order, and its inputs' dtypes and ranks (not their sizes or strides, nor the
+    calls' constant arguments, which may hold sizes)."""
+    return (_device_type(region), live, tuple(c[0] for c in region.calls),
+            tuple((t.dtype, t.dim()) for t in region.ext))
+
+
+def _may_build(region: Region, live) -> bool:
+    """Whether a kernel may be built for ``region`` at a new shape, under its signature's
+    ``ACCEL_RECOMPILE_LIMIT`` (L): at most L shapes first built in a later step than the
+    signature's first build, and 4 L in all; past either the region runs eagerly at new
+    shapes in this process. A static program meets its shapes in its first step (a
+    ResNet-50's batch norm + ReLU regions: 11 shapes of one signature), and then no new
+    ones; shapes that keep changing (a sequence length per batch: 105 lengths in 150
+    steps, each new one a build of 5 regions, ran 230x slower than eager; a generation's
+    growing cache, each new token a build) stop being built after a few, as
+    torch.compile's ``recompile_limit`` (8) stops recompiling a frame."""
+    limit = config.flag("ACCEL_RECOMPILE_LIMIT")
+    if not limit:
+        return True
+    sig = _signature(region, live)
+    step = STEPS[0]
+    rec = _SHAPES_BUILT.get(sig)
+    if rec is None:
+        rec = _SHAPES_BUILT[sig] = [step, 0, 0]
+    late = step != rec[0]
+    if rec[1] >= 4 * limit or (late and rec[2] >= limit):
+        if len(rec) == 3:  # (warned: once a signature, the first as a warning)
+            rec.append(True)
+            first = not any(len(v) > 3 for k, v in _SHAPES_BUILT.items() if k != sig)
+            (log.warning if first else log.info)(
+                "accel: region %s had kernels built for %d shapes, %d of them after its first "
+                "step (ACCEL_RECOMPILE_LIMIT=%d: %d after it, %d in all); its new shapes run "
+                "eagerly", _readable(region.calls, region), rec[1], rec[2], limit, limit, 4 * limit)
+        return False
+    rec[1] += 1
+    rec[2] += late
+    return True
+
+
 def kernel_for(region: Region, live) -> Optional[CompiledRegion]:
     """Find or build the kernel of ``region`` with liveness mask ``live``; ``None`` means
     run eagerly (a remembered failure). Never raises for a compile problem."""
@@ -303,6 +352,8 @@ def kernel_for(region: Region, live) -> Optional[CompiledRegion]:
         entry = store.get(key)
         if entry is None:
             store.record("misses")
+            if not _may_build(region, live):
+                return None
             if config.flag("ACCEL_ASYNC_COMPILE"):
                 future = _pool().submit(_build, _snapshot(region), live, key, store)
                 _IN_FLIGHT.add(future)

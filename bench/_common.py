@@ -25,6 +25,11 @@ import accel  # noqa: E402
 
 MiB = 1 << 20
 
+# The benchmarks time kernels over sweeps of shapes of one region (long rows, layouts), each
+# call a step: the recompile limit, for programs whose shapes keep changing, would run the
+# later shapes eagerly (accel.runtime._may_build).
+os.environ.setdefault("ACCEL_RECOMPILE_LIMIT", "0")
+
 
 def intercept_every_step() -> None:
     """Turn accel's step sampling off for this process (unless ACCEL_STEP_SAMPLING is set):

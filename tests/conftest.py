@@ -18,6 +18,10 @@ os.environ.setdefault("ACCEL_EAGER_SMALL_REGIONS", "0")
 # interception: what a test's steps run would then depend on the machine's speed. The suite
 # intercepts every step; tests/test_sampling.py turns it on, with a clock of its own.
 os.environ.setdefault("ACCEL_STEP_SAMPLING", "off")
+# The recompile limit (accel.runtime._may_build) runs a region eagerly at new shapes once it
+# has had kernels built for a few: the suite runs thousands of shapes of its regions, each
+# test a step or more, and what it tests is their kernels. Its own tests turn it on.
+os.environ.setdefault("ACCEL_RECOMPILE_LIMIT", "0")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -535,6 +535,55 @@ def test_scalar_change_compiles_once(x, fresh_store):
     assert accel.stats()["kernel_runs"] == 5
 
 
+def _shapes_program(n):
+    """A region (a chain no other test runs) at a shape of its own for each ``n``."""
+    x = torch.linspace(-2, 2, 3 * n, dtype=torch.float64).view(3, n)
+    return lambda: ((x * 3).cos() * 0.5 + x).sum(1), x
+
+
+@pytest.mark.parametrize("limit", ["2", "0"])
+def test_a_region_past_the_recompile_limit_runs_eagerly_at_new_shapes(limit, fresh_store, monkeypatch, caplog):
+    """``ACCEL_RECOMPILE_LIMIT`` (L): a region whose new shapes keep coming after the step
+    of its first build (each outermost ``accel.eager()`` block a step) has kernels built for
+    L of them; later new shapes run eagerly, with eager's values, the shapes built still
+    running their kernels; one warning. 0: every shape is built."""
+    from accel import runtime
+
+    monkeypatch.setenv("ACCEL_RECOMPILE_LIMIT", limit)
+    monkeypatch.setattr(runtime, "_SHAPES_BUILT", {})
+    accel.reset_stats()
+    for n in [5, 6, 7, 8, 9, 5, 6, 9]:
+        program, x = _shapes_program(n + 10 * int(limit == "0"))  # (shapes of each case's own)
+        with accel.eager():
+            got = program()
+        close(got, program())
+    s = accel.stats()
+    if limit == "0":
+        assert (s["compiles"], s["kernel_runs"], s["eager_replays"]) == (5, 8, 0)
+        assert "ACCEL_RECOMPILE_LIMIT" not in caplog.text
+    else:  # built: 5 (its first step), 6 and 7 (two new shapes after it)
+        assert (s["compiles"], s["kernel_runs"], s["eager_replays"]) == (3, 5, 3)
+        assert caplog.text.count("ACCEL_RECOMPILE_LIMIT=2") == 1
+
+
+def test_shapes_met_in_a_regions_first_step_count_against_four_times_the_limit(fresh_store, monkeypatch):
+    """In one step (a static program's first, which meets all its shapes: a ResNet-50's
+    batch norm + ReLU regions take 11) a region has kernels built for up to 4 L shapes;
+    past them, eager."""
+    from accel import runtime
+
+    monkeypatch.setenv("ACCEL_RECOMPILE_LIMIT", "1")
+    monkeypatch.setattr(runtime, "_SHAPES_BUILT", {})
+    accel.reset_stats()
+    with accel.eager():
+        for n in range(30, 36):
+            program, x = _shapes_program(n)
+            got = program()
+            close(got, program())  # (a read: the region flushed)
+    s = accel.stats()
+    assert (s["compiles"], s["kernel_runs"], s["eager_replays"]) == (4, 4, 2)
+
+
 def test_unsupported_op_runs_eagerly(x):
     w = torch.randn(33, 7)
     with accel.eager():
