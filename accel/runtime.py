@@ -21,8 +21,8 @@ import torch
 
 from . import __version__, allocator, config
 from .ops import run_calls
-from .region import (_ABOVE_PYTHON, PENDING_NODES, PREFETCHED_NODES, ROOT, Region, TrieNode, _data_ptr,
-                     _untyped_storage, native)
+from .region import (_ABOVE_PYTHON, PENDING_NODES, PREFETCHED_NODES, ROOT, Region, TrieNode,
+                     _data_ptr, _untyped_storage, native)
 
 log = logging.getLogger("accel")
 
@@ -287,6 +287,7 @@ STEPS = [0]
 #: per shape-generic region signature (_signature): [the step of its first build, kernels
 #: built in this process, of those built in a later step than the first]
 _SHAPES_BUILT: dict = {}
+_LIMITED: set = set()  # the signatures past their limit (each logged once)
 
 
 def _signature(region: Region, live) -> tuple:
@@ -317,13 +318,12 @@ def _may_build(region: Region, live) -> bool:
         rec = _SHAPES_BUILT[sig] = [step, 0, 0]
     late = step != rec[0]
     if rec[1] >= 4 * limit or (late and rec[2] >= limit):
-        if len(rec) == 3:  # (warned: once a signature, the first as a warning)
-            rec.append(True)
-            first = not any(len(v) > 3 for k, v in _SHAPES_BUILT.items() if k != sig)
-            (log.warning if first else log.info)(
+        if sig not in _LIMITED:  # (the first signature a warning, the others info)
+            (log.info if _LIMITED else log.warning)(
                 "accel: region %s had kernels built for %d shapes, %d of them after its first "
                 "step (ACCEL_RECOMPILE_LIMIT=%d: %d after it, %d in all); its new shapes run "
                 "eagerly", _readable(region.calls, region), rec[1], rec[2], limit, limit, 4 * limit)
+            _LIMITED.add(sig)
         return False
     rec[1] += 1
     rec[2] += late

@@ -551,6 +551,7 @@ def test_a_region_past_the_recompile_limit_runs_eagerly_at_new_shapes(limit, fre
 
     monkeypatch.setenv("ACCEL_RECOMPILE_LIMIT", limit)
     monkeypatch.setattr(runtime, "_SHAPES_BUILT", {})
+    monkeypatch.setattr(runtime, "_LIMITED", set())
     accel.reset_stats()
     for n in [5, 6, 7, 8, 9, 5, 6, 9]:
         program, x = _shapes_program(n + 10 * int(limit == "0"))  # (shapes of each case's own)
@@ -574,6 +575,7 @@ def test_shapes_met_in_a_regions_first_step_count_against_four_times_the_limit(f
 
     monkeypatch.setenv("ACCEL_RECOMPILE_LIMIT", "1")
     monkeypatch.setattr(runtime, "_SHAPES_BUILT", {})
+    monkeypatch.setattr(runtime, "_LIMITED", set())
     accel.reset_stats()
     with accel.eager():
         for n in range(30, 36):
