@@ -248,7 +248,7 @@ def _ctc_lengths_as_lists(fn):
     the call eager passes the tensors too (``_use_cudnn_ctc_loss``): so does the hook."""
     @functools.wraps(fn)
     def wrapper(log_probs, targets, input_lengths, target_lengths, *args, **kwargs):
-        if (_len_modes() and isinstance(log_probs, torch.Tensor) and log_probs.device.type != "cpu"
+        if (_ic._len_modes() and isinstance(log_probs, torch.Tensor) and log_probs.device.type != "cpu"
                 and _cpu_lengths(input_lengths) and _cpu_lengths(target_lengths)
                 and not (log_probs.device.type == "cuda" and torch._use_cudnn_ctc_loss(
                     log_probs, targets, input_lengths, target_lengths,
@@ -257,9 +257,6 @@ def _ctc_lengths_as_lists(fn):
         return fn(log_probs, targets, input_lengths, target_lengths, *args, **kwargs)
 
     return wrapper
-
-
-_len_modes = torch._C._len_torch_dispatch_stack
 
 
 def _cpu_lengths(t) -> bool:

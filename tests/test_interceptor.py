@@ -535,6 +535,15 @@ def test_scalar_change_compiles_once(x, fresh_store):
     assert accel.stats()["kernel_runs"] == 5
 
 
+def _recompile_limit(monkeypatch, limit):
+    """``ACCEL_RECOMPILE_LIMIT=limit``, with no signature counted yet in this process."""
+    from accel import runtime
+
+    monkeypatch.setenv("ACCEL_RECOMPILE_LIMIT", limit)
+    monkeypatch.setattr(runtime, "_SHAPES_BUILT", {})
+    monkeypatch.setattr(runtime, "_LIMITED", set())
+
+
 def _shapes_program(n):
     """A region (a chain no other test runs) at a shape of its own for each ``n``."""
     x = torch.linspace(-2, 2, 3 * n, dtype=torch.float64).view(3, n)
@@ -547,11 +556,7 @@ def test_a_region_past_the_recompile_limit_runs_eagerly_at_new_shapes(limit, fre
     of its first build (each outermost ``accel.eager()`` block a step) has kernels built for
     L of them; later new shapes run eagerly, with eager's values, the shapes built still
     running their kernels; one warning. 0: every shape is built."""
-    from accel import runtime
-
-    monkeypatch.setenv("ACCEL_RECOMPILE_LIMIT", limit)
-    monkeypatch.setattr(runtime, "_SHAPES_BUILT", {})
-    monkeypatch.setattr(runtime, "_LIMITED", set())
+    _recompile_limit(monkeypatch, limit)
     accel.reset_stats()
     for n in [5, 6, 7, 8, 9, 5, 6, 9]:
         program, x = _shapes_program(n + 10 * int(limit == "0"))  # (shapes of each case's own)
@@ -571,11 +576,7 @@ def test_shapes_met_in_a_regions_first_step_count_against_four_times_the_limit(f
     """In one step (a static program's first, which meets all its shapes: a ResNet-50's
     batch norm + ReLU regions take 11) a region has kernels built for up to 4 L shapes;
     past them, eager."""
-    from accel import runtime
-
-    monkeypatch.setenv("ACCEL_RECOMPILE_LIMIT", "1")
-    monkeypatch.setattr(runtime, "_SHAPES_BUILT", {})
-    monkeypatch.setattr(runtime, "_LIMITED", set())
+    _recompile_limit(monkeypatch, "1")
     accel.reset_stats()
     with accel.eager():
         for n in range(30, 36):
