@@ -496,7 +496,8 @@ def _match(a, b, sa, sb, uses):
             if a == x and b == y:
                 uses.append(k)
                 return True
-        return a == b and type(a) is type(b)
+        # a NaN constant of a decomposition (xlogy's, say) is the same constant in both
+        return type(a) is type(b) and (a == b or (a != a and b != b))
     return type(a) is type(b) and a == b
 
 

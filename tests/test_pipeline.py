@@ -6,6 +6,7 @@ import re
 import pytest
 import torch
 import torch.fx as fx
+import torch.nn.functional as F
 
 import accel
 from accel.codegen.cpp import CppRenderer
@@ -1009,6 +1010,31 @@ def test_scalars_folded_by_decompositions_are_keyed_by_value(name, fn):
         assert st["compile_failures"] == 0 and st["eager_replays"] == 0 and st["kernel_runs"] >= 1, st
         torch.testing.assert_close((actual, ga), (expected, gx))
 
+
+
+@pytest.mark.parametrize("name, fn", [
+    ("kl_div batchmean", lambda a, b, s: F.kl_div(a.log_softmax(1), b.softmax(1), reduction="batchmean") * s),
+    ("xlogy", lambda a, b, s: torch.xlogy(b.sigmoid(), a.sigmoid() * s).sum()),
+])
+def test_a_nan_constant_beside_a_runtime_scalar_traces(name, fn):
+    """A decomposition's NaN constant (xlogy's ``where(isnan(y), nan, ...)``, kl_div's)
+    in a region with a runtime scalar: the two traces that prove the scalar's uses compared
+    the constant with itself, and NaN != NaN failed them ("scalar value changes the traced
+    graph"), so the region ran eagerly. It runs as a kernel, right for each value."""
+    import accel
+
+    a = torch.randn(16, 8, requires_grad=True)
+    b = torch.randn(16, 8)
+    for s in (0.5, 3.0):
+        expected = fn(a, b, s)
+        (ge,) = torch.autograd.grad(expected, a)
+        accel.reset_stats()
+        with accel.eager():
+            actual = fn(a, b, s)
+            (ga,) = torch.autograd.grad(actual, a)
+        st = accel.stats()
+        assert st["compile_failures"] == 0 and st["eager_replays"] == 0 and st["kernel_runs"] >= 1, st
+        torch.testing.assert_close((actual, ga), (expected, ge))
 
 def test_noop_removal_drops_a_functional_copy_of_the_same_shape_and_dtype():
     """``copy(dst, src)`` (functionalization's ``dst.copy_(src)``) is ``src``'s values when
