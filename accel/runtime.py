@@ -257,10 +257,18 @@ def wait_for_compiles(timeout: Optional[float] = None) -> int:
 
 def _snapshot(region: Region):
     """What building ``region`` needs, detached from it (it is reset at once and reused):
-    its calls, scalars and output metadata, and meta tensors for its inputs."""
+    its calls, scalars and output metadata, and fake tensors for its inputs: their metadata
+    on their own devices, without their memory. (Meta tensors failed the trace of a GPU
+    region holding a factory: ``where(c, x, 0.5)``'s ``scalar_tensor`` on ``cuda:0``
+    beside a meta input, "Tensor on device cuda:0 is not on the expected device meta".)"""
     from types import SimpleNamespace
 
-    ext = [torch.empty_strided(tuple(t.shape), t.stride(), dtype=t.dtype, device="meta") for t in region.ext]
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode = FakeTensorMode()
+    fake = mode.fake_tensor_converter.from_meta_and_device
+    ext = [fake(mode, torch.empty_strided(tuple(t.shape), t.stride(), dtype=t.dtype, device="meta"), t.device)
+           for t in region.ext]
     return SimpleNamespace(calls=list(region.calls), ext=ext, outs=[None] * len(region.outs),
                            out_meta=list(region.out_meta), scalars=list(region.scalars),
                            node=region.node, device=region.device)

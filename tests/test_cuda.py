@@ -1095,3 +1095,25 @@ def test_bad_cubin_fails_at_launch_and_the_region_runs_eagerly(pure, fresh_store
     torch.testing.assert_close(y, WORKLOADS["chain"](x))
     assert st["kernel_runs"] == 0 and st["eager_replays"] == 1
     assert "failed to launch (" + core.cuda_error_string(status) in caplog.text
+
+
+@cuda
+def test_a_region_with_a_factory_builds_in_the_background(fresh_store, monkeypatch):
+    """``torch.where(c, x, 0.5)`` records ``scalar_tensor(0.5, device=cuda:0)`` between
+    the region's other calls. Built in the background (``ACCEL_ASYNC_COMPILE``), the
+    region's snapshot held meta tensors for its inputs, the trace failed ("Tensor on device
+    cuda:0 is not on the expected device meta") and the region ran eagerly from then on
+    (the GPU programs of nine transformers architectures had such regions). It now builds,
+    and its kernel runs."""
+    monkeypatch.setenv("ACCEL_ASYNC_COMPILE", "1")
+    monkeypatch.setenv("ACCEL_EAGER_SMALL_REGIONS", "0")
+    x = _x(64, 48, seed=11)
+
+    def fn(x):
+        return torch.where(x.sin() > 0, x * 2, 0.5).exp() + 1
+
+    for _ in range(2):
+        y, st = _run(fn, x)
+        torch.testing.assert_close(y, fn(x))
+        assert accel.wait_for_compiles(timeout=600) == 0
+    assert st["compile_failures"] == 0 and st["kernel_runs"] >= 1 and st["eager_replays"] == 0, st

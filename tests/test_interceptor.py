@@ -1439,6 +1439,37 @@ def test_async_compile_runs_eagerly_until_the_kernels_are_ready(fresh_store, mon
     assert accel.stats()["kernel_runs"] >= 4 and accel.stats()["eager_replays"] == 0
 
 
+
+def test_a_background_build_traces_its_inputs_on_their_devices():
+    """A background build traces a snapshot of its region, whose inputs stand in for the
+    real ones without their memory: fake tensors on the inputs' devices. Meta tensors
+    failed the trace of a GPU region holding a factory (``where(c, x, 0.5)``'s
+    ``scalar_tensor`` on ``cuda:0``: "Tensor on device cuda:0 is not on the expected
+    device meta"), and every such region of the GPU programs built in the background ran
+    eagerly. Checked here with inputs that say they are on a GPU (fake tensors; no GPU
+    needed)."""
+    from types import SimpleNamespace
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from accel import runtime
+    from accel.graph import trace_region
+
+    aten, prims = torch.ops.aten, torch.ops.prims
+    mode, gpu = FakeTensorMode(), torch.device("cuda", 0)
+    on_gpu = lambda t: mode.fake_tensor_converter.from_meta_and_device(mode, t, gpu)  # noqa: E731
+    ext = [on_gpu(torch.empty(4, 8, device="meta")), on_gpu(torch.empty(4, 8, dtype=torch.bool, device="meta"))]
+    calls = [(aten.sin.default, (("x", 0),), {}, 1),
+             (aten.scalar_tensor.default, (("c", 0.5),), {"dtype": ("c", torch.float32), "device": ("c", gpu)}, 1),
+             (aten.where.self, (("x", 1), ("o", 0), ("o", 1)), {}, 1)]
+    region = SimpleNamespace(calls=calls, ext=ext, outs=[None] * 3, out_meta=[], scalars=[], node=None,
+                             device=gpu)
+    snap = runtime._snapshot(region)
+    assert [(t.device, t.shape, t.stride(), t.dtype) for t in snap.ext] == [
+        (gpu, t.shape, t.stride(), t.dtype) for t in ext]
+    gm = trace_region(snap.calls, snap.ext, 3, (2,), []).gm
+    assert any(n.target is prims.where.default for n in gm.graph.nodes)
+
 # -- launching ahead (ACCEL_LAUNCH_AHEAD; "all" runs the mechanism on the CPU too) ---------------
 def rms(x, w, eps=1e-6):
     return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + eps) * w
