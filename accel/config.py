@@ -106,8 +106,9 @@ FLAGS = {
              "ranks) whose kernels are built after the step of its first build; past it, "
              "or past 4 times as many shapes in all, the region runs eagerly at new shapes "
              "(shapes that keep changing: a sequence length per batch, a generation's "
-             "growing cache). Steps: backward passes and outermost accel.eager() blocks. "
-             "0: no limit."),
+             "growing cache); the shapes a first step meets past 4 times the limit are "
+             "built in the next step that meets no new shape. Steps: backward passes and "
+             "outermost accel.eager() blocks. 0: no limit."),
         Flag("ACCEL_LAUNCH_AHEAD", "cuda", _parse_choice("cuda", "all", "off"),
              "Launch a region's kernel at its first call where the last flushes of regions "
              "starting there ran the same kernel, so that on a GPU it runs while the host "

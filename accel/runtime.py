@@ -293,9 +293,21 @@ def _load(entry) -> CompiledRegion:
 #: accel.eager() / enable() blocks (accel.hooks, accel.interceptor)
 STEPS = [0]
 #: per shape-generic region signature (_signature): [the step of its first build, kernels
-#: built in this process, of those built in a later step than the first]
+#: built in this process, of those built in a later step than the first, whether a shape
+#: first met after that step was seen]
 _SHAPES_BUILT: dict = {}
 _LIMITED: set = set()  # the signatures past their limit (each logged once)
+
+
+class _Deferred:
+    """A trie node's entry for a shape refused in its signature's first step, past 4 L
+    shapes (:func:`_may_build`), in step ``step``: the region runs eagerly, and its kernel
+    is asked for again in a later step."""
+
+    __slots__ = ("step",)
+
+    def __init__(self, step: int):
+        self.step = step
 
 
 def _signature(region: Region, live) -> tuple:
@@ -306,7 +318,7 @@ def _signature(region: Region, live) -> tuple:
             tuple((t.dtype, t.dim()) for t in region.ext))
 
 
-def _may_build(region: Region, live) -> bool:
+def _may_build(region: Region, live, deferred: bool = False):
     """Whether a kernel may be built for ``region`` at a new shape, under its signature's
     ``ACCEL_RECOMPILE_LIMIT`` (L): at most L shapes first built in a later step than the
     signature's first build, and 4 L in all; past either the region runs eagerly at new
@@ -315,7 +327,14 @@ def _may_build(region: Region, live) -> bool:
     ones; shapes that keep changing (a sequence length per batch: 105 lengths in 150
     steps, each new one a build of 5 regions, ran 230x slower than eager; a generation's
     growing cache, each new token a build) stop being built after a few, as
-    torch.compile's ``recompile_limit`` (8) stops recompiling a frame."""
+    torch.compile's ``recompile_limit`` (8) stops recompiling a frame.
+
+    A static program can meet more than 4 L shapes of one signature in its first step
+    (DenseNet-121's batch norm + ReLU: 58 widths of concatenated features): the shapes
+    refused there (``deferred``: met again in a later step, :class:`_Deferred`) are built
+    then, as long as no shape new after the first step has come (a static program's
+    steps meet the same shapes). Returns True, False, or a :class:`_Deferred` (eager now;
+    ask again in a later step)."""
     limit = config.flag("ACCEL_RECOMPILE_LIMIT")
     if not limit:
         return True
@@ -323,8 +342,13 @@ def _may_build(region: Region, live) -> bool:
     step = STEPS[0]
     rec = _SHAPES_BUILT.get(sig)
     if rec is None:
-        rec = _SHAPES_BUILT[sig] = [step, 0, 0]
+        rec = _SHAPES_BUILT[sig] = [step, 0, 0, False]
     late = step != rec[0]
+    if late and deferred and not rec[3]:
+        rec[1] += 1  # a shape of the first step, built in a step that met no new shape
+        return True
+    if late and not deferred:
+        rec[3] = True
     if rec[1] >= 4 * limit or (late and rec[2] >= limit):
         if sig not in _LIMITED:  # (the first signature a warning, the others info)
             (log.info if _LIMITED else log.warning)(
@@ -332,15 +356,18 @@ def _may_build(region: Region, live) -> bool:
                 "step (ACCEL_RECOMPILE_LIMIT=%d: %d after it, %d in all); its new shapes run "
                 "eagerly", _readable(region.calls, region), rec[1], rec[2], limit, limit, 4 * limit)
             _LIMITED.add(sig)
-        return False
+        return _Deferred(step) if not late and not rec[3] else False
     rec[1] += 1
     rec[2] += late
     return True
 
 
-def kernel_for(region: Region, live) -> Optional[CompiledRegion]:
+def kernel_for(region: Region, live, deferred: bool = False):
     """Find or build the kernel of ``region`` with liveness mask ``live``; ``None`` means
-    run eagerly (a remembered failure). Never raises for a compile problem."""
+    run eagerly (a remembered failure, or past ``ACCEL_RECOMPILE_LIMIT``), a
+    :class:`_Deferred` eagerly until a later step asks again (``deferred``), a
+    :class:`_Pending` eagerly until its background build is done. Never raises for a
+    compile problem."""
     from .interceptor import warn_once
 
     store = get_store()
@@ -360,8 +387,9 @@ def kernel_for(region: Region, live) -> Optional[CompiledRegion]:
         entry = store.get(key)
         if entry is None:
             store.record("misses")
-            if not _may_build(region, live):
-                return None
+            may = _may_build(region, live, deferred)
+            if may is not True:
+                return may or None
             if config.flag("ACCEL_ASYNC_COMPILE"):
                 future = _pool().submit(_build, _snapshot(region), live, key, store)
                 _IN_FLIGHT.add(future)
@@ -720,10 +748,14 @@ def execute(region: Region) -> None:
     if kern is _MISSING:
         kern = kernel_for(region, live)
         node.kernels[live] = kern
+    elif kern.__class__ is _Deferred and kern.step != STEPS[0]:
+        kern = node.kernels[live] = kernel_for(region, live, deferred=True)
     else:
         STATS["memory_hits"] += 1
     if kern.__class__ is _Pending:
         kern = _ready(node, live, kern) if kern.future.done() else None
+    elif kern.__class__ is _Deferred:
+        kern = None
     if kern is not None and not (region.mutates_ext and region.ext_overlap()):
         if not kern.cuda:
             native.reuse_blocks(region.outs, kern.live_idx)

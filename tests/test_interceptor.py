@@ -587,6 +587,35 @@ def test_shapes_met_in_a_regions_first_step_count_against_four_times_the_limit(f
     assert (s["compiles"], s["kernel_runs"], s["eager_replays"]) == (4, 4, 2)
 
 
+
+@pytest.mark.parametrize("new_shape", [False, True], ids=["static", "a new shape"])
+def test_shapes_refused_in_the_first_step_are_built_when_the_next_meets_only_them(new_shape, fresh_store,
+                                                                                 monkeypatch):
+    """A static program can meet more than 4 L shapes of one region signature in its first
+    step (DenseNet-121's batch norm + ReLU: 58 widths; 218 of its regions ran eagerly in
+    every step). The shapes refused there are built in a later step that meets no new shape
+    of the signature, and run their kernels from then on. A later step that meets a new
+    shape first (a program whose shapes keep changing) leaves them eager, as before."""
+    _recompile_limit(monkeypatch, "1")
+    ns = range(50, 56) if new_shape else range(40, 46)  # (shapes of each case's own)
+
+    def step(extra=()):
+        accel.reset_stats()
+        with accel.eager():  # a step
+            for n in [*extra, *ns]:
+                program, x = _shapes_program(n)
+                close(program(), program())  # (a read: the region flushed)
+        s = accel.stats()
+        return s["compiles"], s["kernel_runs"], s["eager_replays"]
+
+    assert step() == (4, 4, 2)
+    if new_shape:
+        assert step([56]) == (0, 4, 3)
+        assert step() == (0, 4, 2)
+    else:
+        assert step() == (2, 6, 0)
+        assert step() == (0, 6, 0)
+
 def test_unsupported_op_runs_eagerly(x):
     w = torch.randn(33, 7)
     with accel.eager():
