@@ -83,6 +83,55 @@ def _llama(device):
     return transformers.LlamaForCausalLM(cfg).to(device)
 
 
+
+def _architecture(name):
+    """A transformers model of architecture ``name`` at 32 channels and 2 layers, with its
+    kind of batch: ``"lm"`` (token ids, the ids as labels), ``"s2s"`` (labels of their own)."""
+    t = pytest.importorskip("transformers")
+    h = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+             vocab_size=128, max_position_embeddings=64)
+    cfg, cls, kind = {
+        "bert": (t.BertConfig(**h), t.BertForMaskedLM, "lm"),
+        "deberta_v2": (t.DebertaV2Config(**h), t.DebertaV2ForMaskedLM, "lm"),
+        "gpt_neox": (t.GPTNeoXConfig(**h), t.GPTNeoXForCausalLM, "lm"),
+        "bart": (t.BartConfig(d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                              decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
+                              vocab_size=128, max_position_embeddings=64), t.BartForConditionalGeneration, "s2s"),
+    }[name]
+    cfg.attn_implementation = "eager"
+    torch.manual_seed(0)
+    return cls(cfg), kind
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", ["bert", "deberta_v2", "gpt_neox", "bart"])
+def test_transformers_architectures_train_as_eager_in_float64(name, device):
+    """An encoder (BERT; DeBERTa-v2's disentangled attention), a decoder with partial
+    rotary embeddings (GPT-NeoX) and an encoder-decoder (BART): a training step, an SGD
+    step, an eval forward, in float64, where rounding does not hide a wrong value (19
+    architectures matched eager so on both devices; in float32 the comparison of deep
+    models is rounding's: eager's own float32 run is as far from float64's)."""
+    base, kind = _architecture(name)
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 128, (2, 12), generator=g).to(device)
+    labels = torch.randint(0, 128, (2, 7), generator=g).to(device) if kind == "s2s" else ids
+
+    def run(ctx):
+        m = copy.deepcopy(base).to(device, torch.float64)
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        with ctx():
+            torch.manual_seed(5)  # (dropout)
+            out = m(input_ids=ids, labels=labels)
+            out.loss.backward()
+            grads = [p.grad.clone() for p in m.parameters() if p.grad is not None]
+            opt.step()
+            m.eval()
+            with torch.no_grad():
+                logits = m(input_ids=ids, **({"labels": labels} if kind == "s2s" else {})).logits
+        return out.loss.detach(), out.logits.detach(), grads, logits
+
+    torch.testing.assert_close(run(accel.eager), run(contextlib.nullcontext))
+
 def _data_parallel(model, dev, wrap):
     """``model`` wrapped for data-parallel training on device ``dev``: DDP with a bucket a
     parameter or two, copying gradients into the buckets or viewing them there (buckets
