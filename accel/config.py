@@ -158,8 +158,9 @@ FLAGS = {
         Flag("ACCEL_CPU_MATMUL", "auto", _parse_choice("auto", "on", "off"),
              "Run float32 CPU mm, addmm and bmm (the calls the dispatch filter runs past the "
              "mode) with accel's AVX-512 matmul kernel instead of eager's MKL sgemm. auto: on "
-             "AMD CPUs with AVX-512F, where MKL takes a generic path at about half their "
-             "speed (on Intel CPUs MKL's own AVX-512 kernels are faster: eager's); on: on "
+             "AMD CPUs from Zen 5 on (family 0x1A), where MKL takes a generic path at about "
+             "half their speed (on Zen 4, which runs AVX-512 on 256-bit units, that path is "
+             "as fast, and on Intel CPUs MKL's own AVX-512 kernels are faster: eager's); on: on "
              "any CPU with AVX-512F; off: eager's. Needs the dispatch filter; read at each "
              "enable."),
         Flag("ACCEL_PURE_PYTHON", False, _parse_bool,

@@ -523,7 +523,8 @@ def set_small_regions(on: bool) -> None:
 def set_matmul(mode: str) -> bool:
     """Where float32 CPU ``mm``, ``addmm`` (beta = alpha = 1) and ``bmm`` calls the filter
     runs past the mode run accel's matmul kernel (include/accel/gemm.h) instead of eager's
-    (``ACCEL_CPU_MATMUL``: "auto", AMD CPUs with AVX-512F; "on", any CPU with AVX-512F;
+    (``ACCEL_CPU_MATMUL``: "auto", AMD CPUs from Zen 5 on, whose cores run AVX-512 at full
+    width (``accel_gemm::faster_than_eagers``); "on", any CPU with AVX-512F;
     "off"; set at each enable, kept for a filter loaded later). Returns whether they now
     do: never while the filter is not loaded.
 

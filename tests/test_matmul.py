@@ -5,6 +5,7 @@ leaves to eager's kernel."""
 import copy
 import functools
 import os
+import re
 import subprocess
 import sys
 
@@ -225,14 +226,24 @@ def test_accel_cpu_matmul_off_keeps_eagers_kernel(monkeypatch):
     assert n == (1 if _kernel_where()[1] else 0)
 
 
-def test_auto_runs_the_kernel_on_amd_cpus_only():
+def _cpu_family() -> tuple:
+    """(vendor id, CPU family as CPUID reports it: base plus extended family) from
+    /proc/cpuinfo, whose "cpu family" line is that sum."""
     with open("/proc/cpuinfo") as f:
-        amd = "AuthenticAMD" in f.read()
+        info = f.read()
+    vendor = re.search(r"^vendor_id\s*:\s*(\S+)", info, re.M)
+    family = re.search(r"^cpu family\s*:\s*(\d+)", info, re.M)
+    return (vendor.group(1) if vendor else "", int(family.group(1)) if family else 0)
+
+
+def test_auto_runs_the_kernel_on_amd_cpus_from_zen_5_only():
+    vendor, family = _cpu_family()
+    full_width = vendor == "AuthenticAMD" and family >= 0x1A  # Zen 5 and later
     with accel.eager():
         auto = dispatch.set_matmul("auto")
         dispatch.set_matmul(os.environ.get("ACCEL_CPU_MATMUL", "auto"))
     runs_by_default, runs = _kernel_where()
-    assert auto == (amd and runs) == runs_by_default
+    assert auto == (full_width and runs) == runs_by_default
 
 
 @needs_kernel

@@ -684,7 +684,7 @@ void accel_filter_eager_first(void* node) {
 // H200 host's Xeon, 1.4-2.5x accel's), 2 on any CPU; never without AVX-512F. Returns
 // whether they now do.
 int accel_filter_matmul(int mode) {
-  bool on = accel_gemm::supported() && (mode == 2 || (mode == 1 && __builtin_cpu_is("amd")));
+  bool on = accel_gemm::supported() && (mode == 2 || (mode == 1 && accel_gemm::faster_than_eagers()));
   g_matmul_on.store(on, std::memory_order_relaxed);
   return on;
 }

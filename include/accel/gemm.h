@@ -19,6 +19,7 @@
 // error stays that of a blocked sum (a chain of at most kKC terms per block).
 #pragma once
 
+#include <cpuid.h>
 #include <immintrin.h>
 
 #include <algorithm>
@@ -204,6 +205,23 @@ inline void run_tasks(const Plan& plan, int64_t t0, int64_t t1, Operand a, Opera
 // Whether this CPU runs the kernel (AVX-512F and FMA).
 inline bool supported() {
   static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma");
+  return ok;
+}
+
+// Whether the kernel runs by default here (ACCEL_CPU_MATMUL=auto): an AMD CPU whose cores
+// execute AVX-512 at full width, family 0x1A (Zen 5) and later. There MKL's sgemm takes its
+// generic AVX2 path at about half the kernel's speed; Zen 4 (family 0x19) runs AVX-512 on its
+// 256-bit units, where that path is as fast as the kernel (0.86-0.95x of it measured), and on
+// Intel CPUs MKL's own AVX-512 kernels are faster (bench/README.md, thirtieth and sixty-sixth
+// rounds). Family: CPUID leaf 1, base family plus extended family where the base is 0xF.
+inline bool faster_than_eagers() {
+  static const bool ok = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!supported() || !__builtin_cpu_is("amd") || !__get_cpuid(1, &a, &b, &c, &d)) return false;
+    unsigned family = (a >> 8) & 0xF;
+    if (family == 0xF) family += (a >> 20) & 0xFF;
+    return family >= 0x1A;
+  }();
   return ok;
 }
 
