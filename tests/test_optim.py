@@ -17,6 +17,20 @@ OPTIMIZERS = {
     "adamw_amsgrad": lambda ps: torch.optim.AdamW(ps, lr=1e-2, amsgrad=True, foreach=False),
     "adamw_foreach": lambda ps: torch.optim.AdamW(ps, lr=1e-2, foreach=True),
     "rmsprop": lambda ps: torch.optim.RMSprop(ps, lr=1e-2, momentum=0.5, foreach=False),
+    "rmsprop_centered_foreach": lambda ps: torch.optim.RMSprop(
+        ps, lr=1e-2, momentum=0.5, centered=True, weight_decay=1e-2, foreach=True),
+    "sgd_maximize_foreach": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, dampening=0.1,
+                                                       maximize=True, foreach=True),
+    "adam_fused": lambda ps: torch.optim.Adam(ps, lr=1e-2, amsgrad=True, fused=True),
+    "adamax": lambda ps: torch.optim.Adamax(ps, lr=1e-2, weight_decay=1e-2, foreach=False),
+    "adagrad_foreach": lambda ps: torch.optim.Adagrad(ps, lr=0.1, lr_decay=1e-3, weight_decay=1e-2,
+                                                      foreach=True),
+    "adadelta": lambda ps: torch.optim.Adadelta(ps, lr=1.0, rho=0.8, weight_decay=1e-2, foreach=False),
+    "nadam_decoupled": lambda ps: torch.optim.NAdam(ps, lr=1e-2, decoupled_weight_decay=True,
+                                                    weight_decay=1e-2, foreach=False),
+    "radam_foreach": lambda ps: torch.optim.RAdam(ps, lr=1e-2, foreach=True),
+    "asgd": lambda ps: torch.optim.ASGD(ps, lr=1e-2, t0=2, weight_decay=1e-2, foreach=False),
+    "rprop_foreach": lambda ps: torch.optim.Rprop(ps, lr=1e-2, etas=(0.4, 1.3), foreach=True),
 }
 
 

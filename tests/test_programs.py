@@ -612,6 +612,45 @@ def _distributions_and_pruning(ctx, device):
             dist.detach(), img.grad)
 
 
+def _message_passing(ctx, device):
+    """A graph attention layer written with scatter and index ops, trained two steps in
+    float64 (scatter's and ``index_add``'s GPU sums are atomics, in no fixed order): edge
+    scores from gathered node features, a softmax over each node's incoming edges
+    (``scatter_reduce`` amax, ``index_add`` of exponentials), ``index_add_`` of weighted
+    messages, degree normalization by ``bincount``, ``scatter_add`` and a mean
+    ``scatter_reduce`` over expanded indices, ``gather``."""
+    g = torch.Generator().manual_seed(3)
+    n, e, c = 40, 160, 16
+    x = torch.randn(n, c, dtype=torch.float64, generator=g).to(device)
+    src = torch.randint(0, n, (e,), generator=g).to(device)
+    dst = torch.randint(0, n, (e,), generator=g).to(device)
+    lin = nn.Linear(c, c).to(device, torch.float64)
+    att = nn.Parameter(torch.randn(2 * c, dtype=torch.float64, generator=g).to(device))
+    opt = torch.optim.SGD([*lin.parameters(), att], lr=0.05)
+    outs = []
+    with ctx():
+        for _ in range(2):
+            opt.zero_grad()
+            h = lin(x)
+            score = F.leaky_relu(torch.cat([h[src], h[dst]], -1) @ att, 0.2)
+            top = torch.full((n,), -1e9, dtype=h.dtype, device=device).scatter_reduce(
+                0, dst, score, "amax", include_self=True)
+            ex = (score - top[dst]).exp()
+            den = torch.zeros(n, dtype=h.dtype, device=device).index_add(0, dst, ex)
+            alpha = ex / den[dst].clamp_min(1e-16)
+            out = torch.zeros_like(h).index_add_(0, dst, alpha[:, None] * h[src])
+            out = out / torch.bincount(dst, minlength=n).to(h.dtype).clamp_min(1)[:, None]
+            idx = src[:, None].expand(e, c)
+            summed = torch.zeros_like(h).scatter_add(0, idx, h[dst])
+            mean = torch.zeros_like(h).scatter_reduce(0, idx, h[dst], "mean", include_self=False)
+            y = F.elu(out) + summed.tanh() + mean.sigmoid() + torch.gather(h, 0, idx[:n])
+            loss = y.square().mean()
+            loss.backward()
+            opt.step()
+            outs.append((y.detach(), loss.detach(), att.grad.clone(), lin.weight.grad.clone()))
+    return outs, [p.detach() for p in lin.parameters()], att.detach()
+
+
 def _transformer_and_sparse_gradients(ctx, device):
     """A transformer encoder with a padding mask, trained, then in eval mode under
     ``no_grad`` (its fused fast path, over nested tensors); an embedding with sparse
@@ -823,6 +862,7 @@ FEATURE_PROGRAMS = {
     "saved-tensor hooks, anomaly detection, a user's mode": _saved_tensor_hooks_and_modes,
     "module conversion, .data set": _module_conversion,
     "vision blocks (float64)": _vision_blocks,
+    "message passing with scatter and index ops (float64)": _message_passing,
 }
 
 
