@@ -490,6 +490,32 @@ def test_rounding_against_the_float64_reference(device):
     assert_same(torch.tensor([1.0, 2.25, 3.0]), e, "v", lambda: r)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("device", DEVICES)
+def test_digamma_and_lgammas_backward_run_as_kernels(device, dtype):
+    """``digamma`` (lgamma's derivative: a Beta or Gamma distribution's log-probability
+    backward, its entropy) is rendered by both backends (include/accel/special_math.h; it
+    ran eagerly before, "no rendering for digamma"): poles and signed zeros, negative
+    arguments (reflection), the recurrence up to 10 and the asymptotic series, as eager."""
+    g = torch.Generator().manual_seed(0)
+    special = [0.0, -0.0, -1.0, -2.0, -2.5, -7.3, 1e-30, -1e-30, 1.4616321449683622, 9.999999,
+               10.0, 10.000001, 1e20, float("inf"), float("-inf"), float("nan")]
+    x = torch.cat([torch.randn(512, dtype=dtype, generator=g) * 30,
+                   torch.rand(256, dtype=dtype, generator=g) * 1e-3,
+                   torch.tensor(special, dtype=dtype)]).to(device)
+    a = (x.abs() + 0.1).nan_to_num(1.0).requires_grad_()
+    want = torch.digamma(x * 2.0) + 1
+    (want_grad,) = torch.autograd.grad(torch.lgamma(a * 2).sum(), a)
+    accel.reset_stats()
+    with accel.eager():
+        got = torch.digamma(x * 2.0) + 1
+        (got_grad,) = torch.autograd.grad(torch.lgamma(a * 2).sum(), a)
+    st = accel.stats()
+    assert st["compile_failures"] == 0 and st["eager_replays"] == 0 and st["kernel_runs"] >= 2, st
+    torch.testing.assert_close(got, want, equal_nan=True)
+    torch.testing.assert_close(got_grad, want_grad)
+
+
 @pytest.mark.parametrize("prog", [
     # a hand-written chain, so that a plain run certainly compiles and runs kernels
     {"inputs": [("4x5", "f32", 1, False), ("1x5", "f32", 2, False)],

@@ -60,7 +60,7 @@ class CStyle:
     }
     # float-only math functions rendered as $name(args)
     unary_math = ("exp exp2 expm1 log log2 log10 log1p sin cos tan asin acos atan sinh cosh "
-                  "tanh asinh acosh atanh erf erfc cbrt sqrt floor ceil trunc lgamma").split()
+                  "tanh asinh acosh atanh erf erfc cbrt sqrt floor ceil trunc lgamma digamma").split()
     binary_math = "pow atan2 hypot fmod nextafter copysign fmax fmin".split()
 
     def __init__(self):

@@ -155,6 +155,9 @@ namespace accel {
   static inline double name(double x) { return ::name(x); }
 ACCEL_LIBM_UNARY(ACCEL_UNARY)
 #undef ACCEL_UNARY
+#define ACCEL_SPECIAL static inline
+#include "accel/special_math.h"  /* digamma */
+#undef ACCEL_SPECIAL
 
 /* a * b + c in one rounding where the CPU has FMA (inside the polynomials below only:
  * generated arithmetic keeps eager's separate roundings, -ffp-contract=off) */

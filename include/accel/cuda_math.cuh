@@ -28,6 +28,9 @@ namespace accel {
   __device__ __forceinline__ double name(double x) { return ::name(x); }
 ACCEL_UNARY(exp, expf) ACCEL_LIBM_UNARY(ACCEL_UNARY)
 #undef ACCEL_UNARY
+#define ACCEL_SPECIAL __device__ __forceinline__
+#include "accel/special_math.h"  /* digamma */
+#undef ACCEL_SPECIAL
 
 #define ACCEL_BINARY(name, f32)                                                              \
   __device__ __forceinline__ float name(float a, float b) { return ::f32(a, b); }            \
