@@ -680,9 +680,9 @@ void accel_filter_eager_first(void* node) {
 }
 
 // Where float32 CPU matmuls run accel's kernel (ACCEL_CPU_MATMUL): mode 0 nowhere, 1 on AMD
-// CPUs (MKL's generic path there; its own AVX-512 kernels on Intel CPUs are faster: on an
-// H200 host's Xeon, 1.4-2.5x accel's), 2 on any CPU; never without AVX-512F. Returns
-// whether they now do.
+// CPUs from Zen 5 on (accel_gemm::faster_than_eagers: MKL's generic path there; its own
+// AVX-512 kernels on Intel CPUs are faster: on an H200 host's Xeon, 1.4-2.5x accel's), 2 on
+// any CPU; never without AVX-512F. Returns whether they now do.
 int accel_filter_matmul(int mode) {
   bool on = accel_gemm::supported() && (mode == 2 || (mode == 1 && accel_gemm::faster_than_eagers()));
   g_matmul_on.store(on, std::memory_order_relaxed);

@@ -211,7 +211,7 @@ inline bool supported() {
 // Whether the kernel runs by default here (ACCEL_CPU_MATMUL=auto): an AMD CPU whose cores
 // execute AVX-512 at full width, family 0x1A (Zen 5) and later. There MKL's sgemm takes its
 // generic AVX2 path at about half the kernel's speed; Zen 4 (family 0x19) runs AVX-512 on its
-// 256-bit units, where that path is as fast as the kernel (0.86-0.95x of it measured), and on
+// 256-bit units, where that path is as fast (the kernel ran at 0.86-0.95x of it), and on
 // Intel CPUs MKL's own AVX-512 kernels are faster (bench/README.md, thirtieth and sixty-sixth
 // rounds). Family: CPUID leaf 1, base family plus extended family where the base is 0xF.
 inline bool faster_than_eagers() {
