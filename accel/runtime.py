@@ -356,7 +356,7 @@ def _may_build(region: Region, live, deferred: bool = False):
                 "step (ACCEL_RECOMPILE_LIMIT=%d: %d after it, %d in all); its new shapes run "
                 "eagerly", _readable(region.calls, region), rec[1], rec[2], limit, limit, 4 * limit)
             _LIMITED.add(sig)
-        return _Deferred(step) if not late and not rec[3] else False
+        return False if late else _Deferred(step)  # (rec[3] is only set in a later step)
     rec[1] += 1
     rec[2] += late
     return True

@@ -587,7 +587,6 @@ def test_shapes_met_in_a_regions_first_step_count_against_four_times_the_limit(f
     assert (s["compiles"], s["kernel_runs"], s["eager_replays"]) == (4, 4, 2)
 
 
-
 @pytest.mark.parametrize("new_shape", [False, True], ids=["static", "a new shape"])
 def test_shapes_refused_in_the_first_step_are_built_when_the_next_meets_only_them(new_shape, fresh_store,
                                                                                  monkeypatch):
@@ -615,6 +614,7 @@ def test_shapes_refused_in_the_first_step_are_built_when_the_next_meets_only_the
     else:
         assert step() == (2, 6, 0)
         assert step() == (0, 6, 0)
+
 
 def test_unsupported_op_runs_eagerly(x):
     w = torch.randn(33, 7)
@@ -1468,7 +1468,6 @@ def test_async_compile_runs_eagerly_until_the_kernels_are_ready(fresh_store, mon
     assert accel.stats()["kernel_runs"] >= 4 and accel.stats()["eager_replays"] == 0
 
 
-
 def test_a_background_build_traces_its_inputs_on_their_devices():
     """A background build traces a snapshot of its region, whose inputs stand in for the
     real ones without their memory: fake tensors on the inputs' devices. Meta tensors
@@ -1498,6 +1497,7 @@ def test_a_background_build_traces_its_inputs_on_their_devices():
         (gpu, t.shape, t.stride(), t.dtype) for t in ext]
     gm = trace_region(snap.calls, snap.ext, 3, (2,), []).gm
     assert any(n.target is prims.where.default for n in gm.graph.nodes)
+
 
 # -- launching ahead (ACCEL_LAUNCH_AHEAD; "all" runs the mechanism on the CPU too) ---------------
 def rms(x, w, eps=1e-6):

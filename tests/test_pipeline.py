@@ -1011,7 +1011,6 @@ def test_scalars_folded_by_decompositions_are_keyed_by_value(name, fn):
         torch.testing.assert_close((actual, ga), (expected, gx))
 
 
-
 @pytest.mark.parametrize("name, fn", [
     ("kl_div batchmean", lambda a, b, s: F.kl_div(a.log_softmax(1), b.softmax(1), reduction="batchmean") * s),
     ("xlogy", lambda a, b, s: torch.xlogy(b.sigmoid(), a.sigmoid() * s).sum()),
@@ -1021,8 +1020,6 @@ def test_a_nan_constant_beside_a_runtime_scalar_traces(name, fn):
     in a region with a runtime scalar: the two traces that prove the scalar's uses compared
     the constant with itself, and NaN != NaN failed them ("scalar value changes the traced
     graph"), so the region ran eagerly. It runs as a kernel, right for each value."""
-    import accel
-
     a = torch.randn(16, 8, requires_grad=True)
     b = torch.randn(16, 8)
     for s in (0.5, 3.0):
@@ -1035,6 +1032,7 @@ def test_a_nan_constant_beside_a_runtime_scalar_traces(name, fn):
         st = accel.stats()
         assert st["compile_failures"] == 0 and st["eager_replays"] == 0 and st["kernel_runs"] >= 1, st
         torch.testing.assert_close((actual, ga), (expected, ge))
+
 
 def test_noop_removal_drops_a_functional_copy_of_the_same_shape_and_dtype():
     """``copy(dst, src)`` (functionalization's ``dst.copy_(src)``) is ``src``'s values when

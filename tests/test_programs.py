@@ -83,7 +83,6 @@ def _llama(device):
     return transformers.LlamaForCausalLM(cfg).to(device)
 
 
-
 def _architecture(name):
     """A transformers model of architecture ``name`` at 32 channels and 2 layers, with its
     kind of batch: ``"lm"`` (token ids, the ids as labels), ``"s2s"`` (labels of their own)."""
@@ -131,6 +130,7 @@ def test_transformers_architectures_train_as_eager_in_float64(name, device):
         return out.loss.detach(), out.logits.detach(), grads, logits
 
     torch.testing.assert_close(run(accel.eager), run(contextlib.nullcontext))
+
 
 def _data_parallel(model, dev, wrap):
     """``model`` wrapped for data-parallel training on device ``dev``: DDP with a bucket a
