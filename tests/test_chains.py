@@ -553,6 +553,62 @@ def test_digamma_and_lgammas_backward_run_as_kernels(device, dtype):
     torch.testing.assert_close(got_grad, want_grad)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("device", DEVICES)
+def test_erfinv_and_trunc_normal_init_run_as_kernels(device, dtype):
+    """``erfinv`` (``nn.init.trunc_normal_``'s middle step, a probit) is rendered by both
+    backends (it ran eagerly before, "no rendering for erf_inv"): on the CPU in double by
+    Halley's method from a first guess (include/accel/cpu_math.h), on the GPU by CUDA's
+    erfinv as eager's kernel; the tails next to +-1 where erf(x) - y would cancel, +-1,
+    beyond, signed zeros, subnormals and NaN; its gradient; and the initializer itself."""
+    g = torch.Generator().manual_seed(0)
+    tail = torch.logspace(-15 if dtype == torch.float64 else -7, -0.3, 200, dtype=torch.float64)
+    special = [0.0, -0.0, 1.0, -1.0, 1.5, -1.5, 1e-300 if dtype == torch.float64 else 1e-40,
+               0.5, -0.5, float("inf"), float("nan")]
+    y = torch.cat([torch.rand(4096, dtype=torch.float64, generator=g) * 2 - 1, 1 - tail, tail - 1,
+                   torch.tensor(special, dtype=torch.float64)]).to(device, dtype)
+    a = (torch.rand(1024, dtype=dtype, generator=g) * 1.98 - 0.99).to(device).requires_grad_()
+    want = torch.erfinv(y * 1.0) * 2
+    (want_grad,) = torch.autograd.grad((torch.erfinv(a * 0.5) * a).sum(), a)
+    torch.manual_seed(1)
+    want_w = torch.nn.init.trunc_normal_(torch.empty(64, 48, dtype=dtype, device=device), std=0.02)
+    accel.reset_stats()
+    with accel.eager():
+        got = torch.erfinv(y * 1.0) * 2
+        (got_grad,) = torch.autograd.grad((torch.erfinv(a * 0.5) * a).sum(), a)
+        torch.manual_seed(1)
+        got_w = torch.nn.init.trunc_normal_(torch.empty(64, 48, dtype=dtype, device=device), std=0.02)
+    st = accel.stats()
+    assert st["compile_failures"] == 0 and st["eager_replays"] == 0 and st["kernel_runs"] >= 3, st
+    torch.testing.assert_close(got, want, equal_nan=True)
+    assert torch.equal(got.signbit()[~want.isnan()], want.signbit()[~want.isnan()])
+    torch.testing.assert_close(got_grad, want_grad)
+    torch.testing.assert_close(got_w, want_w)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+@pytest.mark.parametrize("device", DEVICES)
+def test_gcd_runs_as_a_kernel_bit_for_bit(device, dtype):
+    """``gcd`` of integers is rendered by both backends as eager's Euclid (it ran eagerly
+    before, "no rendering for gcd"), bit for bit, the type's minimum included (its absolute
+    value wraps to itself in both)."""
+    g = torch.Generator().manual_seed(0)
+    info = torch.iinfo(dtype)
+    a = torch.randint(info.min, info.max, (4096,), dtype=dtype, generator=g)
+    b = torch.randint(-1000, 1000, (4096,), dtype=dtype, generator=g)
+    edge = [(info.min, 0), (info.min, 3), (info.min, info.min), (0, 0), (0, -7), (-12, 18),
+            (info.max, info.min), (1, info.min)]
+    a = torch.cat([a, torch.tensor([p for p, _ in edge], dtype=dtype)]).to(device)
+    b = torch.cat([b, torch.tensor([q for _, q in edge], dtype=dtype)]).to(device)
+    want = torch.gcd(a, b) * 3
+    accel.reset_stats()
+    with accel.eager():
+        got = torch.gcd(a, b) * 3
+    st = accel.stats()
+    assert st["compile_failures"] == 0 and st["kernel_runs"] == 1, st
+    assert torch.equal(got, want)
+
+
 @pytest.mark.parametrize("prog", [
     # a hand-written chain, so that a plain run certainly compiles and runs kernels
     {"inputs": [("4x5", "f32", 1, False), ("1x5", "f32", 2, False)],

@@ -57,10 +57,11 @@ class CStyle:
         "vec_erf": {"float": "$vec_erf({0})"},  # CPU only (accel/graph.py: GELU's erf)
         "fma": {"float": "$fma({0}, {1}, {2})"},  # accel/graph.py: lerp (CPU), add's alpha
         "pow": {"float": "$pow({0}, {1})", "int": "$powi({0}, {1})"},
+        "gcd": {"int": "$gcd({0}, {1})"},
     }
     # float-only math functions rendered as $name(args)
     unary_math = ("exp exp2 expm1 log log2 log10 log1p sin cos tan asin acos atan sinh cosh "
-                  "tanh asinh acosh atanh erf erfc cbrt sqrt floor ceil trunc lgamma digamma").split()
+                  "tanh asinh acosh atanh erf erfc erf_inv cbrt sqrt floor ceil trunc lgamma digamma").split()
     binary_math = "pow atan2 hypot fmod nextafter copysign fmax fmin".split()
 
     def __init__(self):

@@ -47,6 +47,24 @@ template <typename T> ACCEL_FN T shift_right_arithmetic(T a, T b) {
   constexpr T bits = sizeof(T) * 8;
   return (b < 0 || b >= bits) ? T(a >> (bits - 1)) : T(a >> b);
 }
+/* Greatest common divisor of integers as ATen's calc_gcd (aten/src/ATen/native/Math.h):
+ * Euclid's algorithm on the absolute values, gcd(0, 0) = 0. The absolute value of the
+ * type's minimum wraps to itself, as std::abs does on eager's side, and the loop then runs
+ * on the same signed remainders (b % a never sees the minimum over -1: b holds the minimum
+ * only after the first step, with a >= 0). */
+template <typename T> ACCEL_FN T gcd(T a, T b) {
+  if constexpr (std::is_signed_v<T>) {
+    using U = std::make_unsigned_t<T>;
+    a = a < 0 ? T(U(0) - U(a)) : a;
+    b = b < 0 ? T(U(0) - U(b)) : b;
+  }
+  while (a != 0) {
+    T c = a;
+    a = T(b % a);
+    b = c;
+  }
+  return b;
+}
 /* Activations as eager computes them (aten/src/ATen/native/cpu/Activation.cpp). */
 template <typename T> ACCEL_FN T silu(T x) { return x / (T(1) + accel::exp(-x)); }
 template <typename T> ACCEL_FN T gelu_tanh(T x) {
