@@ -66,6 +66,12 @@ UNARY = {
     "to_f32": lambda x: x.to(_f32()), "to_i64": lambda x: x.to(torch.int64),
     "to_bool": lambda x: x.to(torch.bool), "gelu": torch.nn.functional.gelu,
     "silu": torch.nn.functional.silu, "nan_to_num": torch.nan_to_num,
+    "expm1": torch.expm1, "erfc": torch.erfc, "asinh": torch.asinh, "atan": torch.atan,
+    "frac": torch.frac, "lgamma": torch.lgamma, "digamma": torch.digamma,
+    "erfinv": lambda x: torch.erfinv(x * 0.5),
+    "softplus": torch.nn.functional.softplus, "hardswish": torch.nn.functional.hardswish,
+    "elu": torch.nn.functional.elu, "mish": torch.nn.functional.mish,
+    "logsigmoid": torch.nn.functional.logsigmoid,
 }
 BINARY = {
     "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div,
@@ -74,6 +80,8 @@ BINARY = {
     "bitwise_and": torch.bitwise_and, "bitwise_or": torch.bitwise_or,
     "logical_xor": torch.logical_xor, "remainder": torch.remainder, "fmod": torch.fmod,
     "floor_divide": torch.floor_divide, "hypot": torch.hypot, "copysign": torch.copysign,
+    "logaddexp": torch.logaddexp, "xlogy": torch.xlogy, "fmax": torch.fmax,
+    "bitwise_xor": torch.bitwise_xor, "lerp": lambda a, b: torch.lerp(a, b, 0.25),
 }
 #: ops with a Python scalar as second operand (``x OP s``, or ``s OP x`` when reversed)
 SCALAR_OPS = {
