@@ -50,8 +50,8 @@ template <typename T> ACCEL_FN T shift_right_arithmetic(T a, T b) {
 /* Greatest common divisor of integers as ATen's calc_gcd (aten/src/ATen/native/Math.h):
  * Euclid's algorithm on the absolute values, gcd(0, 0) = 0. The absolute value of the
  * type's minimum wraps to itself, as std::abs does on eager's side, and the loop then runs
- * on the same signed remainders (b % a never sees the minimum over -1: b holds the minimum
- * only after the first step, with a >= 0). */
+ * on the same signed remainders (b % a never divides the minimum by -1: a remainder turns
+ * negative only once the minimum has been divided, and b never holds it again). */
 template <typename T> ACCEL_FN T gcd(T a, T b) {
   if constexpr (std::is_signed_v<T>) {
     using U = std::make_unsigned_t<T>;
