@@ -119,7 +119,11 @@ _HALF_ROUNDING = "16-bit float rounding unlike eager's"
 #:   stays fusible; eager's CUDA kernel only asserts on the device);
 #: - ``native_group_norm`` and its backward on a GPU at 16 bits: accel's decomposition
 #:   (:func:`accel.graph._native_group_norm`) was an ulp from eager's CUDA results on 2-4 %
-#:   of the elements on an H200, and torch._decomp's reads merged dims the lowering cannot.
+#:   of the elements on an H200, and torch._decomp's reads merged dims the lowering cannot;
+#: - ``erfinv`` on the CPU: eager's kernel took 5.7 ms on 4M float32 values (30 ms float64)
+#:   on 2 cores; accel's rendering, a double-precision Halley iteration on erf and erfc,
+#:   took 55-65 ms (bench/README.md, sixty-seventh round), so the CPU backend has none (the
+#:   GPU's is CUDA's erfinv, eager's own).
 RUNS_EAGERLY = {
     "binary_cross_entropy_with_logits": (None, True, _HALF_ROUNDING),
     "nextafter": (None, True, _HALF_ROUNDING),
@@ -127,6 +131,7 @@ RUNS_EAGERLY = {
     "binary_cross_entropy": (("cpu",), False, "eager's CPU kernel checks its input's values"),
     "native_group_norm": (("cuda",), True, _HALF_ROUNDING),
     "native_group_norm_backward": (("cuda",), True, _HALF_ROUNDING),
+    "erfinv": (("cpu",), False, "eager's CPU kernel is faster"),
 }
 #: per device type, the binary ops whose eager kernel rounds a Python number operand to the
 #: common dtype when that is float16 or bfloat16 and computes from the rounded value

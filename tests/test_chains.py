@@ -572,11 +572,12 @@ def test_digamma_and_lgammas_backward_run_as_kernels(device, dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("device", DEVICES)
 def test_erfinv_and_trunc_normal_init_run_as_kernels(device, dtype):
-    """``erfinv`` (``nn.init.trunc_normal_``'s middle step, a probit) is rendered by both
-    backends (it ran eagerly before, "no rendering for erf_inv"): on the CPU in double by
-    Halley's method from a first guess (include/accel/cpu_math.h), on the GPU by CUDA's
-    erfinv as eager's kernel; the tails next to +-1 where erf(x) - y would cancel, +-1,
-    beyond, signed zeros, subnormals and NaN; its gradient; and the initializer itself."""
+    """``erfinv`` (``nn.init.trunc_normal_``'s middle step, a probit) no longer fails its
+    region's codegen ("no rendering for erf_inv", the whole region replayed eagerly with a
+    warning): on the GPU it is rendered by CUDA's erfinv, as eager's kernel; on the CPU it
+    runs eagerly (accel/ops.py, RUNS_EAGERLY: eager's kernel is faster), bit for bit, its
+    neighbours fused. The tails next to +-1, +-1, beyond, signed zeros, subnormals and NaN;
+    its gradient; and the initializer itself."""
     g = torch.Generator().manual_seed(0)
     tail = torch.logspace(-15 if dtype == torch.float64 else -7, -0.3, 200, dtype=torch.float64)
     special = [0.0, -0.0, 1.0, -1.0, 1.5, -1.5, 1e-300 if dtype == torch.float64 else 1e-40,
@@ -600,6 +601,8 @@ def test_erfinv_and_trunc_normal_init_run_as_kernels(device, dtype):
     assert torch.equal(got.signbit()[~want.isnan()], want.signbit()[~want.isnan()])
     torch.testing.assert_close(got_grad, want_grad)
     torch.testing.assert_close(got_w, want_w)
+    if device == "cpu":
+        assert torch.equal(got.nan_to_num(), want.nan_to_num())
 
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32])

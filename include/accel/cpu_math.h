@@ -159,39 +159,6 @@ ACCEL_LIBM_UNARY(ACCEL_UNARY)
 #include "accel/special_math.h"  /* digamma */
 #undef ACCEL_SPECIAL
 
-/* erfinv (torch.erfinv: the inverse of erf on (-1, 1); +-inf at +-1, NaN beyond), in
- * double for both dtypes, so that a float32 result is rounded once, as eager's CPU
- * results are (within 0.501 ulp of the exact value over (-1, 1)). A first guess, then
- * Halley's method, whose step for g(x) = erf(x) - y simplifies because g'' = -2x g':
- * d = g / g', x -= d / (1 + x d) (cubic convergence).
- *   - |y| <= 1/2: the Maclaurin series of erfinv to y^7 (relative error below 4e-4),
- *     x = t (1 + t^2/3 + 7 t^4/30 + 127 t^6/630), t = sqrt(pi)/2 y; two steps.
- *   - |y| > 1/2: Winitzki's approximation (2008, "A handy approximation for the error
- *     function and its inverse", a = 0.147, relative error below 2e-3) from
- *     ln(1 - y^2) = ln q + log1p(|y|), q = 1 - |y| (exact); three steps, g taken as
- *     q - erfc(x), which keeps its relative precision as q goes to 0 (erf(x) - y cancels).
- * The CUDA backend calls CUDA's erfinv/erfinvf, as eager's CUDA kernel does. */
-static inline double erf_inv(double y) {
-  const double z = ::fabs(y), q = 1.0 - z;
-  if (!(z < 1.0)) return z == 1.0 ? ::copysign(INFINITY, y) : NAN;
-  if (y == 0.0) return y;
-  const bool tail = z > 0.5;
-  double x;
-  if (!tail) {
-    const double t = z / M_2_SQRTPI, t2 = t * t;
-    x = t * (1.0 + t2 * (1.0 / 3 + t2 * (7.0 / 30 + t2 * (127.0 / 630))));
-  } else {
-    const double a = 0.147, l = ::log(q) + ::log1p(z), b = 2.0 / (M_PI * a) + 0.5 * l;
-    x = ::sqrt(::sqrt(b * b - l / a) - b);
-  }
-  for (int i = 0; i < (tail ? 3 : 2); ++i) {
-    const double d = (tail ? q - ::erfc(x) : ::erf(x) - z) / (M_2_SQRTPI * ::exp(-x * x));
-    x -= d / (1.0 + x * d);
-  }
-  return ::copysign(x, y);
-}
-static inline float erf_inv(float y) { return float(erf_inv(double(y))); }
-
 /* a * b + c in one rounding where the CPU has FMA (inside the polynomials below only:
  * generated arithmetic keeps eager's separate roundings, -ffp-contract=off) */
 #if defined(__FMA__)

@@ -31,7 +31,8 @@ ACCEL_UNARY(exp, expf) ACCEL_LIBM_UNARY(ACCEL_UNARY)
 #define ACCEL_SPECIAL __device__ __forceinline__
 #include "accel/special_math.h"  /* digamma */
 #undef ACCEL_SPECIAL
-/* erfinv as eager's CUDA kernel computes it (CUDA's erfinvf / erfinv) */
+/* erfinv as eager's CUDA kernel computes it (CUDA's erfinvf / erfinv; on the CPU erfinv
+ * runs eagerly: accel/ops.py, RUNS_EAGERLY) */
 __device__ __forceinline__ float erf_inv(float x) { return ::erfinvf(x); }
 __device__ __forceinline__ double erf_inv(double x) { return ::erfinv(x); }
 
