@@ -105,14 +105,18 @@ SMALL_REGION_BYTES = {"cpu": 64 << 10, "cuda": 16 << 20}
 _eager_small = True  # ACCEL_EAGER_SMALL_REGIONS, read at each enable
 
 
-def _decide_small(region, node) -> None:
+def _decide_small(region, node) -> bool:
     """Decide ``eager_first`` for the first trie node of ``region`` (of ``node.depth`` <=
-    SMALL_REGION_CALLS calls, ending at ``node``), before its flush."""
+    SMALL_REGION_CALLS calls, ending at ``node``), before its flush; whether it is small.
+    A small region's flush runs its calls eagerly too: a kernel built for it would never
+    run again (its first call runs eagerly from now on), and a build costs the first
+    flush 0.2-1 s (a generation's slices of a growing cache, of a new stride each token:
+    64 of its 79 builds, each run once)."""
     head = node
     while head.depth > 1:
         head = head.parent
     if head.eager_first is not None:
-        return
+        return head.eager_first
     dev = region.device
     limit = SMALL_REGION_BYTES.get("cpu" if dev is None else dev.type, 0)
     traffic = region.traffic()
@@ -121,6 +125,7 @@ def _decide_small(region, node) -> None:
         dispatch.eager_first(head)
         log.debug("accel: a small region (%d calls, %d bytes) begins with %s: it runs eagerly",
                   node.depth, traffic, region.calls[0][0])
+    return small
 
 
 #: Idle regions (GPU): a region whose flush finds its GPU idle -- done with all the work
@@ -207,8 +212,9 @@ def _flush_region(region) -> None:
     if region.busy or not region.calls:
         return
     node = region.node
-    if node.depth <= SMALL_REGION_CALLS and _eager_small:
-        _decide_small(region, node)
+    if node.depth <= SMALL_REGION_CALLS and _eager_small and _decide_small(region, node):
+        _run(region, runtime.run_small)
+        return
     if node.idle >= 0 and _eager_idle and _sample_idle(region, node):
         return
     if node.remat is None or node.remat:  # a plan not made yet, or values to recompute

@@ -530,7 +530,7 @@ def _ready(node: TrieNode, live, pending: _Pending) -> Optional[CompiledRegion]:
     return kern
 
 
-def replay(region: Region) -> None:
+def replay(region: Region, fallback: bool = True) -> None:
     """Run the region's calls eagerly, writing each result into its pending output.
 
     Runs where the interceptor's dispatch mode recorded them, below every key above the
@@ -539,8 +539,10 @@ def replay(region: Region) -> None:
     cast again, and a flush inside a torch.func transform (``grad``, ``vmap``) does not run
     the calls through the transform, which refused the outputs' ``copy_`` ("attempted to
     call in-place operation (aten::copy_) that would mutate a captured Tensor").
+    ``fallback``: counted as an eager replay (not: a region run eagerly by choice, see
+    :func:`run_eagerly`).
     """
-    STATS["eager_replays"] += 1
+    STATS["eager_replays"] += fallback
     outs = region.outs
 
     def fill(k, t):
@@ -563,9 +565,18 @@ def _count_flush() -> None:
 
 def run_eagerly(region: Region) -> None:
     """Flush ``region`` by running its calls eagerly (:func:`replay`), building no kernel for
-    it: what a region the idle-region rule is still sampling does (``accel.interceptor``)."""
+    it: what a region the idle-region rule is still sampling does (``accel.interceptor``),
+    counted as an eager replay."""
     _count_flush()
     replay(region)
+
+
+def run_small(region: Region) -> None:
+    """As :func:`run_eagerly`, for a small region (``accel.interceptor.SMALL_REGION_CALLS``):
+    its calls count as ``small_region_calls``, not as an eager replay."""
+    _count_flush()
+    STATS["small_region_calls"] += len(region.calls)
+    replay(region, fallback=False)
 
 
 def _save_nodes() -> None:
