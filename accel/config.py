@@ -122,10 +122,11 @@ FLAGS = {
              "kernel runs on a GPU, so below it launching ahead only slows a host-bound "
              "program. Read at each enable."),
         Flag("ACCEL_EAGER_SMALL_REGIONS", True, _parse_bool,
-             "Run eagerly the first call of a region that was small when it first flushed "
-             "(at most 3 calls, reading and writing under 64 KiB on a CPU or 16 MiB on a "
-             "GPU): recording and flushing it costs the host more than its calls cost eager, "
-             "and fusing it saves the device less. Read at each enable; 0: fuse every region."),
+             "Run eagerly a region that was small when it first flushed (at most 3 calls, "
+             "reading and writing under 64 KiB on a CPU or 16 MiB on a GPU), building no "
+             "kernel for it, and from then on the call it began with: recording and flushing "
+             "it costs the host more than its calls cost eager, and fusing it saves the "
+             "device less. Read at each enable; 0: fuse every region."),
         Flag("ACCEL_EAGER_IDLE_REGIONS", True, _parse_bool,
              "On a GPU, run eagerly the first call of regions whose flushes found the GPU "
              "idle (done with all the work queued before them) 4 times in a row: the "
