@@ -375,8 +375,8 @@ cdef class RegionCore:
             if dev is None:
                 dev = torch.cuda.current_device()
             status = (<CudaKernel>kern.fn).launch(ptrs, self.scalars, _raw_stream(dev), dev)
-        else:
-            status = launch(kern.fn, ptrs, self.scalars)
+        else:  # (a shape-generic kernel's loop lengths after the region's scalars)
+            status = launch(kern.fn, ptrs, self.scalars + kern.sizes if kern.sizes else self.scalars)
         if status != 0:
             return False
         if first is not None:

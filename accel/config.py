@@ -109,6 +109,12 @@ FLAGS = {
              "growing cache); the shapes a first step meets past 4 times the limit are "
              "built in the next step that meets no new shape. Steps: backward passes and "
              "outermost accel.eager() blocks. 0: no limit."),
+        Flag("ACCEL_GENERIC_KERNELS", True, _parse_bool,
+             "On a CPU, one kernel for every size of a flat region (pointwise work over "
+             "contiguous tensors: an optimizer's update of each parameter, a conversion of "
+             "each weight), its loops' lengths taken at run time: a region of new sizes is "
+             "traced, not compiled, where such a kernel exists (accel/codegen/flat.py). "
+             "0: every region's kernel is built for its own sizes."),
         Flag("ACCEL_LAUNCH_AHEAD", "cuda", _parse_choice("cuda", "all", "off"),
              "Launch a region's kernel at its first call where the last flushes of regions "
              "starting there ran the same kernel, so that on a GPU it runs while the host "

@@ -14,7 +14,7 @@ import os
 import threading
 import time
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional, Tuple
 
 import torch
@@ -30,7 +30,7 @@ STATS = {"flushes": 0, "kernel_runs": 0, "eager_replays": 0, "memory_hits": 0,
          "store_hits": 0, "compiles": 0, "compile_failures": 0, "compile_time_s": 0.0,
          "load_time_s": 0.0, "speculative_launches": 0, "speculative_hits": 0,
          "speculative_misses": 0, "small_region_calls": 0, "bypassed_steps": 0,
-         "recomputed_saves": 0}
+         "recomputed_saves": 0, "generic_hits": 0}
 _small_base = 0  # the dispatch filter's count of small regions' first calls at reset_stats
 _store = None
 _store_lock = threading.Lock()
@@ -45,7 +45,9 @@ def stats() -> dict:
     the mode or the dispatch filter), steps that step sampling ran without interception
     (``bypassed_steps``; accel/sampling.py), and values autograd saved from a region that
     its kernel did not write, to be recomputed in the backward (``recomputed_saves``;
-    accel/remat.py)."""
+    accel/remat.py), and regions compiled without a compiler run, served by the
+    shape-generic kernel of a flat region of other sizes (``generic_hits``;
+    accel/codegen/flat.py)."""
     from . import dispatch
 
     out = dict(STATS)
@@ -114,6 +116,7 @@ class CompiledRegion:
     scratch: Tuple[int, ...] = ()
     cuda: bool = False
     traffic: int = -1  # bytes of its inputs and outputs (-1: not known yet; see _predict)
+    sizes: list = field(default_factory=list)  # a shape-generic kernel's loop lengths: scalars after the region's
 
 
 def _prod(shape) -> int:
@@ -142,13 +145,19 @@ def store_key(node: TrieNode, live, device: str = "cpu") -> str:
     """The store key: a hash of named parts (accel version and source hash, torch version,
     compiler identity and flags, CPU ISA or GPU architecture, the region's trie path and
     liveness mask). ``device``: "cpu" or "cuda"."""
+    return _hash_key("region", _key_text(node, live), device)
+
+
+def _hash_key(kind: str, text: str, device: str) -> str:
+    """A store key: ``text`` (a region's trie path and liveness, or a shape-generic
+    kernel's IR, ``kind`` "generic") hashed with accel's, torch's and the compiler's
+    identities."""
     from .build import compiler_key, source_hash
     from .store import STORE_VERSION
 
     parts = {"store": STORE_VERSION, "accel": f"{__version__}+{source_hash()}",
-             "torch": torch.__version__,
-             "compiler": compiler_key(device), "region": _key_text(node, live)}
-    log.debug("key parts: %s", {k: v for k, v in parts.items() if k != "region"})
+             "torch": torch.__version__, "compiler": compiler_key(device), kind: text}
+    log.debug("key parts: %s", {k: v for k, v in parts.items() if k != kind})
     return hashlib.sha256(repr(sorted(parts.items())).encode()).hexdigest()
 
 
@@ -156,6 +165,7 @@ def _compile(region: Region, live, key: str, store):
     from .build import build
     from .codegen.cpp import CppRenderer
     from .codegen.cuda import CudaRenderer
+    from .codegen.flat import FlatCppRenderer, flat_layout
     from .graph import trace_region
     from .loop_ir import BufferSpec
     from .lowering import lower
@@ -177,26 +187,64 @@ def _compile(region: Region, live, key: str, store):
         outs = [BufferSpec(region.out_meta[i][2], tuple(region.out_meta[i][0]), tuple(region.out_meta[i][1]),
                            True) for i in live_idx]
         ir = lower(tr.gm, ext, outs, scalar_types)
-        name = "accel_region_" + key[:16]
         device = _device_type(region)
-        renderer = CppRenderer() if device == "cpu" else CudaRenderer()
-        source = renderer.render(ir, name)
-        launches = renderer.launches
-    artifact = build(source, name, device, store)
+        flat = flat_layout(ir) if device == "cpu" and config.flag("ACCEL_GENERIC_KERNELS") else None
+        if flat is not None:  # one kernel for every size of this flat IR (codegen/flat.py)
+            gkey = _hash_key("generic", flat.text, device)
+            name = "accel_region_" + gkey[:16]
+            shared = store.get(gkey)
+            source = None if shared is not None else FlatCppRenderer(flat.loops).render(ir, name)
+            launches = None
+        else:
+            name = "accel_region_" + key[:16]
+            renderer = CppRenderer() if device == "cpu" else CudaRenderer()
+            source = renderer.render(ir, name)
+            launches = renderer.launches
+    readable = _readable(region.calls, region)
+    if flat is None:
+        artifact = build(source, name, device, store)
+    else:
+        artifact, source = _shared_kernel(shared, gkey, source, name, store, readable)
     dt = time.perf_counter() - t0
-    meta = {"readable": _readable(region.calls, region), "symbol": name, "source": source,
+    meta = {"readable": readable, "symbol": name, "source": source,
             "live_idx": list(live_idx), "pass_log": pass_log, "compile_time_s": dt,
             "graph": str(tr.gm.graph), "ir": ir.describe(), "torch": torch.__version__,
             "n_ext": len(ext), "n_out": len(outs), "scalar_types": scalar_types, "device": device,
             "scratch": [_prod(b.shape) * _itemsize(b.dtype) for b in ir.buffers if b.scratch]}
     if launches is not None:
         meta["launches"] = launches
+    if flat is not None:
+        meta["sizes"], meta["generic"] = flat.sizes, gkey
     with _TRACE_LOCK:
         STATS["compiles"] += 1
         STATS["compile_time_s"] += dt
     store.record("compiles")
     log.info("compiled region %s in %.2f s: %s", key[:16], dt, meta["readable"])
     return store.put(key, artifact, meta)
+
+
+def _shared_kernel(shared, gkey: str, source, name: str, store, readable: str):
+    """The artifact and source of the shape-generic kernel of store key ``gkey``:
+    ``shared``, its entry, or built now from ``source`` (under the key's compile lock: one
+    builder across processes) and stored. A region served by an existing one counts as a
+    ``generic_hits`` (no compiler run)."""
+    from .build import build
+
+    if shared is None:
+        with store.compile_lock(gkey):
+            shared = store.get(gkey)
+            if shared is None:
+                t0 = time.perf_counter()
+                artifact = build(source, name, "cpu", store)
+                shared = store.put(gkey, artifact, {
+                    "readable": "shape-generic: " + readable, "symbol": name, "source": source,
+                    "device": "cpu", "compile_time_s": time.perf_counter() - t0,
+                    "ir": "flat loops, lengths at run time", "torch": torch.__version__})
+                return artifact, source
+    with _TRACE_LOCK:
+        STATS["generic_hits"] += 1
+    with open(shared.path, "rb") as f:
+        return f.read(), shared.meta["source"]
 
 
 _POOL = None
@@ -286,7 +334,7 @@ def _load(entry) -> CompiledRegion:
         fn = native.load(entry.path, entry.meta["symbol"])
     STATS["load_time_s"] += time.perf_counter() - t0
     return CompiledRegion(fn, tuple(entry.meta["live_idx"]), entry.key,
-                          tuple(entry.meta.get("scratch", ())), cuda)
+                          tuple(entry.meta.get("scratch", ())), cuda, sizes=list(entry.meta.get("sizes", ())))
 
 
 #: steps begun in this process, on every thread: backward passes (outermost) and outermost
@@ -731,7 +779,7 @@ def _launch(kern: CompiledRegion, region: Region, ptrs, scalars):
     """Run ``kern`` (CPU: now; CUDA: on the current stream of the region's GPU, the host not
     waiting); returns (status, CUDA stream or None)."""
     if not kern.cuda:
-        return native.launch(kern.fn, ptrs, scalars), None
+        return native.launch(kern.fn, ptrs, scalars + kern.sizes if kern.sizes else scalars), None
     dev = _cuda_index(region)
     stream = _raw_stream(dev)
     return kern.fn.launch(ptrs, scalars, stream, dev), stream
