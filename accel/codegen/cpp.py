@@ -109,6 +109,7 @@ class CppRenderer(GroupLoops, ColumnLoops, TiledLoops, CStyle):
             # (both conversions in one kernel: rare) is compiled with trapping math.
             prefix = '#pragma GCC optimize ("trapping-math")\n' + prefix
         lines = [prefix, f'extern "C" int {name}(void* const* bufs, const accel_scalar_t* s) {{']
+        lines += self.preamble(ir)
         written = {st.buf for nest in ir.nests for st in nest.stores}
         for i, b in enumerate(ir.buffers):
             q = "" if i in written else "const "
@@ -127,6 +128,10 @@ class CppRenderer(GroupLoops, ColumnLoops, TiledLoops, CStyle):
         lines += body
         lines += ["  return ACCEL_OK;", "}", ""]
         return "\n".join(lines)
+
+    def preamble(self, ir: LoopIR) -> List[str]:
+        """Declarations at the top of the entry point, before the buffers' (none here)."""
+        return []
 
     # -- planning ---------------------------------------------------------------------------
     def render_nest(self, nest: Nest, ir: LoopIR) -> List[str]:

@@ -19,8 +19,11 @@ loop.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Dict, List, Optional
+
+import torch
 
 from ..loop_ir import Addr, Expr, LoopIR, walk
 from .cpp import CHUNK, CppRenderer, stream_min_bytes
@@ -43,6 +46,8 @@ def flat_layout(ir: LoopIR) -> Optional[FlatLayout]:
     """The :class:`FlatLayout` of ``ir``, or None where it is not flat (see the module's
     docstring), has scratch buffers or an empty loop, or where a nest's stores reach the
     streaming-store size (its static kernel streams them)."""
+    if any(b.scratch for b in ir.buffers):
+        return None
     loops: List[int] = []
     bound: Dict[int, int] = {}  # buffer -> the loop variable it is indexed by (-1: element 0)
     for nest in ir.nests:
@@ -71,10 +76,8 @@ def flat_layout(ir: LoopIR) -> Optional[FlatLayout]:
     for buf, var in bound.items():
         spec = ir.buffers[buf]
         n = 1 if var == -1 else ir.sizes[var]
-        if _numel(spec.shape) != n or not _contiguous(spec.shape, spec.stride):
+        if math.prod(spec.shape) != n or not _contiguous(spec):
             return None
-    if any(b.scratch for b in ir.buffers):
-        return None
     order = {v: k for k, v in enumerate(loops)}
     return FlatLayout(loops, [ir.sizes[v] for v in loops], _text(ir, order))
 
@@ -88,20 +91,10 @@ def _flat_var(addr: Addr, v: Optional[int]) -> Optional[int]:
     return None
 
 
-def _numel(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
-
-
-def _contiguous(shape, stride) -> bool:
-    expect = 1
-    for s, st in reversed(list(zip(shape, stride))):
-        if s != 1 and st != expect:
-            return False
-        expect *= s
-    return True
+def _contiguous(spec) -> bool:
+    """Whether a buffer's elements are contiguous in row-major order (PyTorch's test: a
+    size-1 dim's stride does not matter)."""
+    return torch.empty_strided(spec.shape, spec.stride, dtype=spec.dtype, device="meta").is_contiguous()
 
 
 def _text(ir: LoopIR, order: Dict[int, int]) -> str:
@@ -148,24 +141,13 @@ class FlatCppRenderer(CppRenderer):
         super().__init__()
         self.loops = loops
 
-    def render(self, ir: LoopIR, name: str) -> str:
-        lines = super().render(ir, name).split("\n")
-        at = next(i for i, line in enumerate(lines) if line.startswith('extern "C"')) + 1
+    def preamble(self, ir: LoopIR) -> List[str]:
         first = len(ir.scalar_types)
-        lines[at:at] = [f"  const int64_t n{v} = s[{first + k}].i;" for k, v in enumerate(self.loops)]
-        return "\n".join(lines)
-
-    def render_nest(self, nest, ir: LoopIR) -> List[str]:
-        self._plan(nest, ir)  # (no empty-loop test: the length is known at run time)
-        out = ["  {"]
-        self._emit_nest(0, out, "    ", nest)
-        out.append("  }")
-        return out
-
-    def _work(self, nest) -> int:
-        return PARALLEL_MIN if nest.vars else 0  # the run-time test is the pragma's if()
+        return [f"  const int64_t n{v} = s[{first + k}].i;" for k, v in enumerate(self.loops)]
 
     def _emit_loop(self, j, out, ind, nest, parallel, innermost, simd, par_pragma) -> None:
+        # every flat loop: run-time chunks, threads from PARALLEL_MIN on (``parallel`` and
+        # the nest's sizes in the IR are the first region's, not this call's)
         n = f"n{nest.vars[j]}"
         out.append(f"{ind}#pragma omp parallel for schedule(static) if({n} >= {PARALLEL_MIN})")
         out.append(f"{ind}for (int64_t c = 0; c < ({n} + {CHUNK - 1}) / {CHUNK}; ++c) {{")
