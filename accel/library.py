@@ -60,13 +60,15 @@ def _keep_shape(x: torch.Tensor, dims: Sequence[int]) -> List[int]:
     return [1 if d in ds else s for d, s in enumerate(x.shape)]
 
 
-def _define(schema: str, fake):
-    """Define ``accel::<schema>`` with the decorated reference and ``fake``."""
+def _define(schema: str, fake, eager=None):
+    """Define ``accel::<schema>`` with the decorated reference and ``fake``; its eager
+    kernel is ``eager`` where given (one of eager's own ops computing the same values),
+    else the reference."""
     name = schema.split("(")[0]
 
     def deco(ref):
         _LIB.define(schema)
-        _LIB.impl(name, ref, "CompositeExplicitAutograd")
+        _LIB.impl(name, eager or ref, "CompositeExplicitAutograd")
         torch.library.register_fake(f"accel::{name}", fake, lib=_LIB)
         return ref
 
@@ -246,8 +248,17 @@ def _fake_nll_loss_backward(grad_output, target, total_weight, classes, reductio
     return grad_output.new_empty((target.shape[0], classes))
 
 
+def _eager_nll_loss_backward(grad_output, target, total_weight, classes, reduction, ignore_index):
+    # eager's own kernel, whose ``self`` gives only the result's shape and dtype: one kernel,
+    # already loaded (the reference's half dozen run where a region of it runs eagerly:
+    # on a GPU, their first calls in a process loaded 58 ms of kernels on the H200)
+    shape = grad_output.new_empty(()).expand(target.shape[0], classes)
+    return torch.ops.aten.nll_loss_backward.default(grad_output, shape, target, None, reduction,
+                                                    ignore_index, total_weight)
+
+
 @_define("nll_loss_backward(Tensor grad_output, Tensor target, Tensor total_weight, int classes,"
-         " int reduction, int ignore_index) -> Tensor", _fake_nll_loss_backward)
+         " int reduction, int ignore_index) -> Tensor", _fake_nll_loss_backward, _eager_nll_loss_backward)
 def nll_loss_backward(grad_output: torch.Tensor, target: torch.Tensor, total_weight: torch.Tensor,
                       classes: int, reduction: int, ignore_index: int) -> torch.Tensor:
     """Eager's ``nll_loss_backward(grad_output, self, target, None, reduction, ignore_index,

@@ -2114,6 +2114,27 @@ def test_cross_entropy_backward_never_writes_the_nll_gradient(device, dtype, red
     assert fused_nll_backward == [True] * 6
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("reduction", [0, 1, 2])
+def test_nll_loss_backward_op_runs_eagers_kernel(device, dtype, reduction):
+    """``accel.nll_loss_backward`` run eagerly (a region of it run eagerly: small, idle, a
+    fallback) is eager's ``nll_loss_backward``, one kernel; its reference, the
+    decomposition a kernel fuses, gives the same values. Bit-exact, ignored targets in."""
+    from accel import library
+
+    g = torch.Generator().manual_seed(5)
+    t = torch.randint(0, 13, (21,), generator=g)
+    t[[1, 8]] = -100
+    go = torch.randn(21 if reduction == 0 else (), generator=g, dtype=dtype).to(device)
+    t, tot = t.to(device), torch.tensor(19.0, dtype=dtype, device=device)
+    got = torch.ops.accel.nll_loss_backward(go, t, tot, 13, reduction, -100)
+    want = torch.ops.aten.nll_loss_backward(go, torch.empty(21, 13, dtype=dtype, device=device), t,
+                                            None, reduction, -100, tot)
+    assert got.is_contiguous() and torch.equal(got, want)
+    assert torch.equal(library.nll_loss_backward(go, t, tot, 13, reduction, -100), want)
+
+
 def test_nll_loss_backward_elsewhere_runs_eagerly(fused_nll_backward):
     """``nll_loss_backward`` outside autograd's ``NllLossBackward0`` (called directly, where
     no forward checked the targets) runs as eager's, raising eager's error on a target out
