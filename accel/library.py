@@ -206,8 +206,18 @@ def _fake_nll_of_log_softmax(x, rows, target, reduction, ignore_index):
     return x.new_empty((n,) if reduction == 0 else ()), x.new_empty(())
 
 
+def _eager_nll_of_log_softmax(x, rows, target, reduction, ignore_index):
+    # eager's two kernels (its results, bit for bit), where a region of the op runs eagerly:
+    # the reference runs a dozen
+    logp = torch.ops.aten._log_softmax.default(x, 1, False)
+    loss, total = torch.ops.aten.nll_loss_forward.default(logp, target, None, reduction, ignore_index)
+    if reduction == 0:  # (eager's total weight is 0 there; the op's, the count of kept rows)
+        total = (target != ignore_index).sum(dtype=x.dtype)
+    return loss, total
+
+
 @_define("nll_of_log_softmax(Tensor x, Tensor rows, Tensor target, int reduction, int ignore_index)"
-         " -> (Tensor loss, Tensor total_weight)", _fake_nll_of_log_softmax)
+         " -> (Tensor loss, Tensor total_weight)", _fake_nll_of_log_softmax, _eager_nll_of_log_softmax)
 def nll_of_log_softmax(x: torch.Tensor, rows: torch.Tensor, target: torch.Tensor, reduction: int,
                        ignore_index: int) -> Tuple[torch.Tensor, torch.Tensor]:
     """``nll_loss_forward(log_softmax(x, 1), target, None, reduction, ignore_index)`` given

@@ -2135,6 +2135,31 @@ def test_nll_loss_backward_op_runs_eagers_kernel(device, dtype, reduction):
     assert torch.equal(library.nll_loss_backward(go, t, tot, 13, reduction, -100), want)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("reduction", [0, 1, 2])
+def test_nll_of_log_softmax_op_runs_eagers_kernels(device, dtype, reduction):
+    """``accel.nll_of_log_softmax`` run eagerly is eager's ``log_softmax`` and
+    ``nll_loss_forward``, bit for bit (two kernels, not its reference's dozen), its total
+    weight the count of kept rows for every reduction; its reference, the decomposition a
+    kernel fuses, is close to it and counts alike."""
+    from accel import library
+
+    g = torch.Generator().manual_seed(6)
+    x = (torch.randn(21, 13, generator=g, dtype=dtype) * 3).to(device)
+    t = torch.randint(0, 13, (21,), generator=g)
+    t[[1, 8]] = -100
+    t = t.to(device)
+    rows = torch.ops.aten.nll_loss_forward(x, t, None, 0, -100)[0]
+    loss, total = torch.ops.accel.nll_of_log_softmax(x, rows, t, reduction, -100)
+    F = torch.nn.functional
+    want = F.nll_loss(F.log_softmax(x, 1), t, reduction=("none", "mean", "sum")[reduction])
+    assert torch.equal(loss, want) and torch.equal(total, torch.tensor(19.0, dtype=dtype, device=device))
+    ref_loss, ref_total = library.nll_of_log_softmax(x, rows, t, reduction, -100)
+    close(ref_loss, want)
+    assert torch.equal(ref_total, total)
+
+
 def test_nll_loss_backward_elsewhere_runs_eagerly(fused_nll_backward):
     """``nll_loss_backward`` outside autograd's ``NllLossBackward0`` (called directly, where
     no forward checked the targets) runs as eager's, raising eager's error on a target out
