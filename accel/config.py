@@ -110,10 +110,11 @@ FLAGS = {
              "built in the next step that meets no new shape. Steps: backward passes and "
              "outermost accel.eager() blocks. 0: no limit."),
         Flag("ACCEL_GENERIC_KERNELS", True, _parse_bool,
-             "On a CPU, one kernel for every size of a flat region (pointwise work over "
-             "contiguous tensors: an optimizer's update of each parameter, a conversion of "
-             "each weight), its loops' lengths taken at run time: a region of new sizes is "
-             "traced, not compiled, where such a kernel exists (accel/codegen/flat.py). "
+             "On a CPU, one kernel for every length of a region's outer loops (an "
+             "optimizer's update of each parameter, a conversion of each weight, a bias + "
+             "activation or a LayerNorm over a varying number of rows), those lengths "
+             "taken at run time: a region of new lengths is traced, not compiled, where "
+             "such a kernel exists (accel/codegen/generic.py). "
              "0: every region's kernel is built for its own sizes."),
         Flag("ACCEL_LAUNCH_AHEAD", "cuda", _parse_choice("cuda", "all", "off"),
              "Launch a region's kernel at its first call where the last flushes of regions "

@@ -46,8 +46,8 @@ def stats() -> dict:
     (``bypassed_steps``; accel/sampling.py), and values autograd saved from a region that
     its kernel did not write, to be recomputed in the backward (``recomputed_saves``;
     accel/remat.py), and regions compiled without a compiler run, served by the
-    shape-generic kernel of a flat region of other sizes (``generic_hits``;
-    accel/codegen/flat.py)."""
+    shape-generic kernel of a region of other outer lengths (``generic_hits``;
+    accel/codegen/generic.py)."""
     from . import dispatch
 
     out = dict(STATS)
@@ -162,10 +162,10 @@ def _hash_key(kind: str, text: str, device: str) -> str:
 
 
 def _compile(region: Region, live, key: str, store):
-    from .build import build
+    from .build import BuildError, build
     from .codegen.cpp import CppRenderer
     from .codegen.cuda import CudaRenderer
-    from .codegen.flat import FlatCppRenderer, flat_layout
+    from .codegen.generic import GenericCppRenderer, NotGeneric, generic_layout
     from .graph import trace_region
     from .loop_ir import BufferSpec
     from .lowering import lower
@@ -188,23 +188,33 @@ def _compile(region: Region, live, key: str, store):
                            True) for i in live_idx]
         ir = lower(tr.gm, ext, outs, scalar_types)
         device = _device_type(region)
-        flat = flat_layout(ir) if device == "cpu" and config.flag("ACCEL_GENERIC_KERNELS") else None
-        if flat is not None:  # one kernel for every size of this flat IR (codegen/flat.py)
-            gkey = _hash_key("generic", flat.text, device)
+        gen = generic_layout(ir) if device == "cpu" and config.flag("ACCEL_GENERIC_KERNELS") else None
+        if gen is not None:  # one kernel for every length of the outer loops (codegen/generic.py)
+            gkey = _hash_key("generic", gen.text, device)
             name = "accel_region_" + gkey[:16]
-            shared = store.get(gkey)
-            source = None if shared is not None else FlatCppRenderer(flat.loops).render(ir, name)
-            launches = None
-        else:
+            shared, source = store.get(gkey), None
+            if shared is None:
+                try:
+                    source = GenericCppRenderer(gen.loops).render(ir, name)
+                except NotGeneric as e:
+                    log.debug("accel: region %s is built for its sizes: %s", key[:16], e)
+                    gen = None
+    readable = _readable(region.calls, region)
+    if gen is not None:
+        try:
+            artifact, source = _shared_kernel(shared, gkey, source, name, store, readable)
+        except BuildError as e:  # (not expected: the static kernel's code, its bounds at run time)
+            log.warning("accel: a shape-generic kernel did not build; region %s is built for its "
+                        "sizes (%s)", key[:16], str(e).splitlines()[0])
+            gen = None
+    launches = None
+    if gen is None:
+        with _TRACE_LOCK:
             name = "accel_region_" + key[:16]
             renderer = CppRenderer() if device == "cpu" else CudaRenderer()
             source = renderer.render(ir, name)
             launches = renderer.launches
-    readable = _readable(region.calls, region)
-    if flat is None:
         artifact = build(source, name, device, store)
-    else:
-        artifact, source = _shared_kernel(shared, gkey, source, name, store, readable)
     dt = time.perf_counter() - t0
     meta = {"readable": readable, "symbol": name, "source": source,
             "live_idx": list(live_idx), "pass_log": pass_log, "compile_time_s": dt,
@@ -213,8 +223,8 @@ def _compile(region: Region, live, key: str, store):
             "scratch": [_prod(b.shape) * _itemsize(b.dtype) for b in ir.buffers if b.scratch]}
     if launches is not None:
         meta["launches"] = launches
-    if flat is not None:
-        meta["sizes"], meta["generic"] = flat.sizes, gkey
+    if gen is not None:
+        meta["sizes"], meta["generic"] = gen.sizes, gkey
     with _TRACE_LOCK:
         STATS["compiles"] += 1
         STATS["compile_time_s"] += dt
@@ -239,7 +249,7 @@ def _shared_kernel(shared, gkey: str, source, name: str, store, readable: str):
                 shared = store.put(gkey, artifact, {
                     "readable": "shape-generic: " + readable, "symbol": name, "source": source,
                     "device": "cpu", "compile_time_s": time.perf_counter() - t0,
-                    "ir": "flat loops, lengths at run time", "torch": torch.__version__})
+                    "ir": "outer loops' lengths at run time", "torch": torch.__version__})
                 return artifact, source
     with _TRACE_LOCK:
         STATS["generic_hits"] += 1

@@ -1,7 +1,8 @@
-"""Shape-generic flat kernels (accel/codegen/flat.py): on a CPU, flat regions (pointwise work
-over contiguous tensors) of different sizes share one kernel that takes its loops' lengths
-at run time. Every result is checked against eager, and against the kernel built for the
-region's own sizes (ACCEL_GENERIC_KERNELS=0): the same loop body, so the same bits."""
+"""Shape-generic kernels (accel/codegen/generic.py): on a CPU, regions that differ only in the
+lengths of their outer loops (the elements of flat pointwise work, the rows of row-wise
+work) share one kernel that takes those lengths at run time. Every result is checked
+against eager, and against the kernel built for the region's own sizes
+(ACCEL_GENERIC_KERNELS=0): the same loop body, so the same bits."""
 import subprocess
 import sys
 import textwrap
@@ -10,7 +11,7 @@ import pytest
 import torch
 
 import accel
-from accel.codegen.flat import flat_layout
+from accel.codegen.generic import NotGeneric, RunTimeLength, generic_layout
 
 close = torch.testing.assert_close
 
@@ -126,39 +127,110 @@ def test_each_loop_takes_its_own_length(generic, monkeypatch):
     assert accel.stats()["generic_hits"] == 1
 
 
-def test_regions_that_are_not_flat_keep_static_kernels(generic):
-    """A transposed read, a broadcast row, a reduction: none is flat, each is built for its
-    own sizes."""
-    x, y, r = torch.randn(300, 200), torch.randn(200, 300), torch.randn(300)
-    programs = [lambda: x.t() * 2 + y, lambda: (x.t() + r) * 3, lambda: (x * 2).sum(1) + 1]
+def test_rows_of_other_counts_share_one_kernel(generic, monkeypatch):
+    """Row-wise regions over other row counts (a bias + GELU + LayerNorm, a softmax, a row
+    sum, a broadcast row): one kernel each, the other counts served by it, every result the
+    static kernel's bits; a single row too (its IR has no row loop)."""
+    F = torch.nn.functional
+    g = torch.Generator().manual_seed(0)
+    b, w = torch.randn(96, generator=g), torch.randn(96, generator=g)
+    programs = [lambda x: F.layer_norm(F.gelu(x + b, approximate="tanh"), (96,), w, b),
+                lambda x: torch.softmax(x * 0.125, -1), lambda x: (x * 2).sum(1) + 1,
+                lambda x: (x + w) * 3]
+    rows = [300, 7, 1000]
     for p in programs:
-        with accel.eager():
-            got = p()
-        close(got, p())
+        for n in rows:
+            x = torch.randn(n, 96, generator=g)
+            _same(*_both(p, x, monkeypatch=monkeypatch), exact=False)
+    assert accel.stats()["generic_hits"] == len(programs) * (len(rows) - 1)
+    assert sum(m.get("readable", "").startswith("shape-generic") for m in _entries()) == len(programs)
+    for p in programs:  # one row: the lowering drops the dim, another IR (another kernel)
+        _same(*_both(p, torch.randn(1, 96, generator=g), monkeypatch=monkeypatch), exact=False)
+
+
+def test_regions_whose_code_holds_a_length_keep_static_kernels(generic):
+    """A transposed read (its addresses hold the row count) and a whole reduction (its
+    length in the loop): each built for its own sizes, no kernel shared."""
+    programs = [lambda x, y: x.t() * 2 + y, lambda x, y: (x * 2).sum() + y.sum()]
+    for p in programs:
+        for n in (300, 200):
+            g = torch.Generator().manual_seed(n)
+            x, y = torch.randn(n, 50, generator=g), torch.randn(50, n, generator=g)
+            with accel.eager():
+                got = p(x, y)
+            close(got, p(x, y))
     assert accel.stats()["generic_hits"] == 0
+
+
+def test_a_decision_on_a_run_time_length_builds_the_regions_own_kernel(generic, monkeypatch, caplog):
+    """Where the generic renderer meets a decision on a run-time length (NotGeneric), or
+    its kernel does not build, the region is built for its own sizes: results right, no
+    shared kernel, the build failure logged."""
+    from accel import runtime
+    from accel.build import BuildError
+    from accel.codegen.generic import GenericCppRenderer
+
+    def refuse(self, ir, name):
+        raise NotGeneric("test")
+
+    def fail(*args):
+        raise BuildError("test: no generic build")
+
+    x = torch.randn(400, 30)
+    for patch, value in ((GenericCppRenderer, ("render", refuse)), (runtime, ("_shared_kernel", fail))):
+        with monkeypatch.context() as m:
+            m.setattr(patch, *value)
+            for n in (400, 100):
+                with accel.eager():
+                    got = torch.tanh(x[:n] * 3) + 1
+                close(got, torch.tanh(x[:n] * 3) + 1)
+        x = torch.randn(400, 31)
+    assert accel.stats()["generic_hits"] == 0 and accel.stats()["compile_failures"] == 0
     assert not any(m.get("readable", "").startswith("shape-generic") for m in _entries())
+    assert "shape-generic kernel did not build" in caplog.text
 
 
-def test_flat_layout_reads_the_ir():
-    """What flat_layout accepts: one loop a nest, unit addresses, contiguous buffers of the
-    loop's length, nothing reduced; the text leaves the lengths out."""
+def test_a_run_time_length_prints_and_refuses_every_other_use():
+    """RunTimeLength formats as the kernel's variable; arithmetic, comparison, truth,
+    conversion and hashing raise NotGeneric (so no decision can read it)."""
+    n = RunTimeLength(3)
+    assert f"{n}" == str(n) == "n3" and f"i < {n}" == "i < n3"
+    for use in (lambda: n + 1, lambda: 1 + n, lambda: n * 2, lambda: 2 * n, lambda: -n,
+                lambda: n < 5, lambda: 5 < n, lambda: n == 3, lambda: bool(n), lambda: int(n),
+                lambda: hash(n), lambda: max(n, 4), lambda: sum([1, n])):
+        with pytest.raises(NotGeneric):
+            use()
+
+
+def test_generic_layout_reads_the_ir():
+    """What generic_layout accepts and its text: each nest's outer loop of run-time length,
+    every other length, address and operand in the text; no layout without a loop, with a
+    scratch buffer, or with stores of the streaming size."""
+    from accel.codegen.cpp import stream_min_bytes
     from accel.loop_ir import Addr, BufferSpec, Expr, LoopIR, Nest, Store
 
     f32 = torch.float32
 
-    def ir(n, addr=((0, 1),), shape=None, stride=(1,), reduce=False):
-        load = Expr("load", f32, (0, Addr(addr)))
-        value = Expr("reduce", f32, ("sum", (load,), (0,), 0)) if reduce else Expr("exp", f32, (load,))
-        bufs = [BufferSpec(f32, shape or (n,), stride, False), BufferSpec(f32, (n,), (1,), True)]
-        return LoopIR(bufs, [], [n], [Nest([0], [Store(1, Addr(((0, 1),)), value)])])
+    def ir(n, d=None, coeff=1, scratch=False, loops=True):
+        sizes = [n] if d is None else [n, d]
+        inner = () if d is None else ((1, 1),)
+        load = Expr("load", f32, (0, Addr(((0, coeff * (d or 1)),) + inner)))
+        bufs = [BufferSpec(f32, (n * coeff,), (1,), False), BufferSpec(f32, (n,), (1,), True, scratch)]
+        if not loops:  # a whole reduction in a nest without a loop
+            value = Expr("reduce", f32, ("sum", (load,), (0,), 0))
+            return LoopIR(bufs, [], sizes, [Nest([], [Store(1, Addr(()), value)])])
+        out = Addr(((0, d or 1),) + inner)
+        return LoopIR(bufs, [], sizes, [Nest(list(range(len(sizes))), [Store(1, out, Expr("exp", f32, (load,)))])])
 
-    a, b = flat_layout(ir(100)), flat_layout(ir(7))
-    assert a.sizes == [100] and b.sizes == [7] and a.text == b.text
-    assert flat_layout(ir(100, shape=(10, 10), stride=(10, 1))).text == a.text  # contiguous
-    assert flat_layout(ir(100, addr=((0, 2),), shape=(200,))) is None  # every other element
-    assert flat_layout(ir(100, shape=(10, 10), stride=(1, 10))) is None  # transposed
-    assert flat_layout(ir(100, addr=(), shape=(100,))) is None  # element 0 of a longer buffer
-    assert flat_layout(ir(100, reduce=True)) is None
+    a, b = generic_layout(ir(100)), generic_layout(ir(7))
+    assert a.loops == [0] and a.sizes == [100] and b.sizes == [7] and a.text == b.text
+    assert generic_layout(ir(100, coeff=2)).text != a.text  # every other element
+    rows = [generic_layout(ir(n, 64)) for n in (100, 7)]
+    assert rows[0].text == rows[1].text and rows[0].sizes == [100]
+    assert generic_layout(ir(100, 65)).text != rows[0].text  # another row length
+    assert generic_layout(ir(100, loops=False)) is None
+    assert generic_layout(ir(100, scratch=True)) is None
+    assert generic_layout(ir(stream_min_bytes() // 4)) is None
 
 
 def test_a_new_process_launches_the_shared_kernel_from_the_store(tmp_path):

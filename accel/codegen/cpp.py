@@ -135,7 +135,7 @@ class CppRenderer(GroupLoops, ColumnLoops, TiledLoops, CStyle):
 
     # -- planning ---------------------------------------------------------------------------
     def render_nest(self, nest: Nest, ir: LoopIR) -> List[str]:
-        if any(ir.sizes[v] == 0 for v in nest.vars):
+        if self._empty(nest, ir):
             return []
         self._plan(nest, ir)
         out = ["  {"]
@@ -144,6 +144,10 @@ class CppRenderer(GroupLoops, ColumnLoops, TiledLoops, CStyle):
             out.append("    accel::stream_fence();")
         out.append("  }")
         return out
+
+    def _empty(self, nest: Nest, ir: LoopIR) -> bool:
+        """Whether one of the nest's loops runs no iteration (the nest is then left out)."""
+        return any(ir.sizes[v] == 0 for v in nest.vars)
 
     def _plan(self, nest: Nest, ir: LoopIR) -> None:
         """Place every value, reduction group and store of ``nest`` in the scope of the

@@ -1,0 +1,249 @@
+"""Shape-generic kernels (CPU): one kernel for every length of a region's outer loops.
+
+Each nest of a region's loop IR runs its loops around its stores; the outermost one is,
+in most regions, the rows of its tensors, or all their elements: an optimizer's update of
+each parameter, a weight's initialization or conversion, a bias + activation or a
+LayerNorm over a varying number of rows. Two regions whose IR is the same up to the
+lengths of those outer loops compute the same thing, iteration by iteration, so one kernel
+serves both, taking the lengths at run time (after the region's scalars) instead of as
+constants: :func:`generic_layout` finds the outer loops and the IR's text with their
+lengths left out (the store key of the shared kernel); :class:`GenericCppRenderer`
+renders it.
+
+Why the shared kernel computes what each region's own kernel would: the text holds
+everything the renderer reads but those lengths (every address with its coefficients, the
+inner loops' and the reductions' lengths, the buffers' dtypes, the scalars' types), and the
+renderer sees each outer length as a :class:`RunTimeLength`: an int that prints as the C
+variable holding it and refuses every other use (arithmetic, comparison, truth,
+conversion, hashing) with :class:`NotGeneric`. A decision that depends on a length (a row
+cache or a vertical loop over it, a tile) therefore raises and the region is built for
+its own sizes; otherwise the source differs from the static kernel's only in the loops'
+bounds. The parallel threshold, the one decision about an outer length the static kernel
+always takes, becomes an OpenMP ``if()`` on the run-time iteration count.
+
+The static kernel remains the rule where a nest's stores are large enough for streaming
+stores (:func:`accel.codegen.cpp.stream_min_bytes`): such a region is built for its own
+sizes, as it is where it has scratch buffers or an empty loop.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from contextlib import contextmanager
+from typing import Dict, List, Optional
+
+from ..loop_ir import Addr, Expr, LoopIR, reductions, walk
+from .cpp import CHUNK, CppRenderer, stream_min_bytes
+from .cpp_groups import PARALLEL_MIN
+
+
+class NotGeneric(Exception):
+    """A renderer's decision depends on a run-time length (:class:`RunTimeLength`): the
+    region is built for its own sizes."""
+
+
+class RunTimeLength(int):
+    """Loop ``var``'s length, known at run time: formats as ``n<var>``, the kernel's
+    variable holding it; any other use from Python raises :class:`NotGeneric`. (C code
+    that takes an int's value directly, ``range()`` or ``%d`` formatting, would read 0:
+    the renderers use neither on a loop's length, and only an outer loop's is one.)"""
+
+    def __new__(cls, var: int):
+        self = super().__new__(cls, 0)
+        self.var = var
+        return self
+
+    def __format__(self, spec: str) -> str:
+        return f"n{self.var}"
+
+    def __str__(self) -> str:
+        return f"n{self.var}"
+
+    __repr__ = __str__
+
+    def _refuse(self, *args):
+        raise NotGeneric(f"the code depends on loop {self.var}'s length")
+
+
+for _op in ("add radd sub rsub mul rmul floordiv rfloordiv truediv rtruediv mod rmod divmod "
+            "rdivmod pow rpow neg pos abs invert lshift rlshift rshift rrshift and rand or ror "
+            "xor rxor lt le gt ge eq ne bool index int float hash round trunc floor ceil").split():
+    setattr(RunTimeLength, f"__{_op}__", RunTimeLength._refuse)
+
+
+@dataclasses.dataclass
+class GenericLayout:
+    """A region's shape-generic description. ``loops``: the outer loops' variables, in
+    nest order (the k-th takes run-time scalar ``len(ir.scalar_types) + k``); ``sizes``:
+    their lengths in this region; ``text``: the IR with those lengths left out (what the
+    shared kernel's store key hashes)."""
+
+    loops: List[int]
+    sizes: List[int]
+    text: str
+
+
+def generic_layout(ir: LoopIR) -> Optional[GenericLayout]:
+    """The :class:`GenericLayout` of ``ir`` (each nest's outermost loop of run-time
+    length), or None where it has no loop, has scratch buffers or an empty loop, or a
+    nest's stores reach the streaming-store size (its static kernel streams them)."""
+    if any(b.scratch for b in ir.buffers):
+        return None
+    loops: List[int] = []
+    for nest in ir.nests:
+        if not nest.vars:
+            continue
+        if any(ir.sizes[v] <= 0 for v in nest.vars):
+            return None
+        out_bytes = sum(ir.buffers[st.buf].dtype.itemsize for st in nest.stores if st.addr.terms)
+        if math.prod(ir.sizes[v] for v in nest.vars) * out_bytes >= stream_min_bytes():
+            return None
+        if nest.vars[0] not in loops:
+            loops.append(nest.vars[0])
+    if not loops or any(v in loops for nest in ir.nests for v in nest.vars[1:]) or any(
+            v in loops for nest in ir.nests for r in reductions(nest) for v in r.args[2]):
+        return None  # (a run-time length only ever as an outer loop's: see RunTimeLength)
+    text = _text(ir, ["n" if v in loops else s for v, s in enumerate(ir.sizes)])
+    return None if text is None else GenericLayout(loops, [ir.sizes[v] for v in loops], text)
+
+
+def _text(ir: LoopIR, sizes: list) -> Optional[str]:
+    """``ir`` as text, each Expr once (``eK = ...``), its loop variables renumbered in order
+    of first use (the lowering's numbering depends on dims it dropped), with ``sizes`` for
+    their lengths; None where an operand is not reached from its store (not expected)."""
+    names: Dict[Expr, str] = {}
+    order: Dict[int, int] = {}
+    lines = [f"scalars {ir.scalar_types}"] + [f"buf {b.dtype} out={b.output}" for b in ir.buffers]
+
+    def var(v: int) -> int:
+        return order.setdefault(v, len(order))
+
+    def addr(a: Addr) -> str:
+        return "[" + ",".join(f"{var(v)}*{c}" for v, c in a.terms) + "]"
+
+    def arg(a) -> str:
+        if isinstance(a, Expr):
+            return names[a]
+        if isinstance(a, Addr):
+            return addr(a)
+        if isinstance(a, (tuple, list)):
+            return "(" + ", ".join(map(arg, a)) + ")"
+        return repr(a)
+
+    def args(e: Expr) -> str:
+        if e.op == "reduce":  # (kind, bodies, rvars, which)
+            kind, bodies, rvars, which = e.args
+            return f"{kind!r}, {arg(bodies)}, {[var(r) for r in rvars]}, {which!r}"
+        return ", ".join(map(arg, e.args))
+
+    try:
+        for nest in ir.nests:
+            lines.append(f"nest {[var(v) for v in nest.vars]}")
+            for st in nest.stores:
+                for e in walk(st.value, set()):
+                    if e not in names:
+                        text = f"{e.op} {e.dtype} ({args(e)})"
+                        names[e] = f"e{len(names)}"
+                        lines.append(f"{names[e]} = {text}")
+                lines.append(f"store b{st.buf}{addr(st.addr)} = {names[st.value]}")
+    except KeyError:
+        return None
+    lines.append(f"sizes {[sizes[v] for v in order]}")
+    return "\n".join(lines)
+
+
+class GenericCppRenderer(CppRenderer):
+    """Renders a :class:`LoopIR` with the lengths of loops ``loops`` (see
+    :func:`generic_layout`) read from the run-time scalars after the region's own: loop
+    ``loops[k]``'s from ``s[len(ir.scalar_types) + k].i``. No streaming stores (decided
+    by a nest's whole size; :func:`generic_layout` leaves the nests that would stream to
+    the static kernel). The static kernel's other plans that depend on an outer loop's
+    length (a transposing tile over it, column blocks along it, a cache of a one-loop
+    nest's values between whole reductions and it) raise :class:`NotGeneric`: such a region
+    is built for its own sizes. A one-loop nest's float16 values are widened element by
+    element (the static kernel's whole-row passes are over a row of static length).
+
+    Raises:
+        NotGeneric: a decision of the renderer depends on a run-time length.
+    """
+
+    stream_stores = False
+
+    def __init__(self, loops: List[int]):
+        super().__init__()
+        self.loops = loops
+
+    def render(self, ir: LoopIR, name: str) -> str:
+        sizes = list(ir.sizes)
+        for v in self.loops:
+            sizes[v] = RunTimeLength(v)
+        return super().render(dataclasses.replace(ir, sizes=sizes), name)
+
+    def preamble(self, ir: LoopIR) -> List[str]:
+        first = len(ir.scalar_types)
+        return [f"  const int64_t n{v} = s[{first + k}].i;" for k, v in enumerate(self.loops)]
+
+    def _empty(self, nest, ir: LoopIR) -> bool:
+        return any(ir.sizes[v] == 0 for v in nest.vars if not isinstance(ir.sizes[v], RunTimeLength))
+
+    def _plan_row_cache(self, v: int, outer, inner, index: str = "") -> None:
+        if not isinstance(self.ir.sizes[v], RunTimeLength):
+            super()._plan_row_cache(v, outer, inner, index)
+        elif any(k == "group" for k, _ in outer.items):  # a one-loop nest after whole reductions
+            raise NotGeneric("a row cache over a run-time loop")
+
+    def _plan_f16_rows(self, v: int, outer, inner) -> None:
+        if not isinstance(self.ir.sizes[v], RunTimeLength):  # (else converted element by element)
+            super()._plan_f16_rows(v, outer, inner)
+
+    @contextmanager
+    def _lengths(self, k: int):
+        """The run-time lengths taken as ``k`` meanwhile (for a plan that must not depend
+        on them: it is computed at two lengths, or asked whether it would apply at all)."""
+        sizes = self.ir.sizes
+        self.ir.sizes = [k if isinstance(s, RunTimeLength) else s for s in sizes]
+        try:
+            yield
+        finally:
+            self.ir.sizes = sizes
+
+    def _plan_tile(self, order, scopes):
+        if not any(isinstance(self.ir.sizes[v], RunTimeLength) for v in order[-2:]):
+            return super()._plan_tile(order, scopes)
+        with self._lengths(1 << 30):
+            if super()._plan_tile(order, scopes) is not None:
+                raise NotGeneric("a transposing tile over a run-time loop")
+        return None
+
+    def _work(self, nest) -> int:
+        if nest.vars and isinstance(self.ir.sizes[nest.vars[0]], RunTimeLength):
+            return PARALLEL_MIN  # threads where the machine has them: if() decides at run time
+        return super()._work(nest)
+
+    def _run_time_work(self, nest) -> str:
+        """The C expression of the nest's iterations (:meth:`CppRenderer._work`), linear in
+        its outer loop's length: ``n * a + b``."""
+        at = []
+        for k in (0, 1):
+            with self._lengths(k):
+                at.append(super()._work(nest))
+        return f"{self.ir.sizes[nest.vars[0]]} * {at[1] - at[0]} + {at[0]}"
+
+    def _emit_loop(self, j, out, ind, nest, parallel, innermost, simd, par_pragma) -> None:
+        v = nest.vars[j]
+        n = self.ir.sizes[v]
+        if j or not isinstance(n, RunTimeLength):
+            super()._emit_loop(j, out, ind, nest, parallel, innermost, simd, par_pragma)
+            return
+        if innermost and self._vertical(v, self.nest_scopes[j + 1]):
+            raise NotGeneric("column blocks along a run-time loop")
+        if parallel:
+            out.append(f"{ind}#pragma {par_pragma} if({self._run_time_work(nest)} >= {PARALLEL_MIN})")
+        if simd and len(nest.vars) == 1:  # a flat loop: chunks of CHUNK, each vectorized
+            out.append(f"{ind}for (int64_t c = 0; c < ({n} + {CHUNK - 1}) / {CHUNK}; ++c) {{")
+            out.append(f"{ind}  const int64_t lo = c * {CHUNK}, hi = lo + {CHUNK} < {n} ? lo + {CHUNK} : {n};")
+            self._simd_loop(j, "lo", "hi", out, ind + "  ", nest)
+        else:  # rows: each row's loops and reductions as the static kernel's
+            out.append(f"{ind}for (int64_t i{v} = 0; i{v} < {n}; ++i{v}) {{")
+            self._emit_nest(j + 1, out, ind + "  ", nest)
+        out.append(f"{ind}}}")
