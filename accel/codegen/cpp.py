@@ -491,6 +491,14 @@ class CppRenderer(GroupLoops, ColumnLoops, TiledLoops, CStyle):
         self._emit_nest(j + 1, out, ind + "  ", nest)
         out.append(f"{ind}}}")
 
+    def _chunked_loop(self, j: int, out: List[str], ind: str, nest: Nest, n, chunks) -> None:
+        """Loop ``j`` of ``n`` iterations as ``chunks`` chunks of :data:`CHUNK` (the loop a
+        parallel pragma above it splits), each a vectorized loop."""
+        out.append(f"{ind}for (int64_t c = 0; c < {chunks}; ++c) {{")
+        out.append(f"{ind}  const int64_t lo = c * {CHUNK}, hi = lo + {CHUNK} < {n} ? lo + {CHUNK} : {n};")
+        self._simd_loop(j, "lo", "hi", out, ind + "  ", nest)
+        out.append(f"{ind}}}")
+
     def _work(self, nest: Nest) -> int:
         """Iterations the nest runs: its loops', plus each reduction group's, computed once
         per iteration of the loops that bind it (a row kernel's statistics once per row)."""
@@ -558,12 +566,8 @@ class CppRenderer(GroupLoops, ColumnLoops, TiledLoops, CStyle):
         v = nest.vars[j]
         n = self._extent(v)
         if parallel and simd and len(nest.vars) == 1 and n > CHUNK:
-            chunks = -(-n // CHUNK)
             out.append(f"{ind}#pragma {par_pragma}")
-            out.append(f"{ind}for (int64_t c = 0; c < {chunks}; ++c) {{")
-            out.append(f"{ind}  const int64_t lo = c * {CHUNK}, hi = lo + {CHUNK} < {n} ? lo + {CHUNK} : {n};")
-            self._simd_loop(j, "lo", "hi", out, ind + "  ", nest)
-            out.append(f"{ind}}}")
+            self._chunked_loop(j, out, ind, nest, n, -(-n // CHUNK))
             return
         if innermost and self._vertical(v, self.nest_scopes[j + 1]):
             self._emit_vertical(v, self.nest_scopes[j + 1], out, ind, parallel)

@@ -53,11 +53,11 @@ class RunTimeLength(int):
         self.var = var
         return self
 
-    def __format__(self, spec: str) -> str:
-        return f"n{self.var}"
-
     def __str__(self) -> str:
         return f"n{self.var}"
+
+    def __format__(self, spec: str) -> str:
+        return str(self)
 
     __repr__ = __str__
 
@@ -104,13 +104,13 @@ def generic_layout(ir: LoopIR) -> Optional[GenericLayout]:
             v in loops for nest in ir.nests for r in reductions(nest) for v in r.args[2]):
         return None  # (a run-time length only ever as an outer loop's: see RunTimeLength)
     text = _text(ir, ["n" if v in loops else s for v, s in enumerate(ir.sizes)])
-    return None if text is None else GenericLayout(loops, [ir.sizes[v] for v in loops], text)
+    return GenericLayout(loops, [ir.sizes[v] for v in loops], text)
 
 
-def _text(ir: LoopIR, sizes: list) -> Optional[str]:
+def _text(ir: LoopIR, sizes: list) -> str:
     """``ir`` as text, each Expr once (``eK = ...``), its loop variables renumbered in order
     of first use (the lowering's numbering depends on dims it dropped), with ``sizes`` for
-    their lengths; None where an operand is not reached from its store (not expected)."""
+    their lengths."""
     names: Dict[Expr, str] = {}
     order: Dict[int, int] = {}
     lines = [f"scalars {ir.scalar_types}"] + [f"buf {b.dtype} out={b.output}" for b in ir.buffers]
@@ -136,18 +136,15 @@ def _text(ir: LoopIR, sizes: list) -> Optional[str]:
             return f"{kind!r}, {arg(bodies)}, {[var(r) for r in rvars]}, {which!r}"
         return ", ".join(map(arg, e.args))
 
-    try:
-        for nest in ir.nests:
-            lines.append(f"nest {[var(v) for v in nest.vars]}")
-            for st in nest.stores:
-                for e in walk(st.value, set()):
-                    if e not in names:
-                        text = f"{e.op} {e.dtype} ({args(e)})"
-                        names[e] = f"e{len(names)}"
-                        lines.append(f"{names[e]} = {text}")
-                lines.append(f"store b{st.buf}{addr(st.addr)} = {names[st.value]}")
-    except KeyError:
-        return None
+    for nest in ir.nests:
+        lines.append(f"nest {[var(v) for v in nest.vars]}")
+        for st in nest.stores:
+            for e in walk(st.value, set()):  # (operands before users: each named before use)
+                if e not in names:
+                    text = f"{e.op} {e.dtype} ({args(e)})"
+                    names[e] = f"e{len(names)}"
+                    lines.append(f"{names[e]} = {text}")
+            lines.append(f"store b{st.buf}{addr(st.addr)} = {names[st.value]}")
     lines.append(f"sizes {[sizes[v] for v in order]}")
     return "\n".join(lines)
 
@@ -184,7 +181,7 @@ class GenericCppRenderer(CppRenderer):
         return [f"  const int64_t n{v} = s[{first + k}].i;" for k, v in enumerate(self.loops)]
 
     def _empty(self, nest, ir: LoopIR) -> bool:
-        return any(ir.sizes[v] == 0 for v in nest.vars if not isinstance(ir.sizes[v], RunTimeLength))
+        return False  # (generic_layout takes no IR with an empty loop; an outer one may run 0 times)
 
     def _plan_row_cache(self, v: int, outer, inner, index: str = "") -> None:
         if not isinstance(self.ir.sizes[v], RunTimeLength):
@@ -240,10 +237,8 @@ class GenericCppRenderer(CppRenderer):
         if parallel:
             out.append(f"{ind}#pragma {par_pragma} if({self._run_time_work(nest)} >= {PARALLEL_MIN})")
         if simd and len(nest.vars) == 1:  # a flat loop: chunks of CHUNK, each vectorized
-            out.append(f"{ind}for (int64_t c = 0; c < ({n} + {CHUNK - 1}) / {CHUNK}; ++c) {{")
-            out.append(f"{ind}  const int64_t lo = c * {CHUNK}, hi = lo + {CHUNK} < {n} ? lo + {CHUNK} : {n};")
-            self._simd_loop(j, "lo", "hi", out, ind + "  ", nest)
-        else:  # rows: each row's loops and reductions as the static kernel's
-            out.append(f"{ind}for (int64_t i{v} = 0; i{v} < {n}; ++i{v}) {{")
-            self._emit_nest(j + 1, out, ind + "  ", nest)
+            self._chunked_loop(j, out, ind, nest, n, f"({n} + {CHUNK - 1}) / {CHUNK}")
+            return
+        out.append(f"{ind}for (int64_t i{v} = 0; i{v} < {n}; ++i{v}) {{")  # rows, as the static kernel's
+        self._emit_nest(j + 1, out, ind + "  ", nest)
         out.append(f"{ind}}}")
