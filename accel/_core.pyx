@@ -368,15 +368,16 @@ cdef class RegionCore:
             _reuse(self.outs, kern.live_idx)
         ptrs = kernel_ptrs(self.ext, self.outs, kern.live_idx,
                            self.scratch_for(kern) if kern.scratch else _NO_SCRATCH)
+        scalars = self.scalars + kern.sizes if kern.sizes else self.scalars  # (a shape-generic kernel's loop lengths)
         if kern.cuda:
             if _raw_stream is None:
                 return False
             dev = self.device.index
             if dev is None:
                 dev = torch.cuda.current_device()
-            status = (<CudaKernel>kern.fn).launch(ptrs, self.scalars, _raw_stream(dev), dev)
-        else:  # (a shape-generic kernel's loop lengths after the region's scalars)
-            status = launch(kern.fn, ptrs, self.scalars + kern.sizes if kern.sizes else self.scalars)
+            status = (<CudaKernel>kern.fn).launch(ptrs, scalars, _raw_stream(dev), dev)
+        else:
+            status = launch(kern.fn, ptrs, scalars)
         if status != 0:
             return False
         if first is not None:

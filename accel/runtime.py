@@ -165,7 +165,7 @@ def _compile(region: Region, live, key: str, store):
     from .build import BuildError, build
     from .codegen.cpp import CppRenderer
     from .codegen.cuda import CudaRenderer
-    from .codegen.generic import GenericCppRenderer, NotGeneric, generic_layout
+    from .codegen.generic import GenericCppRenderer, GenericCudaRenderer, NotGeneric, generic_layout, launches_for
     from .graph import trace_region
     from .loop_ir import BufferSpec
     from .lowering import lower
@@ -188,26 +188,30 @@ def _compile(region: Region, live, key: str, store):
                            True) for i in live_idx]
         ir = lower(tr.gm, ext, outs, scalar_types)
         device = _device_type(region)
-        gen = generic_layout(ir) if device == "cpu" and config.flag("ACCEL_GENERIC_KERNELS") else None
+        gen = generic_layout(ir, device) if config.flag("ACCEL_GENERIC_KERNELS") else None
         if gen is not None:  # one kernel for every length of the outer loops (codegen/generic.py)
             gkey = _hash_key("generic", gen.text, device)
             name = "accel_region_" + gkey[:16]
-            shared, source = store.get(gkey), None
+            shared, source, launches = store.get(gkey), None, None
             if shared is None:
                 try:
-                    source = GenericCppRenderer(gen.loops).render(ir, name)
+                    renderer = (GenericCppRenderer if device == "cpu" else GenericCudaRenderer)(gen.loops)
+                    source = renderer.render(ir, name)
+                    launches = renderer.launches
                 except NotGeneric as e:
                     log.debug("accel: region %s is built for its sizes: %s", key[:16], e)
                     gen = None
     readable = _readable(region.calls, region)
     if gen is not None:
         try:
-            artifact, source = _shared_kernel(shared, gkey, source, name, store, readable)
+            artifact, source, launches = _shared_kernel(shared, gkey, source, launches, name, device,
+                                                        store, readable)
         except BuildError as e:  # (not expected: the static kernel's code, its bounds at run time)
             log.warning("accel: a shape-generic kernel did not build; region %s is built for its "
                         "sizes (%s)", key[:16], str(e).splitlines()[0])
             gen = None
-    launches = None
+    if gen is not None and launches is not None:  # (CUDA: the grids for this region's lengths)
+        launches = launches_for(launches, gen.sizes)
     if gen is None:
         with _TRACE_LOCK:
             name = "accel_region_" + key[:16]
@@ -233,11 +237,12 @@ def _compile(region: Region, live, key: str, store):
     return store.put(key, artifact, meta)
 
 
-def _shared_kernel(shared, gkey: str, source, name: str, store, readable: str):
-    """The artifact and source of the shape-generic kernel of store key ``gkey``:
-    ``shared``, its entry, or built now from ``source`` (under the key's compile lock: one
-    builder across processes) and stored. A region served by an existing one counts as a
-    ``generic_hits`` (no compiler run)."""
+def _shared_kernel(shared, gkey: str, source, launches, name: str, device: str, store, readable: str):
+    """The artifact, source and launch plan (CUDA; its grids' formulas, see
+    :func:`accel.codegen.generic.launches_for`) of the shape-generic kernel of store key
+    ``gkey``: ``shared``, its entry, or built now from ``source`` (under the key's compile
+    lock: one builder across processes) and stored. A region served by an existing one
+    counts as a ``generic_hits`` (no compiler run)."""
     from .build import build
 
     if shared is None:
@@ -245,16 +250,18 @@ def _shared_kernel(shared, gkey: str, source, name: str, store, readable: str):
             shared = store.get(gkey)
             if shared is None:
                 t0 = time.perf_counter()
-                artifact = build(source, name, "cpu", store)
-                shared = store.put(gkey, artifact, {
-                    "readable": "shape-generic: " + readable, "symbol": name, "source": source,
-                    "device": "cpu", "compile_time_s": time.perf_counter() - t0,
-                    "ir": "outer loops' lengths at run time", "torch": torch.__version__})
-                return artifact, source
+                artifact = build(source, name, device, store)
+                meta = {"readable": "shape-generic: " + readable, "symbol": name, "source": source,
+                        "device": device, "compile_time_s": time.perf_counter() - t0,
+                        "ir": "outer loops' lengths at run time", "torch": torch.__version__}
+                if launches is not None:
+                    meta["generic_launches"] = launches
+                shared = store.put(gkey, artifact, meta)
+                return artifact, source, launches
     with _TRACE_LOCK:
         STATS["generic_hits"] += 1
     with open(shared.path, "rb") as f:
-        return f.read(), shared.meta["source"]
+        return f.read(), shared.meta["source"], shared.meta.get("generic_launches")
 
 
 _POOL = None
@@ -788,8 +795,10 @@ _NO_SCRATCH: list = []
 def _launch(kern: CompiledRegion, region: Region, ptrs, scalars):
     """Run ``kern`` (CPU: now; CUDA: on the current stream of the region's GPU, the host not
     waiting); returns (status, CUDA stream or None)."""
+    if kern.sizes:  # (a shape-generic kernel's loop lengths after the region's scalars)
+        scalars = scalars + kern.sizes
     if not kern.cuda:
-        return native.launch(kern.fn, ptrs, scalars + kern.sizes if kern.sizes else scalars), None
+        return native.launch(kern.fn, ptrs, scalars), None
     dev = _cuda_index(region)
     stream = _raw_stream(dev)
     return kern.fn.launch(ptrs, scalars, stream, dev), stream

@@ -1,8 +1,10 @@
-"""Shape-generic kernels (accel/codegen/generic.py): on a CPU, regions that differ only in the
-lengths of their outer loops (the elements of flat pointwise work, the rows of row-wise
-work) share one kernel that takes those lengths at run time. Every result is checked
-against eager, and against the kernel built for the region's own sizes
-(ACCEL_GENERIC_KERNELS=0): the same loop body, so the same bits."""
+"""Shape-generic kernels (accel/codegen/generic.py): on a CPU or a GPU, regions that differ
+only in the lengths of their outer loops (the elements of flat pointwise work, the rows of
+row-wise work) share one kernel that takes those lengths at run time. Every result is
+checked against eager, and against the kernel built for the region's own sizes
+(ACCEL_GENERIC_KERNELS=0): the same loop body, so the same bits. The CUDA cases skip
+without a GPU (tests/gpu.sh runs them); the CUDA renderer's source and launch plan are
+checked on any machine."""
 import subprocess
 import sys
 import textwrap
@@ -12,6 +14,7 @@ import torch
 
 import accel
 from accel.codegen.generic import NotGeneric, RunTimeLength, generic_layout
+from devices import DEVICES
 
 close = torch.testing.assert_close
 
@@ -57,24 +60,27 @@ def _same(got, static, want, exact: bool):
             close(g, w)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_flat_regions_of_other_shapes_share_one_kernel(generic, dtype, monkeypatch):
+def test_flat_regions_of_other_shapes_share_one_kernel(generic, dtype, device, monkeypatch):
     """One chain over three shapes (lengths below and above a chunk and the parallel
-    threshold, not multiples of either): one shape-generic kernel, the other two regions
-    served by it without a compiler run."""
+    threshold, not multiples of either; on a GPU, one a multiple of the 16-byte vector's
+    width and two not, whose launches leave the vector variant out): one shape-generic
+    kernel, the other two regions served by it without a compiler run."""
     def chain(x, y):
         return torch.tanh(x * 1.5 + 0.25) * y - x.exp() / 4
 
     shapes = [(1000, 37), (70001,), (3, 7, 111)]
     for i, shape in enumerate(shapes):
         g = torch.Generator().manual_seed(i)
-        x, y = (torch.randn(shape, generator=g).to(dtype) for _ in range(2))
+        x, y = (torch.randn(shape, generator=g).to(dtype).to(device) for _ in range(2))
         _same(*_both(chain, x, y, monkeypatch=monkeypatch), exact=False)
     assert accel.stats()["generic_hits"] == len(shapes) - 1
     assert sum(m.get("readable", "").startswith("shape-generic") for m in _entries()) == 1
 
 
-def test_integer_bool_and_scalar_tensor_inputs_bit_for_bit(generic, monkeypatch):
+@pytest.mark.parametrize("device", DEVICES)
+def test_integer_bool_and_scalar_tensor_inputs_bit_for_bit(generic, device, monkeypatch):
     """Integers and booleans bit for bit; a 0-dim tensor read beside the flat loop (its
     element 0 at every index), in place writes into an input."""
     def program(a, b, s, m):
@@ -84,10 +90,10 @@ def test_integer_bool_and_scalar_tensor_inputs_bit_for_bit(generic, monkeypatch)
 
     for i, n in enumerate([5000, 123457]):
         g = torch.Generator().manual_seed(i)
-        a = torch.randint(-1000, 1000, (n,), generator=g)
-        b = torch.randint(-1000, 1000, (n,), generator=g)
-        m = torch.rand(n, generator=g) > 0.5
-        s = torch.tensor(7)
+        a = torch.randint(-1000, 1000, (n,), generator=g).to(device)
+        b = torch.randint(-1000, 1000, (n,), generator=g).to(device)
+        m = (torch.rand(n, generator=g) > 0.5).to(device)
+        s = torch.tensor(7, device=device)
         got, static, want = ((lambda: program(a.clone(), b, s, m)) for _ in range(3))
         with accel.eager():
             got = got()
@@ -100,7 +106,8 @@ def test_integer_bool_and_scalar_tensor_inputs_bit_for_bit(generic, monkeypatch)
     assert kernels >= 1 and accel.stats()["generic_hits"] == kernels  # (its second size)
 
 
-def test_each_loop_takes_its_own_length(generic, monkeypatch):
+@pytest.mark.parametrize("device", DEVICES)
+def test_each_loop_takes_its_own_length(generic, device, monkeypatch):
     """A region over two parameters of different sizes (as an optimizer's loop makes): two
     flat loops, each of its own length; the same region over two other sizes shares the
     kernel and passes each loop its length, in order. (The lowering orders the loops by
@@ -112,7 +119,7 @@ def test_each_loop_takes_its_own_length(generic, monkeypatch):
 
     for i, (n, m) in enumerate([(50000, 300), (70001, 40000)]):
         g = torch.Generator().manual_seed(i)
-        args = [torch.randn(k, generator=g) for k in (n, m, n, m)]
+        args = [torch.randn(k, generator=g).to(device) for k in (n, m, n, m)]
         runs = []
         for mode in ("1", "0", None):
             p, q = args[0].clone(), args[1].clone()
@@ -127,35 +134,39 @@ def test_each_loop_takes_its_own_length(generic, monkeypatch):
     assert accel.stats()["generic_hits"] == 1
 
 
-def test_rows_of_other_counts_share_one_kernel(generic, monkeypatch):
+@pytest.mark.parametrize("device", DEVICES)
+def test_rows_of_other_counts_share_one_kernel(generic, device, monkeypatch):
     """Row-wise regions over other row counts (a bias + GELU + LayerNorm, a softmax, a row
     sum, a broadcast row): one kernel each, the other counts served by it, every result the
     static kernel's bits; a single row too (its IR has no row loop)."""
     F = torch.nn.functional
     g = torch.Generator().manual_seed(0)
-    b, w = torch.randn(96, generator=g), torch.randn(96, generator=g)
+    b, w = torch.randn(96, generator=g).to(device), torch.randn(96, generator=g).to(device)
     programs = [lambda x: F.layer_norm(F.gelu(x + b, approximate="tanh"), (96,), w, b),
                 lambda x: torch.softmax(x * 0.125, -1), lambda x: (x * 2).sum(1) + 1,
                 lambda x: (x + w) * 3]
     rows = [300, 7, 1000]
     for p in programs:
         for n in rows:
-            x = torch.randn(n, 96, generator=g)
+            x = torch.randn(n, 96, generator=g).to(device)
             _same(*_both(p, x, monkeypatch=monkeypatch), exact=False)
     assert accel.stats()["generic_hits"] == len(programs) * (len(rows) - 1)
     assert sum(m.get("readable", "").startswith("shape-generic") for m in _entries()) == len(programs)
     for p in programs:  # one row: the lowering drops the dim, another IR (another kernel)
-        _same(*_both(p, torch.randn(1, 96, generator=g), monkeypatch=monkeypatch), exact=False)
+        _same(*_both(p, torch.randn(1, 96, generator=g).to(device), monkeypatch=monkeypatch), exact=False)
 
 
-def test_regions_whose_code_holds_a_length_keep_static_kernels(generic):
-    """A transposed read (its addresses hold the row count) and a whole reduction (its
-    length in the loop): each built for its own sizes, no kernel shared."""
-    programs = [lambda x, y: x.t() * 2 + y, lambda x, y: (x * 2).sum() + y.sum()]
+@pytest.mark.parametrize("device", DEVICES)
+def test_regions_whose_code_holds_a_length_keep_static_kernels(generic, device):
+    """A transposed read (its addresses hold the row count), a whole reduction (its
+    length in the loop) and a column sum (the rows reduced): each built for its own
+    sizes, no kernel shared."""
+    programs = [lambda x, y: x.t() * 2 + y, lambda x, y: (x * 2).sum() + y.sum(),
+                lambda x, y: (x * 2).sum(0) + 1]
     for p in programs:
         for n in (300, 200):
             g = torch.Generator().manual_seed(n)
-            x, y = torch.randn(n, 50, generator=g), torch.randn(50, n, generator=g)
+            x, y = (torch.randn(n, 50, generator=g).to(device), torch.randn(50, n, generator=g).to(device))
             with accel.eager():
                 got = p(x, y)
             close(got, p(x, y))
@@ -233,7 +244,8 @@ def test_generic_layout_reads_the_ir():
     assert generic_layout(ir(stream_min_bytes() // 4)) is None
 
 
-def test_a_new_process_launches_the_shared_kernel_from_the_store(tmp_path):
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_new_process_launches_the_shared_kernel_from_the_store(tmp_path, device):
     """The store keeps each region's entry with its loop lengths: a later process loads it
     (no build, no trace) and launches it with them."""
     prog = tmp_path / "prog.py"
@@ -242,14 +254,14 @@ def test_a_new_process_launches_the_shared_kernel_from_the_store(tmp_path):
         os.environ["ACCEL_EAGER_SMALL_REGIONS"] = "0"
         for i, n in enumerate([50000, 300, 12345]):
             g = torch.Generator().manual_seed(i)
-            x, y = torch.randn(n, generator=g), torch.randn(7, n, generator=g)
+            x, y = torch.randn(n, generator=g).to(DEVICE), torch.randn(7, n, generator=g).to(DEVICE)
             with accel.eager():
                 got = (x * 2 + 1).sigmoid(), (y - 3).abs() * 0.5
             torch.testing.assert_close(got[0], (x * 2 + 1).sigmoid())
             torch.testing.assert_close(got[1], (y - 3).abs() * 0.5)
         s = accel.stats()
         print(s["compiles"], s["store_hits"], s["generic_hits"])
-    """))
+    """).replace("DEVICE", repr(device)))
     env = {**__import__("os").environ, "ACCEL_CACHE_DIR": str(tmp_path / "store"),
            "ACCEL_GENERIC_KERNELS": "1"}
     runs = [subprocess.run([sys.executable, str(prog)], env=env, capture_output=True, text=True,
@@ -259,3 +271,66 @@ def test_a_new_process_launches_the_shared_kernel_from_the_store(tmp_path):
     first, second = (list(map(int, r.stdout.split()[-3:])) for r in runs)
     assert first == [3, 0, 2]  # three regions (one a block), one kernel built
     assert second == [0, 3, 0]
+
+
+def test_cuda_renderer_shares_source_and_plans_each_regions_grid(generic, monkeypatch):
+    """Without a GPU: the loop IR of row-wise and flat regions (traced on the CPU), rendered
+    for CUDA with run-time lengths, is one source for every row count, and its launch plan
+    for a region's lengths (launches_for) is the static renderer's for that region, vector
+    variant included where the flat length is a multiple of its width and left out where
+    not; a column sum's column tiles refuse (NotGeneric)."""
+    import accel.lowering as lowering
+    from accel.codegen.cuda import CudaRenderer
+    from accel.codegen.generic import GenericCudaRenderer, launches_for
+
+    F = torch.nn.functional
+    irs = []
+    lower = lowering.lower
+    monkeypatch.setattr(lowering, "lower", lambda *a: irs.append(lower(*a)) or irs[-1])
+    g = torch.Generator().manual_seed(0)
+    b, w = torch.randn(88, generator=g), torch.randn(88, generator=g)  # (shapes no other test traces:
+    programs = {  # a region traced in this process before is not built again)
+        "layer_norm": (lambda x: F.layer_norm(F.gelu(x + b, approximate="tanh"), (88,), w, b), 88),
+        "softmax": (lambda x: torch.softmax(x * 0.125, -1), 88),
+        "broadcast": (lambda x: (x + w) * 3, 88), "flat": (lambda x: torch.atan(x * 1.5) * x, 1)}
+    for name, (p, width) in programs.items():
+        sources = set()
+        for n in (300, 7, 1001):
+            irs.clear()
+            with accel.eager():
+                out = p(torch.randn(n, width, generator=g))
+            assert out.shape[0] == n and len(irs) == 1
+            ir = irs[0]
+            gen = generic_layout(ir, "cuda")
+            assert gen is not None and gen.sizes == [n * width if width == 1 else n]
+            r, s = GenericCudaRenderer(gen.loops), CudaRenderer()
+            sources.add(r.render(ir, "k"))
+            s.render(ir, "k")
+            assert launches_for(r.launches, gen.sizes) == s.launches, (name, n)
+            vector = [("vector" in l) for l in launches_for(r.launches, gen.sizes)]
+            assert all(vector) == (width != 1 or n % 4 == 0), (name, n)
+        assert len(sources) == 1, name
+    irs.clear()
+    with accel.eager():
+        out = (torch.randn(300, 88, generator=g) * 2).sum(0)  # (column tiles over the 88)
+    gen = generic_layout(irs[0], "cuda")
+    assert out.shape == (88,) and gen.sizes == [88]
+    with pytest.raises(NotGeneric):
+        GenericCudaRenderer(gen.loops).render(irs[0], "k")
+
+
+def test_launches_for_evaluates_grid_formulas():
+    """A grid formula, ceil(length * coeff / per) capped; a vector variant kept only where its
+    loop's length is a multiple of its width (its condition not kept in the plan)."""
+    from accel.codegen.generic import launches_for
+
+    plan = [{"kernel": "k0", "grid": [{"loop": 1, "coeff": 96, "per": 1024, "cap": 65535}, 1, 1], "block": [256, 1, 1],
+             "vector": {"kernel": "k0v", "grid": [{"loop": 1, "coeff": 1, "per": 2048, "cap": 65535}, 1, 1],
+                        "block": [256, 1, 1], "buffers": [0, 1], "multiple": [1, 4]}},
+            {"kernel": "k1", "grid": [{"loop": 0, "coeff": 1, "per": 1, "cap": 10}, 1, 1], "block": [32, 1, 1]}]
+    got = launches_for(plan, [300, 4096])
+    assert got[0]["grid"] == [384, 1, 1] and got[0]["vector"] == {
+        "kernel": "k0v", "grid": [2, 1, 1], "block": [256, 1, 1], "buffers": [0, 1]}
+    assert got[1]["grid"] == [10, 1, 1] and "vector" not in got[1]
+    assert "vector" not in launches_for(plan, [300, 4097])[0]
+    assert plan[0]["vector"]["multiple"] == [1, 4]  # (the stored plan unchanged)

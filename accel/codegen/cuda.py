@@ -44,8 +44,11 @@ from .cuda_shapes import (BLOCK, BLOCK_UNROLL, BLOCK_VEC_UNROLL, GRID_MIN, ILP, 
 from .scopes import ARG, SIMPLE, Group, Scope, subst
 
 
-def _dim3(v) -> List[int]:
-    """A launch dimension (an int or a tuple of up to 3) as CUDA's [x, y, z]."""
+def _dim3(v) -> list:
+    """A launch dimension (an int, a shape-generic kernel's grid formula, a dict: see
+    :meth:`CudaRenderer._grid`, or a tuple of up to 3 ints) as CUDA's [x, y, z]."""
+    if isinstance(v, dict):
+        return [v, 1, 1]
     v = (v,) if isinstance(v, int) else tuple(v)
     return [int(d) for d in v] + [1] * (3 - len(v))
 
@@ -90,7 +93,7 @@ class CudaRenderer(ColumnTiles, TransposeTiles, CppRenderer):
         kernels: List[str] = []
         written = {st.buf for nest in ir.nests for st in nest.stores}
         for k, nest in enumerate(ir.nests):
-            if any(ir.sizes[v] == 0 for v in nest.vars):
+            if self._empty(nest, ir):
                 continue
             kname = f"{name}_k{k}"
             text, grid, block = self._kernel(kname, nest, ir, written, None)
@@ -101,14 +104,15 @@ class CudaRenderer(ColumnTiles, TransposeTiles, CppRenderer):
                 text, vgrid, vblock = self._kernel(kname + "v", nest, ir, written, vbufs)
                 kernels += text
                 launch["vector"] = {"kernel": kname + "v", "grid": _dim3(vgrid),
-                                    "block": _dim3(vblock), "buffers": sorted(vbufs)}
+                                    "block": _dim3(vblock), "buffers": sorted(vbufs),
+                                    **self._vector_condition(nest, ir)}
             self.launches.append(launch)
         return "\n".join([self.prefix, *kernels])
 
     def _kernel(self, kname, nest, ir, written, vbufs):
         """``nest``'s ``__global__`` function (lines), grid and block; with ``vbufs``, the
         variant that moves those buffers 16 bytes at a time."""
-        nb, ns = max(1, len(ir.buffers)), max(1, len(ir.scalar_types))
+        nb, ns = max(1, len(ir.buffers)), max(1, self._n_scalars(ir))
         self.scalar_decls: Dict[tuple, str] = {}
         self.kname, self.globals = kname, []
         body, grid, block = self.render_kernel(nest, ir, vbufs)
@@ -124,6 +128,7 @@ class CudaRenderer(ColumnTiles, TransposeTiles, CppRenderer):
             src = torch.float64 if field_ == "f" else torch.int64
             head.append(f"  const {self.ctype(dtype)} {var} = "
                         f"{self.cast(f'sc.v[{j}].{field_}', src, dtype)};")
+        head[len(self.globals) + 3:len(self.globals) + 3] = self.preamble(ir)
         return head + body + ["}", ""], grid, block
 
     def _vector_width(self, nest: Nest, ir: LoopIR) -> frozenset:
@@ -137,6 +142,11 @@ class CudaRenderer(ColumnTiles, TransposeTiles, CppRenderer):
             if self._vector_buffers(nest, ir) != vbufs:
                 self.vw = VEC
         return vbufs
+
+    def _vector_condition(self, nest: Nest, ir: LoopIR) -> dict:
+        """What else a launch of ``nest``'s vector variant requires, beside its buffers'
+        alignment (a shape-generic kernel's: a run-time length's multiple)."""
+        return {}
 
     def _vector_buffers(self, nest: Nest, ir: LoopIR) -> frozenset:
         """Buffers an elementwise nest can move as vectors of :attr:`vw` elements
@@ -239,9 +249,9 @@ class CudaRenderer(ColumnTiles, TransposeTiles, CppRenderer):
                 return self._transpose_tiles(order, tiled, out)
             if vbufs:
                 self._vector_tiles(order, n, nest, vbufs, out)
-                return out, min(-(-n // (BLOCK * self.vw * VEC_ILP)), MAX_GRID), BLOCK
+                return out, self._grid(n, BLOCK * self.vw * VEC_ILP), BLOCK
             self._tiles(order, n, 0, out, "  ")
-            return out, min(-(-n // (BLOCK * ILP)), MAX_GRID), BLOCK
+            return out, self._grid(n, BLOCK * ILP), BLOCK
         lvl = max(levels)
         outer, inner = order[:lvl], order[lvl:]
         n_out = self._size(outer)
@@ -251,7 +261,7 @@ class CudaRenderer(ColumnTiles, TransposeTiles, CppRenderer):
                 return self._column_tiles(order, n_out, lvl, out)
             self.mode = "thread"
             self._tiles(order, n_out, 0, out, "  ", upto=lvl)
-            return out, min(-(-n_out // (BLOCK * ILP)), MAX_GRID), BLOCK
+            return out, self._grid(n_out, BLOCK * ILP), BLOCK
         self.mode = "block"
         rsize = max(self._size(g.rvars) for sc in self.nest_scopes for k, g in sc.items if k == "group")
         if self._grid_fits(order, rsize):
@@ -298,7 +308,7 @@ class CudaRenderer(ColumnTiles, TransposeTiles, CppRenderer):
         at = len(out)
         self._block_loop(order, n_out, lvl, out)
         out[at:at] = self.row_decls
-        return out, min(n_out, MAX_GRID), self.threads
+        return out, self._grid(n_out, 1), self.threads
 
     def _plan_online(self, nest: Nest, ir: LoopIR, keeps) -> None:
         """Plans ``nest`` again with its online softmax reductions kept whole
@@ -439,7 +449,7 @@ class CudaRenderer(ColumnTiles, TransposeTiles, CppRenderer):
         t, f = f"tile{self.ntemp}", f"f{self.ntemp}"
         self.ntemp += 1
         per = BLOCK * self.vw * VEC_ILP
-        out.append(f"  for (int64_t {t} = blockIdx.x; {t} < {-(-n // per)}; {t} += gridDim.x) {{")
+        out.append(f"  for (int64_t {t} = blockIdx.x; {t} < {self._cdiv(n, per)}; {t} += gridDim.x) {{")
         out.append("    #pragma unroll")
         out.append(f"    for (int u = 0; u < {VEC_ILP}; ++u) {{")
         out.append(f"      const int64_t {f} = ({t} * {BLOCK * VEC_ILP} + u * {BLOCK} + threadIdx.x) * {self.vw};")
@@ -550,6 +560,19 @@ class CudaRenderer(ColumnTiles, TransposeTiles, CppRenderer):
         self._emit_items(self.nest_scopes[0], out, "  ")
         return out, self.grid, self.threads
 
+    def _n_scalars(self, ir: LoopIR) -> int:
+        """How many run-time scalars the kernels take (``accel_scalars<N>``)."""
+        return len(ir.scalar_types)
+
+    def _cdiv(self, n, k: int):
+        """``ceil(n / k)``, for the source (a shape-generic renderer's may be C text)."""
+        return -(-n // k)
+
+    def _grid(self, n, per: int, cap: int = MAX_GRID):
+        """Blocks for ``n`` iterations, ``per`` a block, at most ``cap`` (the kernels'
+        loops stride over the grid, so any count is correct)."""
+        return min(-(-n // per), cap)
+
     def _levels(self) -> List[int]:
         """The indices of the planned scopes that hold a reduction group."""
         return [j for j, sc in enumerate(self.nest_scopes) for k, _ in sc.items if k == "group"]
@@ -560,7 +583,7 @@ class CudaRenderer(ColumnTiles, TransposeTiles, CppRenderer):
         upto = len(order) if upto is None else upto
         t, f = f"tile{self.ntemp}", f"f{self.ntemp}"
         self.ntemp += 1
-        out.append(f"{ind}for (int64_t {t} = blockIdx.x; {t} < {-(-n // (BLOCK * ILP))}; {t} += gridDim.x) {{")
+        out.append(f"{ind}for (int64_t {t} = blockIdx.x; {t} < {self._cdiv(n, BLOCK * ILP)}; {t} += gridDim.x) {{")
         out.append(f"{ind}  #pragma unroll")
         out.append(f"{ind}  for (int u = 0; u < {ILP}; ++u) {{")
         out.append(f"{ind}    const int64_t {f} = {t} * {BLOCK * ILP} + u * {BLOCK} + threadIdx.x;")

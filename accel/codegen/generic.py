@@ -35,6 +35,8 @@ from typing import Dict, List, Optional
 from ..loop_ir import Addr, Expr, LoopIR, reductions, walk
 from .cpp import CHUNK, CppRenderer, stream_min_bytes
 from .cpp_groups import PARALLEL_MIN
+from .cuda import CudaRenderer
+from .cuda_shapes import MAX_GRID, VEC16
 
 
 class NotGeneric(Exception):
@@ -43,18 +45,20 @@ class NotGeneric(Exception):
 
 
 class RunTimeLength(int):
-    """Loop ``var``'s length, known at run time: formats as ``n<var>``, the kernel's
-    variable holding it; any other use from Python raises :class:`NotGeneric`. (C code
-    that takes an int's value directly, ``range()`` or ``%d`` formatting, would read 0:
-    the renderers use neither on a loop's length, and only an outer loop's is one.)"""
+    """Loop ``var``'s length, known at run time, times ``coeff`` (the CUDA renderer's
+    iterations of a nest's loops flattened: the outer one's and the inner ones' lengths):
+    formats as ``n<var>`` (``(n<var> * coeff)``), the kernel's variable holding it; any
+    other use from Python raises :class:`NotGeneric`. (C code that takes an int's value
+    directly, ``range()`` or ``%d`` formatting, would read 0: the renderers use neither on
+    a loop's length, and only an outer loop's is one.)"""
 
-    def __new__(cls, var: int):
+    def __new__(cls, var: int, coeff: int = 1):
         self = super().__new__(cls, 0)
-        self.var = var
+        self.var, self.coeff = var, coeff
         return self
 
     def __str__(self) -> str:
-        return f"n{self.var}"
+        return f"n{self.var}" if self.coeff == 1 else f"(n{self.var} * {self.coeff})"
 
     def __format__(self, spec: str) -> str:
         return str(self)
@@ -83,10 +87,11 @@ class GenericLayout:
     text: str
 
 
-def generic_layout(ir: LoopIR) -> Optional[GenericLayout]:
+def generic_layout(ir: LoopIR, device: str = "cpu") -> Optional[GenericLayout]:
     """The :class:`GenericLayout` of ``ir`` (each nest's outermost loop of run-time
-    length), or None where it has no loop, has scratch buffers or an empty loop, or a
-    nest's stores reach the streaming-store size (its static kernel streams them)."""
+    length), or None where it has no loop, has scratch buffers or an empty loop, or (on
+    ``device`` "cpu") a nest's stores reach the streaming-store size (its static kernel
+    streams them)."""
     if any(b.scratch for b in ir.buffers):
         return None
     loops: List[int] = []
@@ -96,7 +101,7 @@ def generic_layout(ir: LoopIR) -> Optional[GenericLayout]:
         if any(ir.sizes[v] <= 0 for v in nest.vars):
             return None
         out_bytes = sum(ir.buffers[st.buf].dtype.itemsize for st in nest.stores if st.addr.terms)
-        if math.prod(ir.sizes[v] for v in nest.vars) * out_bytes >= stream_min_bytes():
+        if device == "cpu" and math.prod(ir.sizes[v] for v in nest.vars) * out_bytes >= stream_min_bytes():
             return None
         if nest.vars[0] not in loops:
             loops.append(nest.vars[0])
@@ -149,7 +154,27 @@ def _text(ir: LoopIR, sizes: list) -> str:
     return "\n".join(lines)
 
 
-class GenericCppRenderer(CppRenderer):
+class _RunTimeLengths:
+    """What both devices' shape-generic renderers share: the lengths of loops ``loops``
+    (see :func:`generic_layout`) rendered as :class:`RunTimeLength` values, no nest left
+    out as empty (:func:`generic_layout` takes no IR with an empty loop; an outer one may
+    run 0 times)."""
+
+    def __init__(self, loops: List[int]):
+        super().__init__()
+        self.loops = loops
+
+    def render(self, ir: LoopIR, name: str) -> str:
+        sizes = list(ir.sizes)
+        for v in self.loops:
+            sizes[v] = RunTimeLength(v)
+        return super().render(dataclasses.replace(ir, sizes=sizes), name)
+
+    def _empty(self, nest, ir: LoopIR) -> bool:
+        return False
+
+
+class GenericCppRenderer(_RunTimeLengths, CppRenderer):
     """Renders a :class:`LoopIR` with the lengths of loops ``loops`` (see
     :func:`generic_layout`) read from the run-time scalars after the region's own: loop
     ``loops[k]``'s from ``s[len(ir.scalar_types) + k].i``. No streaming stores (decided
@@ -166,22 +191,9 @@ class GenericCppRenderer(CppRenderer):
 
     stream_stores = False
 
-    def __init__(self, loops: List[int]):
-        super().__init__()
-        self.loops = loops
-
-    def render(self, ir: LoopIR, name: str) -> str:
-        sizes = list(ir.sizes)
-        for v in self.loops:
-            sizes[v] = RunTimeLength(v)
-        return super().render(dataclasses.replace(ir, sizes=sizes), name)
-
     def preamble(self, ir: LoopIR) -> List[str]:
         first = len(ir.scalar_types)
         return [f"  const int64_t n{v} = s[{first + k}].i;" for k, v in enumerate(self.loops)]
-
-    def _empty(self, nest, ir: LoopIR) -> bool:
-        return False  # (generic_layout takes no IR with an empty loop; an outer one may run 0 times)
 
     def _plan_row_cache(self, v: int, outer, inner, index: str = "") -> None:
         if not isinstance(self.ir.sizes[v], RunTimeLength):
@@ -242,3 +254,87 @@ class GenericCppRenderer(CppRenderer):
         out.append(f"{ind}for (int64_t i{v} = 0; i{v} < {n}; ++i{v}) {{")  # rows, as the static kernel's
         self._emit_nest(j + 1, out, ind + "  ", nest)
         out.append(f"{ind}}}")
+
+
+class GenericCudaRenderer(_RunTimeLengths, CudaRenderer):
+    """Renders a :class:`LoopIR` for CUDA with the lengths of loops ``loops`` (see
+    :func:`generic_layout`) read from the run-time scalars after the region's own, as
+    :class:`GenericCppRenderer` does for the CPU. The CUDA kernels flatten a nest's loops
+    (or those outside its reductions) into one grid-strided index, so their iteration
+    count is the outer loop's length times the inner ones' (:meth:`_size`, a
+    :class:`RunTimeLength` with that ``coeff``), and a launch's grid is a formula of it
+    (:meth:`_grid`, evaluated for a region's lengths by :func:`launches_for`). Transposing
+    tiles, column tiles and long rows' moments decide on the count and raise
+    :class:`NotGeneric` (those regions are built for their own sizes); elementwise nests
+    (16-byte vectors included: a vector never straddles rows, whose length is static) and
+    row kernels do not.
+
+    Raises:
+        NotGeneric: a decision of the renderer depends on a run-time length.
+    """
+
+    def preamble(self, ir: LoopIR) -> List[str]:
+        first = len(ir.scalar_types)
+        return [f"  const int64_t n{v} = sc.v[{first + k}].i;" for k, v in enumerate(self.loops)]
+
+    def _n_scalars(self, ir: LoopIR) -> int:
+        return len(ir.scalar_types) + len(self.loops)
+
+    def _size(self, vs):
+        n, run = 1, None
+        for v in vs:
+            s = self.ir.sizes[v]
+            if isinstance(s, RunTimeLength):
+                run = s  # (at most one a nest: its outer loop)
+            else:
+                n *= s
+        return n if run is None else RunTimeLength(run.var, run.coeff * n)
+
+    def _flat(self, nest, ir: LoopIR) -> bool:
+        """Whether the innermost loop of elementwise ``nest`` is of run-time length (one
+        loop: a flat nest)."""
+        return bool(nest.vars) and isinstance(ir.sizes[nest.vars[-1]], RunTimeLength) and not reductions(nest)
+
+    def _vector_width(self, nest, ir: LoopIR) -> frozenset:
+        if not self._flat(nest, ir):
+            return super()._vector_width(nest, ir)
+        sizes, v = ir.sizes, nest.vars[-1]  # vectors where the length is a multiple of 8
+        ir.sizes = [VEC16 if u == v else s for u, s in enumerate(sizes)]
+        try:
+            return super()._vector_width(nest, ir)
+        finally:
+            ir.sizes = sizes
+
+    def _vector_condition(self, nest, ir: LoopIR) -> dict:
+        if not self._flat(nest, ir):
+            return {}
+        return {"multiple": [self.loops.index(nest.vars[-1]), self.vw]}
+
+    def _cdiv(self, n, k: int):
+        return f"(({n} + {k - 1}) / {k})" if isinstance(n, RunTimeLength) else super()._cdiv(n, k)
+
+    def _grid(self, n, per: int, cap: int = MAX_GRID):
+        if not isinstance(n, RunTimeLength):
+            return super()._grid(n, per, cap)
+        return {"loop": self.loops.index(n.var), "coeff": n.coeff, "per": per, "cap": cap}
+
+
+def launches_for(launches: List[dict], sizes: List[int]) -> List[dict]:
+    """A shape-generic CUDA module's launch plan (:attr:`GenericCudaRenderer.launches`)
+    for a region whose outer loops have lengths ``sizes`` (:attr:`GenericLayout.sizes`):
+    each grid formula ``{"loop": k, "coeff": c, "per": p, "cap": m}`` becomes
+    ``min(ceil(sizes[k] * c / p), m)`` blocks, as the static renderer computes it."""
+    def plan(launch: dict) -> dict:
+        grid = [min(-(-(sizes[d["loop"]] * d["coeff"]) // d["per"]), d["cap"]) if isinstance(d, dict) else d
+                for d in launch["grid"]]
+        out = dict(launch, grid=grid)
+        vector = launch.get("vector")
+        if vector is not None and vector.get("multiple"):  # (a flat nest: its length a multiple of the width)
+            k, width = vector["multiple"]
+            vector = None if sizes[k] % width else {x: y for x, y in vector.items() if x != "multiple"}
+        if vector is not None:
+            out["vector"] = plan(vector)
+        else:
+            out.pop("vector", None)
+        return out
+    return [plan(l) for l in launches]
