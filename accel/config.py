@@ -110,7 +110,7 @@ FLAGS = {
              "built in the next step that meets no new shape. Steps: backward passes and "
              "outermost accel.eager() blocks. 0: no limit."),
         Flag("ACCEL_GENERIC_KERNELS", True, _parse_bool,
-             "On a CPU, one kernel for every length of a region's outer loops (an "
+             "On a CPU and a GPU, one kernel for every length of a region's outer loops (an "
              "optimizer's update of each parameter, a conversion of each weight, a bias + "
              "activation or a LayerNorm over a varying number of rows), those lengths "
              "taken at run time: a region of new lengths is traced, not compiled, where "
