@@ -1,10 +1,12 @@
 """Shape-generic kernels (accel/codegen/generic.py): on a CPU or a GPU, regions that differ
 only in the lengths of their outer loops (the elements of flat pointwise work, the rows of
-row-wise work) share one kernel that takes those lengths at run time. Every result is
+row-wise work, the rows a column reduction reduces) share one kernel that takes those lengths at run time. Every result is
 checked against eager, and against the kernel built for the region's own sizes
 (ACCEL_GENERIC_KERNELS=0): the same loop body, so the same bits. The CUDA cases skip
 without a GPU (tests/gpu.sh runs them); the CUDA renderer's source and launch plan are
 checked on any machine."""
+import contextlib
+import os
 import subprocess
 import sys
 import textwrap
@@ -36,16 +38,47 @@ def _entries():
     return [st.inspect(e["key"]) if "key" in e else e for e in st.entries()]
 
 
+def _forget_kernels() -> None:
+    """Empty the trie's kernels (the process's cache of them; the trie is keyed by the
+    region, not by ACCEL_GENERIC_KERNELS)."""
+    from accel.region import ROOT
+
+    todo = [ROOT]
+    while todo:
+        node = todo.pop()
+        node.kernels.clear()
+        todo += list(node.children.values())
+
+
+@contextlib.contextmanager
+def _static_kernels(monkeypatch):
+    """Every region built for its own sizes meanwhile (ACCEL_GENERIC_KERNELS=0), in a
+    store of its own and with no kernel of the trie's: a static kernel built, not the
+    shared one found again. Asserts that a kernel was built and none shared."""
+    from accel import runtime
+
+    before = dict(accel.stats())
+    store = os.environ["ACCEL_CACHE_DIR"]
+    with monkeypatch.context() as m:
+        m.setenv("ACCEL_GENERIC_KERNELS", "0")
+        m.setenv("ACCEL_CACHE_DIR", store + "-static")
+        _forget_kernels()
+        runtime.set_store(None)
+        try:
+            yield
+        finally:
+            _forget_kernels()
+            runtime.set_store(None)
+    after = accel.stats()
+    assert after["compiles"] > before["compiles"] and after["generic_hits"] == before["generic_hits"]
+
+
 def _both(fn, *args, monkeypatch):
     """``fn(*args)`` under accel with generic kernels, then with static ones, then eagerly."""
     with accel.eager():
         got = fn(*args)
-    monkeypatch.setenv("ACCEL_GENERIC_KERNELS", "0")
-    try:
-        with accel.eager():
-            static = fn(*args)
-    finally:
-        monkeypatch.setenv("ACCEL_GENERIC_KERNELS", "1")
+    with _static_kernels(monkeypatch), accel.eager():
+        static = fn(*args)
     return got, static, fn(*args)
 
 
@@ -121,15 +154,14 @@ def test_each_loop_takes_its_own_length(generic, device, monkeypatch):
         g = torch.Generator().manual_seed(i)
         args = [torch.randn(k, generator=g).to(device) for k in (n, m, n, m)]
         runs = []
-        for mode in ("1", "0", None):
+        for mode in ("generic", "static", "eager"):
             p, q = args[0].clone(), args[1].clone()
-            if mode is None:
+            with contextlib.ExitStack() as stack:
+                if mode == "static":
+                    stack.enter_context(_static_kernels(monkeypatch))
+                if mode != "eager":
+                    stack.enter_context(accel.eager())
                 runs.append(update(p, q, args[2], args[3]))
-                continue
-            monkeypatch.setenv("ACCEL_GENERIC_KERNELS", mode)
-            with accel.eager():
-                runs.append(update(p, q, args[2], args[3]))
-        monkeypatch.setenv("ACCEL_GENERIC_KERNELS", "1")
         _same(*runs, exact=False)
     assert accel.stats()["generic_hits"] == 1
 
@@ -157,12 +189,32 @@ def test_rows_of_other_counts_share_one_kernel(generic, device, monkeypatch):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_column_reductions_over_other_row_counts_share_one_kernel(generic, device, monkeypatch):
+    """Reductions down the rows (a column sum, a bias's gradient beside its elementwise
+    input gradient, an argmax over dim 0) over other row counts share one
+    kernel, the rows a run-time length. On the CPU, 88 columns in blocks (in parallel past
+    the parallel threshold) and 264 with the rows split among the threads where each has
+    64 rows and the work is parallel, the column blocks where not: both forms in the
+    kernel, each the static kernel's bits. On a GPU, a thread a column (column tiles, for
+    column counts that are multiples of 32, stay per size). Values in quarters: eager's
+    float32 column sums are exact too."""
+    programs = [lambda x: (x * 2).sum(0) + 1, lambda x: (x * 3 - 1, (x * 3 - 1).sum(0)),
+                lambda x: (x * 2).argmax(0)]
+    shapes = {88: (300, 5001), 264: (100, 2000)}
+    for p in programs:
+        for c, rows in shapes.items():
+            for n in rows:
+                g = torch.Generator().manual_seed(n + c)
+                x = (torch.randint(-8, 8, (n, c), generator=g) / 4).to(device)
+                _same(*_both(p, x, monkeypatch=monkeypatch), exact=True)
+    assert accel.stats()["generic_hits"] == len(programs) * len(shapes)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_regions_whose_code_holds_a_length_keep_static_kernels(generic, device):
-    """A transposed read (its addresses hold the row count), a whole reduction (its
-    length in the loop) and a column sum (the rows reduced): each built for its own
-    sizes, no kernel shared."""
-    programs = [lambda x, y: x.t() * 2 + y, lambda x, y: (x * 2).sum() + y.sum(),
-                lambda x, y: (x * 2).sum(0) + 1]
+    """A transposed read (its addresses hold the row count) and a whole reduction (its
+    length in the loop): each built for its own sizes, no kernel shared."""
+    programs = [lambda x, y: x.t() * 2 + y, lambda x, y: (x * 2).sum() + y.sum()]
     for p in programs:
         for n in (300, 200):
             g = torch.Generator().manual_seed(n)
@@ -278,7 +330,8 @@ def test_cuda_renderer_shares_source_and_plans_each_regions_grid(generic, monkey
     for CUDA with run-time lengths, is one source for every row count, and its launch plan
     for a region's lengths (launches_for) is the static renderer's for that region, vector
     variant included where the flat length is a multiple of its width and left out where
-    not; a column sum's column tiles refuse (NotGeneric)."""
+    not; a column sum of 88 columns (a thread a column) is one source too, and one of 96
+    columns (column tiles, planned on the row count) refuses (NotGeneric)."""
     import accel.lowering as lowering
     from accel.codegen.cuda import CudaRenderer
     from accel.codegen.generic import GenericCudaRenderer, launches_for
@@ -310,11 +363,23 @@ def test_cuda_renderer_shares_source_and_plans_each_regions_grid(generic, monkey
             vector = [("vector" in l) for l in launches_for(r.launches, gen.sizes)]
             assert all(vector) == (width != 1 or n % 4 == 0), (name, n)
         assert len(sources) == 1, name
+    sources = set()
+    for n in (300, 1001):  # a column sum of 88 columns: a thread a column, the rows at run time
+        irs.clear()
+        with accel.eager():
+            out = (torch.randn(n, 88, generator=g) * 2).sum(0)
+        gen = generic_layout(irs[0], "cuda")
+        assert out.shape == (88,) and gen.sizes == [n]
+        r, s = GenericCudaRenderer(gen.loops), CudaRenderer()
+        sources.add(r.render(irs[0], "k"))
+        s.render(irs[0], "k")
+        assert launches_for(r.launches, gen.sizes) == s.launches
+    assert len(sources) == 1
     irs.clear()
     with accel.eager():
-        out = (torch.randn(300, 88, generator=g) * 2).sum(0)  # (column tiles over the 88)
+        out = (torch.randn(88, 96, generator=g) * 2).sum(0)  # (column tiles over the 96)
     gen = generic_layout(irs[0], "cuda")
-    assert out.shape == (88,) and gen.sizes == [88]
+    assert out.shape == (96,) and gen.sizes == [88]
     with pytest.raises(NotGeneric):
         GenericCudaRenderer(gen.loops).render(irs[0], "k")
 

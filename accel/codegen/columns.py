@@ -96,20 +96,32 @@ class ColumnLoops:
             strided |= any(a.coeff(v) == 1 and abs(a.coeff(last)) > 1 for a in loads)
         return strided
 
+    def _static(self, n) -> bool:
+        """Whether length ``n`` is known when the kernel is rendered (a shape-generic
+        kernel's run-time lengths are not: :class:`accel.codegen.generic.RunTimeLength`)."""
+        return True
+
     def _emit_vertical(self, v: int, scope: Scope, out: List[str], ind: str, parallel: bool) -> None:
         """Loop ``v`` in blocks of up to :data:`VBLOCK_MAX` results: for each reduction group
         in turn, the block accumulates a vector of results over the group's loops
         (unit-stride, vectorized loads; a later group reads an earlier one's results), then
         finishes the block. Blocks go to threads, unless :meth:`_row_split` splits rows."""
-        n = self.ir.sizes[v]
-        if parallel and self._row_split(n, scope):
+        if parallel and self._row_split(self.ir.sizes[v], scope):
             self._emit_rows(v, scope, out, ind)
-            return
+        else:
+            self._column_blocks(v, scope, out, ind, parallel)
+
+    def _column_blocks(self, v: int, scope: Scope, out: List[str], ind: str, parallel: bool,
+                       when: str = "") -> None:
+        """:meth:`_emit_vertical`'s blocks of columns, one a thread at a time where
+        ``parallel`` (``when``: an OpenMP ``if()`` clause deciding it at run time). A
+        column's result does not depend on its block: the same bits for any threads."""
+        n = self.ir.sizes[v]
         vb = vertical_block(n, machine_threads() if parallel else 1)
         b = f"v{self.ntemp}"
         self.ntemp += 1
         if parallel:
-            out.append(f"{ind}#pragma omp parallel for schedule(static)")
+            out.append(f"{ind}#pragma omp parallel for schedule(static){when}")
         out.append(f"{ind}for (int64_t {b} = 0; {b} < {n}; {b} += {vb}) {{")
         ind2 = ind + "  "
         out.append(f"{ind2}const int64_t {b}_n = {n} - {b} < {vb} ? {n} - {b} : {vb};")
@@ -258,7 +270,7 @@ class ColumnLoops:
                             f"{sq}[{b}_k] += {_pairwise([f'd{u} * d{u}' for u in range(len(xs))], _PAIR['+'])}; }}")
                 accs.append((x, t, update))
                 results[(kind, bodies, 1)], results[(kind, bodies, 0)] = sm, sq
-                if rows:
+                if not self._static(rows) or rows:  # (a run-time length is at least 1)
                     finish.append(f"{{ const {t} m = {sm}[{b}_k] / {count}; "
                                   f"const {t} q = {sq}[{b}_k] - {sm}[{b}_k] * m; "
                                   f"{sm}[{b}_k] = {sh}[{b}_k] + m; {sq}[{b}_k] = q > 0 ? q : {t}(0); }}")
@@ -270,7 +282,7 @@ class ColumnLoops:
                     f"else if (nb > 0) {{ const {t} d = {p[0]} - {r[0]}, n = na + nb; "
                     f"{r[0]} += d * (nb / n); {r[1]} += {p[1]} + d * d * (na / n * nb); na = n; }} }}"),
                     f"{t} na = 0;"))
-            if rows:  # the shifts: each column's first value
+            if not self._static(rows) or rows:  # the shifts: each column's first value
                 out.append(f"{ind}{{")
                 out += [f"{ind}  const int64_t i{r} = {lo if r == rv[0] else 0};" for r in rv]
                 self._vector_loop(b, v, body + shifts, out, ind + "  ")
@@ -283,12 +295,14 @@ class ColumnLoops:
         r, n = rv[-1], self.ir.sizes[rv[-1]]
         a, z = (lo, hi) if len(rv) == 1 else ("0", str(n))
         start, tail = a, True
-        if n >= 2 * VROWS and kind not in ARG:  # VROWS rows a step: each row's values in a block of their own
-            if a == "0":
+        # VROWS rows a step, each row's values in a block of their own (from 2 VROWS rows)
+        if (not self._static(n) or n >= 2 * VROWS) and kind not in ARG:
+            if a == "0" and self._static(n):
                 start, tail = str(n - n % VROWS), n % VROWS > 0
             else:
                 start = f"{tag}_e"
-                out.append(f"{loops_ind}const int64_t {start} = {a} + ({z} - {a}) / {VROWS} * {VROWS};")
+                few = "" if self._static(n) else f"{n} < {2 * VROWS} ? {a} : "
+                out.append(f"{loops_ind}const int64_t {start} = {few}{a} + ({z} - {a}) / {VROWS} * {VROWS};")
             out.append(f"{loops_ind}for (int64_t i{r}_s = {a}; i{r}_s < {start}; i{r}_s += {VROWS}) {{")
             step: List[str] = [f"{ct} {tag}_x{k}_{u};" for k, (_, ct, _) in enumerate(accs) for u in range(VROWS)]
             for u in range(VROWS):

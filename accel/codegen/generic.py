@@ -1,9 +1,12 @@
-"""Shape-generic kernels (CPU): one kernel for every length of a region's outer loops.
+"""Shape-generic kernels (CPU and GPU): one kernel for every length of a region's outer
+loops.
 
 Each nest of a region's loop IR runs its loops around its stores; the outermost one is,
 in most regions, the rows of its tensors, or all their elements: an optimizer's update of
 each parameter, a weight's initialization or conversion, a bias + activation or a
-LayerNorm over a varying number of rows. Two regions whose IR is the same up to the
+LayerNorm over a varying number of rows. A column nest (one loop of results, each a
+reduction down the rows: a bias's gradient) takes its reductions' outermost loop, the
+rows, instead (:func:`_column_rows`). Two regions whose IR is the same up to the
 lengths of those outer loops compute the same thing, iteration by iteration, so one kernel
 serves both, taking the lengths at run time (after the region's scalars) instead of as
 constants: :func:`generic_layout` finds the outer loops and the IR's text with their
@@ -12,14 +15,17 @@ renders it.
 
 Why the shared kernel computes what each region's own kernel would: the text holds
 everything the renderer reads but those lengths (every address with its coefficients, the
-inner loops' and the reductions' lengths, the buffers' dtypes, the scalars' types), and the
-renderer sees each outer length as a :class:`RunTimeLength`: an int that prints as the C
+inner loops' and the other reductions' lengths, the buffers' dtypes, the scalars' types),
+and the renderer sees each outer length as a :class:`RunTimeLength`: an int that prints as the C
 variable holding it and refuses every other use (arithmetic, comparison, truth,
 conversion, hashing) with :class:`NotGeneric`. A decision that depends on a length (a row
 cache or a vertical loop over it, a tile) therefore raises and the region is built for
 its own sizes; otherwise the source differs from the static kernel's only in the loops'
 bounds. The parallel threshold, the one decision about an outer length the static kernel
-always takes, becomes an OpenMP ``if()`` on the run-time iteration count.
+always takes, becomes an OpenMP ``if()`` on the run-time iteration count; a column nest's
+choice between column blocks and rows split among the threads becomes an ``if`` around
+both (:meth:`GenericCppRenderer._emit_vertical`), and its steps of 4 rows start from 8
+rows, as the static kernel's.
 
 The static kernel remains the rule where a nest's stores are large enough for streaming
 stores (:func:`accel.codegen.cpp.stream_min_bytes`): such a region is built for its own
@@ -33,6 +39,8 @@ from contextlib import contextmanager
 from typing import Dict, List, Optional
 
 from ..loop_ir import Addr, Expr, LoopIR, reductions, walk
+from . import machine_threads
+from .columns import SPLIT_ROWS
 from .cpp import CHUNK, CppRenderer, stream_min_bytes
 from .cpp_groups import PARALLEL_MIN
 from .cuda import CudaRenderer
@@ -95,6 +103,7 @@ def generic_layout(ir: LoopIR, device: str = "cpu") -> Optional[GenericLayout]:
     if any(b.scratch for b in ir.buffers):
         return None
     loops: List[int] = []
+    rows: List[int] = []  # a column nest's reduction loops of run-time length
     for nest in ir.nests:
         if not nest.vars:
             continue
@@ -103,13 +112,40 @@ def generic_layout(ir: LoopIR, device: str = "cpu") -> Optional[GenericLayout]:
         out_bytes = sum(ir.buffers[st.buf].dtype.itemsize for st in nest.stores if st.addr.terms)
         if device == "cpu" and math.prod(ir.sizes[v] for v in nest.vars) * out_bytes >= stream_min_bytes():
             return None
-        if nest.vars[0] not in loops:
-            loops.append(nest.vars[0])
+        down = _column_rows(nest)
+        if down and any(ir.sizes[v] <= 0 for v in down):
+            return None
+        for v in down or nest.vars[:1]:
+            if v not in loops:
+                loops.append(v)
+        rows += down or []
     if not loops or any(v in loops for nest in ir.nests for v in nest.vars[1:]) or any(
-            v in loops for nest in ir.nests for r in reductions(nest) for v in r.args[2]):
-        return None  # (a run-time length only ever as an outer loop's: see RunTimeLength)
+            v in loops and (v not in rows or k) for nest in ir.nests for r in reductions(nest)
+            for k, v in enumerate(r.args[2])):
+        return None  # (a run-time length only as an outer loop's: see RunTimeLength)
     text = _text(ir, ["n" if v in loops else s for v, s in enumerate(ir.sizes)])
     return GenericLayout(loops, [ir.sizes[v] for v in loops], text)
+
+
+def _column_rows(nest) -> Optional[List[int]]:
+    """The rows of a column nest: a nest of one loop whose every reduction reads down rows
+    (a load contiguous along the loop, strided along the reduction's outermost loop, every
+    load contiguous along the loop or the same for all of it: a bias's gradient, a column
+    mean; the CPU renderer's column blocks, :meth:`accel.codegen.columns.ColumnLoops.
+    _vertical`) takes its reductions' outermost loops at run time, not its own. None for
+    any other nest."""
+    reds = reductions(nest)
+    if len(nest.vars) != 1 or not reds:
+        return None
+    c, rows = nest.vars[0], []
+    for r in reds:
+        rvars = r.args[2]
+        loads = [x.args[1] for b in r.args[1] for x in walk(b, set(), into_reduce=False) if x.op == "load"]
+        if not rvars or not all(a.coeff(c) in (0, 1) for a in loads) or not any(
+                a.coeff(c) == 1 and abs(a.coeff(rvars[0])) > 1 for a in loads):
+            return None
+        rows += [rvars[0]] if rvars[0] not in rows else []
+    return rows
 
 
 def _text(ir: LoopIR, sizes: list) -> str:
@@ -173,6 +209,23 @@ class _RunTimeLengths:
     def _empty(self, nest, ir: LoopIR) -> bool:
         return False
 
+    def _static(self, n) -> bool:
+        return not isinstance(n, RunTimeLength)
+
+    def _size(self, vs):
+        """The product of loops ``vs``' lengths: a :class:`RunTimeLength` (its ``coeff`` the
+        others' product) where one of them is; two raise :class:`NotGeneric`."""
+        n, run = 1, None
+        for v in vs:
+            s = self.ir.sizes[v]
+            if not isinstance(s, RunTimeLength):
+                n *= s
+            elif run is None:
+                run = s
+            else:
+                raise NotGeneric("a product of run-time lengths")
+        return n if run is None else RunTimeLength(run.var, run.coeff * n)
+
 
 class GenericCppRenderer(_RunTimeLengths, CppRenderer):
     """Renders a :class:`LoopIR` with the lengths of loops ``loops`` (see
@@ -206,15 +259,21 @@ class GenericCppRenderer(_RunTimeLengths, CppRenderer):
             super()._plan_f16_rows(v, outer, inner)
 
     @contextmanager
-    def _lengths(self, k: int):
-        """The run-time lengths taken as ``k`` meanwhile (for a plan that must not depend
-        on them: it is computed at two lengths, or asked whether it would apply at all)."""
+    def _lengths(self, k: int, var: Optional[int] = None):
+        """The run-time lengths taken as ``k`` meanwhile (with ``var``: that loop's, the
+        others' as 0), for a plan that must not depend on them (it is computed at several
+        lengths, or asked whether it would apply at all)."""
         sizes = self.ir.sizes
-        self.ir.sizes = [k if isinstance(s, RunTimeLength) else s for s in sizes]
+        self.ir.sizes = [(k if var in (None, s.var) else 0) if isinstance(s, RunTimeLength) else s
+                         for s in sizes]
         try:
             yield
         finally:
             self.ir.sizes = sizes
+
+    def _plan(self, nest, ir: LoopIR) -> None:
+        self.nest = nest  # (the nest a column loop's run-time work is counted in)
+        super()._plan(nest, ir)
 
     def _plan_tile(self, order, scopes):
         if not any(isinstance(self.ir.sizes[v], RunTimeLength) for v in order[-2:]):
@@ -224,35 +283,79 @@ class GenericCppRenderer(_RunTimeLengths, CppRenderer):
                 raise NotGeneric("a transposing tile over a run-time loop")
         return None
 
+    def _work_varies(self, nest) -> bool:
+        """Whether the nest's iterations (:meth:`CppRenderer._work`) depend on a run-time
+        length."""
+        try:
+            return isinstance(super()._work(nest), RunTimeLength)
+        except NotGeneric:
+            return True
+
     def _work(self, nest) -> int:
-        if nest.vars and isinstance(self.ir.sizes[nest.vars[0]], RunTimeLength):
+        if self._work_varies(nest):
             return PARALLEL_MIN  # threads where the machine has them: if() decides at run time
         return super()._work(nest)
 
     def _run_time_work(self, nest) -> str:
         """The C expression of the nest's iterations (:meth:`CppRenderer._work`), linear in
-        its outer loop's length: ``n * a + b``."""
-        at = []
-        for k in (0, 1):
-            with self._lengths(k):
-                at.append(super()._work(nest))
-        return f"{self.ir.sizes[nest.vars[0]]} * {at[1] - at[0]} + {at[0]}"
+        the run-time lengths: ``n<v> * a + ... + b`` (a product of two of them raises
+        :class:`NotGeneric`)."""
+        with self._lengths(0):
+            b = super()._work(nest)
+        terms, total = [], b
+        for v in self.loops:
+            with self._lengths(1, v):
+                a = super()._work(nest) - b
+            if a:
+                terms.append(f"{RunTimeLength(v)} * {a}")
+                total += a
+        with self._lengths(1):
+            if super()._work(nest) != total:
+                raise NotGeneric("iterations not linear in the run-time lengths")
+        return " + ".join(terms + [str(b)])
 
     def _emit_loop(self, j, out, ind, nest, parallel, innermost, simd, par_pragma) -> None:
         v = nest.vars[j]
         n = self.ir.sizes[v]
+        if parallel and j == 0 and self._work_varies(nest):
+            par_pragma += f" if({self._run_time_work(nest)} >= {PARALLEL_MIN})"
         if j or not isinstance(n, RunTimeLength):
             super()._emit_loop(j, out, ind, nest, parallel, innermost, simd, par_pragma)
             return
         if innermost and self._vertical(v, self.nest_scopes[j + 1]):
             raise NotGeneric("column blocks along a run-time loop")
         if parallel:
-            out.append(f"{ind}#pragma {par_pragma} if({self._run_time_work(nest)} >= {PARALLEL_MIN})")
+            out.append(f"{ind}#pragma {par_pragma}")
         if simd and len(nest.vars) == 1:  # a flat loop: chunks of CHUNK, each vectorized
             self._chunked_loop(j, out, ind, nest, n, f"({n} + {CHUNK - 1}) / {CHUNK}")
             return
         out.append(f"{ind}for (int64_t i{v} = 0; i{v} < {n}; ++i{v}) {{")  # rows, as the static kernel's
         self._emit_nest(j + 1, out, ind + "  ", nest)
+        out.append(f"{ind}}}")
+
+    def _emit_vertical(self, v: int, scope, out: List[str], ind: str, parallel: bool) -> None:
+        """A column nest whose rows are of run-time length (a bias's gradient): what the
+        static kernel decides on the rows is decided in the kernel, as it would be. Where
+        the static kernel may split the rows among the threads (:meth:`ColumnLoops.
+        _row_split` at any row count), both forms, the split taken where the work is
+        parallel and every run-time row count reaches :data:`SPLIT_ROWS` rows a thread;
+        the column blocks parallel where the work is (an OpenMP ``if()``)."""
+        rows = [self.ir.sizes[g.rvars[0]] for k, g in scope.items if k == "group"]
+        if not parallel or all(self._static(r) for r in rows):
+            super()._emit_vertical(v, scope, out, ind, parallel)
+            return
+        work = f"{self._run_time_work(self.nest)} >= {PARALLEL_MIN}"
+        with self._lengths(1 << 30):
+            split = self._row_split(self.ir.sizes[v], scope)
+        if not split:
+            self._column_blocks(v, scope, out, ind, True, f" if({work})")
+            return
+        need = SPLIT_ROWS * machine_threads()
+        cond = " && ".join([f"({work})"] + [f"{r} >= {need}" for r in rows if not self._static(r)])
+        out.append(f"{ind}if ({cond}) {{")
+        self._emit_rows(v, scope, out, ind + "  ")
+        out.append(f"{ind}}} else {{")
+        self._column_blocks(v, scope, out, ind + "  ", True, f" if({work})")
         out.append(f"{ind}}}")
 
 
@@ -279,16 +382,6 @@ class GenericCudaRenderer(_RunTimeLengths, CudaRenderer):
 
     def _n_scalars(self, ir: LoopIR) -> int:
         return len(ir.scalar_types) + len(self.loops)
-
-    def _size(self, vs):
-        n, run = 1, None
-        for v in vs:
-            s = self.ir.sizes[v]
-            if isinstance(s, RunTimeLength):
-                run = s  # (at most one a nest: its outer loop)
-            else:
-                n *= s
-        return n if run is None else RunTimeLength(run.var, run.coeff * n)
 
     def _flat(self, nest, ir: LoopIR) -> bool:
         """Whether the innermost loop of elementwise ``nest`` is of run-time length (one
