@@ -156,9 +156,9 @@ def main() -> None:
             rows.append(f"| {name} | {res['first_s']:.2f} | {accel_cells} | "
                         f"{res['steady_ms']:.3f} | {match} |")
             print(rows[-1], file=sys.stderr, flush=True)
-    print(f"MLP block + SGD over {args.lengths} row counts, {args.device} "
-          f"({torch.cuda.get_device_name() if args.device == 'cuda' else os.cpu_count()} "
-          f"{'' if args.device == 'cuda' else 'cores'}), torch {torch.__version__}\n")
+    where = torch.cuda.get_device_name() if args.device == "cuda" else f"{os.cpu_count()} cores"
+    print(f"MLP block + SGD over {args.lengths} row counts, {args.device} ({where}), "
+          f"torch {torch.__version__}\n")
     print(f"| variant | {WARM_PASSES} passes (s) | kernels built | served by a shared "
           "kernel | eager replays | steady pass (ms a step) | parameters match eager's |")
     print("|---|---|---|---|---|---|---|")
