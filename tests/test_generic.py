@@ -211,6 +211,36 @@ def test_column_reductions_over_other_row_counts_share_one_kernel(generic, devic
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_layer_norm_backward_over_other_row_counts_builds_nothing(generic, device, monkeypatch):
+    """A GELU + LayerNorm forward and backward (float64) over other row counts: after the
+    first, no kernel built. The backward's regions hold scratch buffers (its row
+    statistics, allocated for each region's rows) and column reductions (the weight's and
+    bias's gradients over 88 columns); every result the static kernels' bits."""
+    F = torch.nn.functional
+    g = torch.Generator().manual_seed(5)
+    w, b = (torch.randn(88, generator=g, dtype=torch.float64).to(device) for _ in range(2))
+
+    def step(x, gy):
+        x, ww, bb = (t.clone().requires_grad_() for t in (x, w, b))
+        F.layer_norm(F.gelu(x, approximate="tanh"), (88,), ww, bb).backward(gy)
+        return x.grad, ww.grad, bb.grad
+
+    def builds():
+        return accel.stats()["compiles"] - accel.stats()["generic_hits"]
+
+    for i, n in enumerate((300, 1000, 2001)):
+        x, gy = (torch.randn(n, 88, generator=g, dtype=torch.float64).to(device) for _ in range(2))
+        before = builds()
+        with accel.eager():
+            got = step(x, gy)
+        assert (builds() > before) == (i == 0), n
+        with _static_kernels(monkeypatch), accel.eager():
+            static = step(x, gy)
+        _same(got, static, step(x, gy), exact=False)
+    assert accel.stats()["generic_hits"] >= 2
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_regions_whose_code_holds_a_length_keep_static_kernels(generic, device):
     """A transposed read (its addresses hold the row count) and a whole reduction (its
     length in the loop): each built for its own sizes, no kernel shared."""
@@ -267,8 +297,8 @@ def test_a_run_time_length_prints_and_refuses_every_other_use():
 
 def test_generic_layout_reads_the_ir():
     """What generic_layout accepts and its text: each nest's outer loop of run-time length,
-    every other length, address and operand in the text; no layout without a loop, with a
-    scratch buffer, or with stores of the streaming size."""
+    every other length, address and operand in the text, and which buffers are scratch; no
+    layout without a loop or with stores of the streaming size."""
     from accel.codegen.cpp import stream_min_bytes
     from accel.loop_ir import Addr, BufferSpec, Expr, LoopIR, Nest, Store
 
@@ -292,7 +322,7 @@ def test_generic_layout_reads_the_ir():
     assert rows[0].text == rows[1].text and rows[0].sizes == [100]
     assert generic_layout(ir(100, 65)).text != rows[0].text  # another row length
     assert generic_layout(ir(100, loops=False)) is None
-    assert generic_layout(ir(100, scratch=True)) is None
+    assert generic_layout(ir(100, scratch=True)).text != a.text  # (a scratch buffer: an argument too)
     assert generic_layout(ir(stream_min_bytes() // 4)) is None
 
 

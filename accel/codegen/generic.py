@@ -29,7 +29,9 @@ rows, as the static kernel's.
 
 The static kernel remains the rule where a nest's stores are large enough for streaming
 stores (:func:`accel.codegen.cpp.stream_min_bytes`): such a region is built for its own
-sizes, as it is where it has scratch buffers or an empty loop.
+sizes, as it is where it has an empty loop. Scratch buffers (a reduction's results kept
+for a later nest: a LayerNorm backward's row statistics) are arguments like the others,
+allocated for each region's own sizes (its entry's ``scratch``).
 """
 from __future__ import annotations
 
@@ -97,11 +99,9 @@ class GenericLayout:
 
 def generic_layout(ir: LoopIR, device: str = "cpu") -> Optional[GenericLayout]:
     """The :class:`GenericLayout` of ``ir`` (each nest's outermost loop of run-time
-    length), or None where it has no loop, has scratch buffers or an empty loop, or (on
+    length), or None where it has no loop or an empty loop, or (on
     ``device`` "cpu") a nest's stores reach the streaming-store size (its static kernel
     streams them)."""
-    if any(b.scratch for b in ir.buffers):
-        return None
     loops: List[int] = []
     rows: List[int] = []  # a column nest's reduction loops of run-time length
     for nest in ir.nests:
@@ -154,7 +154,8 @@ def _text(ir: LoopIR, sizes: list) -> str:
     their lengths."""
     names: Dict[Expr, str] = {}
     order: Dict[int, int] = {}
-    lines = [f"scalars {ir.scalar_types}"] + [f"buf {b.dtype} out={b.output}" for b in ir.buffers]
+    lines = [f"scalars {ir.scalar_types}"] + [f"buf {b.dtype} out={b.output} scratch={b.scratch}"
+                                              for b in ir.buffers]
 
     def var(v: int) -> int:
         return order.setdefault(v, len(order))
