@@ -210,6 +210,23 @@ def test_column_reductions_over_other_row_counts_share_one_kernel(generic, devic
     assert accel.stats()["generic_hits"] == len(programs) * len(shapes)
 
 
+def test_whole_reductions_over_other_lengths_share_one_kernel(generic, monkeypatch):
+    """On the CPU, reductions of a whole tensor over other lengths (a sum, a mean, a max,
+    an argmax, the centered sum of squares: a loss's shapes) share one kernel: the
+    reduced length at run time, its threads and its float32 lanes decided in the kernel
+    (lengths below and above the parallel threshold), a mean's count computed from it
+    (_counts). Every result the static kernel's bits. (On a GPU they are built per
+    size.)"""
+    programs = [lambda x: (x * 2).sum() + 1, lambda x: (x * x).mean(), lambda x: (x * 2).amax(),
+                lambda x: (x * 2).argmax(), lambda x: (x - x.mean()).pow(2).sum()]
+    rows = (3001, 600, 20000)
+    for p in programs:
+        for n in rows:
+            x = torch.randn(n, 32, generator=torch.Generator().manual_seed(n))
+            _same(*_both(p, x, monkeypatch=monkeypatch), exact=False)
+    assert accel.stats()["generic_hits"] == len(programs) * (len(rows) - 1)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_layer_norm_backward_over_other_row_counts_builds_nothing(generic, device, monkeypatch):
     """A GELU + LayerNorm forward and backward (float64) over other row counts: after the
@@ -242,9 +259,10 @@ def test_layer_norm_backward_over_other_row_counts_builds_nothing(generic, devic
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_regions_whose_code_holds_a_length_keep_static_kernels(generic, device):
-    """A transposed read (its addresses hold the row count) and a whole reduction (its
-    length in the loop): each built for its own sizes, no kernel shared."""
-    programs = [lambda x, y: x.t() * 2 + y, lambda x, y: (x * 2).sum() + y.sum()]
+    """A transposed read (its addresses hold the row count) and a variance (its count
+    less one, a constant that is no multiple of the length): each built for its own sizes,
+    no kernel shared."""
+    programs = [lambda x, y: x.t() * 2 + y, lambda x, y: (x * 2).var() + y]
     for p in programs:
         for n in (300, 200):
             g = torch.Generator().manual_seed(n)
@@ -297,8 +315,9 @@ def test_a_run_time_length_prints_and_refuses_every_other_use():
 
 def test_generic_layout_reads_the_ir():
     """What generic_layout accepts and its text: each nest's outer loop of run-time length,
-    every other length, address and operand in the text, and which buffers are scratch; no
-    layout without a loop or with stores of the streaming size."""
+    every other length, address and operand in the text, and which buffers are scratch; a
+    whole reduction's length on the CPU; no layout without one (a whole reduction on a GPU)
+    or with stores of the streaming size."""
     from accel.codegen.cpp import stream_min_bytes
     from accel.loop_ir import Addr, BufferSpec, Expr, LoopIR, Nest, Store
 
@@ -321,7 +340,9 @@ def test_generic_layout_reads_the_ir():
     rows = [generic_layout(ir(n, 64)) for n in (100, 7)]
     assert rows[0].text == rows[1].text and rows[0].sizes == [100]
     assert generic_layout(ir(100, 65)).text != rows[0].text  # another row length
-    assert generic_layout(ir(100, loops=False)) is None
+    whole = generic_layout(ir(100, loops=False))  # a whole reduction: its length on the CPU
+    assert whole.sizes == [100] and whole.text == generic_layout(ir(7, loops=False)).text
+    assert generic_layout(ir(100, loops=False), "cuda") is None
     assert generic_layout(ir(100, scratch=True)).text != a.text  # (a scratch buffer: an argument too)
     assert generic_layout(ir(stream_min_bytes() // 4)) is None
 

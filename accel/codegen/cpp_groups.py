@@ -103,20 +103,36 @@ class GroupLoops:
             # with a 64-bit accumulator, maxima and minima get a loop of their own: GCC 12
             # miscompiled one with a 64-bit sum and 16-bit conversions (test_opinfo_reductions)
             split = wide and len({mm for mm, _, _ in clauses}) == 2
-            par = (not scope.bound and self._size(rv) >= PARALLEL_MIN and machine_threads() > 1)
+            size, when = self._size(rv), ""
+            if self._static(size):
+                par = not scope.bound and size >= PARALLEL_MIN and machine_threads() > 1
+            else:  # (a whole reduction of run-time length: threads decided in the kernel)
+                par, when = not scope.bound and machine_threads() > 1, f" if({size} >= {PARALLEL_MIN})"
+
+            def plain(out, ind):
+                for part in ((False,), (True,)) if split else ((False, True),):
+                    merged: Dict[str, List[str]] = {}
+                    for mm, c, a in clauses:
+                        if mm in part:
+                            merged.setdefault(c, []).append(a)
+                    red = " ".join(f"reduction({c}:{', '.join(v)})" for c, v in merged.items())
+                    self._loops(rv, body_lines + [u for mm, u in updates if mm in part], out, ind,
+                                f"simd {red}", f"parallel for {red}{when}" if par else None)
+
             if self._lanes(rv, g, accs):
                 sums = [(a, self._name(key[1][0].args[0], inner)) for key, a in accs.items()]
-                self._lanes_sum(rv[0], body_lines, sums, [u for _, u in updates], out, ind, par)
+                n = self.ir.sizes[rv[0]]
+                if not self._static(n):  # the static kernel's choice, in the kernel
+                    out.append(f"{ind}if ({n} >= {LANES_MIN}) {{")
+                    self._lanes_sum(rv[0], body_lines, sums, [u for _, u in updates], out, ind + "  ", par, when)
+                    out.append(f"{ind}}} else {{")
+                    plain(out, ind + "  ")
+                    out.append(f"{ind}}}")
+                else:
+                    self._lanes_sum(rv[0], body_lines, sums, [u for _, u in updates], out, ind, par)
                 self._emit_items = _emit_items
                 return
-            for part in ((False,), (True,)) if split else ((False, True),):
-                merged: Dict[str, List[str]] = {}
-                for mm, c, a in clauses:
-                    if mm in part:
-                        merged.setdefault(c, []).append(a)
-                red = " ".join(f"reduction({c}:{', '.join(v)})" for c, v in merged.items())
-                self._loops(rv, body_lines + [u for mm, u in updates if mm in part], out, ind,
-                            f"simd {red}", f"parallel for {red}" if par else None)
+            plain(out, ind)
             out += [ind + f for f in fixes]
         elif kind in ARG:
             init, better = ARG[kind]
@@ -150,15 +166,15 @@ class GroupLoops:
         """Whether a group's plain reductions run as :meth:`_lanes_sum`: every one a sum of
         widened float32 values (:func:`accel.codegen.columns._widened_f32`) over one loop of
         at least :data:`LANES_MIN` values, which every load walks contiguously or not at all."""
-        if len(rv) != 1 or self.ir.sizes[rv[0]] < LANES_MIN:
-            return False
+        if len(rv) != 1 or (self._static(self.ir.sizes[rv[0]]) and self.ir.sizes[rv[0]] < LANES_MIN):
+            return False  # (a run-time length: :meth:`_emit_group` tests it in the kernel)
         if not all(kind == "sum" and _widened_f32(bodies[0]) for kind, bodies in accs):
             return False
         return all(e.args[1].coeff(rv[0]) in (0, 1) for m in g.members for b in m.args[1]
                    for e in walk(b, set(), into_reduce=False) if e.op == "load")
 
     def _lanes_sum(self, r: int, body: List[str], sums, tail: List[str], out: List[str], ind: str,
-                   par: bool) -> None:
+                   par: bool, when: str = "") -> None:
         """The loop over ``r`` of float32 sums ``sums`` (float64 accumulator, float32 value
         names) in steps of :data:`LANES_ROWS` x :data:`LANES` values: the values at ``k``,
         ``k + LANES``, ... added pairwise in float32 (each value meets at most two float32
@@ -167,11 +183,12 @@ class GroupLoops:
         chain of additions a value, one conversion for four values. The lanes are then added
         pairwise into the accumulator; the last values (``tail``: the plain updates) one at a
         time. With ``par`` each OpenMP thread keeps lanes of its own over its share of the
-        steps, and the accumulators are the threads' reduction."""
+        steps, and the accumulators are the threads' reduction (``when``: an OpenMP ``if()``
+        clause deciding that at run time)."""
         n, w, u_n = self.ir.sizes[r], LANES, LANES_ROWS
         step, t = w * u_n, f"l{self.ntemp}"
         self.ntemp += 1
-        steps = n // step
+        steps = n // step if self._static(n) else f"({n} / {step})"
         lines = [f"float {a}_y{u};" for a, _ in sums for u in range(u_n)]
         for u in range(u_n):
             lines += ["{", f"  const int64_t i{r} = {t}_c * {step} + {t}_k + {u * w};"]
@@ -180,7 +197,7 @@ class GroupLoops:
         lines += [f"{a}_l[{t}_k] += static_cast<double>({_pairwise([f'{a}_y{u}' for u in range(u_n)], plus)});"
                   for a, _ in sums]
         if par:
-            out.append(f"{ind}#pragma omp parallel reduction(+: {', '.join(a for a, _ in sums)})")
+            out.append(f"{ind}#pragma omp parallel reduction(+: {', '.join(a for a, _ in sums)}){when}")
         out.append(f"{ind}{{")
         out += [f"{ind}  double {a}_l[{w}] = {{}};" for a, _ in sums]
         if par:
@@ -192,8 +209,9 @@ class GroupLoops:
         out += [f"{ind}    }}", f"{ind}  }}"]
         out += [f"{ind}  {a} += {_pairwise([f'{a}_l[{k}]' for k in range(w)], plus)};" for a, _ in sums]
         out.append(f"{ind}}}")
-        if n % step:
-            out.append(f"{ind}for (int64_t i{r} = {steps * step}; i{r} < {n}; ++i{r}) {{")
+        if not self._static(n) or n % step:
+            first = steps * step if self._static(n) else f"{steps} * {step}"
+            out.append(f"{ind}for (int64_t i{r} = {first}; i{r} < {n}; ++i{r}) {{")
             out += [f"{ind}  {x}" for x in body + tail]
             out.append(f"{ind}}}")
 

@@ -97,22 +97,83 @@ class GenericLayout:
     text: str
 
 
+@dataclasses.dataclass(frozen=True)
+class RunTimeCount:
+    """A floating constant that equals run-time loop ``var``'s length times ``mult`` (a
+    mean's count of elements, which its decomposition divides by): rendered as that product
+    of the kernel's variable, converted to the constant's dtype (the same value, rounded
+    once)."""
+
+    var: int
+    mult: int
+
+    def __str__(self) -> str:
+        return f"n{self.var}" if self.mult == 1 else f"(n{self.var} * {self.mult})"
+
+    __repr__ = __str__
+
+
+def _counts(ir: LoopIR, loops: List[int]) -> Dict[Expr, RunTimeCount]:
+    """The floating constants of ``ir`` (at least 2, whole) that are a whole multiple of a
+    run-time length which a reduction runs over (the first such of ``loops``): a mean's
+    count (``x.mean()`` over n values divides their sum by n). In a region of other
+    lengths the same IR has that product there, or another text (a constant that is not
+    such a multiple there stays a number), so the kernel computing it at run time computes
+    each region's constant."""
+    reduced = [v for v in loops if any(v in r.args[2] for nest in ir.nests for r in reductions(nest))]
+    out: Dict[Expr, RunTimeCount] = {}
+    seen: set = set()
+    for nest in ir.nests if reduced else ():
+        for st in nest.stores:
+            for e in walk(st.value, seen):
+                v = e.args[0] if e.op == "const" and e.dtype.is_floating_point else None
+                if not isinstance(v, float) or not math.isfinite(v) or v < 2 or v != int(v):
+                    continue
+                for r in reduced:
+                    if int(v) % ir.sizes[r] == 0:
+                        out[e] = RunTimeCount(r, int(v) // ir.sizes[r])
+                        break
+    return out
+
+
+def _with_counts(ir: LoopIR, counts: Dict[Expr, RunTimeCount]) -> LoopIR:
+    """``ir`` with each constant of ``counts`` holding its :class:`RunTimeCount`."""
+    if not counts:
+        return ir
+    memo: Dict[Expr, Expr] = {}
+
+    def sub(a):
+        if isinstance(a, tuple):
+            return tuple(sub(b) for b in a)
+        if not isinstance(a, Expr):
+            return a
+        if a not in memo:
+            memo[a] = (Expr("const", a.dtype, (counts[a], counts[a])) if a in counts
+                       else Expr(a.op, a.dtype, sub(a.args)))
+        return memo[a]
+
+    nests = [dataclasses.replace(n, stores=[dataclasses.replace(st, value=sub(st.value)) for st in n.stores])
+             for n in ir.nests]
+    return dataclasses.replace(ir, nests=nests)
+
+
 def generic_layout(ir: LoopIR, device: str = "cpu") -> Optional[GenericLayout]:
-    """The :class:`GenericLayout` of ``ir`` (each nest's outermost loop of run-time
-    length), or None where it has no loop or an empty loop, or (on
-    ``device`` "cpu") a nest's stores reach the streaming-store size (its static kernel
-    streams them)."""
+    """The :class:`GenericLayout` of ``ir``: each nest's outermost loop of run-time
+    length; a column nest's rows instead (:func:`_column_rows`), and on ``device`` "cpu"
+    a nest without loops (a whole reduction: a loss's mean) its reductions' outermost
+    loops. None where it has no such loop or an empty one, or (on "cpu") a nest's stores
+    reach the streaming-store size (its static kernel streams them)."""
     loops: List[int] = []
-    rows: List[int] = []  # a column nest's reduction loops of run-time length
+    rows: List[int] = []  # reduction loops of run-time length
     for nest in ir.nests:
-        if not nest.vars:
+        if not nest.vars and device != "cpu":
             continue
         if any(ir.sizes[v] <= 0 for v in nest.vars):
             return None
         out_bytes = sum(ir.buffers[st.buf].dtype.itemsize for st in nest.stores if st.addr.terms)
         if device == "cpu" and math.prod(ir.sizes[v] for v in nest.vars) * out_bytes >= stream_min_bytes():
             return None
-        down = _column_rows(nest)
+        down = _column_rows(nest) if nest.vars else [r.args[2][0] for r in reductions(nest) if r.args[2]]
         if down and any(ir.sizes[v] <= 0 for v in down):
             return None
         for v in down or nest.vars[:1]:
@@ -123,7 +184,8 @@ def generic_layout(ir: LoopIR, device: str = "cpu") -> Optional[GenericLayout]:
             v in loops and (v not in rows or k) for nest in ir.nests for r in reductions(nest)
             for k, v in enumerate(r.args[2])):
         return None  # (a run-time length only as an outer loop's: see RunTimeLength)
-    text = _text(ir, ["n" if v in loops else s for v, s in enumerate(ir.sizes)])
+    counts = _counts(ir, loops) if device == "cpu" else {}
+    text = _text(ir, ["n" if v in loops else s for v, s in enumerate(ir.sizes)], counts)
     return GenericLayout(loops, [ir.sizes[v] for v in loops], text)
 
 
@@ -148,10 +210,10 @@ def _column_rows(nest) -> Optional[List[int]]:
     return rows
 
 
-def _text(ir: LoopIR, sizes: list) -> str:
+def _text(ir: LoopIR, sizes: list, counts: Dict[Expr, RunTimeCount]) -> str:
     """``ir`` as text, each Expr once (``eK = ...``), its loop variables renumbered in order
     of first use (the lowering's numbering depends on dims it dropped), with ``sizes`` for
-    their lengths."""
+    their lengths and ``counts``' constants as run-time counts."""
     names: Dict[Expr, str] = {}
     order: Dict[int, int] = {}
     lines = [f"scalars {ir.scalar_types}"] + [f"buf {b.dtype} out={b.output} scratch={b.scratch}"
@@ -183,7 +245,9 @@ def _text(ir: LoopIR, sizes: list) -> str:
         for st in nest.stores:
             for e in walk(st.value, set()):  # (operands before users: each named before use)
                 if e not in names:
-                    text = f"{e.op} {e.dtype} ({args(e)})"
+                    count = counts.get(e)
+                    text = f"{e.op} {e.dtype} ({args(e)})" if count is None else \
+                        f"count {e.dtype} (n{var(count.var)} * {count.mult})"
                     names[e] = f"e{len(names)}"
                     lines.append(f"{names[e]} = {text}")
             lines.append(f"store b{st.buf}{addr(st.addr)} = {names[st.value]}")
@@ -244,6 +308,14 @@ class GenericCppRenderer(_RunTimeLengths, CppRenderer):
     """
 
     stream_stores = False
+
+    def render(self, ir: LoopIR, name: str) -> str:
+        return super().render(_with_counts(ir, _counts(ir, self.loops)), name)
+
+    def const(self, v, dtype) -> str:
+        if isinstance(v, RunTimeCount):  # (a mean's count: see _counts)
+            return f"{self.ctype(dtype)}({v})"
+        return super().const(v, dtype)
 
     def preamble(self, ir: LoopIR) -> List[str]:
         first = len(ir.scalar_types)
