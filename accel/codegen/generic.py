@@ -6,7 +6,8 @@ in most regions, the rows of its tensors, or all their elements: an optimizer's 
 each parameter, a weight's initialization or conversion, a bias + activation or a
 LayerNorm over a varying number of rows. A column nest (one loop of results, each a
 reduction down the rows: a bias's gradient) takes its reductions' outermost loop, the
-rows, instead (:func:`_column_rows`). Two regions whose IR is the same up to the
+rows, instead (:func:`_column_rows`); on the CPU so does a nest without loops (a whole
+reduction: a loss's sum or mean, whose count becomes a :class:`RunTimeCount`). Two regions whose IR is the same up to the
 lengths of those outer loops compute the same thing, iteration by iteration, so one kernel
 serves both, taking the lengths at run time (after the region's scalars) instead of as
 constants: :func:`generic_layout` finds the outer loops and the IR's text with their
