@@ -96,11 +96,6 @@ class ColumnLoops:
             strided |= any(a.coeff(v) == 1 and abs(a.coeff(last)) > 1 for a in loads)
         return strided
 
-    def _static(self, n) -> bool:
-        """Whether length ``n`` is known when the kernel is rendered (a shape-generic
-        kernel's run-time lengths are not: :class:`accel.codegen.generic.RunTimeLength`)."""
-        return True
-
     def _emit_vertical(self, v: int, scope: Scope, out: List[str], ind: str, parallel: bool) -> None:
         """Loop ``v`` in blocks of up to :data:`VBLOCK_MAX` results: for each reduction group
         in turn, the block accumulates a vector of results over the group's loops

@@ -145,6 +145,12 @@ class CppRenderer(GroupLoops, ColumnLoops, TiledLoops, CStyle):
         out.append("  }")
         return out
 
+    def _static(self, n) -> bool:
+        """Whether length ``n`` is known when the kernel is rendered (a shape-generic
+        kernel's run-time lengths are not: :class:`accel.codegen.generic.RunTimeLength`;
+        the column and reduction-group mixins ask before deciding on a reduced length)."""
+        return True
+
     def _empty(self, nest: Nest, ir: LoopIR) -> bool:
         """Whether one of the nest's loops runs no iteration (the nest is then left out)."""
         return any(ir.sizes[v] == 0 for v in nest.vars)
