@@ -195,36 +195,42 @@ def test_column_reductions_over_other_row_counts_share_one_kernel(generic, devic
     kernel, the rows a run-time length. On the CPU, 88 columns in blocks (in parallel past
     the parallel threshold) and 264 with the rows split among the threads where each has
     64 rows and the work is parallel, the column blocks where not: both forms in the
-    kernel, each the static kernel's bits. On a GPU, a thread a column (column tiles, for
-    column counts that are multiples of 32, stay per size). Values in quarters: eager's
-    float32 column sums are exact too."""
+    kernel, each the static kernel's bits. On a GPU, a thread a column for those; and 96
+    columns in tiles of 32, whose rows of threads and split among blocks (none, 9 and 86
+    blocks a tile here) are chosen at launch. Values in quarters: eager's float32 column
+    sums are exact too."""
     programs = [lambda x: (x * 2).sum(0) + 1, lambda x: (x * 3 - 1, (x * 3 - 1).sum(0)),
                 lambda x: (x * 2).argmax(0)]
-    shapes = {88: (300, 5001), 264: (100, 2000)}
+    shapes = {88: (300, 5001), 264: (100, 2000), **({96: (300, 5001, 100000)} if device == "cuda" else {})}
     for p in programs:
         for c, rows in shapes.items():
             for n in rows:
                 g = torch.Generator().manual_seed(n + c)
                 x = (torch.randint(-8, 8, (n, c), generator=g) / 4).to(device)
                 _same(*_both(p, x, monkeypatch=monkeypatch), exact=True)
-    assert accel.stats()["generic_hits"] == len(programs) * len(shapes)
+    assert accel.stats()["generic_hits"] == len(programs) * sum(len(r) - 1 for r in shapes.values())
 
 
-def test_whole_reductions_over_other_lengths_share_one_kernel(generic, monkeypatch):
-    """On the CPU, reductions of a whole tensor over other lengths (a sum, a mean, a max,
-    an argmax, the centered sum of squares: a loss's shapes) share one kernel: the
-    reduced length at run time, its threads and its float32 lanes decided in the kernel
-    (lengths below and above the parallel threshold), a mean's count computed from it
-    (_counts). Every result the static kernel's bits. (On a GPU they are built per
-    size.)"""
+@pytest.mark.parametrize("device", DEVICES)
+def test_whole_reductions_over_other_lengths_share_one_kernel(generic, device, monkeypatch):
+    """Reductions of a whole tensor over other lengths (a sum, a mean, a max, a variance: a
+    loss's shapes) share one kernel, a mean's or a variance's count computed from the
+    length (_counts: n, n - 1), as do column variances. On the CPU, the threads and float32
+    lanes decided in the kernel (lengths below and above the parallel threshold), an argmax
+    and the centered sum of squares too. On a GPU, one accumulator over the grid (65536
+    elements or more: the blocks as a launch formula); below that, and an argmax, a
+    variance or the centered sum (a block's reduction, planned on the length), built per
+    size. Every result the static kernel's bits."""
     programs = [lambda x: (x * 2).sum() + 1, lambda x: (x * x).mean(), lambda x: (x * 2).amax(),
-                lambda x: (x * 2).argmax(), lambda x: (x - x.mean()).pow(2).sum()]
-    rows = (3001, 600, 20000)
+                lambda x: (x * 2).std(0), lambda x: (x * 2).argmax(), lambda x: (x - x.mean()).pow(2).sum(),
+                lambda x: (x * 2).var()]
+    rows = (3001, 2100, 20000)
     for p in programs:
         for n in rows:
-            x = torch.randn(n, 32, generator=torch.Generator().manual_seed(n))
+            x = torch.randn(n, 32, generator=torch.Generator().manual_seed(n)).to(device)
             _same(*_both(p, x, monkeypatch=monkeypatch), exact=False)
-    assert accel.stats()["generic_hits"] == len(programs) * (len(rows) - 1)
+    shared = len(programs) if device == "cpu" else 4
+    assert accel.stats()["generic_hits"] == shared * (len(rows) - 1)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -380,9 +386,10 @@ def test_cuda_renderer_shares_source_and_plans_each_regions_grid(generic, monkey
     """Without a GPU: the loop IR of row-wise and flat regions (traced on the CPU), rendered
     for CUDA with run-time lengths, is one source for every row count, and its launch plan
     for a region's lengths (launches_for) is the static renderer's for that region, vector
-    variant included where the flat length is a multiple of its width and left out where
-    not; a column sum of 88 columns (a thread a column) is one source too, and one of 96
-    columns (column tiles, planned on the row count) refuses (NotGeneric)."""
+    not; so are column sums over 88 columns (a thread a column) and 96 or 1024 (tiles of
+    32 columns: the rows of threads and the split among blocks a launch formula), and a
+    mean of 65536 or more elements (a grid-wide reduction), whose smaller lengths keep
+    static kernels (generic_layout None)."""
     import accel.lowering as lowering
     from accel.codegen.cuda import CudaRenderer
     from accel.codegen.generic import GenericCudaRenderer, launches_for
@@ -414,25 +421,26 @@ def test_cuda_renderer_shares_source_and_plans_each_regions_grid(generic, monkey
             vector = [("vector" in l) for l in launches_for(r.launches, gen.sizes)]
             assert all(vector) == (width != 1 or n % 4 == 0), (name, n)
         assert len(sources) == 1, name
-    sources = set()
-    for n in (300, 1001):  # a column sum of 88 columns: a thread a column, the rows at run time
-        irs.clear()
-        with accel.eager():
-            out = (torch.randn(n, 88, generator=g) * 2).sum(0)
-        gen = generic_layout(irs[0], "cuda")
-        assert out.shape == (88,) and gen.sizes == [n]
-        r, s = GenericCudaRenderer(gen.loops), CudaRenderer()
-        sources.add(r.render(irs[0], "k"))
-        s.render(irs[0], "k")
-        assert launches_for(r.launches, gen.sizes) == s.launches
-    assert len(sources) == 1
-    irs.clear()
-    with accel.eager():
-        out = (torch.randn(88, 96, generator=g) * 2).sum(0)  # (column tiles over the 96)
-    gen = generic_layout(irs[0], "cuda")
-    assert out.shape == (96,) and gen.sizes == [88]
-    with pytest.raises(NotGeneric):
-        GenericCudaRenderer(gen.loops).render(irs[0], "k")
+    cases = {(88, 300): ([1001], 1), (96, 1000): ([88, 5001, 100000], 4), (1024, 3): ([40, 400, 20000], 4),
+             (64, 1): ([1024, 1500], 2)}  # (columns, a whole mean's first rows): (rows, distinct launches)
+    for (c, first), (rows, plans) in cases.items():
+        sources, blocks = set(), set()
+        for n in [first] + rows:
+            irs.clear()
+            x = torch.randn(n, c, generator=g)
+            with accel.eager():
+                out = (x * 2).mean() if first == 1 else (x * 2).sum(0)
+            gen = generic_layout(irs[0], "cuda")
+            if n * c < 1 << 16 and first == 1:
+                assert gen is None  # (one block, planned on the length)
+                continue
+            assert gen.sizes == [n * c if first == 1 else n]
+            r, s = GenericCudaRenderer(gen.loops), CudaRenderer()
+            sources.add(r.render(irs[0], "k"))
+            s.render(irs[0], "k")
+            assert launches_for(r.launches, gen.sizes) == s.launches, (c, n)
+            blocks.add(repr(s.launches))
+        assert len(sources) == 1 and len(blocks) == plans, c
 
 
 def test_launches_for_evaluates_grid_formulas():

@@ -45,12 +45,11 @@ from .scopes import ARG, SIMPLE, Group, Scope, subst
 
 
 def _dim3(v) -> list:
-    """A launch dimension (an int, a shape-generic kernel's grid formula, a dict: see
-    :meth:`CudaRenderer._grid`, or a tuple of up to 3 ints) as CUDA's [x, y, z]."""
-    if isinstance(v, dict):
-        return [v, 1, 1]
-    v = (v,) if isinstance(v, int) else tuple(v)
-    return [int(d) for d in v] + [1] * (3 - len(v))
+    """A launch dimension (an int, a shape-generic kernel's formula, a dict: see
+    :func:`accel.codegen.generic.launches_for`, or a tuple of up to 3 of them) as CUDA's
+    [x, y, z]."""
+    v = (v,) if isinstance(v, (int, dict)) else tuple(v)
+    return [d if isinstance(d, dict) else int(d) for d in v] + [1] * (3 - len(v))
 
 
 _COMBINE = {"sum": "accel::Sum()", "prod": "accel::Prod()", "amax": "accel::Max()",
@@ -556,7 +555,7 @@ class CudaRenderer(ColumnTiles, TransposeTiles, CppRenderer):
         stream follow each other safely; the same region on two streams at once is not."""
         self.mode = "grid"
         self.threads = ROW_THREADS
-        self.grid = min(-(-rsize // (ROW_THREADS * 8)), ROW_THREADS)
+        self.grid = self._grid(rsize, ROW_THREADS * 8, ROW_THREADS)
         self._emit_items(self.nest_scopes[0], out, "  ")
         return out, self.grid, self.threads
 
@@ -729,7 +728,7 @@ class CudaRenderer(ColumnTiles, TransposeTiles, CppRenderer):
                 body.append(SIMPLE[k][1].format(a=a, x=self._name(bodies[0], inner)))
                 if grid:
                     part, count = f"{self.kname}_part", f"{self.kname}_count"
-                    self.globals += [f"__device__ {t} {part}[{self.grid}];",
+                    self.globals += [f"__device__ {t} {part}[{ROW_THREADS}];",  # (the most blocks)
                                      f"__device__ unsigned int {count} = 0;"]
                     finish.append(f"if (!accel::grid_reduce({a}, {_COMBINE[k]}, {t}({init}), "
                                   f"{part}, &{count}, smem)) return;")
@@ -809,12 +808,10 @@ class CudaRenderer(ColumnTiles, TransposeTiles, CppRenderer):
         else:
             f = f"r{self.ntemp}"
             self.ntemp += 1
-            start, step = ("threadIdx.y", self.col_rows) if col else ("0", 1)
-            if col and self.col_split > 1:
-                start, step = f"blockIdx.y * {self.col_rows} + threadIdx.y", self.col_split * self.col_rows
-            if col:  # the block's shape as constants: nvcc unrolls, BLOCK_UNROLL loads in flight
-                out.append(f"{ind}#pragma unroll {BLOCK_UNROLL}")
-            out.append(f"{ind}for (int64_t {f} = {start}; {f} < {n}; {f} += {step}) {{")
+            if col:
+                out += self._col_loop(f, n, ind)
+            else:
+                out.append(f"{ind}for (int64_t {f} = 0; {f} < {n}; {f} += 1) {{")
             close, ind2 = [f"{ind}}}"], ind + "  "
         self._decompose(f, rv, out, ind2)
         out += [f"{ind2}{b}" for b in body]

@@ -12,17 +12,31 @@ from __future__ import annotations
 from typing import List
 
 from ..loop_ir import LoopIR, Nest
-from .cuda_shapes import COL_BLOCKS, COL_MIN_ROWS, COL_ROWS, COL_SPLIT_TYPES, COL_TILE, MAX_GRID
+from .cuda_shapes import BLOCK_UNROLL, COL_BLOCKS, COL_MIN_ROWS, COL_ROWS, COL_SPLIT_TYPES, COL_TILE, MAX_GRID
 from .scopes import ARG, SIMPLE, Scope
 
 #: the reduction kinds column mode renders (and splits among blocks)
 COLUMN_KINDS = frozenset({*SIMPLE, *ARG, "welford", "online_softmax"})
 
 
+def col_rows(rsize: int) -> int:
+    """Column mode: the rows of threads of a block (a power of 2, at most ``COL_ROWS``)
+    for reductions of ``rsize`` rows: about an eighth of them."""
+    return max(1, min(COL_ROWS, 1 << max(0, (rsize // 8).bit_length() - 1)))
+
+
+def col_split(rsize: int, tiles: int) -> int:
+    """Column mode: the blocks each of ``tiles`` tiles' ``rsize`` rows are split among, so
+    that about ``COL_BLOCKS`` blocks run, each thread still taking ``COL_MIN_ROWS`` rows
+    or more (1: no split)."""
+    return max(1, min(-(-COL_BLOCKS // tiles), rsize // (col_rows(rsize) * COL_MIN_ROWS)))
+
+
 class ColumnTiles:
     """:class:`accel.codegen.cuda.CudaRenderer`'s column mode."""
 
-    col_split = 1  # blocks a tile's rows are split among (set by _column_tiles)
+    col_split_max = 1  # most blocks a tile's rows are split among (set by _col_shape)
+    col_split_if = ""  # C: when they are (a shape-generic kernel's split is chosen at launch)
 
     def _one_thread_per_result(self, outer, scope: Scope) -> bool:
         """The reductions at this level read along a strided dimension while a loop they
@@ -63,30 +77,46 @@ class ColumnTiles:
 
     def _column_tiles(self, order, n_out, lvl, out):
         """A block per tile of 32 neighbouring results (coalesced reads along them); its
-        ``ROWS`` rows of threads split each reduction and combine through shared memory
-        (:func:`accel::col_reduce`), and row 0 stores the results. Blocks stride over
-        the tiles."""
+        rows of threads (:func:`col_rows`) split each reduction and combine through shared
+        memory (:func:`accel::col_reduce`), and row 0 stores the results. Blocks stride over
+        the tiles. With few tiles, each tile's rows are split among blocks too
+        (:func:`col_split`)."""
         self.mode = "col"
         groups = [g for k, g in self.nest_scopes[lvl].items if k == "group"]
-        rsize = max(self._size(g.rvars) for g in groups)
-        rows = max(1, min(COL_ROWS, 1 << max(0, (rsize // 8).bit_length() - 1)))
         tiles = n_out // COL_TILE
         f, t = f"f{self.ntemp}", f"tile{self.ntemp}"
         self.ntemp += 1
-        self.col_split = 1
-        if (len(groups) == 1 and tiles < COL_BLOCKS and tiles <= MAX_GRID
-                and all(e.args[0] in COLUMN_KINDS and e.dtype in COL_SPLIT_TYPES
-                        for e in groups[0].members)):
-            self.col_split = max(1, min(-(-COL_BLOCKS // tiles), rsize // (rows * COL_MIN_ROWS)))
-        self.col_tile, self.col_tiles, self.col_rows = t, tiles, rows
+        splits = (len(groups) == 1 and tiles < COL_BLOCKS and tiles <= MAX_GRID
+                  and all(e.args[0] in COLUMN_KINDS and e.dtype in COL_SPLIT_TYPES for e in groups[0].members))
+        rows, split = self._col_shape(groups, tiles, splits)
+        self.col_tile, self.col_tiles = t, tiles
         out.append(f"  for (int64_t {t} = blockIdx.x; {t} < {tiles}; {t} += gridDim.x) {{")
         out.append(f"    const int64_t {f} = {t} * {COL_TILE} + threadIdx.x;")
         self._decompose(f, order[:lvl], out, "    ")
         for j in range(0, lvl + 1):
             self._emit_items(self.nest_scopes[j], out, "    ")
         out.append("  }")
-        grid = min(tiles, MAX_GRID) if self.col_split == 1 else (tiles, self.col_split)
+        grid = min(tiles, MAX_GRID) if split == 1 else (tiles, split)
         return out, grid, (COL_TILE, rows)
+
+    def _col_shape(self, groups, tiles: int, splits: bool):
+        """The rows of threads a block (:func:`col_rows`) and the blocks a tile's rows are
+        split among (:func:`col_split`; 1 unless ``splits``) for the reductions of
+        ``groups``. Sets where a thread's rows start and their step (:attr:`col_start`,
+        :attr:`col_step`: C) and the most blocks a tile (:attr:`col_split_max`)."""
+        rsize = max(self._size(g.rvars) for g in groups)
+        rows = col_rows(rsize)
+        split = col_split(rsize, tiles) if splits else 1
+        self.col_start = "threadIdx.y" if split == 1 else f"blockIdx.y * {rows} + threadIdx.y"
+        self.col_step, self.col_split_max = rows * split, split
+        return rows, split
+
+    def _col_loop(self, f: str, n, ind: str) -> List[str]:
+        """The loop over a thread's rows ``f`` of ``n``: from :attr:`col_start` by
+        :attr:`col_step`, constants, so that nvcc unrolls it with ``BLOCK_UNROLL`` loads in
+        flight."""
+        return [f"{ind}#pragma unroll {BLOCK_UNROLL}",
+                f"{ind}for (int64_t {f} = {self.col_start}; {f} < {n}; {f} += {self.col_step}) {{"]
 
     def _col_split_finish(self, parts: List[tuple], finish: List[str]) -> None:
         """Column mode, rows split among ``col_split`` blocks a tile: each block writes its
@@ -94,18 +124,20 @@ class ColumnTiles:
         functor; a Welford's moments, merged as Chan et al.'s pairs) to a ``__device__``
         array of partials, and the tile's last block to finish (a ticket counter per tile,
         reset by that block) combines them in block order, deterministically; the others
-        return. Nothing where the rows are not split."""
-        t, tiles, n = self.col_tile, self.col_tiles, self.col_split
+        return. Nothing where the rows are not split; in a shape-generic kernel, under
+        :attr:`col_split_if` (its split chosen at launch, perhaps 1)."""
+        t, tiles, n = self.col_tile, self.col_tiles, self.col_split_max
         if n == 1:
             return
-        arrays = []
+        lines, arrays = [], []
         for i, (a, ctype, combine) in enumerate(parts):
             part = f"{self.kname}_part{i}"
             self.globals.append(f"__device__ {ctype} {part}[{n * tiles * COL_TILE}];")
-            finish.append(f"accel::col_part({a}, {part}, {t}, {tiles});")
+            lines.append(f"accel::col_part({a}, {part}, {t}, {tiles});")
             arrays.append((a, part, combine))
         count = f"{self.kname}_count"
         self.globals.append(f"__device__ unsigned int {count}[{tiles}];")
-        finish.append(f"if (!accel::col_ticket({count}, {t})) return;")
-        finish += [f"{a} = accel::col_combine({part}, {combine}, {t}, {tiles});"
-                   for a, part, combine in arrays]
+        lines.append(f"if (!accel::col_ticket({count}, {t})) return;")
+        lines += [f"{a} = accel::col_combine({part}, {combine}, {t}, {tiles});"
+                  for a, part, combine in arrays]
+        finish += [self.col_split_if + "{", *lines, "}"] if self.col_split_if else lines

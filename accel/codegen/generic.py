@@ -6,8 +6,10 @@ in most regions, the rows of its tensors, or all their elements: an optimizer's 
 each parameter, a weight's initialization or conversion, a bias + activation or a
 LayerNorm over a varying number of rows. A column nest (one loop of results, each a
 reduction down the rows: a bias's gradient) takes its reductions' outermost loop, the
-rows, instead (:func:`_column_rows`); on the CPU so does a nest without loops (a whole
-reduction: a loss's sum or mean, whose count becomes a :class:`RunTimeCount`). Two regions whose IR is the same up to the
+rows, instead (:func:`_column_rows`); so does a nest without loops (a whole reduction: a
+loss's sum or mean; on a GPU from 65536 elements, where it runs over the whole grid). A
+mean's or a variance's count (n, n - 1), divided by, becomes a :class:`RunTimeCount`. Two
+regions whose IR is the same up to the
 lengths of those outer loops compute the same thing, iteration by iteration, so one kernel
 serves both, taking the lengths at run time (after the region's scalars) instead of as
 constants: :func:`generic_layout` finds the outer loops and the IR's text with their
@@ -47,7 +49,8 @@ from .columns import SPLIT_ROWS
 from .cpp import CHUNK, CppRenderer, stream_min_bytes
 from .cpp_groups import PARALLEL_MIN
 from .cuda import CudaRenderer
-from .cuda_shapes import MAX_GRID, VEC16
+from .cuda_columns import col_rows, col_split
+from .cuda_shapes import BLOCK_UNROLL, COL_BLOCKS, GRID_MIN, MAX_GRID, VEC16
 
 
 class NotGeneric(Exception):
@@ -100,39 +103,45 @@ class GenericLayout:
 
 @dataclasses.dataclass(frozen=True)
 class RunTimeCount:
-    """A floating constant that equals run-time loop ``var``'s length times ``mult`` (a
-    mean's count of elements, which its decomposition divides by): rendered as that product
-    of the kernel's variable, converted to the constant's dtype (the same value, rounded
-    once)."""
+    """A floating constant that equals run-time loop ``var``'s length times ``mult``, plus
+    ``offset`` (0 or -1): a mean's count of elements, or a variance's count less its
+    correction of 1, which the decompositions divide by. Rendered as that expression of the
+    kernel's variable, converted to the constant's dtype (the same value, rounded once)."""
 
     var: int
     mult: int
+    offset: int = 0
 
     def __str__(self) -> str:
-        return f"n{self.var}" if self.mult == 1 else f"(n{self.var} * {self.mult})"
+        n = f"n{self.var}" if self.mult == 1 else f"(n{self.var} * {self.mult})"
+        return n if not self.offset else f"({n} - {-self.offset})"
 
     __repr__ = __str__
 
 
 def _counts(ir: LoopIR, loops: List[int]) -> Dict[Expr, RunTimeCount]:
-    """The floating constants of ``ir`` (at least 2, whole) that are a whole multiple of a
-    run-time length which a reduction runs over (the first such of ``loops``): a mean's
-    count (``x.mean()`` over n values divides their sum by n). In a region of other
-    lengths the same IR has that product there, or another text (a constant that is not
-    such a multiple there stays a number), so the kernel computing it at run time computes
-    each region's constant."""
+    """The floating constants of ``ir`` that something is divided by (whole, at least 2)
+    and that are a whole multiple of a run-time length a reduction runs over (the first
+    such of ``loops``), or one less than one: a mean's count (``x.mean()`` over n values
+    divides their sum by n), a variance's (``x.var()``: by n - 1). In a region of other
+    lengths the same IR has that expression there, or another text (a constant that is
+    not such a count there stays a number), so the kernel computing it at run time
+    computes each region's constant."""
     reduced = [v for v in loops if any(v in r.args[2] for nest in ir.nests for r in reductions(nest))]
     out: Dict[Expr, RunTimeCount] = {}
     seen: set = set()
     for nest in ir.nests if reduced else ():
         for st in nest.stores:
-            for e in walk(st.value, seen):
-                v = e.args[0] if e.op == "const" and e.dtype.is_floating_point else None
-                if not isinstance(v, float) or not math.isfinite(v) or v < 2 or v != int(v):
+            for d in walk(st.value, seen):
+                e = d.args[1] if d.op == "div" else None
+                while e is not None and e.op == "cast":
+                    e = e.args[0]
+                v = e.args[0] if e is not None and e.op == "const" and e.dtype.is_floating_point else None
+                if type(v) not in (int, float) or not math.isfinite(v) or v < 2 or v != int(v):
                     continue
-                for r in reduced:
-                    if int(v) % ir.sizes[r] == 0:
-                        out[e] = RunTimeCount(r, int(v) // ir.sizes[r])
+                for r, offset in ((r, o) for o in (0, -1) for r in reduced):
+                    if (int(v) - offset) % ir.sizes[r] == 0:
+                        out[e] = RunTimeCount(r, (int(v) - offset) // ir.sizes[r], offset)
                         break
     return out
 
@@ -160,15 +169,19 @@ def _with_counts(ir: LoopIR, counts: Dict[Expr, RunTimeCount]) -> LoopIR:
 
 def generic_layout(ir: LoopIR, device: str = "cpu") -> Optional[GenericLayout]:
     """The :class:`GenericLayout` of ``ir``: each nest's outermost loop of run-time
-    length; a column nest's rows instead (:func:`_column_rows`), and on ``device`` "cpu"
-    a nest without loops (a whole reduction: a loss's mean) its reductions' outermost
-    loops. None where it has no such loop or an empty one, or (on "cpu") a nest's stores
-    reach the streaming-store size (its static kernel streams them)."""
+    length; a column nest's rows instead (:func:`_column_rows`), and a nest without loops
+    (a whole reduction: a loss's mean) its reductions' outermost loops; on a GPU only
+    where each of its reductions has ``GRID_MIN`` elements or more (the static kernel's
+    grid-wide reduction; a shorter one runs in one block planned on its length and keeps
+    its lengths in the text, so the two never share a kernel). None where it has no such
+    loop or an empty one, or (on "cpu") a nest's stores reach the streaming-store size
+    (its static kernel streams them)."""
     loops: List[int] = []
     rows: List[int] = []  # reduction loops of run-time length
     for nest in ir.nests:
-        if not nest.vars and device != "cpu":
-            continue
+        if not nest.vars and device != "cpu" and any(
+                math.prod(ir.sizes[v] for v in r.args[2]) < GRID_MIN for r in reductions(nest)):
+            continue  # (a GPU's whole reduction under GRID_MIN: one block, planned on its length)
         if any(ir.sizes[v] <= 0 for v in nest.vars):
             return None
         out_bytes = sum(ir.buffers[st.buf].dtype.itemsize for st in nest.stores if st.addr.terms)
@@ -185,7 +198,7 @@ def generic_layout(ir: LoopIR, device: str = "cpu") -> Optional[GenericLayout]:
             v in loops and (v not in rows or k) for nest in ir.nests for r in reductions(nest)
             for k, v in enumerate(r.args[2])):
         return None  # (a run-time length only as an outer loop's: see RunTimeLength)
-    counts = _counts(ir, loops) if device == "cpu" else {}
+    counts = _counts(ir, loops)
     text = _text(ir, ["n" if v in loops else s for v, s in enumerate(ir.sizes)], counts)
     return GenericLayout(loops, [ir.sizes[v] for v in loops], text)
 
@@ -248,7 +261,7 @@ def _text(ir: LoopIR, sizes: list, counts: Dict[Expr, RunTimeCount]) -> str:
                 if e not in names:
                     count = counts.get(e)
                     text = f"{e.op} {e.dtype} ({args(e)})" if count is None else \
-                        f"count {e.dtype} (n{var(count.var)} * {count.mult})"
+                        f"count {e.dtype} (n{var(count.var)} * {count.mult} + {count.offset})"
                     names[e] = f"e{len(names)}"
                     lines.append(f"{names[e]} = {text}")
             lines.append(f"store b{st.buf}{addr(st.addr)} = {names[st.value]}")
@@ -267,10 +280,16 @@ class _RunTimeLengths:
         self.loops = loops
 
     def render(self, ir: LoopIR, name: str) -> str:
+        ir = _with_counts(ir, _counts(ir, self.loops))
         sizes = list(ir.sizes)
         for v in self.loops:
             sizes[v] = RunTimeLength(v)
         return super().render(dataclasses.replace(ir, sizes=sizes), name)
+
+    def const(self, v, dtype) -> str:
+        if isinstance(v, RunTimeCount):  # (a mean's count: see _counts)
+            return f"{self.ctype(dtype)}({v})"
+        return super().const(v, dtype)
 
     def _empty(self, nest, ir: LoopIR) -> bool:
         return False
@@ -309,14 +328,6 @@ class GenericCppRenderer(_RunTimeLengths, CppRenderer):
     """
 
     stream_stores = False
-
-    def render(self, ir: LoopIR, name: str) -> str:
-        return super().render(_with_counts(ir, _counts(ir, self.loops)), name)
-
-    def const(self, v, dtype) -> str:
-        if isinstance(v, RunTimeCount):  # (a mean's count: see _counts)
-            return f"{self.ctype(dtype)}({v})"
-        return super().const(v, dtype)
 
     def preamble(self, ir: LoopIR) -> List[str]:
         first = len(ir.scalar_types)
@@ -440,8 +451,11 @@ class GenericCudaRenderer(_RunTimeLengths, CudaRenderer):
     (or those outside its reductions) into one grid-strided index, so their iteration
     count is the outer loop's length times the inner ones' (:meth:`_size`, a
     :class:`RunTimeLength` with that ``coeff``), and a launch's grid is a formula of it
-    (:meth:`_grid`, evaluated for a region's lengths by :func:`launches_for`). Transposing
-    tiles, column tiles and long rows' moments decide on the count and raise
+    (:meth:`_grid`, evaluated for a region's lengths by :func:`launches_for`). Column
+    tiles take their block's rows of threads and their split among blocks at launch too
+    (:meth:`_col_shape`), and a whole reduction of ``GRID_MIN`` elements or more its
+    blocks. Transposing tiles, a block's reduction (a row's or a short whole one) over a
+    run-time length and long rows' moments decide on the count and raise
     :class:`NotGeneric` (those regions are built for their own sizes); elementwise nests
     (16-byte vectors included: a vector never straddles rows, whose length is static) and
     row kernels do not.
@@ -485,16 +499,66 @@ class GenericCudaRenderer(_RunTimeLengths, CudaRenderer):
             return super()._grid(n, per, cap)
         return {"loop": self.loops.index(n.var), "coeff": n.coeff, "per": per, "cap": cap}
 
+    def _col_loop(self, f: str, n, ind: str) -> List[str]:
+        """Column tiles, the block's shape at launch: a thread's rows as a count of steps,
+        computed once, so that nvcc still unrolls the loop (by a step known only at run time,
+        a loop ``r += step`` ran one load at a time: a float32 column variance over [100000,
+        96] took 1837 us against the static kernel's 435 on the H200). The same rows in the
+        same order."""
+        if isinstance(self.col_step, int):
+            return super()._col_loop(f, n, ind)
+        return [f"{ind}const int64_t {f}_0 = {self.col_start}, {f}_s = {self.col_step};",
+                f"{ind}const int64_t {f}_n = {f}_0 < {n} ? ({n} - {f}_0 + {f}_s - 1) / {f}_s : 0;",
+                f"{ind}#pragma unroll {BLOCK_UNROLL}",
+                f"{ind}for (int64_t {f}_k = 0; {f}_k < {f}_n; ++{f}_k) {{",
+                f"{ind}  const int64_t {f} = {f}_0 + {f}_k * {f}_s;"]
+
+    def _grid_fits(self, order, rsize) -> bool:
+        # (a whole reduction of run-time length has GRID_MIN elements or more: generic_layout)
+        return super()._grid_fits(order, GRID_MIN if isinstance(rsize, RunTimeLength) else rsize)
+
+    def _col_shape(self, groups, tiles: int, splits: bool):
+        """Column tiles down rows of run-time length (a bias's gradient over 1024 columns):
+        the block's rows of threads and the blocks a tile's rows are split among as launch
+        formulas (``col_rows``, ``col_split``: the static kernel's choice for the region's
+        rows), the kernel reading them from ``blockDim.y`` and ``gridDim.y``; the split's
+        partials under ``if (gridDim.y > 1)``, in arrays for the most blocks a split
+        takes. Reductions over two run-time lengths raise :class:`NotGeneric`."""
+        rs = [self._size(g.rvars) for g in groups]
+        if all(self._static(r) for r in rs):
+            return super()._col_shape(groups, tiles, splits)
+        if any(self._static(r) or (r.var, r.coeff) != (rs[0].var, rs[0].coeff) for r in rs):
+            raise NotGeneric("column reductions over different lengths")
+        rows = {"fn": "col_rows", "loop": self.loops.index(rs[0].var), "coeff": rs[0].coeff}
+        split = dict(rows, fn="col_split", tiles=tiles) if splits else 1
+        self.col_start = "blockIdx.y * blockDim.y + threadIdx.y" if splits else "threadIdx.y"
+        self.col_step = "(int64_t)gridDim.y * blockDim.y" if splits else "(int64_t)blockDim.y"
+        self.col_split_max = -(-COL_BLOCKS // tiles) if splits else 1
+        self.col_split_if = "if (gridDim.y > 1) " if splits else ""
+        return rows, split
+
+
+def _formula(d: dict, sizes: List[int]) -> int:
+    """A launch dimension's formula (see :func:`launches_for`) for outer lengths ``sizes``."""
+    n = sizes[d["loop"]] * d["coeff"]
+    fn = d.get("fn", "blocks")
+    if fn == "blocks":
+        return min(-(-n // d["per"]), d["cap"])
+    return col_rows(n) if fn == "col_rows" else col_split(n, d["tiles"])
+
 
 def launches_for(launches: List[dict], sizes: List[int]) -> List[dict]:
     """A shape-generic CUDA module's launch plan (:attr:`GenericCudaRenderer.launches`)
-    for a region whose outer loops have lengths ``sizes`` (:attr:`GenericLayout.sizes`):
-    each grid formula ``{"loop": k, "coeff": c, "per": p, "cap": m}`` becomes
-    ``min(ceil(sizes[k] * c / p), m)`` blocks, as the static renderer computes it."""
+    for a region whose outer loops have lengths ``sizes`` (:attr:`GenericLayout.sizes`),
+    each dimension as the static renderer computes it for that region. A formula takes
+    ``n = sizes[k] * c`` from ``{"loop": k, "coeff": c, ...}``: ``"per": p, "cap": m``
+    (a grid) is ``min(ceil(n / p), m)`` blocks; ``"fn": "col_rows"`` a column tile's rows
+    of threads (:func:`accel.codegen.cuda_columns.col_rows`), ``"fn": "col_split", "tiles": t``
+    the blocks its rows are split among (:func:`accel.codegen.cuda_columns.col_split`)."""
     def plan(launch: dict) -> dict:
-        grid = [min(-(-(sizes[d["loop"]] * d["coeff"]) // d["per"]), d["cap"]) if isinstance(d, dict) else d
-                for d in launch["grid"]]
-        out = dict(launch, grid=grid)
+        grid, block = ([_formula(d, sizes) if isinstance(d, dict) else d for d in launch[k]]
+                       for k in ("grid", "block"))
+        out = dict(launch, grid=grid, block=block)
         vector = launch.get("vector")
         if vector is not None and vector.get("multiple"):  # (a flat nest: its length a multiple of the width)
             k, width = vector["multiple"]
