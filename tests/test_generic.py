@@ -445,7 +445,9 @@ def test_cuda_renderer_shares_source_and_plans_each_regions_grid(generic, monkey
 
 def test_launches_for_evaluates_grid_formulas():
     """A grid formula, ceil(length * coeff / per) capped; a vector variant kept only where its
-    loop's length is a multiple of its width (its condition not kept in the plan)."""
+    loop's length is a multiple of its width (its condition not kept in the plan); a
+    column tile's rows of threads (an eighth of its rows, a power of 2, at most 32) and
+    split among blocks (256 blocks aimed at, 16 rows a thread at least)."""
     from accel.codegen.generic import launches_for
 
     plan = [{"kernel": "k0", "grid": [{"loop": 1, "coeff": 96, "per": 1024, "cap": 65535}, 1, 1], "block": [256, 1, 1],
@@ -458,3 +460,7 @@ def test_launches_for_evaluates_grid_formulas():
     assert got[1]["grid"] == [10, 1, 1] and "vector" not in got[1]
     assert "vector" not in launches_for(plan, [300, 4097])[0]
     assert plan[0]["vector"]["multiple"] == [1, 4]  # (the stored plan unchanged)
+    rows = {"fn": "col_rows", "loop": 0, "coeff": 2}  # a column tile's block and split
+    tiles = [{"kernel": "k2", "grid": [3, dict(rows, fn="col_split", tiles=3), 1], "block": [32, rows, 1]}]
+    for n, block_rows, split in ((4, 1, 1), (150, 32, 1), (2500, 32, 9), (50000, 32, 86)):
+        assert launches_for(tiles, [n]) == [{"kernel": "k2", "grid": [3, split, 1], "block": [32, block_rows, 1]}], n
