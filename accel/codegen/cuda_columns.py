@@ -35,8 +35,6 @@ def col_split(rsize: int, tiles: int) -> int:
 class ColumnTiles:
     """:class:`accel.codegen.cuda.CudaRenderer`'s column mode."""
 
-    col_split_max = 1  # most blocks a tile's rows are split among (set by _col_shape)
-    col_split_if = ""  # C: when they are (a shape-generic kernel's split is chosen at launch)
 
     def _one_thread_per_result(self, outer, scope: Scope) -> bool:
         """The reductions at this level read along a strided dimension while a loop they
@@ -103,12 +101,13 @@ class ColumnTiles:
         """The rows of threads a block (:func:`col_rows`) and the blocks a tile's rows are
         split among (:func:`col_split`; 1 unless ``splits``) for the reductions of
         ``groups``. Sets where a thread's rows start and their step (:attr:`col_start`,
-        :attr:`col_step`: C) and the most blocks a tile (:attr:`col_split_max`)."""
+        :attr:`col_step`: C), the most blocks a tile (:attr:`col_split_max`) and the
+        condition of their partials (:attr:`col_split_if`), for this nest."""
         rsize = max(self._size(g.rvars) for g in groups)
         rows = col_rows(rsize)
         split = col_split(rsize, tiles) if splits else 1
         self.col_start = "threadIdx.y" if split == 1 else f"blockIdx.y * {rows} + threadIdx.y"
-        self.col_step, self.col_split_max = rows * split, split
+        self.col_step, self.col_split_max, self.col_split_if = rows * split, split, ""
         return rows, split
 
     def _col_loop(self, f: str, n, ind: str) -> List[str]:

@@ -139,10 +139,10 @@ def _counts(ir: LoopIR, loops: List[int]) -> Dict[Expr, RunTimeCount]:
                 v = e.args[0] if e is not None and e.op == "const" and e.dtype.is_floating_point else None
                 if type(v) not in (int, float) or not math.isfinite(v) or v < 2 or v != int(v):
                     continue
-                for r, offset in ((r, o) for o in (0, -1) for r in reduced):
-                    if (int(v) - offset) % ir.sizes[r] == 0:
-                        out[e] = RunTimeCount(r, (int(v) - offset) // ir.sizes[r], offset)
-                        break
+                match = next(((r, o) for o in (0, -1) for r in reduced if (int(v) - o) % ir.sizes[r] == 0), None)
+                if match is not None:
+                    r, offset = match
+                    out[e] = RunTimeCount(r, (int(v) - offset) // ir.sizes[r], offset)
     return out
 
 
