@@ -381,7 +381,7 @@ cdef class RegionCore:
         if status != 0:
             return False
         if first is not None:
-            first.predict = None  # as runtime._predict, for a kernel this small
+            first.predict = None  # as launch.predict, for a kernel this small
         stats["flushes"] += 1
         stats["memory_hits"] += 1
         stats["kernel_runs"] += 1

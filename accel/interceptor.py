@@ -17,12 +17,13 @@ import weakref
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from . import allocator, config, dispatch, hooks, remat, runtime, sampling
+from . import allocator, config, dispatch, hooks, launch, remat, runtime, sampling
 from . import losses  # (its import registers torch.ops.accel.*: accel.library)
 from .ops import VIEW_OPS, fusible_ops, op_spec
 from .region import (NEW_NODES, PENDING_NODES, Deferred, Region, native, set_cuda_half,
                      set_small_regions)
-from .runtime import CompiledRegion, execute, set_launch_ahead_min, speculate
+from .launch import set_launch_ahead_min, speculate
+from .runtime import CompiledRegion, execute
 
 log = logging.getLogger("accel")
 
@@ -219,7 +220,7 @@ def _flush_region(region) -> None:
         return
     if node.remat is None or node.remat:  # a plan not made yet, or values to recompute
         remat.prepare(region)
-    if not region.run_cached(runtime.STATS, CompiledRegion, runtime._ahead_min, bool(PENDING_NODES)):
+    if not region.run_cached(runtime.STATS, CompiledRegion, launch._ahead_min, bool(PENDING_NODES)):
         _run(region, execute)
     if dispatch.building:  # a background build of the filter: use it once it is loaded
         _filter_on(_state)
@@ -290,13 +291,14 @@ def _record(mode, region, func, spec, args, kwargs):
 
 def _first_call(region) -> None:
     """A region's first call: where its kernel may be launched ahead (``ACCEL_LAUNCH_AHEAD``;
-    see :func:`accel.runtime.speculate`)."""
+    see :func:`accel.launch.speculate`)."""
     region.first = node = region.node
     region.first_n_ext = len(region.ext)
     pred = node.predict
     if pred is not None and pred.count >= pred.need:
         try:
-            speculate(region, pred)
+            if speculate(region, pred):
+                runtime.STATS["speculative_launches"] += 1
         except Exception as e:  # noqa: BLE001 - (out of memory, say) the flush runs it as usual
             region.ahead = region.speculation = None
             log.debug("accel: no launch ahead (%s: %s)", type(e).__name__, e)

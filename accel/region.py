@@ -89,7 +89,7 @@ class TrieNode:
         self.n_new = 0
         self.writes_ext = False
         self.kernels: Dict[tuple, Any] = {}
-        self.predict = None  # regions starting here: how the last ones ended (runtime.Prediction)
+        self.predict = None  # regions starting here: how the last ones ended (launch.Prediction)
         self.written = None
         self.overlap_args = None  # where it writes an external input: accel.ops.overlap_args
         self.eager_first = None

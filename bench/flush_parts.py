@@ -19,7 +19,7 @@ _common.intercept_every_step()  # it times interception itself
 import torch
 
 import accel
-from accel import dispatch, interceptor, runtime
+from accel import dispatch, interceptor, launch, runtime
 from accel.region import native
 
 
@@ -62,8 +62,8 @@ def main(argv=None) -> int:
                  ("kernel look-up", timeit(lambda: r.node.kernels.get(live))),
                  ("kernel addresses", timeit(lambda: native.kernel_ptrs(r.ext, r.outs, kern.live_idx, [])))]
         if dev == "cuda":
-            s = runtime._raw_stream(0)
-            rows += [("current stream", timeit(lambda: runtime._raw_stream(0))),
+            s = launch.raw_stream(0)
+            rows += [("current stream", timeit(lambda: launch.raw_stream(0))),
                      ("launch", timeit(lambda: kern.fn.launch(ptrs, r.scalars, s, 0)))]
         else:
             rows.append(("launch (runs the kernel)", timeit(lambda: native.launch(kern.fn, ptrs, r.scalars))))
@@ -84,7 +84,7 @@ def main(argv=None) -> int:
             y = body()
             p = native.kernel_ptrs(r.ext, r.outs, kern.live_idx, [])
             if dev == "cuda":
-                kern.fn.launch(p, r.scalars, runtime._raw_stream(0), 0)
+                kern.fn.launch(p, r.scalars, launch.raw_stream(0), 0)
             else:
                 native.launch(kern.fn, p, r.scalars)
             r.reset()
@@ -92,7 +92,7 @@ def main(argv=None) -> int:
 
         def record_run_cached():
             y = body()
-            assert r.run_cached(runtime.STATS, runtime.CompiledRegion, runtime._ahead_min, False)
+            assert r.run_cached(runtime.STATS, runtime.CompiledRegion, launch._ahead_min, False)
             return y
 
         rows += [("record 5 calls, reset", timeit(record_reset)),

@@ -34,7 +34,7 @@ _common.intercept_every_step()  # it times interception itself
 import torch
 
 import accel
-from accel import dispatch, interceptor, runtime
+from accel import dispatch, interceptor, launch
 
 
 _pc = time.perf_counter
@@ -58,8 +58,8 @@ def _wrap_parts() -> None:
     """Time the parts (module globals and the worker's method, looked up at each call)."""
     interceptor._flush_region = _timed("flush", interceptor._flush_region)
     interceptor.execute = _timed("  execute", interceptor.execute)
-    runtime._launch = _timed("    launch", runtime._launch)
-    runtime._predict = _timed("    predict (for launching ahead)", runtime._predict)
+    launch.launch_kernel = _timed("    launch", launch.launch_kernel)
+    launch.predict = _timed("    predict (for launching ahead)", launch.predict)
     interceptor.speculate = _timed("launch ahead at a first call", interceptor.speculate)
     init = interceptor._Worker.__init__
 

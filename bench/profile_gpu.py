@@ -95,16 +95,16 @@ def launch_timeline(names=("chain", "rmsnorm", "softmax", "add_ln"), calls: int 
     start to accel's kernel launch (launched ahead, at the region's first call, or at the
     flush), to the host's return, and to the end of ``torch.cuda.synchronize()`` (medians
     of ``calls`` calls, one backend after another)."""
-    from accel import runtime
+    from accel import launch as launch_mod
 
     marks = []
-    launch = runtime._launch
+    launch = launch_mod.launch_kernel
 
     def timed_launch(*a):
         marks.append(time.perf_counter())
         return launch(*a)
 
-    runtime._launch = timed_launch
+    launch_mod.launch_kernel = timed_launch
     try:
         for name, label, f, _ in _warmed(names, 5):
             rows = []
@@ -120,7 +120,7 @@ def launch_timeline(names=("chain", "rmsnorm", "softmax", "add_ln"), calls: int 
             print(f"timeline {name:8s} {label:8s} launch at {med[0]:7.1f} us  host returns "
                   f"{med[1]:7.1f} us  synchronized {med[2]:7.1f} us")
     finally:
-        runtime._launch = launch
+        launch_mod.launch_kernel = launch
 
 
 def main(argv=None) -> int:

@@ -37,10 +37,11 @@ from . import CodegenError
 from .cpp import CppRenderer
 from .cuda_columns import ColumnTiles
 from .cuda_tiles import TransposeTiles
+from .cuda_vectors import VectorLoads
 from .cuda_shapes import (BLOCK, BLOCK_UNROLL, BLOCK_VEC_UNROLL, GRID_MIN, ILP, MAX_GRID,
                           MOMENTS_HALF_BLOCK_BYTES, MOMENTS_HALF_BLOCK_THREADS, NARROW_MOMENTS_MAX,
                           ROW_ELEMS, ROW_ELEMS_MOMENTS, ROW_HALF_SCALE, ROW_REGISTERS, ROW_REGISTERS_32,
-                          ROW_THREADS, STATS_ROW_THREADS, STATS_ROW_UNROLL, VEC, VEC16, VEC_ILP, VEC_TYPES)
+                          ROW_THREADS, STATS_ROW_THREADS, STATS_ROW_UNROLL, VEC_ILP)
 from .scopes import ARG, SIMPLE, Group, Scope, subst
 
 
@@ -56,7 +57,7 @@ _COMBINE = {"sum": "accel::Sum()", "prod": "accel::Prod()", "amax": "accel::Max(
             "amin": "accel::Min()"}
 
 
-class CudaRenderer(ColumnTiles, TransposeTiles, CppRenderer):
+class CudaRenderer(VectorLoads, ColumnTiles, TransposeTiles, CppRenderer):
     """Renders a :class:`LoopIR` as CUDA C++ for ``nvcc -cubin``: the kernels, and their
     launch plan in :attr:`launches` (see :meth:`render`)."""
 
@@ -73,8 +74,6 @@ class CudaRenderer(ColumnTiles, TransposeTiles, CppRenderer):
     row_cache_max = float("inf")
     x86_conversions = False  # a C++ cast in device code is CUDA's saturating one, eager's there
     vec = None  # in a vector tile: load Expr -> its vector's name
-    vw = VEC  # elements a vector
-    row_vec = frozenset()  # a row kernel's vector variant: the buffers moved as vectors
     vec_stores: Dict[int, str] = {}
     tile_vars: tuple = ()  # the loops a thread mode tile's threads take an element of each
 
@@ -129,102 +128,6 @@ class CudaRenderer(ColumnTiles, TransposeTiles, CppRenderer):
                         f"{self.cast(f'sc.v[{j}].{field_}', src, dtype)};")
         head[len(self.globals) + 3:len(self.globals) + 3] = self.preamble(ir)
         return head + body + ["}", ""], grid, block
-
-    def _vector_width(self, nest: Nest, ir: LoopIR) -> frozenset:
-        """The buffers ``nest``'s vector variant moves (see :meth:`_vector_buffers`), and its
-        width in :attr:`vw`: 16 bytes of 16-bit floats (8) where every such buffer holds
-        them and the same buffers qualify at that width; else 4."""
-        self.vw = VEC
-        vbufs = self._vector_buffers(nest, ir)
-        if vbufs and all(ir.buffers[b].dtype in HALF for b in vbufs):
-            self.vw = VEC16
-            if self._vector_buffers(nest, ir) != vbufs:
-                self.vw = VEC
-        return vbufs
-
-    def _vector_condition(self, nest: Nest, ir: LoopIR) -> dict:
-        """What else a launch of ``nest``'s vector variant requires, beside its buffers'
-        alignment (a shape-generic kernel's: a run-time length's multiple)."""
-        return {}
-
-    def _vector_buffers(self, nest: Nest, ir: LoopIR) -> frozenset:
-        """Buffers an elementwise nest can move as vectors of :attr:`vw` elements
-        (:data:`VEC_TYPES`) read or written contiguously along the innermost loop (its size
-        a multiple of ``vw``, every other stride too, so each thread's elements are one
-        aligned vector).
-        Empty where any access strays from that: a reduction, another stride along the
-        innermost loop, a store that does not vary along it, a buffer both read and
-        written at different addresses."""
-        self._plan(nest, ir)
-        if any(k == "group" for sc in self.nest_scopes for k, _ in sc.items):
-            return self._row_vector_buffers(nest, ir)
-        if not nest.vars:
-            return frozenset()
-        inner = nest.vars[-1]
-        if ir.sizes[inner] % self.vw:
-            return frozenset()
-        loads = [x for sc in self.nest_scopes for k, x in sc.items if k == "expr" and x.op == "load"]
-        access = [(x.args[0], x.args[1]) for x in loads] + [(st.buf, st.addr) for st in nest.stores]
-        stored = {st.buf: st.addr for st in nest.stores}
-        vbufs = set()
-        for buf, addr in access:
-            c = addr.coeff(inner)
-            if c not in (0, 1) or (buf in stored and addr != stored[buf]):
-                return frozenset()
-            if c == 1 and all(cv % self.vw == 0 for v, cv in addr.terms if v != inner) \
-                    and ir.buffers[buf].dtype in VEC_TYPES:
-                vbufs.add(buf)
-        if any(st.addr.coeff(inner) != 1 for st in nest.stores):
-            return frozenset()
-        return frozenset(vbufs)
-
-    def _row_vector_buffers(self, nest: Nest, ir: LoopIR) -> frozenset:
-        """Buffers a row kernel (as just rendered: :attr:`elems` set) can move as vectors of
-        :attr:`vw`, each thread taking that many neighbouring elements of the row at a time:
-        :data:`VEC_TYPES` buffers read only in the row's loops, contiguously along each (a loop per
-        reduction over the whole row, and the loop over the row), or written only in the
-        loop over the row, contiguously; every other stride a multiple of ``vw``. Empty where
-        the row's length is not a multiple of ``vw`` or a reduction runs over another domain.
-        Block loops (:meth:`_block_loop_vars`) take the same rule, each loop along its own
-        variable."""
-        if self.mode != "block":
-            return frozenset()
-        w = self.vw
-        if self.elems is None:  # block loops
-            loop_var = self._block_loop_vars(nest, ir)
-            if loop_var is None:
-                return frozenset()
-        else:
-            v, outer, inner = self._row(nest.vars[self.block_lvl:], self.block_lvl)
-            n = ir.sizes[v]
-            if n % w or -(-self.elems // w) * w > self.row_limit:
-                return frozenset()
-            loop_var = {id(inner): v} if inner is not None else {}
-            for k, g in outer.items:
-                if k == "group":
-                    if len(g.rvars) != 1 or ir.sizes[g.rvars[0]] != n:
-                        return frozenset()
-                    loop_var[id(self.group_scope[id(g)])] = g.rvars[0]
-        scopes = list(self.nest_scopes) + list(self.group_scope.values())
-        ok, bad = set(), set()
-
-        def access(buf, addr, scope):
-            r = loop_var.get(id(scope))
-            if r is not None and addr.coeff(r) == 1 and ir.buffers[buf].dtype in VEC_TYPES \
-                    and all(c % w == 0 for u, c in addr.terms if u != r):
-                ok.add(buf)
-            else:
-                bad.add(buf)
-        loaded = set()
-        for sc in scopes:
-            for k, x in sc.items:
-                if k == "expr" and x.op == "load":
-                    access(x.args[0], x.args[1], sc)
-                    loaded.add(x.args[0])
-                elif k == "store":
-                    access(x.buf, x.addr, sc)
-        bad |= loaded & {st.buf for st in nest.stores}  # read and written: scalar
-        return frozenset(ok - bad)
 
     def render_kernel(self, nest: Nest, ir: LoopIR, vbufs=None):
         """The body of ``nest``'s kernel, and its grid and block sizes (``vbufs``: the
@@ -440,57 +343,6 @@ class CudaRenderer(ColumnTiles, TransposeTiles, CppRenderer):
             if used:
                 self.row_cache.setdefault(id(g), []).append((x, name))
 
-    def _vector_tiles(self, order, n, nest, vbufs, out) -> None:
-        """Elementwise, 4 consecutive elements per thread and ``VEC_ILP`` such groups a
-        block apart: each vector buffer read once as a float4/int4 before the unrolled
-        loop over the 4 and written once after it."""
-        inner = order[-1]
-        t, f = f"tile{self.ntemp}", f"f{self.ntemp}"
-        self.ntemp += 1
-        per = BLOCK * self.vw * VEC_ILP
-        out.append(f"  for (int64_t {t} = blockIdx.x; {t} < {self._cdiv(n, per)}; {t} += gridDim.x) {{")
-        out.append("    #pragma unroll")
-        out.append(f"    for (int u = 0; u < {VEC_ILP}; ++u) {{")
-        out.append(f"      const int64_t {f} = ({t} * {BLOCK * VEC_ILP} + u * {BLOCK} + threadIdx.x) * {self.vw};")
-        out.append(f"      if ({f} < {n}) {{")
-        ind = "        "
-        self._decompose(f, order, out, ind)
-        base = {inner: f"ib{inner}"}
-        out.append(f"{ind}const int64_t ib{inner} = i{inner};")
-        self.vec = {}
-        seen = {}
-        for sc in self.nest_scopes:
-            for k, x in sc.items:
-                if k == "expr" and x.op == "load" and x.args[0] in vbufs and x.args[1].coeff(inner) == 1:
-                    key = (x.args[0], x.args[1])
-                    if key not in seen:
-                        seen[key] = f"v{self.ntemp}"
-                        self.ntemp += 1
-                        t4 = self._vec(x.args[0])
-                        out.append(f"{ind}const {t4} {seen[key]} = *reinterpret_cast<const {t4}*>"
-                                   f"(b{x.args[0]} + {self._addr(x.args[1], base)});")
-                    self.vec[x] = seen[key]
-        stores = {}
-        for st in nest.stores:
-            if st.buf in vbufs:
-                stores[st.buf] = f"w{self.ntemp}"
-                self.ntemp += 1
-                out.append(f"{ind}{self._vec(st.buf)} {stores[st.buf]};")
-        self.vec_stores = stores
-        out.append(f"{ind}#pragma unroll")
-        out.append(f"{ind}for (int v = 0; v < {self.vw}; ++v) {{")
-        out.append(f"{ind}  const int64_t i{inner} = ib{inner} + v;")
-        for sc in self.nest_scopes:
-            self._emit_items(sc, out, ind + "  ")
-        out.append(f"{ind}}}")
-        for st in nest.stores:
-            if st.buf in vbufs:
-                t4 = self._vec(st.buf)
-                out.append(f"{ind}*reinterpret_cast<{t4}*>(b{st.buf} + {self._addr(st.addr, base)}) = "
-                           f"{stores[st.buf]};")
-        out += ["      }", "    }", "  }"]
-        self.vec, self.vec_stores = None, {}
-
     def _addr(self, a, names=None) -> str:
         if not names:
             return super()._addr(a)
@@ -533,10 +385,6 @@ class CudaRenderer(ColumnTiles, TransposeTiles, CppRenderer):
         return (coop and self.elems is None and red.dtype == torch.float64 and body.op == "cast"
                 and body.args[0].dtype in (torch.float32, torch.float16, torch.bfloat16)
                 and -(-self._size(red.args[2]) // self.threads) <= NARROW_MOMENTS_MAX)
-
-    def _vec(self, buf: int) -> str:
-        """The C++ type of a vector of :attr:`vw` elements of buffer ``buf``."""
-        return f"accel::vec_t<{self.ctype(self.ir.buffers[buf].dtype)}, {self.vw}>"
 
     def _grid_fits(self, order, rsize) -> bool:
         """Grid mode: a full reduction (no loops outside it) of at least ``GRID_MIN``
