@@ -192,8 +192,8 @@ def fma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     generated CPU kernels call ``fma``; this reference computes in float64 for float32 and
     16-bit inputs (a product of two float32 values is exact there; the sum is rounded twice,
     which may differ from one rounding in the last bit) and in two roundings for float64.
-    Only :func:`accel.graph._decompositions` emits it (``lerp`` on the CPU; ``add``, ``sub``
-    and ``rsub`` with an ``alpha``)."""
+    Only :func:`accel.graph._decompositions` emits it (``lerp`` and ``addcmul`` on the CPU;
+    ``add``, ``sub`` and ``rsub`` with an ``alpha``)."""
     if a.dtype == torch.float64:
         return a * b + c
     return (a.double() * b.double() + c.double()).to(a.dtype)

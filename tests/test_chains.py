@@ -470,6 +470,31 @@ def test_random_chains_backward_on_an_engine_thread(prog):
     check_program({**prog, "grad": "engine thread"}, "cpu")
 
 
+#: base shapes whose other row counts the shape-generic kernels serve (codegen/generic.py):
+#: columns a multiple of 32 (GPU column tiles) and not (a thread a column), and a whole
+#: reduction on either side of a GPU's grid-wide one (65536 elements) as the rows change
+GENERIC_SHAPES = [(64, 96), (33, 40), (1030, 96)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_random_chains_at_other_row_counts(device, fresh_store, monkeypatch):
+    """Each program at its base shape [R, C], then at 3 R + 1 and R // 2 + 3 rows, half of
+    them with gradients: the same regions over other outer lengths, which a kernel built
+    for another row count serves where its layout allows (``generic_hits``), and their own
+    kernels otherwise; every run matches eager's."""
+    monkeypatch.setenv("ACCEL_GENERIC_KERNELS", "1")
+    hits = accel.stats()["generic_hits"]
+
+    @given(prog=programs(GENERIC_SHAPES, ["f32", "f32", "f64", "i64", "i32", "bool"]), grad=st.booleans())
+    def run(prog, grad):
+        r, c = prog["shape"]
+        for rows in (r, 3 * r + 1, r // 2 + 3):
+            check_program({**prog, "shape": (rows, c), "grad": grad}, device)
+
+    run()
+    assert accel.stats()["generic_hits"] > hits
+
+
 #: found by test_random_chains_large: a float32 sum over 4099 values that nearly cancel
 #: (about 7e-5 against values near 2), where eager's order of additions and accel's round apart
 CANCELLING_SUM = {"inputs": [("5", "f32", 0, False)], "steps": [("center", "mean", 0, 0), ("reduce", "sum", 1, 0, False)],
