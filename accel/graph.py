@@ -305,27 +305,42 @@ def _add_alpha(name, decomposition, a, b, **kwargs):
 
 
 def _addcmul(inplace, decomposition, a, t1, t2, value=1):
-    """``aten.addcmul`` (``inplace``: ``addcmul_``) as eager's kernels compute it. On the
-    CPU, of floating tensors of one dtype: ``fma(value * tensor1, tensor2, self)``, the
-    product ``value * tensor1`` rounded in the op's math type (float32 for 16-bit floats)
-    and the rest rounded once (ATen's ``addcmul_cpu_kernel``; on torch 2.13 every one of
-    100003 float64, float32, bfloat16 and float16 results was equal to this, for values 0.5,
-    1, 1.3 and -0.7). torch's decomposition rounds ``value * tensor1 * tensor2`` before the
-    sum: 18-25 % of float32 and float64 results were an ulp from eager's, which a later
-    ``erfinv`` near 1 made 3.7e-5. Integer tensors with a float ``value``: truncated to the
-    integer type (``Scalar::to<int64_t>``), where torch's reference implementation raises
-    (``value argument ... cannot be safely cast``). Elsewhere (a GPU, whose kernel nvcc
-    contracts; mixed dtypes) ``decomposition`` itself."""
+    """``aten.addcmul`` (``inplace``: ``addcmul_``) of floating tensors of one dtype and
+    device as eager's kernels compute it, in the op's math type (float32 for 16-bit
+    floats), rounded once after a product:
+
+    * on the CPU ``fma(value * tensor1, tensor2, self)``, ``value * tensor1`` rounded first
+      (ATen's ``addcmul_cpu_kernel``);
+    * on a GPU ``fma(tensor1, tensor2, self)`` where ``value`` is 1, else ``fma(value,
+      tensor1 * tensor2, self)``, ``tensor1 * tensor2`` rounded first
+      (``addcmul_cuda_kernel``'s ``pointwise_op_impl``), as :func:`accel.library.mul_rn`
+      (nvcc would fold ``fma(p, -1, self)`` to ``self - p`` and contract that with a plain
+      product ``p``). A run-time ``value`` is tested in the kernel.
+
+    Each was equal to eager's in every one of 100003 float32, bfloat16 and float16 results
+    (and float64 on the CPU) for values 0.5, 1, 1.3 and -0.7 (torch 2.13 CPU, 2.11 H200).
+    torch's decomposition, ``self + value * tensor1 * tensor2``, rounds twice on the CPU,
+    and nvcc contracts it the CPU's way: 18-25 % of float32 and float64 results were an
+    ulp from eager's, which a later ``erfinv`` near 1 made 3.7e-5.
+    Integer tensors with a float ``value``: truncated to the integer type
+    (``Scalar::to<int64_t>``), where torch's reference implementation raises (``value
+    argument ... cannot be safely cast``). Elsewhere (mixed dtypes or devices)
+    ``decomposition`` itself."""
     tensors = all(isinstance(t, torch.Tensor) for t in (a, t1, t2))
     if isinstance(value, float) and not any(t.is_floating_point() or t.is_complex()
                                             for t in (a, t1, t2) if isinstance(t, torch.Tensor)):
         value = int(value)
-    elif (tensors and a.device.type == "cpu" and a.dtype.is_floating_point and a.dtype == t1.dtype == t2.dtype
-          and not isinstance(value, bool)):
+    elif (tensors and a.dtype.is_floating_point and a.dtype == t1.dtype == t2.dtype
+          and a.device == t1.device == t2.device and not isinstance(value, bool)):
         opm = torch.float32 if a.dtype in HALF else a.dtype
-        x = t1.to(opm)
-        prod, y, base = torch.broadcast_tensors(x * x.new_full((), value), t2.to(opm), a.to(opm))
-        out = torch.ops.accel.fma(prod, y, base).to(a.dtype)
+        x, y, base, v = torch.broadcast_tensors(t1.to(opm), t2.to(opm), a.to(opm),
+                                                a.new_full((), value, dtype=opm))
+        if a.device.type == "cpu":
+            out = torch.ops.accel.fma(x * v, y, base)
+        else:  # (a run-time value: its test in the kernel)
+            out = torch.where(v == 1, torch.ops.accel.fma(x, y, base),
+                              torch.ops.accel.fma(v, torch.ops.accel.mul_rn(x, y), base))
+        out = out.to(a.dtype)
         return a.copy_(out) if inplace else out
     return decomposition(a, t1, t2, value=value)
 

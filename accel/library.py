@@ -192,11 +192,27 @@ def fma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     generated CPU kernels call ``fma``; this reference computes in float64 for float32 and
     16-bit inputs (a product of two float32 values is exact there; the sum is rounded twice,
     which may differ from one rounding in the last bit) and in two roundings for float64.
-    Only :func:`accel.graph._decompositions` emits it (``lerp`` and ``addcmul`` on the CPU;
+    Only :func:`accel.graph._decompositions` emits it (``lerp`` on the CPU; ``addcmul``;
     ``add``, ``sub`` and ``rsub`` with an ``alpha``)."""
     if a.dtype == torch.float64:
         return a * b + c
     return (a.double() * b.double() + c.double()).to(a.dtype)
+
+
+def _fake_mul_rn(a, b):
+    if not (a.is_floating_point() and a.shape == b.shape and a.dtype == b.dtype):
+        raise RuntimeError("accel.mul_rn takes two floating tensors of one shape and dtype")
+    return torch.empty_like(a)
+
+
+@_define("mul_rn(Tensor a, Tensor b) -> Tensor", _fake_mul_rn)
+def mul_rn(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a * b`` rounded on its own, elementwise: two floating tensors of one shape and
+    dtype. A generated GPU kernel never contracts it with a sum that reads it into a fused
+    multiply-add (CUDA's ``__fmul_rn``), as nvcc does a plain product; CPU kernels contract
+    nothing (``-ffp-contract=off``). Only :func:`accel.graph._addcmul` emits it (a GPU's
+    ``addcmul``: eager rounds ``tensor1 * tensor2`` first)."""
+    return a * b
 
 
 def _fake_nll_of_log_softmax(x, rows, target, reduction, ignore_index):

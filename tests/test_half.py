@@ -287,12 +287,13 @@ def test_cpu_lerp_has_eagers_bits(dtype):
 @pytest.mark.parametrize("dtype", (torch.float32, torch.float64) + HALF, ids=str)
 def test_addcmul_has_eagers_bits(dtype, device):
     """``addcmul`` bit for bit as eager's: on the CPU ``fma(value * tensor1, tensor2,
-    self)``, the product rounded first (accel.graph._addcmul), with values of several
+    self)``, on a GPU ``fma(value, tensor1 * tensor2, self)``, the product rounded first
+    (accel.graph._addcmul), with values of several
     kinds, in place (an optimizer's ``exp_avg_sq.addcmul_(grad, grad, value=1 - beta2)``),
     broadcast against a row and a 0-dim tensor, transposed. With three roundings 18-25 %
     of float32 and float64 results were an ulp off."""
-    g = torch.Generator().manual_seed(9)
-    a, b, c = (torch.randn(64, 257, generator=g).to(device, dtype) for _ in range(3))
+    g = torch.Generator().manual_seed(9)  # (float64 values: a product of float32 ones is exact there)
+    a, b, c = (torch.randn(64, 257, generator=g, dtype=torch.float64).to(device, dtype) for _ in range(3))
     s = torch.tensor(1.7, dtype=dtype, device=device)
     cases = [lambda: torch.addcmul(a * 1, b, c), lambda: torch.addcmul(a * 1, b, c, value=0.5),
              lambda: torch.addcmul(a * 1, b, c, value=-0.7), lambda: (a * 1).addcmul_(b, b, value=0.001),

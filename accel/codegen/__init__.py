@@ -56,6 +56,7 @@ class CStyle:
         "silu": {"float": "$silu({0})"}, "gelu_tanh": {"float": "$gelu_tanh({0})"},
         "vec_erf": {"float": "$vec_erf({0})"},  # CPU only (accel/graph.py: GELU's erf)
         "fma": {"float": "$fma({0}, {1}, {2})"},  # accel/graph.py: lerp (CPU), add's alpha
+        "mul_rn": {"float": "$mul_rn({0}, {1})"},  # accel/graph.py: addcmul (GPU)
         "pow": {"float": "$pow({0}, {1})", "int": "$powi({0}, {1})"},
         "gcd": {"int": "$gcd({0}, {1})"},
     }

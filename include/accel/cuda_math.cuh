@@ -43,6 +43,9 @@ ACCEL_LIBM_BINARY(ACCEL_BINARY)
 ACCEL_LIBM_GPU(ACCEL_BINARY)
 __device__ __forceinline__ float fma(float a, float b, float c) { return ::fmaf(a, b, c); }
 __device__ __forceinline__ double fma(double a, double b, double c) { return ::fma(a, b, c); }
+/* a * b rounded on its own, never contracted into a fused multiply-add (accel.library.mul_rn) */
+__device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
 #undef ACCEL_BINARY
 
 __device__ __forceinline__ float round(float x) { return ::rintf(x); }  /* half to even */
