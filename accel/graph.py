@@ -169,7 +169,9 @@ def _decompositions():
     for op, fix in ((aten.native_layer_norm.default, _native_layer_norm),
                     (aten.native_group_norm.default, _native_group_norm),
                     (aten.gelu.default, _gelu), (aten.gelu_backward.default, _gelu_backward),
-                    (aten.softshrink.default, _softshrink),
+                    (aten.softshrink.default, _softshrink), (aten.round.decimals, _round_decimals),
+                    (aten.mse_loss.default, _mse_loss), (aten.div.Tensor_mode, _div_mode),
+                    (aten.hardshrink.default, _hardshrink),
                     (aten.smooth_l1_loss.default, _smooth_l1_loss),
                     (aten.relu.default, _relu),
                     (aten.fmax.default, _fmax_fmin), (aten.fmin.default, _fmax_fmin),
@@ -236,6 +238,61 @@ def _gelu_backward(decomposition, grad, x, approximate="none"):
     cdf = 0.5 * (1 + torch.ops.accel.vec_erf(v * _SQRT1_2))
     pdf = _GELU_BETA * torch.exp(v * v * -0.5)
     return (g * (cdf + v * pdf)).to(dtype)
+
+
+def _round_decimals(decomposition, a, *, decimals=0):
+    """``aten.round.decimals`` on the CPU as eager's kernel (``round_decimals_kernel``)
+    computes it, in the op's math type (float32 for 16-bit floats) with ``p = 10 **
+    |decimals|``: ``nearbyint(a * p) / p``, or ``nearbyint(a / p) * p`` for negative
+    ``decimals``, a true division. torch's decomposition multiplies by ``10 ** -decimals``
+    instead: 13-58 % of float32 and float64 results with 2 or 3 decimals were an ulp from
+    eager's. Elsewhere (a GPU, whose kernel divides alike but whose division by a number
+    accel renders as a product with its reciprocal; ``decimals`` 0) ``decomposition``
+    itself."""
+    if a.device.type != "cpu" or not a.is_floating_point() or decimals == 0:
+        return decomposition(a, decimals=decimals)
+    opm = torch.float32 if a.dtype in HALF else a.dtype
+    x, p = a.to(opm), float(10 ** abs(decimals))
+    return (torch.round(x * p) / p if decimals > 0 else torch.round(x / p) * p).to(a.dtype)
+
+
+def _cpu_16_bit(a) -> bool:
+    return isinstance(a, torch.Tensor) and a.device.type == "cpu" and a.dtype in HALF
+
+
+def _mse_loss(decomposition, a, target, reduction=1):
+    """``aten.mse_loss`` of 16-bit CPU tensors as eager's kernel computes each element: the
+    difference rounded to the dtype, then squared in float32 and rounded (``mse_kernel``),
+    and then reduced (``apply_loss_reduction``); torch's decomposition squares the float32
+    difference (36 % of results were an ulp off) and reduces the float32 squares. Elsewhere
+    ``decomposition`` itself."""
+    if not (_cpu_16_bit(a) and isinstance(target, torch.Tensor) and target.dtype == a.dtype):
+        return decomposition(a, target, reduction)
+    d = a - target
+    loss = decomposition(d, torch.zeros_like(d), 0)  # (rounded to the dtype, as eager's)
+    return loss.mean() if reduction == 1 else loss.sum() if reduction == 2 else loss
+
+
+def _div_mode(decomposition, a, b, *, rounding_mode=None):
+    """``aten.div.Tensor_mode`` with ``rounding_mode="trunc"`` of 16-bit CPU tensors as
+    eager's kernel computes it: the quotient rounded to the dtype, then truncated
+    (``div_trunc_kernel``); torch's decomposition truncates the float32 quotient (1-6 % of
+    results were off, by up to 1). Elsewhere ``decomposition`` itself."""
+    if not (rounding_mode == "trunc" and _cpu_16_bit(a) and isinstance(b, torch.Tensor)
+            and b.dtype == a.dtype):
+        return decomposition(a, b, rounding_mode=rounding_mode)
+    return torch.trunc(torch.div(a, b))
+
+
+def _hardshrink(decomposition, a, lambd=0.5):
+    """``aten.hardshrink`` of 16-bit CPU tensors as eager's kernel computes it: ``lambd``
+    rounded to the dtype before the comparison (``hardshrink_kernel``); torch's
+    decomposition compares with the float ``lambd`` (values between the two kept or
+    zeroed apart from eager: 15-137 of 100003). Elsewhere ``decomposition`` itself."""
+    if not (_cpu_16_bit(a) and type(lambd) in (int, float)):
+        return decomposition(a, lambd)
+    lam = a.new_full((), lambd)
+    return torch.where((a >= -lam) & (a <= lam), torch.zeros_like(a), a)
 
 
 def _softshrink(decomposition, a, lambd=0.5):
