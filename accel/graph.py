@@ -65,7 +65,11 @@ def _number_rounded(func, name: str):
     reads a CPU scalar in float32 (``ops.ROUNDED_NUMBERS`` lists, per device type, the ops
     that round a Python number; on a GPU every op rounds a 0-dim GPU tensor, which it loads
     like any operand). On the CPU ``add``'s, ``sub``'s and ``rsub``'s kernels round
-    ``alpha`` too and compute ``self + other * alpha`` in float32, rounded once. torch's
+    ``alpha`` too and compute ``self + other * alpha`` in float32, rounded once, in their
+    vectorized loop (``vec::fmadd``), and with ``other * alpha`` rounded to the dtype
+    first in their scalar loop (a 16-bit product), which eager runs where
+    :func:`_cpu_vector_loop` says it does (2-8 % of results of ``a[::2].add(b[::2],
+    alpha=0.7)`` were outside ``assert_close``'s tolerance in float32). torch's
     decompositions keep numbers in float32. Elsewhere ``func`` itself."""
     inplace, name = name.endswith("_"), name.rstrip("_")
 
@@ -95,12 +99,77 @@ def _number_rounded(func, name: str):
             out = getattr(torch.ops.aten, name)(a, b, alpha=alpha, **kwargs)
         else:
             alpha = torch.scalar_tensor(alpha, dtype=dtype).float()
-            x, y = a.float(), b.float()
-            out = (x + y * alpha if name == "add" else x - y * alpha if name == "sub"
-                   else y - x * alpha).to(dtype)
+            x, y = (a.float(), b.float()) if name != "rsub" else (b.float(), a.float())
+            prod = y * alpha
+            if not _cpu_vector_loop(into, a, b):  # (the scalar loop's 16-bit arithmetic)
+                prod = prod.to(dtype).float()
+            out = (x - prod if name != "add" else x + prod).to(dtype)
         return out if into is None else into.copy_(out)
 
     return call
+
+
+def _cpu_vector_loop(out, *operands) -> bool:
+    """Whether eager's CPU elementwise loop over ``operands`` (tensors and numbers; ``out``
+    the result tensor written in place, or None for a new one) runs its kernel's vectorized
+    form, as ATen's ``cpu_kernel_vec`` decides: TensorIterator orders the dimensions by the
+    operands' strides (``reorder_dimensions``: ``out`` first, broadcast dimensions skipped,
+    ties to the smaller size), merges the ones it can (``coalesce_dimensions``), and then
+    runs the vectorized loop where the innermost dimension is contiguous in every operand,
+    or broadcast in one input and contiguous in the rest, and at least two vectors long
+    (shorter rows run the scalar loop: ``vectorized_loop``'s remainder). Elements past the
+    last whole pair of vectors of a row (and of a thread's chunk) run the scalar loop too;
+    this answers for the bulk of them."""
+    tensors = [t for t in operands if isinstance(t, torch.Tensor)]
+    shape = list(torch.broadcast_shapes(*(t.shape for t in tensors)))
+    nd = len(shape)
+
+    def strides(t):  # per dimension of ``shape``, in bytes; 0 where broadcast
+        pad = nd - t.dim()
+        return [0 if i < pad or (t.shape[i - pad] == 1 and shape[i] != 1)
+                else t.stride(i - pad) * t.element_size() for i in range(nd)]
+
+    ops = ([strides(out)] if isinstance(out, torch.Tensor) else []) + [strides(t) for t in tensors]
+
+    def should_swap(d0, d1):
+        for st in ops:
+            s0, s1 = st[d0], st[d1]
+            if s0 == 0 or s1 == 0:
+                continue
+            if s0 != s1:
+                return -1 if s0 < s1 else 1
+            if shape[d0] > shape[d1]:
+                return 1
+        return 0
+
+    perm = list(range(nd))[::-1]  # innermost first
+    for i in range(1, nd):
+        d1 = i
+        for d0 in range(i - 1, -1, -1):
+            c = should_swap(perm[d0], perm[d1])
+            if c > 0:
+                perm[d0], perm[d1] = perm[d1], perm[d0]
+                d1 = d0
+            elif c < 0:
+                break
+    size, inner = 1, None  # the merged innermost dimension's length and strides
+    for d in perm:
+        if shape[d] == 1:
+            continue
+        if inner is None:
+            inner, size = [st[d] for st in ops], shape[d]
+        elif all(st[d] == i * size for st, i in zip(ops, inner)):
+            size *= shape[d]
+        else:
+            break
+    vec = (64 if torch.backends.cpu.get_cpu_capability().startswith("AVX512") else 32) // 2
+    if inner is None or size < 2 * vec:
+        return False
+    given = len(ops) - len(tensors)  # 1 where ``out`` is (a new result is allocated contiguous)
+    sizes = [t.element_size() for t in ([out] if given else []) + tensors]
+    contiguous = [st == e for st, e in zip(inner, sizes)]
+    return all(contiguous) or any(inner[k] == 0 and all(c for j, c in enumerate(contiguous) if j != k)
+                                  for k in range(given, len(ops)))
 
 
 _WRAPPED = frozenset().union(*ROUNDED_NUMBERS.values(), ("mul", "div"))
@@ -171,7 +240,10 @@ def _decompositions():
                     (aten.gelu.default, _gelu), (aten.gelu_backward.default, _gelu_backward),
                     (aten.softshrink.default, _softshrink), (aten.round.decimals, _round_decimals),
                     (aten.mse_loss.default, _mse_loss), (aten.div.Tensor_mode, _div_mode),
-                    (aten.hardshrink.default, _hardshrink),
+                    (aten.hardshrink.default, _hardshrink), (aten.logit.default, _logit),
+                    (aten.sigmoid_backward.default, _sigmoid_backward), (aten.xlogy.Tensor, _xlogy),
+                    (aten.tanh_backward.default, _tanh_backward), (aten.threshold.default, _threshold),
+                    (aten.threshold_backward.default, _threshold_backward),
                     (aten.smooth_l1_loss.default, _smooth_l1_loss),
                     (aten.relu.default, _relu),
                     (aten.fmax.default, _fmax_fmin), (aten.fmin.default, _fmax_fmin),
@@ -241,32 +313,48 @@ def _gelu_backward(decomposition, grad, x, approximate="none"):
 
 
 def _round_decimals(decomposition, a, *, decimals=0):
-    """``aten.round.decimals`` on the CPU as eager's kernel (``round_decimals_kernel``)
-    computes it, in the op's math type (float32 for 16-bit floats) with ``p = 10 **
+    """``aten.round.decimals`` as eager's kernels (``round_decimals_kernel``, CPU and CUDA)
+    compute it, in the op's math type (float32 for 16-bit floats) with ``p = 10 **
     |decimals|``: ``nearbyint(a * p) / p``, or ``nearbyint(a / p) * p`` for negative
-    ``decimals``, a true division. torch's decomposition multiplies by ``10 ** -decimals``
+    ``decimals``, a true division (:func:`accel.library.div_rn`: a GPU kernel would take a
+    number divisor's reciprocal). torch's decomposition multiplies by ``10 ** -decimals``
     instead: 13-58 % of float32 and float64 results with 2 or 3 decimals were an ulp from
-    eager's. Elsewhere (a GPU, whose kernel divides alike but whose division by a number
-    accel renders as a product with its reciprocal; ``decimals`` 0) ``decomposition``
-    itself."""
-    if a.device.type != "cpu" or not a.is_floating_point() or decimals == 0:
+    eager's. On a GPU a 16-bit kernel computes in the dtype (``scalar_t``): ``p`` and the
+    product or quotient before the rounding are rounded to it (1 % of results were outside
+    ``assert_close``'s tolerance without). Elsewhere (``decimals`` 0, integers)
+    ``decomposition`` itself."""
+    if not a.is_floating_point() or decimals == 0:
         return decomposition(a, decimals=decimals)
-    opm = torch.float32 if a.dtype in HALF else a.dtype
-    x, p = a.to(opm), float(10 ** abs(decimals))
-    return (torch.round(x * p) / p if decimals > 0 else torch.round(x / p) * p).to(a.dtype)
+    dt = a.dtype
+    opm = torch.float32 if dt in HALF else dt
+    p = a.new_full((), float(10 ** abs(decimals)), dtype=opm)
+    step = (lambda v: v.to(dt).to(opm)) if _gpu_16_bit(a) else (lambda v: v)  # (scalar_t steps)
+    x, p = torch.broadcast_tensors(a.to(opm), step(p))
+    div = torch.ops.accel.div_rn
+    return (div(torch.round(step(x * p)), p) if decimals > 0 else torch.round(step(div(x, p))) * p).to(dt)
+
+
+def _16_bit(a) -> bool:
+    return isinstance(a, torch.Tensor) and a.dtype in HALF
 
 
 def _cpu_16_bit(a) -> bool:
-    return isinstance(a, torch.Tensor) and a.device.type == "cpu" and a.dtype in HALF
+    return _16_bit(a) and a.device.type == "cpu"
+
+
+def _gpu_16_bit(a) -> bool:
+    return _16_bit(a) and a.device.type == "cuda"
 
 
 def _mse_loss(decomposition, a, target, reduction=1):
-    """``aten.mse_loss`` of 16-bit CPU tensors as eager's kernel computes each element: the
-    difference rounded to the dtype, then squared in float32 and rounded (``mse_kernel``),
+    """``aten.mse_loss`` of 16-bit tensors as eager's kernels compute each element: the
+    difference rounded to the dtype, then squared in float32 and rounded (the CPU's
+    ``mse_kernel``; CUDA's ``mse_kernel_cuda`` in the dtype's own arithmetic, the same),
     and then reduced (``apply_loss_reduction``); torch's decomposition squares the float32
-    difference (36 % of results were an ulp off) and reduces the float32 squares. Elsewhere
+    difference (36 % of results were an ulp off, 1.8 % of float16 ones on an H200 outside
+    ``assert_close``'s tolerance) and reduces the float32 squares. Elsewhere
     ``decomposition`` itself."""
-    if not (_cpu_16_bit(a) and isinstance(target, torch.Tensor) and target.dtype == a.dtype):
+    if not (_16_bit(a) and isinstance(target, torch.Tensor) and target.dtype == a.dtype):
         return decomposition(a, target, reduction)
     d = a - target
     loss = decomposition(d, torch.zeros_like(d), 0)  # (rounded to the dtype, as eager's)
@@ -274,25 +362,103 @@ def _mse_loss(decomposition, a, target, reduction=1):
 
 
 def _div_mode(decomposition, a, b, *, rounding_mode=None):
-    """``aten.div.Tensor_mode`` with ``rounding_mode="trunc"`` of 16-bit CPU tensors as
-    eager's kernel computes it: the quotient rounded to the dtype, then truncated
-    (``div_trunc_kernel``); torch's decomposition truncates the float32 quotient (1-6 % of
-    results were off, by up to 1). Elsewhere ``decomposition`` itself."""
-    if not (rounding_mode == "trunc" and _cpu_16_bit(a) and isinstance(b, torch.Tensor)
+    """``aten.div.Tensor_mode`` with ``rounding_mode="trunc"`` of 16-bit tensors as eager's
+    kernels compute it: the quotient rounded to the dtype, then truncated (the CPU's
+    ``div_trunc_kernel``, CUDA's ``div_trunc_kernel_cuda``); torch's decomposition truncates
+    the float32 quotient (1-6 % of results were off, by up to 1, on both devices).
+    Elsewhere ``decomposition`` itself."""
+    if not (rounding_mode == "trunc" and _16_bit(a) and isinstance(b, torch.Tensor)
             and b.dtype == a.dtype):
         return decomposition(a, b, rounding_mode=rounding_mode)
     return torch.trunc(torch.div(a, b))
 
 
 def _hardshrink(decomposition, a, lambd=0.5):
-    """``aten.hardshrink`` of 16-bit CPU tensors as eager's kernel computes it: ``lambd``
-    rounded to the dtype before the comparison (``hardshrink_kernel``); torch's
-    decomposition compares with the float ``lambd`` (values between the two kept or
-    zeroed apart from eager: 15-137 of 100003). Elsewhere ``decomposition`` itself."""
-    if not (_cpu_16_bit(a) and type(lambd) in (int, float)):
+    """``aten.hardshrink`` of 16-bit tensors as eager's kernels compute it: ``lambd``
+    rounded to the dtype before the comparison (``hardshrink_kernel``, CPU and CUDA);
+    torch's decomposition compares with the float ``lambd`` (values between the two kept or
+    zeroed apart from eager: 12-150 of 100003, on both devices). Elsewhere
+    ``decomposition`` itself."""
+    if not (_16_bit(a) and type(lambd) in (int, float)):
         return decomposition(a, lambd)
     lam = a.new_full((), lambd)
     return torch.where((a >= -lam) & (a <= lam), torch.zeros_like(a), a)
+
+
+def _logit(decomposition, a, eps=None):
+    """``aten.logit`` of 16-bit CPU tensors as eager's kernel (``logit_kernel``, in the
+    dtype's own arithmetic, each step rounded to it) computes it: ``lo = eps`` and ``hi = 1
+    - eps`` rounded to the dtype, ``x`` clamped to them where ``eps >= 0``, then ``1 - x``,
+    the quotient and its log each rounded. torch's decomposition computes in float32 and
+    rounds once: 18 % of float16 and 9 % of bfloat16 results were outside
+    ``assert_close``'s tolerance (near ``x = 0.5``, where the log is near 0). Elsewhere
+    ``decomposition`` itself."""
+    if not _cpu_16_bit(a):
+        return decomposition(a, eps)
+    dt = a.dtype
+    if eps is not None and eps >= 0:
+        lo = a.new_full((), eps)
+        hi = (1 - lo.float()).to(dt)
+        a = torch.where(a < lo, lo, torch.where(a > hi, hi, a))  # (NaN stays NaN)
+    x = a.float()
+    q = (x / (1 - x).to(dt).float()).to(dt)
+    return torch.log(q.float()).to(dt)
+
+
+def _sigmoid_backward(decomposition, grad, y):
+    """``aten.sigmoid_backward`` as eager's kernels compute it, in the dtype's own
+    arithmetic, each step rounded to it: ``(grad * (1 - y)) * y`` on a GPU, every floating
+    dtype (``sigmoid_backward_kernel_cuda``), and of float16 CPU tensors (ATen's
+    ``Vectorized<Half>``; the CPU's bfloat16, float32 and float64 kernels compute as
+    torch's decomposition, ``grad * (y * (1 - y))``, does). With the decomposition 32 % of
+    results were off on a GPU, 0.2 % of float16 ones outside ``assert_close``'s tolerance
+    on both devices. Elsewhere ``decomposition`` itself."""
+    if not (isinstance(y, torch.Tensor) and y.dtype == grad.dtype and grad.dtype.is_floating_point
+            and (grad.device.type == "cuda" or (_cpu_16_bit(grad) and grad.dtype == torch.float16))):
+        return decomposition(grad, y)
+    return grad * (1 - y) * y  # (16-bit ops: each rounded, as eager's scalar_t arithmetic)
+
+
+def _tanh_backward(decomposition, grad, y):
+    """``aten.tanh_backward`` of 16-bit GPU tensors as eager's kernel
+    (``tanh_backward_kernel_cuda``) computes it, in the dtype's own arithmetic: ``grad * (1
+    - y * y)``, each step rounded to it; torch's decomposition computes in float32 and
+    rounds once (2-7 % of results were outside ``assert_close``'s tolerance on an H200).
+    Elsewhere (the CPU computes in float32) ``decomposition`` itself."""
+    if not (_gpu_16_bit(grad) and isinstance(y, torch.Tensor) and y.dtype == grad.dtype):
+        return decomposition(grad, y)
+    return grad * (1 - y * y)
+
+
+def _threshold(decomposition, a, threshold, value):
+    """``aten.threshold`` (``threshold_backward`` alike, ``value`` 0) of 16-bit GPU tensors
+    as eager's kernel (``threshold_kernel_cuda``) computes it: ``threshold`` rounded to the
+    dtype before the comparison; torch's decomposition compares with the float one (19-36
+    bfloat16 results of 100003 kept or replaced apart from eager's). Elsewhere (the CPU
+    compares in float32) ``decomposition`` itself."""
+    if not (_gpu_16_bit(a) and type(threshold) in (int, float)):
+        return decomposition(a, threshold, value)
+    return torch.where(a <= a.new_full((), threshold), value, a)
+
+
+def _threshold_backward(decomposition, grad, a, threshold):
+    """``aten.threshold_backward``: :func:`_threshold`'s rounded ``threshold``, 0 where
+    ``a`` is at most it, else ``grad``."""
+    if not (_gpu_16_bit(a) and type(threshold) in (int, float)):
+        return decomposition(grad, a, threshold)
+    return torch.where(a <= a.new_full((), threshold), 0, grad)
+
+
+def _xlogy(decomposition, a, b):
+    """``aten.xlogy.Tensor`` of two 16-bit CPU tensors of one dtype as eager's kernel
+    (``xlogy_kernel``) computes it: ``log(b)`` rounded to the dtype first (c10's 16-bit
+    ``std::log``), then ``a * log(b)`` in float32, rounded; 0 where ``a`` is 0, NaN where
+    ``b`` is. torch's decomposition rounds once: 26 % of results were an ulp off. Elsewhere
+    ``decomposition`` itself."""
+    if not (_cpu_16_bit(a) and isinstance(b, torch.Tensor) and b.dtype == a.dtype and b.device == a.device):
+        return decomposition(a, b)
+    prod = a.float() * torch.log(b).float()
+    return torch.where(torch.isnan(b), float("nan"), torch.where(a == 0, 0.0, prod)).to(a.dtype)
 
 
 def _softshrink(decomposition, a, lambd=0.5):

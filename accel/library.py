@@ -215,6 +215,23 @@ def mul_rn(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return a * b
 
 
+def _fake_div_rn(a, b):
+    if not (a.is_floating_point() and a.shape == b.shape and a.dtype == b.dtype):
+        raise RuntimeError("accel.div_rn takes two floating tensors of one shape and dtype")
+    return torch.empty_like(a)
+
+
+@_define("div_rn(Tensor a, Tensor b) -> Tensor", _fake_div_rn)
+def div_rn(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a / b``, a true division correctly rounded, elementwise: two floating tensors of
+    one shape and dtype. Generated kernels never turn it into a product with ``b``'s
+    reciprocal, as a GPU kernel does a division by a number (eager's
+    ``div_true_kernel_cuda``; :func:`accel.codegen.scopes.reciprocal_divisor`): CUDA's
+    ``__fdiv_rn``, the CPU's ``/``. Only :func:`accel.graph._round_decimals` emits it
+    (``round(x, decimals)``: eager's kernel divides by ``10 ** decimals`` on both devices)."""
+    return a / b
+
+
 def _fake_nll_of_log_softmax(x, rows, target, reduction, ignore_index):
     n = x.shape[0] if x.dim() == 2 else -1
     if not (x.is_floating_point() and tuple(rows.shape) == tuple(target.shape) == (n,)):

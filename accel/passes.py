@@ -126,26 +126,40 @@ def _constant_number(c):
     return c if isinstance(c, (int, float)) and not isinstance(c, bool) else None
 
 
+def _widened(x: fx.Node):
+    """The value ``x`` converts to float32, where ``x`` is such a conversion; else None."""
+    if x.target is not prims.convert_element_type.default or not isinstance(x.args[0], fx.Node):
+        return None
+    src = x.args[0].meta.get("val")
+    return src if isinstance(src, torch.Tensor) else None
+
+
 def _widened_cpu(x: fx.Node, dtype: torch.dtype) -> bool:
     """``x`` is a CPU ``dtype`` value converted to float32. Eager's float16 ``pow`` calls
     ``pow`` for every exponent (its sqrt/rsqrt fast path is float32, float64 and bfloat16
     only), whose ``pow(-inf, 0.5)`` is inf and ``pow(-0.0, -0.5)`` inf where ``sqrt`` and
-    ``rsqrt`` give NaN and -inf; its bfloat16 ``base * base`` rounds to bfloat16
-    (:func:`_bfloat16_square`)."""
-    if x.target is not prims.convert_element_type.default or not isinstance(x.args[0], fx.Node):
-        return False
-    src = x.args[0].meta.get("val")
-    return isinstance(src, torch.Tensor) and src.dtype == dtype and src.device.type == "cpu"
+    ``rsqrt`` give NaN and -inf."""
+    src = _widened(x)
+    return src is not None and src.dtype == dtype and src.device.type == "cpu"
 
 
-def _bfloat16_square(g, x):
-    """``x * x`` rounded to bfloat16 and widened again: eager's CPU bfloat16 ``pow`` to the
-    power 3 or -2 computes ``base * base`` in bfloat16 arithmetic (23-27 % of results were
-    an ulp off with the float32 square)."""
+def _square_dtype(x: fx.Node):
+    """The 16-bit dtype eager rounds ``base * base`` to in ``pow`` to the power 3 or -2 of
+    the value ``x`` widens, or None: the CPU's bfloat16 kernel, and a GPU's 16-bit ones
+    (``pow_tensor_scalar_kernel_impl``, in ``scalar_t`` arithmetic). With the float32 square
+    22-27 % of results were an ulp off."""
+    src = _widened(x)
+    if src is None or src.dtype not in (torch.bfloat16, torch.float16):
+        return None
+    return src.dtype if src.device.type == "cuda" or src.dtype == torch.bfloat16 else None
+
+
+def _rounded_square(g, x, dtype):
+    """``x * x`` rounded to ``dtype`` and widened to float32 again (:func:`_square_dtype`)."""
     sq = _sq(g, x)
     sq.meta["val"] = prims.mul.default(x.meta["val"], x.meta["val"])
-    narrow = g.call_function(prims.convert_element_type.default, (sq, torch.bfloat16))
-    narrow.meta["val"] = prims.convert_element_type.default(sq.meta["val"], torch.bfloat16)
+    narrow = g.call_function(prims.convert_element_type.default, (sq, dtype))
+    narrow.meta["val"] = prims.convert_element_type.default(sq.meta["val"], dtype)
     return g.call_function(prims.convert_element_type.default, (narrow, torch.float32))
 
 
@@ -166,8 +180,8 @@ def specialize_pow(gm: fx.GraphModule) -> int:
         if x.meta["val"].dtype != val.dtype or (abs(c) == 0.5 and _widened_cpu(x, torch.float16)):
             continue
         with gm.graph.inserting_before(n):
-            if float(c) in (3.0, -2.0) and _widened_cpu(x, torch.bfloat16):
-                sq = _bfloat16_square(gm.graph, x)
+            if float(c) in (3.0, -2.0) and _square_dtype(x) is not None:
+                sq = _rounded_square(gm.graph, x, _square_dtype(x))
                 new = gm.graph.call_function(*((prims.mul.default, (sq, x)) if c == 3 else
                                                (prims.reciprocal.default, (sq,))))
             else:

@@ -57,6 +57,7 @@ class CStyle:
         "vec_erf": {"float": "$vec_erf({0})"},  # CPU only (accel/graph.py: GELU's erf)
         "fma": {"float": "$fma({0}, {1}, {2})"},  # accel/graph.py: lerp (CPU), add's alpha
         "mul_rn": {"float": "$mul_rn({0}, {1})"},  # accel/graph.py: addcmul (GPU)
+        "div_rn": {"float": "$div_rn({0}, {1})"},  # accel/graph.py: round(x, decimals)
         "pow": {"float": "$pow({0}, {1})", "int": "$powi({0}, {1})"},
         "gcd": {"int": "$gcd({0}, {1})"},
     }

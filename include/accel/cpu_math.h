@@ -295,6 +295,9 @@ static inline double fma(double a, double b, double c) { return __builtin_fma(a,
 /* a * b rounded on its own (accel.library.mul_rn): any product here is (-ffp-contract=off) */
 static inline float mul_rn(float a, float b) { return a * b; }
 static inline double mul_rn(double a, double b) { return a * b; }
+/* a / b, a true division (accel.library.div_rn) */
+static inline float div_rn(float a, float b) { return a / b; }
+static inline double div_rn(double a, double b) { return a / b; }
 
 /* fmax/fmin as eager's CPU kernels (std::fmax and Vectorized's fmax, both loops): a NaN
  * operand gives the other, and where the two are zeros of either sign the first is

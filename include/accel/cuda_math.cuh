@@ -46,6 +46,9 @@ __device__ __forceinline__ double fma(double a, double b, double c) { return ::f
 /* a * b rounded on its own, never contracted into a fused multiply-add (accel.library.mul_rn) */
 __device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
 __device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
+/* a / b correctly rounded, never a product with b's reciprocal (accel.library.div_rn) */
+__device__ __forceinline__ float div_rn(float a, float b) { return __fdiv_rn(a, b); }
+__device__ __forceinline__ double div_rn(double a, double b) { return __ddiv_rn(a, b); }
 #undef ACCEL_BINARY
 
 __device__ __forceinline__ float round(float x) { return ::rintf(x); }  /* half to even */
