@@ -51,6 +51,12 @@ __device__ __forceinline__ float div_rn(float a, float b) { return __fdiv_rn(a, 
 __device__ __forceinline__ double div_rn(double a, double b) { return __ddiv_rn(a, b); }
 #undef ACCEL_BINARY
 
+/* rsqrt as eager's CUDA kernels take it (rsqrt_kernel_cuda's ::rsqrt, the normalizations'
+ * c10::cuda::compat::rsqrt): CUDA's rsqrtf (2 ulp), not 1 / sqrt; preferred over
+ * scalar_ops.h's template, the CPU's form */
+__device__ __forceinline__ float rsqrt(float x) { return ::rsqrtf(x); }
+__device__ __forceinline__ double rsqrt(double x) { return ::rsqrt(x); }
+
 __device__ __forceinline__ float round(float x) { return ::rintf(x); }  /* half to even */
 __device__ __forceinline__ double round(double x) { return ::rint(x); }
 
