@@ -411,6 +411,22 @@ def _as_collapse(g: fx.Graph, n: fx.Node) -> Optional[fx.Node]:
     return None
 
 
+def _tensor_val(a):
+    """The tensor a node's metadata holds, or None (a runtime scalar's placeholder, a number)."""
+    v = a.meta.get("val") if isinstance(a, fx.Node) else None
+    return v if isinstance(v, torch.Tensor) else None
+
+
+def _meta_arg(a):
+    """``a`` as a meta computation takes it: a node's value, a runtime scalar's placeholder
+    as a number of its type (``meta["scalar_type"]``, accel.graph.trace), else ``a``."""
+    if not isinstance(a, fx.Node):
+        return a
+    if _tensor_val(a) is not None:
+        return a.meta["val"]
+    return 1.0 if a.meta.get("scalar_type", "f") == "f" else 1
+
+
 def sink_collapse_views(gm: fx.GraphModule) -> int:
     """Move each ``collapse_view`` (a merge of dims) below the elementwise ops that read
     it, their other operands (of the same shape) seen split back with ``split_dim``:
@@ -452,15 +468,16 @@ def sink_collapse_views(gm: fx.GraphModule) -> int:
         x, start, end = c.args
         sizes = tuple(x.meta["val"].shape[start:end + 1])
         shape = tuple(c.meta["val"].shape)
-        # other operands: of the same shape (seen split back), or 0-dim (read as they are)
-        if any(isinstance(a, fx.Node) and a.meta["val"].dim() and tuple(a.meta["val"].shape) != shape
+        # other operands: of the same shape (seen split back), or 0-dim or runtime scalars
+        # (read as they are)
+        if any(_tensor_val(a) is not None and a.meta["val"].dim() and tuple(a.meta["val"].shape) != shape
                for a in u.args):
             continue
         with g.inserting_before(u):
-            args = tuple(_split_back(g, a, start, sizes) if isinstance(a, fx.Node) and a.meta["val"].dim()
+            args = tuple(_split_back(g, a, start, sizes) if _tensor_val(a) is not None and a.meta["val"].dim()
                          else a for a in u.args)
             v = g.call_function(u.target, args)
-            v.meta["val"] = u.target(*(a.meta["val"] if isinstance(a, fx.Node) else a for a in args))
+            v.meta["val"] = u.target(*(_meta_arg(a) for a in args))
             nc = g.call_function(prims.collapse_view.default, (v, start, end))
             nc.meta["val"] = prims.collapse_view.default(v.meta["val"], start, end)
         u.replace_all_uses_with(nc)

@@ -1111,3 +1111,21 @@ def test_transposing_pointwise_nest_runs_in_tiles():
     src = _kernel_source([(aten.mul.Tensor, (("x", 0), ("c", 2.0)), {}, 1)], [x.t()],
                          [((70, 40), (1, 70), torch.float64)], (0,))
     assert "_b += 8" not in src and "transpose_tile" not in src, src
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device"))])
+@pytest.mark.parametrize("shape", [(8, 32, 512), (8, 32, 16, 32), (8, 32)], ids=str)
+def test_group_norm_without_affine_runs_as_a_kernel(shape, device):
+    """A GroupNorm without weight and bias: the variance plus ``eps`` (a runtime scalar) is
+    elementwise on a collapsed view, which ``sink_collapse_views`` splits back; the
+    scalar's placeholder has no tensor value (it once raised KeyError there, and the
+    region ran eagerly). Runs as a kernel and matches eager, with a scalar after it too."""
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(3)).to(device)
+    fn = lambda t: F.group_norm(t, 4) * 1.5
+    accel.reset_stats()
+    with accel.eager():
+        actual = fn(x)
+    st = accel.stats()
+    torch.testing.assert_close(actual, fn(x))
+    assert st["kernel_runs"] >= 1 and st["eager_replays"] == 0 and st["compile_failures"] == 0, st
