@@ -123,7 +123,12 @@ _HALF_ROUNDING = "16-bit float rounding unlike eager's"
 #: - ``erfinv`` on the CPU: eager's kernel took 5.7 ms on 4M float32 values (30 ms float64)
 #:   on 2 cores; accel's rendering, a double-precision Halley iteration on erf and erfc,
 #:   took 55-65 ms (bench/README.md, sixty-seventh round), so the CPU backend has none (the
-#:   GPU's is CUDA's erfinv, eager's own).
+#:   GPU's is CUDA's erfinv, eager's own);
+#: - ``prod`` on the CPU at 16 bits: eager's kernel (``prod_kernel_impl``,
+#:   ``binary_kernel_reduce_vec`` in ``scalar_t``) rounds every partial product to the
+#:   dtype, in its vector lanes' order; accel's float32 products were outside
+#:   ``assert_close``'s tolerance on 69-87 % of 256 rows of 512 (a GPU multiplies in
+#:   float32, as accel does).
 RUNS_EAGERLY = {
     "binary_cross_entropy_with_logits": (None, True, _HALF_ROUNDING),
     "nextafter": (None, True, _HALF_ROUNDING),
@@ -132,6 +137,7 @@ RUNS_EAGERLY = {
     "native_group_norm": (("cuda",), True, _HALF_ROUNDING),
     "native_group_norm_backward": (("cuda",), True, _HALF_ROUNDING),
     "erfinv": (("cpu",), False, "eager's CPU kernel is faster"),
+    "prod": (("cpu",), True, "eager's CPU kernel multiplies in the 16-bit dtype"),
 }
 #: per device type, the binary ops whose eager kernel rounds a Python number operand to the
 #: common dtype when that is float16 or bfloat16 and computes from the rounded value

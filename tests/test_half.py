@@ -444,6 +444,27 @@ def test_nextafter_of_16_bit_floats_steps_by_their_ulp(dtype, device):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", HALF, ids=str)
+def test_16_bit_prod_is_eagers(dtype, device):
+    """``prod`` of 16-bit floats: on the CPU it runs eagerly (``ops.RUNS_EAGERLY``: eager's
+    kernel rounds each partial product to the dtype; accel's float32 products were outside
+    ``assert_close``'s tolerance on most rows), bit for bit eager's; on a GPU, where eager
+    multiplies in float32, a kernel within tolerance. Whole, along a dim, and after a
+    fused call."""
+    g = torch.Generator().manual_seed(5)
+    x = (torch.randn(256, 512, generator=g, dtype=torch.float64) * 0.1 + 1).to(device, dtype)
+    cases = [lambda: (x * 1).prod(-1), lambda: (x * 1).prod(0, keepdim=True), lambda: (x[:8] * 1).prod()]
+    for fn in cases:
+        expected = fn()
+        actual, st = _run(fn)
+        if device == "cpu":
+            _same_bits(actual, expected)
+        else:
+            torch.testing.assert_close(actual, expected)
+            assert st["kernel_runs"] >= 1, st
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", HALF, ids=str)
 def test_native_layer_norm_in_16_bits_returns_eagers_dtypes_from_a_kernel(dtype, device):
     """``native_layer_norm`` of a 16-bit input returns its mean and rstd in the dtype eager's
     kernel gives (bfloat16 and float16 on the CPU, where the meta function says float32;
