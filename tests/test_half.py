@@ -669,3 +669,38 @@ def test_cpu_float16_conversions_vectorize_with_f16c(tmp_path):
     isa = "e" if "avx512f" in _cpu_flags() else "d"
     assert all(f"call\t_ZGV{isa}N8v_accel_f16c_{f}" in asm for f in ("h2f", "f2h", "round"))
     assert "vcvtph2ps\t%xmm" in asm and "vcvtps2ph\t$8, %ymm" in asm
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+def test_16_bit_product_kept_for_a_row_and_stored_builds(dtype, device):
+    """``log_softmax(x * w)`` returning ``x * w`` too (cross entropy's forward with its
+    input saved for the backward): the row's max loop keeps the rounded 16-bit product in
+    a row cache, and its store reads it from there. The CPU renderer once narrowed that
+    store from a float value it never computed (g++: ``t21`` was not declared; the region
+    ran eagerly). Builds, runs as kernels, matches eager: the loss, ``w``'s gradient, the
+    log-softmax and the product bit for bit. (``x``'s bfloat16 gradient is not compared:
+    it takes ``exp`` of the saved bfloat16 log-softmax, where a one-ulp difference within
+    tolerance, 0.03 at -5.5, becomes 3 % of the gradient; 3 of 16384 elements.)"""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 256, generator=g, dtype=torch.float64).to(device, dtype).requires_grad_()
+    w = (torch.randn(256, generator=g, dtype=torch.float64) * 0.5 + 1).to(device, dtype).requires_grad_()
+    t = torch.randint(0, 256, (64,), generator=g).to(device)
+
+    def step():
+        out = F.cross_entropy(x * w, t)
+        out.backward()
+        grads = (x.grad, w.grad)
+        x.grad = w.grad = None
+        return out.detach(), *grads
+
+    expected = step()
+    actual, st = _run(step)
+    assert st["kernel_runs"] >= 1 and st["compile_failures"] == 0 and st["eager_replays"] == 0, st
+    torch.testing.assert_close(actual[0], expected[0])
+    torch.testing.assert_close(actual[2], expected[2])
+    xw = (x * w).detach()
+    actual, st = _run(lambda: (lambda z: (z.log_softmax(-1), z))(x.detach() * w.detach()))
+    assert st["compile_failures"] == 0 and st["eager_replays"] == 0, st
+    torch.testing.assert_close(actual[0], xw.log_softmax(-1))
+    _same_bits(actual[1], xw)

@@ -188,6 +188,10 @@ class CppRenderer(GroupLoops, ColumnLoops, TiledLoops, CStyle):
             if self.f16_row_passes:  # first: a widened row is then not kept again
                 self._plan_f16_rows(order[-1], scopes[-2], scopes[-1])
             self._plan_row_cache(order[-1], scopes[-2], scopes[-1])
+            for k, st in scopes[-1].items:  # a narrowed store whose 16-bit value a row cache
+                # keeps (a reduction loop rounds it too: cross entropy's x * w) stores that
+                if k == "store" and (id(scopes[-1]), st.value) in self.cached:
+                    self.narrowed.pop(id(st), None)
         self.tile = self._plan_tile(order, scopes) if self.tile_transposes else None
         self.fused: Dict[int, int] = {}  # a loop held at 0 -> the loop inside it that runs for both
         if len(order) >= 3 and self.expand_invariants and self.tile is None:
