@@ -199,13 +199,17 @@ def fma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     return (a.double() * b.double() + c.double()).to(a.dtype)
 
 
-def _fake_mul_rn(a, b):
-    if not (a.is_floating_point() and a.shape == b.shape and a.dtype == b.dtype):
-        raise RuntimeError("accel.mul_rn takes two floating tensors of one shape and dtype")
-    return torch.empty_like(a)
+def _fake_binary(name: str):
+    """The fake (meta) function of an elementwise accel op of two floating tensors of one
+    shape and dtype (:func:`mul_rn`, :func:`div_rn`); RuntimeError for other operands."""
+    def fake(a, b):
+        if not (a.is_floating_point() and a.shape == b.shape and a.dtype == b.dtype):
+            raise RuntimeError(f"accel.{name} takes two floating tensors of one shape and dtype")
+        return torch.empty_like(a)
+    return fake
 
 
-@_define("mul_rn(Tensor a, Tensor b) -> Tensor", _fake_mul_rn)
+@_define("mul_rn(Tensor a, Tensor b) -> Tensor", _fake_binary("mul_rn"))
 def mul_rn(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``a * b`` rounded on its own, elementwise: two floating tensors of one shape and
     dtype. A generated GPU kernel never contracts it with a sum that reads it into a fused
@@ -215,13 +219,7 @@ def mul_rn(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return a * b
 
 
-def _fake_div_rn(a, b):
-    if not (a.is_floating_point() and a.shape == b.shape and a.dtype == b.dtype):
-        raise RuntimeError("accel.div_rn takes two floating tensors of one shape and dtype")
-    return torch.empty_like(a)
-
-
-@_define("div_rn(Tensor a, Tensor b) -> Tensor", _fake_div_rn)
+@_define("div_rn(Tensor a, Tensor b) -> Tensor", _fake_binary("div_rn"))
 def div_rn(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``a / b``, a true division correctly rounded, elementwise: two floating tensors of
     one shape and dtype. Generated kernels never turn it into a product with ``b``'s
