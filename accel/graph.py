@@ -366,11 +366,25 @@ def _div_mode(decomposition, a, b, *, rounding_mode=None):
     kernels compute it: the quotient rounded to the dtype, then truncated (the CPU's
     ``div_trunc_kernel``, CUDA's ``div_trunc_kernel_cuda``); torch's decomposition truncates
     the float32 quotient (1-6 % of results were off, by up to 1, on both devices).
-    Elsewhere ``decomposition`` itself."""
-    if not (rounding_mode == "trunc" and _16_bit(a) and isinstance(b, torch.Tensor)
-            and b.dtype == a.dtype):
+    With ``rounding_mode="floor"`` on 16-bit CPU tensors, c10's ``div_floor_floating`` in
+    the dtype's own arithmetic (the CPU's ``div_floor_kernel``), each step rounded: ``mod
+    = fmod(a, b)``, ``(a - mod) / b``, less 1 where ``mod`` and ``b`` differ in sign, then
+    floored and rounded up past a half; torch's decomposition computes it in float32 (up to
+    1 % of float16 results were outside ``assert_close``'s tolerance). Elsewhere
+    ``decomposition`` itself."""
+    if not (_16_bit(a) and isinstance(b, torch.Tensor) and b.dtype == a.dtype):
         return decomposition(a, b, rounding_mode=rounding_mode)
-    return torch.trunc(torch.div(a, b))
+    if rounding_mode == "trunc":
+        return torch.trunc(torch.div(a, b))
+    if rounding_mode != "floor" or a.device.type != "cpu":
+        return decomposition(a, b, rounding_mode=rounding_mode)
+    mod = torch.fmod(a, b)  # (16-bit ops: each rounded to the dtype)
+    q = (a - mod) / b
+    q = torch.where((mod != 0) & ((b < 0) != (mod < 0)), q - 1, q)
+    fl = torch.floor(q)
+    fl = torch.where(q - fl > 0.5, fl + 1, fl)
+    fl = torch.where(q == 0, torch.copysign(torch.zeros_like(q), a / b), fl)
+    return torch.where(b == 0, a / b, fl)
 
 
 def _hardshrink(decomposition, a, lambd=0.5):

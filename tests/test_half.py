@@ -319,16 +319,19 @@ def test_round_with_decimals_has_eagers_bits(dtype, device):
 @pytest.mark.parametrize("dtype", HALF, ids=str)
 def test_cpu_16_bit_steps_eager_rounds_have_eagers_bits(dtype):
     """16-bit CPU ops whose eager kernels round an intermediate to the dtype, bit for bit:
-    ``mse_loss``'s difference (each reduction), a truncating division's quotient,
-    ``hardshrink``'s ``lambd``, bfloat16 ``pow``'s square for the exponents 3 and -2
-    (accel.graph._mse_loss, _div_mode, _hardshrink; accel.passes._rounded_square). In
-    float32 throughout, 1-36 % of results were off."""
+    ``mse_loss``'s difference (each reduction), a truncating division's quotient, a
+    flooring division's steps (zero divisors too), ``hardshrink``'s ``lambd``, bfloat16
+    ``pow``'s square for the exponents 3 and -2 (accel.graph._mse_loss, _div_mode,
+    _hardshrink; accel.passes._rounded_square). In float32 throughout, 1-36 % of results
+    were off."""
     g = torch.Generator().manual_seed(11)
     a, b = (torch.randn(64, 257, generator=g, dtype=torch.float64).to(dtype) for _ in range(2))
     F = torch.nn.functional
     cases = [lambda: F.mse_loss(a * 1, b, reduction="none"), lambda: F.mse_loss(a * 1, b),
              lambda: F.mse_loss(a * 1, b, reduction="sum"), lambda: torch.div(a * 10, b, rounding_mode="trunc"),
-             lambda: F.hardshrink(a * 1, 0.3), lambda: (a * 1).pow(3), lambda: (a * 1).pow(-2)]
+             lambda: F.hardshrink(a * 1, 0.3), lambda: (a * 1).pow(3), lambda: (a * 1).pow(-2),
+             lambda: torch.div(a * 100, b, rounding_mode="floor"),
+             lambda: (a * 1).div_(torch.where(b > 1, 0, b), rounding_mode="floor")]
     _kernels_have_eagers_bits(cases)
 
 
