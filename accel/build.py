@@ -44,6 +44,15 @@ class BuildError(RuntimeError):
     """The compiler is missing, failed, or timed out (message carries its output)."""
 
 
+def summary(message: str, limit: int = 300) -> str:
+    """A failure's message in one line, for a warning: its first line and, where a
+    compiler's output follows, the first line of it that reports an error (``x.cpp:71:19:
+    error: 't21' was not declared``), at most ``limit`` characters."""
+    lines = message.splitlines() or [""]
+    error = next((ln.strip() for ln in lines[1:] if "error" in ln), "")
+    return f"{lines[0]} {error}".strip()[:limit]
+
+
 class BuildTimeout(BuildError):
     """The compiler ran past ``ACCEL_COMPILE_TIMEOUT`` seconds and was killed."""
 

@@ -328,7 +328,7 @@ def _give_up(reason: str) -> None:
 
     _off, building = reason, False
     warn_once(("dispatch filter", reason[:80]), "accel: no dispatch filter (%s); every aten "
-              "call crosses into Python", reason.splitlines()[0][:300])
+              "call crosses into Python", build.summary(reason))
 
 
 def _load(entry) -> None:

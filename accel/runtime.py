@@ -160,7 +160,7 @@ def _hash_key(kind: str, text: str, device: str) -> str:
 
 
 def _compile(region: Region, live, key: str, store):
-    from .build import BuildError, build
+    from .build import BuildError, build, summary as build_summary
     from .codegen.cpp import CppRenderer
     from .codegen.cuda import CudaRenderer
     from .codegen.generic import GenericCppRenderer, GenericCudaRenderer, NotGeneric, generic_layout, launches_for
@@ -206,7 +206,7 @@ def _compile(region: Region, live, key: str, store):
                                                         store, readable)
         except BuildError as e:  # (not expected: the static kernel's code, its bounds at run time)
             log.warning("accel: a shape-generic kernel did not build; region %s is built for its "
-                        "sizes (%s)", key[:16], str(e).splitlines()[0])
+                        "sizes (%s)", key[:16], build_summary(str(e)))
             gen = None
     if gen is not None and launches is not None:  # (CUDA: the grids for this region's lengths)
         launches = launches_for(launches, gen.sizes)
@@ -559,6 +559,7 @@ def _build(region, live, key: str, store):
     """Under the store's compile lock (one builder of ``key`` across processes): the entry
     of ``key``, compiled unless another builder stored it meanwhile; ``None`` after a
     compile failure, which is stored as a negative entry."""
+    from .build import summary as build_summary
     from .interceptor import warn_once
 
     with store.compile_lock(key):
@@ -574,7 +575,7 @@ def _build(region, live, key: str, store):
             reason = f"{type(e).__name__}: {e}"
             store.put_negative(key, reason, {"readable": _readable(region.calls, region)})
             warn_once(("compile", type(e).__name__, str(e)[:80]),
-                      "accel: region runs eagerly (%s)", reason.splitlines()[0][:300])
+                      "accel: region runs eagerly (%s)", build_summary(reason))
             return None
 
 

@@ -1149,6 +1149,28 @@ def test_compile_failure_is_remembered(background, fresh_store, monkeypatch, cap
     assert "injected codegen failure" in caplog.text
 
 
+def test_compiler_error_is_named_in_the_warning(fresh_store, monkeypatch, caplog):
+    """A kernel the compiler rejects runs eagerly, and the one-line warning names the
+    compiler's first error, not only that it failed (it once read ``g++ failed (1):``)."""
+    from accel import interceptor
+
+    monkeypatch.setattr(interceptor, "_warned", set())
+    render = accel.codegen.cpp.CppRenderer.render
+
+    def broken(self, ir, name):
+        return render(self, ir, name).replace("return ACCEL_OK;", "return undeclared_status;", 1)
+
+    monkeypatch.setattr("accel.codegen.cpp.CppRenderer.render", broken)
+    x = torch.randn(12, 5)
+    accel.reset_stats()
+    with accel.eager():
+        y = torch.atan(x) * 2.5
+    close(y, torch.atan(x) * 2.5)
+    assert accel.stats()["compile_failures"] == 1 and accel.stats()["kernel_runs"] == 0
+    line = next(r.getMessage() for r in caplog.records if "runs eagerly" in r.getMessage())
+    assert "error" in line and "undeclared_status" in line, line
+
+
 def test_unwritable_cache_dir_falls_back(x, tmp_path, monkeypatch):
     import accel.runtime as rt
 
