@@ -188,8 +188,9 @@ class CppRenderer(GroupLoops, ColumnLoops, TiledLoops, CStyle):
             if self.f16_row_passes:  # first: a widened row is then not kept again
                 self._plan_f16_rows(order[-1], scopes[-2], scopes[-1])
             self._plan_row_cache(order[-1], scopes[-2], scopes[-1])
-            for k, st in scopes[-1].items:  # a narrowed store whose 16-bit value a row cache
-                # keeps (a reduction loop rounds it too: cross entropy's x * w) stores that
+            for k, st in scopes[-1].items:  # a store whose 16-bit value a row cache keeps
+                # (a reduction loop rounds it too: cross entropy's x * w) writes the cached
+                # value, not a float row narrowed after the loop (its float is not computed)
                 if k == "store" and (id(scopes[-1]), st.value) in self.cached:
                     self.narrowed.pop(id(st), None)
         self.tile = self._plan_tile(order, scopes) if self.tile_transposes else None
