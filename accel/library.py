@@ -1,7 +1,7 @@
 """accel's own operators (``torch.ops.accel.*``): the targets of pattern replacements
 (:mod:`accel.patterns`), and two ops the interceptor records in place of eager calls
 (``nll_of_log_softmax``, ``nll_loss_backward``: :func:`accel.losses.nll_of_log_softmax`,
-:func:`accel.losses.nll_loss_backward`), which :func:`accel.graph._decompositions`
+:func:`accel.losses.nll_loss_backward`), which :func:`accel.decompositions.decomposition_table`
 decomposes through their references when a region is traced.
 
 Each op has a reference implementation written with torch ops (``CompositeExplicitAutograd``:
@@ -168,7 +168,7 @@ def vec_erf(x: torch.Tensor) -> torch.Tensor:
     float32 (``torch.erf`` itself is more accurate). Generated CPU kernels repeat ATen's
     operations and roundings (its FMAs included); this reference rounds the FMAs in two
     steps, so it may differ from them in the last bits. Same shape and dtype as ``x`` (floating); float64 is ``torch.erf``.
-    Only :func:`accel.graph._decompositions` emits it (GELU's erf, on the CPU)."""
+    Only :func:`accel.decompositions.decomposition_table` emits it (GELU's erf, on the CPU)."""
     if x.dtype == torch.float64:
         return torch.erf(x)
     ax = x.abs()
@@ -192,7 +192,7 @@ def fma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     generated CPU kernels call ``fma``; this reference computes in float64 for float32 and
     16-bit inputs (a product of two float32 values is exact there; the sum is rounded twice,
     which may differ from one rounding in the last bit) and in two roundings for float64.
-    Only :func:`accel.graph._decompositions` emits it (``lerp`` on the CPU; ``addcmul``;
+    Only :func:`accel.decompositions.decomposition_table` emits it (``lerp`` on the CPU; ``addcmul``;
     ``add``, ``sub`` and ``rsub`` with an ``alpha``)."""
     if a.dtype == torch.float64:
         return a * b + c
@@ -214,7 +214,7 @@ def mul_rn(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``a * b`` rounded on its own, elementwise: two floating tensors of one shape and
     dtype. A generated GPU kernel never contracts it with a sum that reads it into a fused
     multiply-add (CUDA's ``__fmul_rn``), as nvcc does a plain product; CPU kernels contract
-    nothing (``-ffp-contract=off``). Only :func:`accel.graph._addcmul` emits it (a GPU's
+    nothing (``-ffp-contract=off``). Only :func:`accel.decompositions._addcmul` emits it (a GPU's
     ``addcmul``: eager rounds ``tensor1 * tensor2`` first)."""
     return a * b
 
@@ -225,7 +225,7 @@ def div_rn(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     one shape and dtype. Generated kernels never turn it into a product with ``b``'s
     reciprocal, as a GPU kernel does a division by a number (eager's
     ``div_true_kernel_cuda``; :func:`accel.codegen.scopes.reciprocal_divisor`): CUDA's
-    ``__fdiv_rn``, the CPU's ``/``. Only :func:`accel.graph._round_decimals` emits it
+    ``__fdiv_rn``, the CPU's ``/``. Only :func:`accel.decompositions._round_decimals` emits it
     (``round(x, decimals)``: eager's kernel divides by ``10 ** decimals`` on both devices)."""
     return a / b
 
@@ -258,7 +258,7 @@ def nll_of_log_softmax(x: torch.Tensor, rows: torch.Tensor, target: torch.Tensor
     its terms added as eager's ``(x - max) - log(sum)`` subtracts them (no cancellation
     beyond eager's own), 0 where the target is ignored. Only the interceptor records it
     (:func:`accel.losses.nll_of_log_softmax`); traced, it decomposes into this
-    reference's aten calls (:func:`accel.graph._decompositions`), whose row max and sum of
+    reference's aten calls (:func:`accel.decompositions.decomposition_table`), whose row max and sum of
     exponentials the ``log_softmax_stats`` pattern makes one online-softmax reduction.
 
     Shapes/dtypes: ``x`` [N, C] floating, ``rows`` [N] of its dtype, ``target`` [N] int64;

@@ -112,13 +112,13 @@ _HALF_ROUNDING = "16-bit float rounding unlike eager's"
 #:   difference separately);
 #: - ``nextafter``: the kernel steps by a float32 ulp, which rounds back to a 16-bit input;
 #: - ``softshrink`` on a GPU: neither its decomposition nor the CPU kernel's float32
-#:   arithmetic (:func:`accel.graph._softshrink`) gave CUDA's 16-bit results on an H200 (1 %
+#:   arithmetic (:func:`accel.decompositions._softshrink`) gave CUDA's 16-bit results on an H200 (1 %
 #:   of the elements outside ``assert_close``);
 #: - ``binary_cross_entropy`` on the CPU: eager's kernel raises at the call on an input
 #:   outside [0, 1] (NaN included), which a kernel cannot (its backward checks nothing and
 #:   stays fusible; eager's CUDA kernel only asserts on the device);
 #: - ``native_group_norm`` and its backward on a GPU at 16 bits: accel's decomposition
-#:   (:func:`accel.graph._native_group_norm`) was an ulp from eager's CUDA results on 2-4 %
+#:   (:func:`accel.decompositions._native_group_norm`) was an ulp from eager's CUDA results on 2-4 %
 #:   of the elements on an H200, and torch._decomp's reads merged dims the lowering cannot;
 #: - ``erfinv`` on the CPU: eager's kernel took 5.7 ms on 4M float32 values (30 ms float64)
 #:   on 2 cores; accel's rendering, a double-precision Halley iteration on erf and erfc,
@@ -145,7 +145,7 @@ RUNS_EAGERLY = {
 #: CUDA ``add``, ``sub``, ``mul``, ``div`` read it in float32 instead), measured op by op
 #: on torch 2.13 (CPU) and 2.11 (H200): on the CPU a 0-dim tensor counts as a number, and
 #: ``add``'s, ``sub``'s and ``rsub``'s ``alpha`` is rounded too. torch's decompositions
-#: keep numbers in float32: accel's trace rounds them first (:func:`accel.graph._number_rounded`).
+#: keep numbers in float32: accel's trace rounds them first (:func:`accel.decompositions._number_rounded`).
 ROUNDED_NUMBERS = {
     "cpu": frozenset({"add", "sub", "rsub", "pow", "remainder", "fmod", "eq", "ne", "lt", "le",
                       "gt", "ge", "logaddexp", "atan2"}),

@@ -109,7 +109,7 @@ def test_workloads_match_eager(name, dtype, device):
 
 #: ops with a number that float16 and bfloat16 cannot hold (2.37), by name. Eager's kernels
 #: round it to the tensor's dtype for some ops and not others, unlike on the CPU and the
-#: GPU: accel.ops.ROUNDED_NUMBERS, accel.graph._number_rounded, _softshrink, _smooth_l1_loss
+#: GPU: accel.ops.ROUNDED_NUMBERS, accel.decompositions._number_rounded, _softshrink, _smooth_l1_loss
 NUMBERS = {
     "add": lambda x, s: x + s, "radd": lambda x, s: s + x, "sub": lambda x, s: x - s,
     "rsub": lambda x, s: s - x, "rsub_alpha": lambda x, s: torch.rsub(x, s, alpha=2),
@@ -173,7 +173,7 @@ def test_integer_tensors_with_16_bit_tensors_as_eager(dtype, device):
     """An int32 tensor (values up to 3000: above 256 bfloat16 rounds them, above 2048
     float16) with a 16-bit one in pointwise ops: eager converts the integers to the 16-bit
     dtype first, and so does the kernel (the decompositions converted them to float32;
-    ``accel.graph._integers_converted``, ``_number_rounded``)."""
+    ``accel.decompositions._integers_converted``, ``_number_rounded``)."""
     g = torch.Generator().manual_seed(4)
     x = (torch.randn(4096, generator=g) * 300).to(device, dtype)
     i = torch.randint(-3000, 3000, (4096,), generator=g, dtype=torch.int32).to(device)
@@ -288,7 +288,7 @@ def test_cpu_lerp_has_eagers_bits(dtype):
 def test_addcmul_has_eagers_bits(dtype, device):
     """``addcmul`` bit for bit as eager's: on the CPU ``fma(value * tensor1, tensor2,
     self)``, on a GPU ``fma(value, tensor1 * tensor2, self)``, the product rounded first
-    (accel.graph._addcmul), with values of several
+    (accel.decompositions._addcmul), with values of several
     kinds, in place (an optimizer's ``exp_avg_sq.addcmul_(grad, grad, value=1 - beta2)``),
     broadcast against a row and a 0-dim tensor, transposed. With three roundings 18-25 %
     of float32 and float64 results were an ulp off."""
@@ -306,7 +306,7 @@ def test_addcmul_has_eagers_bits(dtype, device):
 def test_round_with_decimals_has_eagers_bits(dtype, device):
     """``round(x, decimals=d)`` bit for bit as eager's: ``nearbyint(x * 10**d) / 10**d``, a
     true division on a GPU as well (``nearbyint(x / 10**-d) * 10**-d`` for negative ``d``;
-    accel.graph._round_decimals, accel.library.div_rn), in place too. Multiplied by
+    accel.decompositions._round_decimals, accel.library.div_rn), in place too. Multiplied by
     ``10**-d`` instead, 13-58 % of float32 and float64 CPU results with 2 or 3 decimals were
     an ulp off."""
     g = torch.Generator().manual_seed(10)
@@ -321,7 +321,7 @@ def test_cpu_16_bit_steps_eager_rounds_have_eagers_bits(dtype):
     """16-bit CPU ops whose eager kernels round an intermediate to the dtype, bit for bit:
     ``mse_loss``'s difference (each reduction), a truncating division's quotient, a
     flooring division's steps (zero divisors too), ``hardshrink``'s ``lambd``, bfloat16
-    ``pow``'s square for the exponents 3 and -2 (accel.graph._mse_loss, _div_mode,
+    ``pow``'s square for the exponents 3 and -2 (accel.decompositions._mse_loss, _div_mode,
     _hardshrink; accel.passes._rounded_square). In float32 throughout, 1-36 % of results
     were off."""
     g = torch.Generator().manual_seed(11)
@@ -343,7 +343,7 @@ def test_gpu_arithmetic_steps_have_eagers_bits(dtype, device):
     ``rsqrtf`` (every dtype; include/accel/cuda_math.cuh), and for
     16-bit tensors ``tanh_backward``, ``mse_loss``'s difference, a truncating division's
     quotient, ``pow``'s square (exponents 3 and -2), and ``hardshrink``'s ``lambd`` and
-    ``threshold``'s threshold rounded to the dtype (accel.graph._sigmoid_backward,
+    ``threshold``'s threshold rounded to the dtype (accel.decompositions._sigmoid_backward,
     _tanh_backward, _mse_loss, _div_mode, _hardshrink, _threshold, _threshold_backward;
     accel.passes._rounded_square). On an H200, 0.2-7 % of 16-bit results were outside
     ``assert_close``'s tolerance without, and 32-34 % of float32 ones an ulp off."""
@@ -367,7 +367,7 @@ def test_cpu_16_bit_arithmetic_steps_have_eagers_bits(dtype):
     bit for bit (``logit``, each ``eps`` branch, within ``assert_close``'s tolerance), float16
     ``sigmoid_backward``, ``xlogy``'s log, and ``add`` / ``sub`` / ``rsub`` with an ``alpha`` where eager runs its scalar loop
     (a strided operand, a transposed one against a contiguous one, rows shorter than two
-    vectors) as well as its vectorized one (accel.graph._logit, _sigmoid_backward, _xlogy,
+    vectors) as well as its vectorized one (accel.decompositions._logit, _sigmoid_backward, _xlogy,
     _cpu_vector_loop). In float32 throughout, 9-18 % of ``logit`` results and 2-8 % of the
     strided sums were outside ``assert_close``'s tolerance."""
     g = torch.Generator().manual_seed(13)
@@ -394,7 +394,7 @@ def test_cpu_16_bit_arithmetic_steps_have_eagers_bits(dtype):
 def test_add_with_alpha_has_eagers_bits(dtype, device):
     """``add``, ``sub`` and ``rsub`` with an ``alpha``, bit for bit as eager's: one rounding
     of ``other * alpha + self`` (ATen's CPU ``vec::fmadd``, CUDA's contracted
-    ``AddFunctor``; accel.graph._add_alpha), in place, broadcast, transposed, with an
+    ``AddFunctor``; accel.decompositions._add_alpha), in place, broadcast, transposed, with an
     integer ``self`` and a float ``other``. With two roundings 27 % of float32 results
     were an ulp off, and a sum that nearly cancels was off in its leading digits."""
     g = torch.Generator().manual_seed(7)

@@ -144,7 +144,7 @@ def _grad_of_gelu(x, g):
 
 @pytest.mark.parametrize("dtype", (torch.float32, torch.float16, torch.bfloat16, torch.float64))
 def test_exact_gelu_on_the_cpu_takes_atens_vectorized_erf(dtype):
-    """The exact GELU and its backward trace (accel.graph._gelu, _gelu_backward) to
+    """The exact GELU and its backward trace (accel.decompositions._gelu, _gelu_backward) to
     accel.vec_erf on float32 and 16-bit CPU tensors, computed in float32 (torch.compile's CPU
     code and ATen's vectorized GELU take that erf); float64 and the tanh GELU keep their
     decompositions. The traced graphs match eager's GELU within the default tolerances."""

@@ -38,7 +38,7 @@ def test_trace_decomposes_to_prims_with_scalar_placeholders():
 
 def test_add_with_alpha_traces_to_one_fused_multiply_add():
     """``add(x, y, alpha=s)`` as eager computes it, ``fma(y, s, x)`` rounded once
-    (accel.graph._add_alpha), its alpha still the region's scalar placeholder."""
+    (accel.decompositions._add_alpha), its alpha still the region's scalar placeholder."""
     x = torch.empty(4, 8)
     calls = [(aten.add.Tensor, (("x", 0), ("x", 0)), {"alpha": ("s", 0)}, 1)]
     tr = trace_region(calls, [x], 1, (0,), ["f"])

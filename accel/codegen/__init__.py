@@ -54,10 +54,10 @@ class CStyle:
         "round": {"float": "$round({0})", "int": "{0}"},  # (eager: integers unchanged, bool raises)
         "reciprocal": {"float": "$reciprocal({0})"}, "rsqrt": {"float": "$rsqrt({0})"},
         "silu": {"float": "$silu({0})"}, "gelu_tanh": {"float": "$gelu_tanh({0})"},
-        "vec_erf": {"float": "$vec_erf({0})"},  # CPU only (accel/graph.py: GELU's erf)
-        "fma": {"float": "$fma({0}, {1}, {2})"},  # accel/graph.py: lerp (CPU), add's alpha
-        "mul_rn": {"float": "$mul_rn({0}, {1})"},  # accel/graph.py: addcmul (GPU)
-        "div_rn": {"float": "$div_rn({0}, {1})"},  # accel/graph.py: round(x, decimals)
+        "vec_erf": {"float": "$vec_erf({0})"},  # CPU only (accel/decompositions.py: GELU's erf)
+        "fma": {"float": "$fma({0}, {1}, {2})"},  # accel/decompositions.py: lerp (CPU), add's alpha
+        "mul_rn": {"float": "$mul_rn({0}, {1})"},  # accel/decompositions.py: addcmul (GPU)
+        "div_rn": {"float": "$div_rn({0}, {1})"},  # accel/decompositions.py: round(x, decimals)
         "pow": {"float": "$pow({0}, {1})", "int": "$powi({0}, {1})"},
         "gcd": {"int": "$gcd({0}, {1})"},
     }

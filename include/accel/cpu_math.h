@@ -219,7 +219,7 @@ static inline float exp_erf(float a) {
  * same in vec256), the erf of torch.compile's CPU code and of ATen's vectorized GELU:
  * Abramowitz & Stegun 7.1.26, t = 1 / (1 + p|x|), erf(x) = sign(x) (1 - t P(t) exp(-x^2)),
  * absolute error < 1.5e-7 in exact arithmetic (3.6e-7 in float32), with ATen's operations,
- * FMAs and sign-bit flip. accel's GELU takes it (accel.graph._gelu, accel.library.vec_erf):
+ * FMAs and sign-bit flip. accel's GELU takes it (accel.decompositions._gelu, accel.library.vec_erf):
  * about half the time of libmvec's erff. Float64: erf (ATen's Vectorized<double>::erf is
  * SLEEF's accurate one). */
 static inline float vec_erf(float x) {

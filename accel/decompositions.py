@@ -1,0 +1,672 @@
+"""aten ops as eager's kernels compute them, for tracing (:mod:`accel.graph`): torch._decomp's
+decomposition table with accel's corrections where a decomposition rounds or computes
+otherwise than eager's kernel on that device and dtype (:func:`decomposition_table`), and
+the conversions eager's kernels apply to a call's operands before they compute (a number
+beside a 16-bit tensor rounded to its dtype, an integer tensor converted to the 16-bit
+one: :func:`eager_operands`). Each correction names the ATen kernel it follows and what
+the decomposition got wrong, measured.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from . import library  # noqa: F401 - registers torch.ops.accel.*, which the corrections use
+from .ops import HALF, ROUNDED_NUMBERS
+
+
+def _number_rounded(func, name: str):
+    """``func`` (op ``name`` of ``ops.ROUNDED_NUMBERS``, ``mul``, ``div``, its integer
+    operands converted: :func:`_integers_converted`) as eager's kernel computes it where
+    its two operands' common dtype is float16 or bfloat16: TensorIterator converts a
+    number operand (a Python number, a 0-dim tensor) to that dtype first, except where a kernel
+    reads a CPU scalar in float32 (``ops.ROUNDED_NUMBERS`` lists, per device type, the ops
+    that round a Python number; on a GPU every op rounds a 0-dim GPU tensor, which it loads
+    like any operand). On the CPU ``add``'s, ``sub``'s and ``rsub``'s kernels round
+    ``alpha`` too and compute ``self + other * alpha`` in float32, rounded once, in their
+    vectorized loop (``vec::fmadd``), and with ``other * alpha`` rounded to the dtype
+    first in their scalar loop (a 16-bit product), which eager runs where
+    :func:`_cpu_vector_loop` says it does (2-8 % of results of ``a[::2].add(b[::2],
+    alpha=0.7)`` were outside ``assert_close``'s tolerance in float32). torch's
+    decompositions keep numbers in float32. Elsewhere ``func`` itself."""
+    inplace, name = name.endswith("_"), name.rstrip("_")
+
+    def call(*args, **kwargs):
+        a, b = args[:2]
+        tensors = [t for t in (a, b) if isinstance(t, torch.Tensor)]
+        dtype = torch.result_type(a, b) if tensors else None
+        if dtype not in HALF:
+            return func(*args, **kwargs)
+        dev = tensors[0].device.type
+        numbers = name in ROUNDED_NUMBERS.get(dev, ())  # Python numbers (and CPU 0-dim tensors)
+        zero_dim = numbers if dev == "cpu" else dev == "cuda"
+        alpha = kwargs.get("alpha", args[2] if len(args) > 2 else 1)
+        round_alpha = dev == "cpu" and numbers and alpha != 1
+        if not (round_alpha or any(t.dim() == 0 and zero_dim if isinstance(t, torch.Tensor) else numbers
+                                   for t in (a, b))):
+            return func(*args, **kwargs)
+        a, b = (t.to(dtype) if isinstance(t, torch.Tensor) and (t.dim() or zero_dim)
+                else torch.scalar_tensor(t, dtype=dtype) if not isinstance(t, torch.Tensor) and numbers
+                else t for t in (a, b))
+        kwargs = dict(kwargs)
+        kwargs.pop("alpha", None)
+        into = args[0] if inplace else kwargs.pop("out", None)
+        if alpha == 1:
+            out = getattr(torch.ops.aten, name)(a, b, **kwargs)
+        elif not round_alpha:
+            out = getattr(torch.ops.aten, name)(a, b, alpha=alpha, **kwargs)
+        else:
+            alpha = torch.scalar_tensor(alpha, dtype=dtype).float()
+            x, y = (a.float(), b.float()) if name != "rsub" else (b.float(), a.float())
+            prod = y * alpha
+            if not _cpu_vector_loop(into, a, b):  # (the scalar loop's 16-bit arithmetic)
+                prod = prod.to(dtype).float()
+            out = (x - prod if name != "add" else x + prod).to(dtype)
+        return out if into is None else into.copy_(out)
+
+    return call
+
+
+def _cpu_vector_loop(out, *operands) -> bool:
+    """Whether eager's CPU elementwise loop over ``operands`` (tensors and numbers; ``out``
+    the result tensor written in place, or None for a new one) runs its kernel's vectorized
+    form, as ATen's ``cpu_kernel_vec`` decides: TensorIterator orders the dimensions by the
+    operands' strides (``reorder_dimensions``: ``out`` first, broadcast dimensions skipped,
+    ties to the smaller size), merges the ones it can (``coalesce_dimensions``), and then
+    runs the vectorized loop where the innermost dimension is contiguous in every operand,
+    or broadcast in one input and contiguous in the rest, and at least two vectors long
+    (shorter rows run the scalar loop: ``vectorized_loop``'s remainder). Elements past the
+    last whole pair of vectors of a row (and of a thread's chunk) run the scalar loop too;
+    this answers for the bulk of them."""
+    tensors = [t for t in operands if isinstance(t, torch.Tensor)]
+    shape = list(torch.broadcast_shapes(*(t.shape for t in tensors)))
+    nd = len(shape)
+
+    def strides(t):  # per dimension of ``shape``, in bytes; 0 where broadcast
+        pad = nd - t.dim()
+        return [0 if i < pad or (t.shape[i - pad] == 1 and shape[i] != 1)
+                else t.stride(i - pad) * t.element_size() for i in range(nd)]
+
+    ops = ([strides(out)] if isinstance(out, torch.Tensor) else []) + [strides(t) for t in tensors]
+
+    def should_swap(d0, d1):
+        for st in ops:
+            s0, s1 = st[d0], st[d1]
+            if s0 == 0 or s1 == 0:
+                continue
+            if s0 != s1:
+                return -1 if s0 < s1 else 1
+            if shape[d0] > shape[d1]:
+                return 1
+        return 0
+
+    perm = list(range(nd))[::-1]  # innermost first
+    for i in range(1, nd):
+        d1 = i
+        for d0 in range(i - 1, -1, -1):
+            c = should_swap(perm[d0], perm[d1])
+            if c > 0:
+                perm[d0], perm[d1] = perm[d1], perm[d0]
+                d1 = d0
+            elif c < 0:
+                break
+    size, inner = 1, None  # the merged innermost dimension's length and strides
+    for d in perm:
+        if shape[d] == 1:
+            continue
+        if inner is None:
+            inner, size = [st[d] for st in ops], shape[d]
+        elif all(st[d] == i * size for st, i in zip(ops, inner)):
+            size *= shape[d]
+        else:
+            break
+    vec = (64 if torch.backends.cpu.get_cpu_capability().startswith("AVX512") else 32) // 2
+    if inner is None or size < 2 * vec:
+        return False
+    given = len(ops) - len(tensors)  # 1 where ``out`` is (a new result is allocated contiguous)
+    sizes = [t.element_size() for t in ([out] if given else []) + tensors]
+    contiguous = [st == e for st, e in zip(inner, sizes)]
+    return all(contiguous) or any(inner[k] == 0 and all(c for j, c in enumerate(contiguous) if j != k)
+                                  for k in range(given, len(ops)))
+
+
+_WRAPPED = frozenset().union(*ROUNDED_NUMBERS.values(), ("mul", "div"))
+
+
+def _integers_converted(func):
+    """A pointwise ``func`` as eager computes it
+    where an integer tensor meets a float16 or bfloat16 one: TensorIterator converts the
+    integer operand to the 16-bit dtype first (in bfloat16 an integer above 256 rounds,
+    ``xlogy(257, x)`` is ``xlogy(256, x)``), the decompositions to float32."""
+    def call(*args, **kwargs):
+        halves = {a.dtype for a in args if isinstance(a, torch.Tensor) and a.dim() and a.dtype in HALF}
+        if len(halves) != 1 or not any(isinstance(a, torch.Tensor) and a.dim() and _integer(a)
+                                       for a in args):
+            return func(*args, **kwargs)
+        dtype = halves.pop()
+        args = tuple(a.to(dtype) if isinstance(a, torch.Tensor) and a.dim() and _integer(a) else a
+                     for a in args)
+        return func(*args, **kwargs)
+
+    return call
+
+
+def _integer(t: torch.Tensor) -> bool:
+    return not (t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool)
+
+
+def eager_operands(func):
+    """``func`` wrapped, during tracing, to convert its operands as eager's kernel does
+    (:func:`_number_rounded`, :func:`_integers_converted`), or ``func`` itself."""
+    name = getattr(func, "_opname", "")
+    if name.rstrip("_") in _WRAPPED:
+        return _number_rounded(_integers_converted(func), name)
+    if torch.Tag.pointwise in getattr(func, "tags", ()):
+        return _integers_converted(func)
+    return func
+
+
+@functools.lru_cache(maxsize=1)
+def decomposition_table():
+    """torch._decomp's decomposition table, with accel's corrections to it where a
+    decomposition rounds otherwise than eager's kernel (:func:`_native_layer_norm`,
+    :func:`_batch_norm`) or computes otherwise (:func:`_gelu`, :func:`_gelu_backward`), and
+    the accel ops that the interceptor records whole, decomposed by their references
+    (:func:`accel.library.nll_of_log_softmax`, :func:`accel.library.nll_loss_backward`)."""
+    from torch._decomp import decomposition_table
+
+    aten = torch.ops.aten
+    table = dict(decomposition_table)
+    for op, fix in ((aten.native_layer_norm.default, _native_layer_norm),
+                    (aten.native_group_norm.default, _native_group_norm),
+                    (aten.gelu.default, _gelu), (aten.gelu_backward.default, _gelu_backward),
+                    (aten.softshrink.default, _softshrink), (aten.round.decimals, _round_decimals),
+                    (aten.mse_loss.default, _mse_loss), (aten.div.Tensor_mode, _div_mode),
+                    (aten.hardshrink.default, _hardshrink), (aten.logit.default, _logit),
+                    (aten.sigmoid_backward.default, _sigmoid_backward), (aten.xlogy.Tensor, _xlogy),
+                    (aten.tanh_backward.default, _tanh_backward), (aten.threshold.default, _threshold),
+                    (aten.threshold_backward.default, _threshold_backward),
+                    (aten.smooth_l1_loss.default, _smooth_l1_loss),
+                    (aten.relu.default, _relu),
+                    (aten.fmax.default, _fmax_fmin), (aten.fmin.default, _fmax_fmin),
+                    (aten.std.correction, functools.partial(_std, aten.var.correction)),
+                    (aten.std_mean.correction, functools.partial(_std, aten.var_mean.correction)),
+                    *((getattr(getattr(aten, name), ov), functools.partial(_lerp, name.endswith("_")))
+                      for name in ("lerp", "lerp_") for ov in ("Scalar", "Tensor")),
+                    *((getattr(aten, name).Tensor, functools.partial(_add_alpha, name))
+                      for name in ("add", "add_", "sub", "sub_", "rsub")),
+                    (aten.addcmul.default, functools.partial(_addcmul, False)),
+                    (aten.addcmul_.default, functools.partial(_addcmul, True)),
+                    *((getattr(getattr(aten, name), ov), functools.partial(_clamp, name))
+                      for name in ("clamp", "clamp_min", "clamp_max", "clamp_", "clamp_min_", "clamp_max_")
+                      for ov in ("default", "Tensor")),
+                    *((op, _batch_norm) for op in (
+                        aten.native_batch_norm.default, aten._native_batch_norm_legit.default,
+                        aten._native_batch_norm_legit.no_stats,
+                        aten._native_batch_norm_legit_functional.default,
+                        aten._native_batch_norm_legit_no_training.default))):
+        table[op] = functools.partial(fix, table[op])
+    table[torch.ops.accel.nll_of_log_softmax.default] = library.nll_of_log_softmax  # (recorded whole)
+    table[torch.ops.accel.nll_loss_backward.default] = library.nll_loss_backward
+    return table
+
+
+_SQRT1_2 = 0.70710678118654752440  # M_SQRT1_2, as torch._decomp's GELU
+_GELU_BETA = 1.12837916709551257390 * _SQRT1_2 * 0.5  # M_2_SQRTPI * M_SQRT1_2 * 0.5
+
+
+def _erf_gelu_cpu(*tensors) -> bool:
+    """Whether the exact GELU (or its backward) of these tensors takes its erf from
+    :func:`accel.library.vec_erf`: float32 and 16-bit floats on the CPU."""
+    return all(t.device.type == "cpu" and t.dtype in (torch.float32, torch.float16, torch.bfloat16)
+               for t in tensors)
+
+
+def _gelu(decomposition, a, approximate="none"):
+    """``aten.gelu`` as torch._decomp's ``decomposition`` of it (``x * 0.5 * (1 + erf(x *
+    M_SQRT1_2))``), except that on float32 and 16-bit CPU tensors the erf is ATen's
+    vectorized one (:func:`accel.library.vec_erf`), computed in float32 and rounded to
+    ``a``'s dtype. That erf is what ATen's vectorized GELU kernel (``Gelu.h``; eager's for
+    float16 and strided inputs) and torch.compile's CPU code use; eager's float32 and
+    bfloat16 GELU of a contiguous tensor runs oneDNN's ``eltwise_gelu_erf``, whose own
+    approximation neither reproduces bitwise (on [2048, 1024] normal samples of standard
+    deviation 2, eager's float32 GELU was 1.2e-6 from float64's at most, this one 4.7e-7,
+    with libmvec's ``erff`` 7.2e-7; the backward 8.8e-7, 9.5e-7 and 6.2e-7). This erf
+    vectorizes to about half the time of libmvec's: [2048, 4096] float32 GELU 1.40 ms
+    against 1.81 on the dev VM (torch.compile 1.52, eager 1.76-1.84)."""
+    if approximate != "none" or not _erf_gelu_cpu(a):
+        return decomposition(a, approximate)
+    x = a.float()
+    return (x * 0.5 * (1 + torch.ops.accel.vec_erf(x * _SQRT1_2))).to(a.dtype)
+
+
+def _gelu_backward(decomposition, grad, x, approximate="none"):
+    """``aten.gelu_backward`` as torch._decomp's ``decomposition`` of it (``dy * (cdf + x *
+    pdf)``, ``cdf = 0.5 * (1 + erf(x * M_SQRT1_2))``, ``pdf = M_2_SQRTPI * M_SQRT1_2 * 0.5 *
+    exp(x * x * -0.5)``), with :func:`_gelu`'s erf on float32 and 16-bit CPU tensors,
+    computed in float32 and rounded to the promoted dtype of ``grad`` and ``x``."""
+    if approximate != "none" or not _erf_gelu_cpu(grad, x):
+        return decomposition(grad, x, approximate)
+    dtype = torch.result_type(grad, x)
+    g, v = grad.float(), x.float()
+    cdf = 0.5 * (1 + torch.ops.accel.vec_erf(v * _SQRT1_2))
+    pdf = _GELU_BETA * torch.exp(v * v * -0.5)
+    return (g * (cdf + v * pdf)).to(dtype)
+
+
+def _round_decimals(decomposition, a, *, decimals=0):
+    """``aten.round.decimals`` as eager's kernels (``round_decimals_kernel``, CPU and CUDA)
+    compute it, in the op's math type (float32 for 16-bit floats) with ``p = 10 **
+    |decimals|``: ``nearbyint(a * p) / p``, or ``nearbyint(a / p) * p`` for negative
+    ``decimals``, a true division (:func:`accel.library.div_rn`: a GPU kernel would take a
+    number divisor's reciprocal). torch's decomposition multiplies by ``10 ** -decimals``
+    instead: 13-58 % of float32 and float64 results with 2 or 3 decimals were an ulp from
+    eager's. On a GPU a 16-bit kernel computes in the dtype (``scalar_t``): ``p`` and the
+    product or quotient before the rounding are rounded to it (1 % of results were outside
+    ``assert_close``'s tolerance without). Elsewhere (``decimals`` 0, integers)
+    ``decomposition`` itself."""
+    if not a.is_floating_point() or decimals == 0:
+        return decomposition(a, decimals=decimals)
+    dt = a.dtype
+    opm = torch.float32 if dt in HALF else dt
+    p = a.new_full((), float(10 ** abs(decimals)), dtype=opm)
+    step = (lambda v: v.to(dt).to(opm)) if _gpu_16_bit(a) else (lambda v: v)  # (scalar_t steps)
+    x, p = torch.broadcast_tensors(a.to(opm), step(p))
+    div = torch.ops.accel.div_rn
+    return (div(torch.round(step(x * p)), p) if decimals > 0 else torch.round(step(div(x, p))) * p).to(dt)
+
+
+def _16_bit(a) -> bool:
+    return isinstance(a, torch.Tensor) and a.dtype in HALF
+
+
+def _cpu_16_bit(a) -> bool:
+    return _16_bit(a) and a.device.type == "cpu"
+
+
+def _gpu_16_bit(a) -> bool:
+    return _16_bit(a) and a.device.type == "cuda"
+
+
+def _mse_loss(decomposition, a, target, reduction=1):
+    """``aten.mse_loss`` of 16-bit tensors as eager's kernels compute each element: the
+    difference rounded to the dtype, then squared in float32 and rounded (the CPU's
+    ``mse_kernel``; CUDA's ``mse_kernel_cuda`` in the dtype's own arithmetic, the same),
+    and then reduced (``apply_loss_reduction``); torch's decomposition squares the float32
+    difference (36 % of results were an ulp off, 1.8 % of float16 ones on an H200 outside
+    ``assert_close``'s tolerance) and reduces the float32 squares. Elsewhere
+    ``decomposition`` itself."""
+    if not (_16_bit(a) and isinstance(target, torch.Tensor) and target.dtype == a.dtype):
+        return decomposition(a, target, reduction)
+    d = a - target
+    loss = decomposition(d, torch.zeros_like(d), 0)  # (rounded to the dtype, as eager's)
+    return loss.mean() if reduction == 1 else loss.sum() if reduction == 2 else loss
+
+
+def _div_mode(decomposition, a, b, *, rounding_mode=None):
+    """``aten.div.Tensor_mode`` with ``rounding_mode="trunc"`` of 16-bit tensors as eager's
+    kernels compute it: the quotient rounded to the dtype, then truncated (the CPU's
+    ``div_trunc_kernel``, CUDA's ``div_trunc_kernel_cuda``); torch's decomposition truncates
+    the float32 quotient (1-6 % of results were off, by up to 1, on both devices).
+    With ``rounding_mode="floor"`` on 16-bit CPU tensors, c10's ``div_floor_floating`` in
+    the dtype's own arithmetic (the CPU's ``div_floor_kernel``), each step rounded: ``mod
+    = fmod(a, b)``, ``(a - mod) / b``, less 1 where ``mod`` and ``b`` differ in sign, then
+    floored and rounded up past a half; torch's decomposition computes it in float32 (up to
+    1 % of float16 results were outside ``assert_close``'s tolerance). Elsewhere
+    ``decomposition`` itself."""
+    if not (_16_bit(a) and isinstance(b, torch.Tensor) and b.dtype == a.dtype):
+        return decomposition(a, b, rounding_mode=rounding_mode)
+    if rounding_mode == "trunc":
+        return torch.trunc(torch.div(a, b))
+    if rounding_mode != "floor" or a.device.type != "cpu":
+        return decomposition(a, b, rounding_mode=rounding_mode)
+    mod = torch.fmod(a, b)  # (16-bit ops: each rounded to the dtype)
+    q = (a - mod) / b
+    q = torch.where((mod != 0) & ((b < 0) != (mod < 0)), q - 1, q)
+    fl = torch.floor(q)
+    fl = torch.where(q - fl > 0.5, fl + 1, fl)
+    fl = torch.where(q == 0, torch.copysign(torch.zeros_like(q), a / b), fl)
+    return torch.where(b == 0, a / b, fl)
+
+
+def _hardshrink(decomposition, a, lambd=0.5):
+    """``aten.hardshrink`` of 16-bit tensors as eager's kernels compute it: ``lambd``
+    rounded to the dtype before the comparison (``hardshrink_kernel``, CPU and CUDA);
+    torch's decomposition compares with the float ``lambd`` (values between the two kept or
+    zeroed apart from eager: 12-150 of 100003, on both devices). Elsewhere
+    ``decomposition`` itself."""
+    if not (_16_bit(a) and type(lambd) in (int, float)):
+        return decomposition(a, lambd)
+    lam = a.new_full((), lambd)
+    return torch.where((a >= -lam) & (a <= lam), torch.zeros_like(a), a)
+
+
+def _logit(decomposition, a, eps=None):
+    """``aten.logit`` of 16-bit CPU tensors as eager's kernel (``logit_kernel``, in the
+    dtype's own arithmetic, each step rounded to it) computes it: ``lo = eps`` and ``hi = 1
+    - eps`` rounded to the dtype, ``x`` clamped to them where ``eps >= 0``, then ``1 - x``,
+    the quotient and its log each rounded. torch's decomposition computes in float32 and
+    rounds once: 18 % of float16 and 9 % of bfloat16 results were outside
+    ``assert_close``'s tolerance (near ``x = 0.5``, where the log is near 0). Elsewhere
+    ``decomposition`` itself."""
+    if not _cpu_16_bit(a):
+        return decomposition(a, eps)
+    dt = a.dtype
+    if eps is not None and eps >= 0:
+        lo = a.new_full((), eps)
+        hi = (1 - lo.float()).to(dt)
+        a = torch.where(a < lo, lo, torch.where(a > hi, hi, a))  # (NaN stays NaN)
+    x = a.float()
+    q = (x / (1 - x).to(dt).float()).to(dt)
+    return torch.log(q.float()).to(dt)
+
+
+def _sigmoid_backward(decomposition, grad, y):
+    """``aten.sigmoid_backward`` as eager's kernels compute it, in the dtype's own
+    arithmetic, each step rounded to it: ``(grad * (1 - y)) * y`` on a GPU, every floating
+    dtype (``sigmoid_backward_kernel_cuda``), and of float16 CPU tensors (ATen's
+    ``Vectorized<Half>``; the CPU's bfloat16, float32 and float64 kernels compute as
+    torch's decomposition, ``grad * (y * (1 - y))``, does). With the decomposition 32 % of
+    results were off on a GPU, 0.2 % of float16 ones outside ``assert_close``'s tolerance
+    on both devices. Elsewhere ``decomposition`` itself."""
+    if not (isinstance(y, torch.Tensor) and y.dtype == grad.dtype and grad.dtype.is_floating_point
+            and (grad.device.type == "cuda" or (_cpu_16_bit(grad) and grad.dtype == torch.float16))):
+        return decomposition(grad, y)
+    return grad * (1 - y) * y  # (16-bit ops: each rounded, as eager's scalar_t arithmetic)
+
+
+def _tanh_backward(decomposition, grad, y):
+    """``aten.tanh_backward`` of 16-bit GPU tensors as eager's kernel
+    (``tanh_backward_kernel_cuda``) computes it, in the dtype's own arithmetic: ``grad * (1
+    - y * y)``, each step rounded to it; torch's decomposition computes in float32 and
+    rounds once (2-7 % of results were outside ``assert_close``'s tolerance on an H200).
+    Elsewhere (the CPU computes in float32) ``decomposition`` itself."""
+    if not (_gpu_16_bit(grad) and isinstance(y, torch.Tensor) and y.dtype == grad.dtype):
+        return decomposition(grad, y)
+    return grad * (1 - y * y)
+
+
+def _threshold(decomposition, a, threshold, value):
+    """``aten.threshold`` (``threshold_backward`` alike, ``value`` 0) of 16-bit GPU tensors
+    as eager's kernel (``threshold_kernel_cuda``) computes it: ``threshold`` rounded to the
+    dtype before the comparison; torch's decomposition compares with the float one (19-36
+    bfloat16 results of 100003 kept or replaced apart from eager's). Elsewhere (the CPU
+    compares in float32) ``decomposition`` itself."""
+    if not (_gpu_16_bit(a) and type(threshold) in (int, float)):
+        return decomposition(a, threshold, value)
+    return torch.where(a <= a.new_full((), threshold), value, a)
+
+
+def _threshold_backward(decomposition, grad, a, threshold):
+    """``aten.threshold_backward``: :func:`_threshold`'s rounded ``threshold``, 0 where
+    ``a`` is at most it, else ``grad``."""
+    if not (_gpu_16_bit(a) and type(threshold) in (int, float)):
+        return decomposition(grad, a, threshold)
+    return torch.where(a <= a.new_full((), threshold), 0, grad)
+
+
+def _xlogy(decomposition, a, b):
+    """``aten.xlogy.Tensor`` of two 16-bit CPU tensors of one dtype as eager's kernel
+    (``xlogy_kernel``) computes it: ``log(b)`` rounded to the dtype first (c10's 16-bit
+    ``std::log``), then ``a * log(b)`` in float32, rounded; 0 where ``a`` is 0, NaN where
+    ``b`` is. torch's decomposition rounds once: 26 % of results were an ulp off. Elsewhere
+    ``decomposition`` itself."""
+    if not (_cpu_16_bit(a) and isinstance(b, torch.Tensor) and b.dtype == a.dtype and b.device == a.device):
+        return decomposition(a, b)
+    prod = a.float() * torch.log(b).float()
+    return torch.where(torch.isnan(b), float("nan"), torch.where(a == 0, 0.0, prod)).to(a.dtype)
+
+
+def _softshrink(decomposition, a, lambd=0.5):
+    """``aten.softshrink`` as torch._decomp's ``decomposition`` of it, except on float16 and
+    bfloat16 CPU tensors, where eager's kernel (``softshrink_kernel``) computes ``x - lambd``
+    / ``x + lambd`` / 0 in float32 from a float32 ``lambd`` and rounds once, and the
+    decomposition (``a - sign(a) * lambd``) rounds the product ``sign(a) * lambd`` to the
+    16-bit dtype first (887 of 4096 bfloat16 elements differed)."""
+    if not (a.device.type == "cpu" and a.dtype in HALF):
+        return decomposition(a, lambd)
+    x = a.float()
+    # -x > lambd, not x < -lambd: a runtime lambd's sentinel appears as itself (accel.graph)
+    rest = torch.where(torch.isnan(x), x, 0.0)  # NaN stays NaN, as in eager's kernel
+    return torch.where(x > lambd, x - lambd, torch.where(-x > lambd, x + lambd, rest)).to(a.dtype)
+
+
+def _relu(decomposition, a):
+    """``aten.relu`` as eager computes it on the CPU: ``-0.0`` stays ``-0.0`` (eager's
+    kernel is ``clamp_min(x, 0)``, which keeps ``x`` where it equals the bound; torch's
+    decomposition, ``where(x <= 0, 0, x)``, gives 0.0). On a GPU eager's is 0.0, as the
+    decomposition's."""
+    if a.device.type != "cpu":
+        return decomposition(a)
+    return torch.where(torch.lt(a, 0), 0, a)
+
+
+def _lerp(inplace, decomposition, start, end, weight):
+    """``aten.lerp`` (``inplace``: ``lerp_``) as eager's CPU kernel computes it (ATen's
+    ``lerp_vec``, and its scalar loop alike): ``fma(coeff, end - start, base)`` rounded once,
+    ``coeff, base = (weight - 1, end)`` where ``|weight| >= 0.5``, else ``(weight,
+    start)``; 16-bit floats in float32. torch's decomposition is the same formula with two
+    roundings (11-25 % of float32 results were an ulp from eager's). Elsewhere (a GPU, where
+    nvcc contracts the same formula; non-float dtypes) ``decomposition`` itself."""
+    dtype = start.dtype  # eager's lerp takes end and a weight tensor of start's dtype only
+    if start.device.type != "cpu" or not dtype.is_floating_point:
+        return decomposition(start, end, weight)
+    opm = torch.float32 if dtype in HALF else dtype
+    s, e = start.to(opm), end.to(opm)
+    w = weight.to(opm) if isinstance(weight, torch.Tensor) else s.new_full((), weight)
+    mask = w.abs() >= 0.5
+    coeff, diff, base = torch.broadcast_tensors(torch.where(mask, w - 1, w), e - s, torch.where(mask, e, s))
+    out = torch.ops.accel.fma(coeff, diff, base).to(dtype)
+    return start.copy_(out) if inplace else out
+
+
+def _add_alpha(name, decomposition, a, b, **kwargs):
+    """``aten.add``, ``aten.sub`` and ``aten.rsub`` (``name``; ``.Tensor``, also ``add_`` and
+    ``sub_``) with an ``alpha`` other than 1 and a float32 or float64 result, as eager's
+    kernels compute them: ``fma(other, alpha, self)`` rounded once (ATen's CPU
+    ``add_kernel``: ``vec::fmadd``, its scalar loop alike; CUDA's ``AddFunctor``, ``a +
+    alpha * b``, which nvcc contracts), with ``-alpha`` for ``sub``, and ``self`` and
+    ``other`` swapped for ``rsub``. torch's decomposition rounds ``other * alpha`` first:
+    27 % of float32 sums with ``alpha=1.25`` were an ulp from eager's, and where the sum
+    nearly cancels, that ulp is most of the result. Elsewhere ``decomposition`` itself
+    (16-bit floats: :func:`_number_rounded`)."""
+    inplace, base = name.endswith("_"), name.rstrip("_")
+    alpha = kwargs.get("alpha", 1)
+    dtype = torch.result_type(a, b)
+    if (set(kwargs) - {"alpha"} or isinstance(alpha, bool) or alpha == 1 or dtype not in (torch.float32, torch.float64)
+            or not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor))):
+        return decomposition(a, b, **kwargs)
+    x, y = (b, a) if base == "rsub" else (a, b)
+    w = y.new_full((), alpha, dtype=dtype)
+    w, y, x = torch.broadcast_tensors(torch.neg(w) if base != "add" else w, y.to(dtype), x.to(dtype))
+    out = torch.ops.accel.fma(y, w, x)
+    return a.copy_(out) if inplace else out
+
+
+def _addcmul(inplace, decomposition, a, t1, t2, value=1):
+    """``aten.addcmul`` (``inplace``: ``addcmul_``) of floating tensors of one dtype and
+    device as eager's kernels compute it, in the op's math type (float32 for 16-bit
+    floats), rounded once after a product:
+
+    * on the CPU ``fma(value * tensor1, tensor2, self)``, ``value * tensor1`` rounded first
+      (ATen's ``addcmul_cpu_kernel``);
+    * on a GPU ``fma(tensor1, tensor2, self)`` where ``value`` is 1, else ``fma(value,
+      tensor1 * tensor2, self)``, ``tensor1 * tensor2`` rounded first
+      (``addcmul_cuda_kernel``'s ``pointwise_op_impl``), as :func:`accel.library.mul_rn`
+      (nvcc would fold ``fma(p, -1, self)`` to ``self - p`` and contract that with a plain
+      product ``p``). A run-time ``value`` is tested in the kernel.
+
+    Each was equal to eager's in every one of 100003 float32, bfloat16 and float16 results
+    (and float64 on the CPU) for values 0.5, 1, 1.3 and -0.7 (torch 2.13 CPU, 2.11 H200).
+    torch's decomposition, ``self + value * tensor1 * tensor2``, rounds twice on the CPU,
+    and nvcc contracts it the CPU's way: 18-25 % of float32 and float64 results were an
+    ulp from eager's, which a later ``erfinv`` near 1 made 3.7e-5.
+    Integer tensors with a float ``value``: truncated to the integer type
+    (``Scalar::to<int64_t>``), where torch's reference implementation raises (``value
+    argument ... cannot be safely cast``). Elsewhere (mixed dtypes or devices)
+    ``decomposition`` itself."""
+    tensors = all(isinstance(t, torch.Tensor) for t in (a, t1, t2))
+    if isinstance(value, float) and not any(t.is_floating_point() or t.is_complex()
+                                            for t in (a, t1, t2) if isinstance(t, torch.Tensor)):
+        value = int(value)
+    elif (tensors and a.dtype.is_floating_point and a.dtype == t1.dtype == t2.dtype
+          and a.device == t1.device == t2.device and not isinstance(value, bool)):
+        opm = torch.float32 if a.dtype in HALF else a.dtype
+        x, y, base, v = torch.broadcast_tensors(t1.to(opm), t2.to(opm), a.to(opm),
+                                                a.new_full((), value, dtype=opm))
+        if a.device.type == "cpu":
+            out = torch.ops.accel.fma(x * v, y, base)
+        else:  # (a run-time value: its test in the kernel)
+            out = torch.where(v == 1, torch.ops.accel.fma(x, y, base),
+                              torch.ops.accel.fma(v, torch.ops.accel.mul_rn(x, y), base))
+        out = out.to(a.dtype)
+        return a.copy_(out) if inplace else out
+    return decomposition(a, t1, t2, value=value)
+
+
+def _std(variance, decomposition, a, *args, **kwargs):
+    """``aten.std`` (``variance``: ``aten.var``) and ``aten.std_mean`` (``aten.var_mean``)
+    as eager's CPU kernel computes them for float32 and 16-bit inputs: the variance in
+    float64 (``std_var_kernel_impl``'s double accumulators), its square root taken there,
+    then rounded. torch's decomposition rounds the variance first, so the std of float32
+    values above about 1.8e19 was inf (the variance overflowed float32) where eager's is
+    finite. Elsewhere (a GPU, whose kernel accumulates float32 as the decomposition does;
+    float64) ``decomposition`` itself."""
+    if a.device.type != "cpu" or not a.is_floating_point() or a.dtype == torch.float64:
+        return decomposition(a, *args, **kwargs)
+    out = variance(a.double(), *args, **kwargs)
+    if isinstance(out, tuple):
+        return torch.sqrt(out[0]).to(a.dtype), out[1].to(a.dtype)
+    return torch.sqrt(out).to(a.dtype)
+
+
+def _fmax_fmin(decomposition, a, b):
+    """``aten.fmax`` / ``aten.fmin`` (``decomposition``) with eager's choice between two
+    zeros of different signs on the CPU: the first operand (accel's CPU ``fmax``,
+    include/accel/cpu_math.h), but the second for bfloat16 (eager's bfloat16 kernels, both
+    loops), computed here as the operation of ``(b, a)``. Elsewhere ``decomposition`` itself."""
+    if a.device.type == "cpu" and torch.result_type(a, b) == torch.bfloat16:
+        return decomposition(b, a)
+    return decomposition(a, b)
+
+
+def _clamp(name, decomposition, a, *bounds, **kwargs):
+    """``aten.clamp`` (``name``: also ``clamp_min``, ``clamp_max`` and their in-place forms),
+    as eager computes it on a GPU: ``fminf(fmaxf(x, lo), hi)`` (``clamp_kernel_cuda``;
+    ``lo``/``hi`` numbers or tensors), where -0.0 is below 0.0 (``clamp(0.0, min=-0.0,
+    max=-0.0)`` is -0.0, ``clamp_min(-0.0, 0.0)`` is 0.0). torch's decomposition keeps ``x``
+    where it equals a bound (as eager's CPU kernels for numbers). NaN in ``x`` or a bound
+    gives NaN. Elsewhere, and for integer results, ``decomposition`` itself."""
+    inplace, base = name.endswith("_"), name.rstrip("_")
+    if a.device.type != "cuda":
+        return decomposition(a, *bounds, **kwargs)
+    dtype = a.dtype if inplace else decomposition(a, *bounds, **kwargs).dtype  # (traced, then dead)
+    if not dtype.is_floating_point:
+        return decomposition(a, *bounds, **kwargs)
+    given = dict(zip(("min", "max") if base == "clamp" else (base[6:],), bounds), **kwargs)
+    lo, hi = given.get("min"), given.get("max")
+    x = a.to(dtype)
+    if lo is not None:  # eq and a sign bit: x is -0.0 (or a negative number equal to lo)
+        x = torch.where(torch.eq(x, lo) & torch.signbit(x), lo,
+                        torch.where(torch.ge(x, lo) | torch.isnan(x), x, lo))
+    if hi is not None:  # eq and no sign bit: x is 0.0 (or a positive number equal to hi)
+        x = torch.where(torch.eq(x, hi) & ~torch.signbit(x), hi,
+                        torch.where(torch.le(x, hi) | torch.isnan(x), x, hi))
+    return a.copy_(x) if inplace else x.to(dtype)
+
+
+def _smooth_l1_loss(decomposition, input, target, reduction=1, beta=1.0):
+    """``aten.smooth_l1_loss`` as torch._decomp's ``decomposition`` of it, except on float16
+    CPU tensors and 16-bit CUDA tensors, where eager's kernels (``smooth_l1_kernel``,
+    ``Vectorized<Half>`` and CUDA's ``scalar_t`` arithmetic) round ``beta`` and every step
+    to the tensor's dtype (on the CPU, eager's bits; on an H200 within ``assert_close`` of
+    eager's, 20 % of the elements an ulp off): ``z = |input - target|``, then ``((0.5 * z) * z) /
+    beta`` where ``z < beta``, else ``z - 0.5 * beta`` (the decomposition computes from
+    float32 ``beta``; 2 % of the elements of a ``reduction="none"`` loss were further from
+    eager's than ``assert_close`` allows). ``reduction``: 0 none, 1 mean, 2 sum."""
+    half = (torch.float16,) if input.device.type == "cpu" else HALF if input.device.type == "cuda" else ()
+    if not (input.dtype in half and target.dtype == input.dtype and beta > 0):
+        return decomposition(input, target, reduction, beta)
+    b = torch.scalar_tensor(beta, dtype=input.dtype)
+    z = (input - target).abs()
+    loss = torch.where(z < b, 0.5 * z * z / b, z - 0.5 * b)
+    return loss if reduction == 0 else loss.mean() if reduction == 1 else loss.sum()
+
+
+def _native_layer_norm(decomposition, input, normalized_shape, weight, bias, eps):
+    """``aten.native_layer_norm`` as torch._decomp's ``decomposition`` of it, except where a
+    16-bit ``input`` (float16, bfloat16) on the CPU comes with float32 ``weight`` and
+    ``bias`` (autocast's layer norm of a 16-bit activation, say): eager's mixed-dtype
+    kernel (``layer_norm_cpu``, ``is_mixed_type``) returns the mean and rstd in float32 as
+    computed, where the decomposition rounds them to the input's dtype on the CPU (and a
+    backward from rounded statistics drifts from eager's). Returns ``(out, mean, rstd)``:
+    ``out`` in the input's dtype, ``mean`` and ``rstd`` float32 of shape
+    ``input.shape[:-len(normalized_shape)] + (1,) * len(normalized_shape)``."""
+    params = [p for p in (weight, bias) if p is not None]
+    if not (input.device.type == "cpu" and input.dtype in (torch.float16, torch.bfloat16) and params
+            and all(p.dtype == torch.float32 for p in params)):
+        return decomposition(input, normalized_shape, weight, bias, eps)
+    x = input.float()
+    dims = list(range(input.ndim - len(normalized_shape), input.ndim))
+    var, mean = torch.var_mean(x, dim=dims, correction=0, keepdim=True)
+    rstd = torch.rsqrt(var + eps)
+    out = (x - mean) * rstd
+    if weight is not None:
+        out = out * weight
+    if bias is not None:
+        out = out + bias
+    return out.to(input.dtype), mean, rstd
+
+
+def _native_group_norm(decomposition, input, weight, bias, N, C, HxW, group, eps):
+    """``aten.native_group_norm`` as eager's CPU and CUDA kernels compute it (``x * (rstd *
+    w) + (b - mean * rstd * w)``, weight and bias optional; ATen's ``group_norm_kernel.cpp``,
+    ``group_norm_kernel.cu``), on ``input`` seen as ``[N, group, C / group, *spatial]``
+    (dim 1 split), where torch._decomp's ``decomposition`` reshapes through
+    ``as_strided`` (the per-channel scale) or merges the spatial dims into the group's (a
+    4-d input): views that read a merged index, which the lowering cannot express (a
+    division and a modulo of a loop index), so the region ran eagerly. Here the only
+    merge left is the output's own (``[N, group, C / group, ...]`` back to ``input``'s
+    shape), which the lowering stores as the split dims
+    (:func:`accel.lowering._peel_views`). (A GPU's 16-bit group norm runs eagerly:
+    ``accel.ops.RUNS_EAGERLY``.) Returns ``(out, mean, rstd)``, ``mean`` and ``rstd`` of
+    shape ``[N, group]``, all three in ``input``'s dtype."""
+    shape = tuple(input.shape)
+    if (input.ndim < 2 or 0 in shape or C % group
+            or shape[:2] != (N, C) or any(not isinstance(v, int) for v in shape)):
+        return decomposition(input, weight, bias, N, C, HxW, group, eps)
+    acc = torch.float32 if input.dtype in (torch.float16, torch.bfloat16) else input.dtype
+    split = (N, group, C // group) + shape[2:]
+    x = input.to(acc).reshape(split)
+    dims = list(range(2, x.ndim))
+    var, mean = torch.var_mean(x, dim=dims, correction=0, keepdim=True)
+    rstd = torch.rsqrt(var + eps)
+    param = (1, group, C // group) + (1,) * (input.ndim - 2)
+    # eager's CPU kernel folds the statistics and the affine parameters into a per-channel
+    # scale and shift
+    w = rstd * weight.reshape(param) if weight is not None else rstd
+    b = -mean * w
+    if bias is not None:
+        b = b + bias.reshape(param)
+    out = x * w + b
+    return (out.to(input.dtype).reshape(shape), mean.to(input.dtype).squeeze(dims),
+            rstd.to(input.dtype).squeeze(dims))
+
+
+def _batch_norm(decomposition, input, *args):
+    """A batch norm op (``native_batch_norm``, the ``_native_batch_norm_legit`` family) as
+    torch._decomp's ``decomposition`` of it, except where a 16-bit ``input`` (float16,
+    bfloat16) on the CPU comes with a float32 weight, bias or running statistic (a
+    bfloat16 activation under autocast into a float32 ``BatchNorm2d``): eager's mixed-dtype
+    kernel (``batch_norm_cpu``, ``is_mixed_type``) computes in float32 and returns the saved
+    mean and inverse standard deviation in float32 as computed, where the decomposition
+    rounds them to the input's dtype on the CPU (3e-3 relative in bfloat16, and the
+    backward from them drifts from eager's). Then the decomposition runs on the input
+    converted to float32 (exact) and only the normalized output is rounded to the input's
+    dtype, once, as eager's kernel rounds it. Returns the decomposition's tuple."""
+    if not (input.device.type == "cpu" and input.dtype in (torch.float16, torch.bfloat16)
+            and any(isinstance(a, torch.Tensor) and a.dtype == torch.float32 for a in args)):
+        return decomposition(input, *args)
+    out = decomposition(input.float(), *args)
+    return (out[0].to(input.dtype),) + tuple(out[1:])
