@@ -11,12 +11,15 @@ keyed by value instead (``ops._VALUE_SPECIALIZED``).
 from __future__ import annotations
 
 import contextlib
+import functools
+import itertools
 import logging
 from dataclasses import dataclass
 from typing import Any, List, Sequence
 
 import torch
 import torch.fx as fx
+from torch.fx import traceback as fx_traceback
 
 from .decompositions import decomposition_table, eager_operands
 from .ops import run_calls
@@ -72,6 +75,47 @@ def _region_fn(calls, n_ext, n_out_slots, live_idx, scalars, out_dtypes=None):
     return fn
 
 
+#: the key of ``node.meta["custom"]`` that numbers the eager kernel a traced node belongs to:
+#: each aten call that reaches the tracer's decomposition table from the region's own code
+#: (a recorded call, or one of the calls a composite op's C++ kernel makes) is one kernel of
+#: eager's, and every node its decomposition makes carries its number. Nodes a pass builds
+#: carry none. :func:`accel.passes.round_products_across_kernels` reads it.
+KERNEL = "accel_kernel"
+_kernels = itertools.count()
+
+
+def kernel_of(node: fx.Node):
+    """The number of the eager kernel ``node`` computes part of (:data:`KERNEL`), or None."""
+    custom = node.meta.get("custom")
+    return custom.get(KERNEL) if isinstance(custom, dict) else None
+
+
+@functools.lru_cache(maxsize=1)
+def _kernel_tagged():
+    """:func:`accel.decompositions.decomposition_table` with each decomposition, called outside another,
+    setting a new :data:`KERNEL` number in ``torch.fx.traceback``'s current node meta for
+    the nodes it makes (copied onto them under ``preserve_node_meta``, as torch.export's
+    ``fx.traceback.annotate`` does)."""
+    def tagged(decompose):
+        @functools.wraps(decompose)
+        def run(*args, **kwargs):
+            meta = fx_traceback.current_meta
+            custom = meta.get("custom")
+            if isinstance(custom, dict) and KERNEL in custom:  # a call inside a decomposition
+                return decompose(*args, **kwargs)
+            meta["custom"] = {**(custom or {}), KERNEL: next(_kernels)}
+            try:
+                return decompose(*args, **kwargs)
+            finally:
+                if custom is None:
+                    meta.pop("custom", None)
+                else:
+                    meta["custom"] = custom
+        return run
+
+    return {op: tagged(f) for op, f in decomposition_table().items()}
+
+
 def _trace(calls, ext_examples, n_out_slots, live_idx, scalars, out_dtypes=None) -> fx.GraphModule:
     from torch.fx.experimental.proxy_tensor import make_fx
     from torch.func import functionalize
@@ -89,9 +133,10 @@ def _trace(calls, ext_examples, n_out_slots, live_idx, scalars, out_dtypes=None)
     try:
         with _disable_current_modes(), (torch.inference_mode() if inference else
                                         contextlib.nullcontext()), torch.no_grad():
-            return make_fx(functionalize(fn, remove="mutations_and_views"),
-                           decomposition_table=decomposition_table(),
-                           tracing_mode="fake")(*ext_examples)
+            with fx_traceback.preserve_node_meta():  # (copies each node's KERNEL tag)
+                return make_fx(functionalize(fn, remove="mutations_and_views"),
+                               decomposition_table=_kernel_tagged(),
+                               tracing_mode="fake")(*ext_examples)
     except Exception as e:  # noqa: BLE001 - any tracing failure means: run eagerly
         raise TraceError(f"{type(e).__name__}: {e}") from e
 

@@ -67,9 +67,12 @@ template <typename T> ACCEL_FN T gcd(T a, T b) {
 }
 /* Activations as eager computes them (aten/src/ATen/native/cpu/Activation.cpp). */
 template <typename T> ACCEL_FN T silu(T x) { return x / (T(1) + accel::exp(-x)); }
+/* GELU's tanh form as both devices' kernels associate it (Activation.cpp's GeluKernelImpl,
+ * ActivationGeluKernel.cu): kKappa times the cube x * x * x. */
 template <typename T> ACCEL_FN T gelu_tanh(T x) {
   const T kBeta = T(M_SQRT2 * M_2_SQRTPI * 0.5), kKappa = T(0.044715);
-  return T(0.5) * x * (T(1) + accel::tanh(kBeta * (x + kKappa * x * x * x)));
+  const T x_cube = x * x * x;
+  return T(0.5) * x * (T(1) + accel::tanh(kBeta * (x + kKappa * x_cube)));
 }
 template <typename T> ACCEL_FN bool argmax_better(T v, T best) {
   if constexpr (std::is_floating_point_v<T>) return v > best || (v != v && best == best);
