@@ -107,9 +107,6 @@ _HALF_ROUNDING = "16-bit float rounding unlike eager's"
 #: ops that run eagerly where a kernel cannot do what eager's does: op name (in-place
 #: variants included) -> (device types, None for all; only where a result is float16 or
 #: bfloat16; the reason logged):
-#: - ``binary_cross_entropy_with_logits``: its torch._decomp decomposition rounds 16-bit
-#:   floats at other steps than eager's CPU kernel (log_sigmoid, the weight product and the
-#:   difference separately);
 #: - ``nextafter``: the kernel steps by a float32 ulp, which rounds back to a 16-bit input;
 #: - ``softshrink`` on a GPU: neither its decomposition nor the CPU kernel's float32
 #:   arithmetic (:func:`accel.decompositions._softshrink`) gave CUDA's 16-bit results on an H200 (1 %
@@ -130,7 +127,6 @@ _HALF_ROUNDING = "16-bit float rounding unlike eager's"
 #:   ``assert_close``'s tolerance on 69-87 % of 256 rows of 512 (a GPU multiplies in
 #:   float32, as accel does).
 RUNS_EAGERLY = {
-    "binary_cross_entropy_with_logits": (None, True, _HALF_ROUNDING),
     "nextafter": (None, True, _HALF_ROUNDING),
     "softshrink": (("cuda",), True, _HALF_ROUNDING),
     "binary_cross_entropy": (("cpu",), False, "eager's CPU kernel checks its input's values"),

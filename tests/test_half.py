@@ -366,7 +366,7 @@ def test_gpu_arithmetic_steps_have_eagers_bits(dtype, device):
 def test_gpu_products_and_quotients_have_eagers_bits(dtype, device):
     """GPU kernels whose products and quotients eager rounds where accel's fused kernel
     would not, bit for bit: a product that another kernel adds (``a * b + c``, ``c - a *
-    b``, ``binary_cross_entropy_with_logits``' ``(1 - t) * x + max_val``;
+    b``, ``binary_cross_entropy_with_logits``' ``(1 - t) * x - log_sigmoid(x)``;
     accel.passes.round_products_across_kernels), a division by a number inside an op's
     formula as a true division (``softplus``'s ``/ beta``, ``smooth_l1_loss``'s and its
     backward's ``/ beta``), ``addcdiv`` as ``pointwise_op_impl`` (``self + t1 / t2``, else
@@ -387,6 +387,25 @@ def test_gpu_products_and_quotients_have_eagers_bits(dtype, device):
         cases += [lambda: F.binary_cross_entropy_with_logits(a * 1, torch.sigmoid(b), reduction="none"),
                   lambda: F.binary_cross_entropy_with_logits(a * 1, torch.sigmoid(b), pos_weight=c.abs(),
                                                              reduction="none")]
+    _kernels_have_eagers_bits(cases)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+def test_16_bit_binary_cross_entropy_with_logits_is_a_kernel_with_eagers_bits(dtype, device):
+    """16-bit ``binary_cross_entropy_with_logits`` runs as a kernel, bit for bit eager's:
+    traced as eager computes it (accel.decompositions._functorch_hacked), each of its calls
+    rounds to the dtype where eager's do, with a weight, a ``pos_weight`` and each
+    reduction. It ran eagerly while the trace took functorch's older formula."""
+    g = torch.Generator().manual_seed(23)
+    x, y, w, pw = (torch.randn(64, 256, generator=g, dtype=torch.float64).mul(2).to(device, dtype)
+                   for _ in range(4))
+    t = torch.sigmoid(y)
+    bce = F.binary_cross_entropy_with_logits
+    cases = [lambda: bce(x * 1, t, reduction="none"), lambda: bce(x * 1, t),
+             lambda: bce(x * 1, t, weight=w.abs(), reduction="sum"),
+             lambda: bce(x * 1, t, pos_weight=pw.abs()[0], reduction="none"),
+             lambda: bce(x.t() * 1, t.t(), reduction="none")]
     _kernels_have_eagers_bits(cases)
 
 
