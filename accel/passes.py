@@ -180,6 +180,7 @@ def specialize_pow(gm: fx.GraphModule) -> int:
             continue
         if x.meta["val"].dtype != val.dtype or (abs(c) == 0.5 and _widened_cpu(x, torch.float16)):
             continue
+        before = set(gm.graph.nodes)
         with gm.graph.inserting_before(n):
             if float(c) in (3.0, -2.0) and _square_dtype(x) is not None:
                 sq = _rounded_square(gm.graph, x, _square_dtype(x))
@@ -187,9 +188,11 @@ def specialize_pow(gm: fx.GraphModule) -> int:
                                                (prims.reciprocal.default, (sq,))))
             else:
                 new = build(gm.graph, x)
-        for m in gm.graph.nodes:  # the nodes just built carry the result's metadata
-            if m.op == "call_function" and "val" not in m.meta:
-                m.meta["val"] = val
+        for m in gm.graph.nodes:  # the nodes just built: the result's metadata, pow's kernel
+            if m not in before:
+                m.meta.setdefault("val", val)
+                if "custom" in n.meta:
+                    m.meta["custom"] = n.meta["custom"]
         n.replace_all_uses_with(new)
         gm.graph.erase_node(n)
         n_replaced += 1
@@ -481,6 +484,8 @@ def sink_collapse_views(gm: fx.GraphModule) -> int:
             v.meta["val"] = u.target(*(_meta_arg(a) for a in args))
             nc = g.call_function(prims.collapse_view.default, (v, start, end))
             nc.meta["val"] = prims.collapse_view.default(v.meta["val"], start, end)
+            if "custom" in u.meta:  # (u's eager kernel: accel.graph.kernel_of)
+                v.meta["custom"] = nc.meta["custom"] = u.meta["custom"]
         u.replace_all_uses_with(nc)
         g.erase_node(u)
         moved += 1
@@ -490,12 +495,26 @@ def sink_collapse_views(gm: fx.GraphModule) -> int:
 
 
 _SUMS = (prims.add.default, prims.sub.default)
+#: nodes that pass a value on unchanged (views, functionalization's clones)
+_SAME_VALUES = {getattr(prims, name).default for name in (
+    "transpose", "collapse_view", "split_dim", "broadcast_in_dim", "squeeze", "reshape", "view_of", "clone")}
+
+
+def _sums_reading(n: fx.Node) -> List[fx.Node]:
+    """The sums and differences that read ``n``'s value, directly or through views."""
+    found = []
+    for u in n.users:
+        if u.target in _SUMS:
+            found.append(u)
+        elif u.target in _SAME_VALUES:
+            found += _sums_reading(u)
+    return found
 
 
 def round_products_across_kernels(gm: fx.GraphModule, device: Optional[str] = None) -> int:
     """Make ``accel.mul_rn`` of each float32 or float64 GPU product that one of eager's
-    kernels computes and only other kernels' sums and differences read
-    (:func:`accel.graph.kernel_of`): eager stores the product, rounded, before another
+    kernels computes and only other kernels' sums and differences read, directly or through
+    views (:func:`accel.graph.kernel_of`): eager stores the product, rounded, before another
     kernel adds it, where nvcc would contract the product and the sum of a fused kernel into
     one fused multiply-add (``a * b + c`` was an ulp from eager's in 23 % of float32
     results on an H200, ``binary_cross_entropy_with_logits`` in 39 %). A product that a sum
@@ -512,7 +531,7 @@ def round_products_across_kernels(gm: fx.GraphModule, device: Optional[str] = No
                 or val.dtype not in (torch.float32, torch.float64)
                 or (device or val.device.type) != "cuda"):
             continue
-        mine, sums = graph.kernel_of(n), [u for u in n.users if u.target in _SUMS]
+        mine, sums = graph.kernel_of(n), _sums_reading(n)
         if mine is None or not sums or any(graph.kernel_of(u) in (None, mine) for u in sums):
             continue
         n.target = torch.ops.accel.mul_rn.default

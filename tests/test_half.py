@@ -366,7 +366,8 @@ def test_gpu_arithmetic_steps_have_eagers_bits(dtype, device):
 def test_gpu_products_and_quotients_have_eagers_bits(dtype, device):
     """GPU kernels whose products and quotients eager rounds where accel's fused kernel
     would not, bit for bit: a product that another kernel adds (``a * b + c``, ``c - a *
-    b``, ``binary_cross_entropy_with_logits``' ``(1 - t) * x - log_sigmoid(x)``;
+    b``, through a view or broadcast, ``pow(a, 3) + c``,
+    ``binary_cross_entropy_with_logits``' ``(1 - t) * x - log_sigmoid(x)``;
     accel.passes.round_products_across_kernels), a division by a number inside an op's
     formula as a true division (``softplus``'s ``/ beta``, ``smooth_l1_loss``'s and its
     backward's ``/ beta``), ``addcdiv`` as ``pointwise_op_impl`` (``self + t1 / t2``, else
@@ -376,7 +377,8 @@ def test_gpu_products_and_quotients_have_eagers_bits(dtype, device):
     8 % of float16 ``smooth_l1_loss_backward`` ones outside ``assert_close``'s tolerance."""
     g = torch.Generator().manual_seed(19)
     a, b, c = (torch.randn(64, 256, generator=g, dtype=torch.float64).mul(2).to(device, dtype) for _ in range(3))
-    cases = [lambda: a * b + c, lambda: c - a * b, lambda: (a * b) * 0.3 + c,
+    cases = [lambda: a * b + c, lambda: c - a * b, lambda: (a * b) * 0.3 + c, lambda: (a * 1).pow(3) + c,
+             lambda: (a * b).t() + c.t(), lambda: a + b[0] * c[0],
              lambda: torch.addcdiv(a * 1, b, c, value=0.3), lambda: torch.addcdiv(a * 1, b, c),
              lambda: (a * 1).addcdiv_(b, c[:1], value=-0.7), lambda: F.softplus(a * 1, beta=1.5, threshold=3),
              lambda: F.softplus(a * 1), lambda: F.gelu(a * 1, approximate="tanh"),

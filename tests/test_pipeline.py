@@ -130,6 +130,17 @@ def test_products_that_other_kernels_add_are_rounded_on_a_gpu():
     gm.graph.lint()
     v, w = torch.randn(4, 8), torch.rand(4, 8)
     torch.testing.assert_close(gm(v, w)[0], traced()(v, w)[0], rtol=0, atol=0)
+    # pow's products, which specialize_pow builds, are pow's kernel's: x ** 3 + x rounds x ** 3
+    pow3 = trace_region([(aten.pow.Tensor_Scalar, (("x", 0), ("c", 3)), {}, 1),
+                         (aten.add.Tensor, (("o", 0), ("x", 0)), {}, 1)], [x], 2, (1,), []).gm
+    run_passes(pow3)
+    assert round_products_across_kernels(pow3, "cuda") == 1
+    assert _targets(pow3) == ["prims.mul.default", "accel.mul_rn.default", "prims.add.default"]
+    # and a product another kernel reads through a view: (x * x).t() + y
+    viewed = trace_region([(aten.mul.Tensor, (("x", 0), ("x", 0)), {}, 1), (aten.t.default, (("o", 0),), {}, 1),
+                           (aten.add.Tensor, (("o", 1), ("x", 1)), {}, 1)], [x, x.t()], 3, (2,), []).gm
+    run_passes(viewed)
+    assert round_products_across_kernels(viewed, "cuda") == 1
     from accel.codegen.cuda import CudaRenderer
 
     spec = BufferSpec(torch.float32, (4, 8), (8, 1), False)
