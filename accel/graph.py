@@ -77,9 +77,11 @@ def _region_fn(calls, n_ext, n_out_slots, live_idx, scalars, out_dtypes=None):
 
 #: the key of ``node.meta["custom"]`` that numbers the eager kernel a traced node belongs to:
 #: each aten call that reaches the tracer's decomposition table from the region's own code
-#: (a recorded call, or one of the calls a composite op's C++ kernel makes) is one kernel of
-#: eager's, and every node its decomposition makes carries its number. Nodes a pass builds
-#: carry none. :func:`accel.passes.round_products_across_kernels` reads it.
+#: (a recorded call, or one of the calls a composite op's kernel or decomposition makes) is
+#: one kernel of eager's, and every node its decomposition makes carries its number. A pass
+#: that replaces a node gives the nodes it builds that node's tag (``specialize_pow``,
+#: ``sink_collapse_views``); other nodes passes build carry none.
+#: :func:`accel.passes.round_products_across_kernels` reads it.
 KERNEL = "accel_kernel"
 _kernels = itertools.count()
 
@@ -92,10 +94,10 @@ def kernel_of(node: fx.Node):
 
 @functools.lru_cache(maxsize=1)
 def _kernel_tagged():
-    """:func:`accel.decompositions.decomposition_table` with each decomposition, called outside another,
-    setting a new :data:`KERNEL` number in ``torch.fx.traceback``'s current node meta for
-    the nodes it makes (copied onto them under ``preserve_node_meta``, as torch.export's
-    ``fx.traceback.annotate`` does)."""
+    """:func:`accel.decompositions.decomposition_table` with each decomposition, where it is
+    called outside another, setting a new :data:`KERNEL` number in ``torch.fx.traceback``'s
+    current node meta for the nodes it makes (copied onto them under
+    ``preserve_node_meta``, as torch.export's ``fx.traceback.annotate`` does)."""
     def tagged(decompose):
         @functools.wraps(decompose)
         def run(*args, **kwargs):
