@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 
 import torch
+from torch._prims_common import make_contiguous_strides_for
 
 from . import library  # noqa: F401 - registers torch.ops.accel.*, which the corrections use
 from .ops import HALF, ROUNDED_NUMBERS
@@ -92,9 +93,12 @@ def _cpu_vector_loop(out, *operands) -> bool:
         return [0 if i < pad or (t.shape[i - pad] == 1 and shape[i] != 1)
                 else t.stride(i - pad) * t.element_size() for i in range(nd)]
 
-    if isinstance(out, str):  # (of the operands' dtype)
-        out = torch.empty(shape, dtype=tensors[0].dtype, device="meta")
-    ops = ([strides(out)] if isinstance(out, torch.Tensor) else []) + [strides(t) for t in tensors]
+    ops, sizes = [strides(t) for t in tensors], [t.element_size() for t in tensors]
+    if isinstance(out, torch.Tensor):
+        ops, sizes = [strides(out)] + ops, [out.element_size()] + sizes
+    elif out == "contiguous":  # (of the operands' dtype)
+        ops = [[s * sizes[0] for s in make_contiguous_strides_for(shape)]] + ops
+        sizes = sizes[:1] + sizes
 
     def should_swap(d0, d1):
         for st in ops:
@@ -131,7 +135,6 @@ def _cpu_vector_loop(out, *operands) -> bool:
     if inner is None or size < 2 * vec:
         return False
     given = len(ops) - len(tensors)  # 1 where ``out`` is (a new result is allocated contiguous)
-    sizes = [t.element_size() for t in ([out] if given else []) + tensors]
     contiguous = [st == e for st, e in zip(inner, sizes)]
     return all(contiguous) or any(inner[k] == 0 and all(c for j, c in enumerate(contiguous) if j != k)
                                   for k in range(given, len(ops)))
@@ -162,26 +165,22 @@ def _integer(t: torch.Tensor) -> bool:
     return not (t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool)
 
 
-def _functorch_hacked():
-    """The recorded ops that functorch replaces under its transforms, ``torch.func.functionalize``
-    included (``FuncTorchDynamicLayerFrontMode`` kernels, ATen's
-    ``functorch/PyTorchOperatorHacks.cpp``), by computations other than eager's, each
-    with the decomposition to trace instead: ``binary_cross_entropy_with_logits``' hack is
-    the older formula (``max_val + log(exp(-max_val) + exp(-x - max_val))``), where eager's
-    kernel and torch._decomp's decomposition subtract ``log_sigmoid`` (an ulp off in 41 %
-    of float32 results)."""
-    aten = torch.ops.aten
-    op = aten.binary_cross_entropy_with_logits.default
-    return {op: decomposition_table()[op]}
+#: recorded ops that functorch replaces under its transforms, ``torch.func.functionalize``
+#: included (``FuncTorchDynamicLayerFrontMode`` kernels, ATen's
+#: ``functorch/PyTorchOperatorHacks.cpp``), by computations other than eager's: traced
+#: through their decompositions instead. ``binary_cross_entropy_with_logits``' hack is the
+#: older formula (``max_val + log(exp(-max_val) + exp(-x - max_val))``), where eager's
+#: kernel and torch._decomp's decomposition subtract ``log_sigmoid`` (an ulp off in 41 % of
+#: float32 results).
+_FUNCTORCH_HACKED = (torch.ops.aten.binary_cross_entropy_with_logits.default,)
 
 
 def eager_operands(func):
     """``func`` wrapped, during tracing, to convert its operands as eager's kernel does
     (:func:`_number_rounded`, :func:`_integers_converted`), its decomposition where functorch
-    would replace it (:func:`_functorch_hacked`), or ``func`` itself."""
-    hacked = _functorch_hacked().get(func)
-    if hacked is not None:
-        return hacked
+    would replace it (:data:`_FUNCTORCH_HACKED`), or ``func`` itself."""
+    if func in _FUNCTORCH_HACKED:
+        return decomposition_table()[func]
     name = getattr(func, "_opname", "")
     if name.rstrip("_") in _WRAPPED:
         return _number_rounded(_integers_converted(func), name)
@@ -213,8 +212,6 @@ def decomposition_table():
                     (aten.smooth_l1_loss.default, _smooth_l1_loss),
                     (aten.smooth_l1_loss_backward.default, _smooth_l1_loss_backward),
                     (aten.softplus.default, _softplus),
-                    (aten.addcdiv.default, functools.partial(_addcdiv, False)),
-                    (aten.addcdiv_.default, functools.partial(_addcdiv, True)),
                     (aten.relu.default, _relu),
                     (aten.fmax.default, _fmax_fmin), (aten.fmin.default, _fmax_fmin),
                     (aten.std.correction, functools.partial(_std, aten.var.correction)),
@@ -223,8 +220,8 @@ def decomposition_table():
                       for name in ("lerp", "lerp_") for ov in ("Scalar", "Tensor")),
                     *((getattr(aten, name).Tensor, functools.partial(_add_alpha, name))
                       for name in ("add", "add_", "sub", "sub_", "rsub")),
-                    (aten.addcmul.default, functools.partial(_addcmul, False)),
-                    (aten.addcmul_.default, functools.partial(_addcmul, True)),
+                    *((getattr(aten, f"addc{op}{tail}").default, functools.partial(_pointwise_op, op, bool(tail)))
+                      for op in ("mul", "div") for tail in ("", "_")),
                     *((getattr(getattr(aten, name), ov), functools.partial(_clamp, name))
                       for name in ("clamp", "clamp_min", "clamp_max", "clamp_", "clamp_min_", "clamp_max_")
                       for ov in ("default", "Tensor")),
@@ -511,42 +508,49 @@ def _add_alpha(name, decomposition, a, b, **kwargs):
     return a.copy_(out) if inplace else out
 
 
-def _addcmul(inplace, decomposition, a, t1, t2, value=1):
-    """``aten.addcmul`` (``inplace``: ``addcmul_``) of floating tensors of one dtype and
-    device as eager's kernels compute it, in the op's math type (float32 for 16-bit
-    floats), rounded once after a product:
+def _pointwise_op(op, inplace, decomposition, a, t1, t2, value=1):
+    """``aten.addcmul`` (``op`` ``"mul"``) and ``aten.addcdiv`` (``"div"``), in place where
+    ``inplace``, of floating tensors of one dtype and device as eager's kernels compute
+    them, in the op's math type (float32 for 16-bit floats), rounded once at the end:
 
-    * on the CPU ``fma(value * tensor1, tensor2, self)``, ``value * tensor1`` rounded first
-      (ATen's ``addcmul_cpu_kernel``);
-    * on a GPU ``fma(tensor1, tensor2, self)`` where ``value`` is 1, else ``fma(value,
-      tensor1 * tensor2, self)``, ``tensor1 * tensor2`` rounded first
-      (``addcmul_cuda_kernel``'s ``pointwise_op_impl``), as :func:`accel.library.mul_rn`
-      (nvcc would fold ``fma(p, -1, self)`` to ``self - p`` and contract that with a plain
-      product ``p``). A run-time ``value`` is tested in the kernel.
+    * on a GPU ``addcmul_cuda_kernel``'s and ``addcdiv_cuda_kernel``'s
+      ``pointwise_op_impl``: where ``value`` is 1, ``fma(tensor1, tensor2, self)`` and
+      ``self + tensor1 / tensor2``; else ``fma(value, p, self)`` with ``p``, ``tensor1 *
+      tensor2`` or ``tensor1 / tensor2``, rounded first (:func:`accel.library.mul_rn`: nvcc
+      would fold ``fma(p, -1, self)`` to ``self - p`` and contract that with a plain
+      product ``p``; :func:`accel.library.div_rn`: a true division). A run-time ``value``
+      is tested in the kernel.
+    * on the CPU ``addcmul`` as ``fma(value * tensor1, tensor2, self)``, ``value *
+      tensor1`` rounded first (ATen's ``addcmul_cpu_kernel``); ``addcdiv`` as torch's
+      decomposition, ``self + value * tensor1 / tensor2``, which is ``addcdiv_cpu_kernel``'s
+      order.
 
-    Each was equal to eager's in every one of 100003 float32, bfloat16 and float16 results
-    (and float64 on the CPU) for values 0.5, 1, 1.3 and -0.7 (torch 2.13 CPU, 2.11 H200).
-    torch's decomposition, ``self + value * tensor1 * tensor2``, rounds twice on the CPU,
-    and nvcc contracts it the CPU's way: 18-25 % of float32 and float64 results were an
-    ulp from eager's, which a later ``erfinv`` near 1 made 3.7e-5.
-    Integer tensors with a float ``value``: truncated to the integer type
+    ``addcmul`` was equal to eager's in every one of 100003 float32, bfloat16 and float16
+    results (and float64 on the CPU) for values 0.5, 1, 1.3 and -0.7 (torch 2.13 CPU, 2.11
+    H200); torch's decomposition, ``self + value * tensor1 * tensor2``, rounds twice on the
+    CPU, and nvcc contracts it the CPU's way: 18-25 % of float32 and float64 results were an
+    ulp from eager's, which a later ``erfinv`` near 1 made 3.7e-5. A GPU's ``addcdiv`` by
+    the decomposition had 29 % of float32 results an ulp from eager's on an H200.
+    Integer tensors with a float ``value`` (``addcmul``): truncated to the integer type
     (``Scalar::to<int64_t>``), where torch's reference implementation raises (``value
     argument ... cannot be safely cast``). Elsewhere (mixed dtypes or devices)
     ``decomposition`` itself."""
     tensors = all(isinstance(t, torch.Tensor) for t in (a, t1, t2))
-    if isinstance(value, float) and not any(t.is_floating_point() or t.is_complex()
-                                            for t in (a, t1, t2) if isinstance(t, torch.Tensor)):
+    if op == "mul" and isinstance(value, float) and not any(
+            t.is_floating_point() or t.is_complex() for t in (a, t1, t2) if isinstance(t, torch.Tensor)):
         value = int(value)
     elif (tensors and a.dtype.is_floating_point and a.dtype == t1.dtype == t2.dtype
-          and a.device == t1.device == t2.device and not isinstance(value, bool)):
+          and a.device == t1.device == t2.device and not isinstance(value, bool)
+          and (op == "mul" or a.device.type != "cpu")):
         opm = torch.float32 if a.dtype in HALF else a.dtype
         x, y, base, v = torch.broadcast_tensors(t1.to(opm), t2.to(opm), a.to(opm),
                                                 a.new_full((), value, dtype=opm))
-        if a.device.type == "cpu":
+        if a.device.type == "cpu":  # (addcmul)
             out = torch.ops.accel.fma(x * v, y, base)
         else:  # (a run-time value: its test in the kernel)
-            out = torch.where(v == 1, torch.ops.accel.fma(x, y, base),
-                              torch.ops.accel.fma(v, torch.ops.accel.mul_rn(x, y), base))
+            p = (torch.ops.accel.mul_rn if op == "mul" else torch.ops.accel.div_rn)(x, y)
+            one = torch.ops.accel.fma(x, y, base) if op == "mul" else base + p
+            out = torch.where(v == 1, one, torch.ops.accel.fma(v, p, base))
         out = out.to(a.dtype)
         return a.copy_(out) if inplace else out
     return decomposition(a, t1, t2, value=value)
@@ -685,28 +689,6 @@ def _softplus(decomposition, a, beta=1, threshold=20):
     xb = x * beta
     b, xb = torch.broadcast_tensors(x.new_full((), beta), xb)
     return torch.where(xb > threshold, x, torch.ops.accel.div_rn(torch.log1p(torch.exp(xb)), b)).to(a.dtype)
-
-
-def _addcdiv(inplace, decomposition, a, t1, t2, value=1):
-    """``aten.addcdiv`` (``inplace``: ``addcdiv_``) of floating GPU tensors of one dtype as
-    eager's kernel computes it (``addcdiv_cuda_kernel``'s ``pointwise_op_impl``), in the op's
-    math type (float32 for 16-bit floats) and rounded once at the end: ``self + tensor1 /
-    tensor2`` where ``value`` is 1, else ``fma(value, tensor1 / tensor2, self)`` (a run-time
-    ``value`` is tested in the kernel); the quotient a true division
-    (:func:`accel.library.div_rn`). torch's decomposition, ``self + value * tensor1 /
-    tensor2``, is the CPU kernel's order (eager's bits there) but not a GPU's: 29 % of
-    float32 results were an ulp from eager's on an H200. Elsewhere ``decomposition``
-    itself."""
-    if (all(isinstance(t, torch.Tensor) for t in (a, t1, t2)) and a.device.type == "cuda"
-            and a.dtype in _FLOATING and a.dtype == t1.dtype == t2.dtype
-            and a.device == t1.device == t2.device and not isinstance(value, bool)):
-        opm = torch.float32 if a.dtype in HALF else a.dtype
-        x, y, base, v = torch.broadcast_tensors(t1.to(opm), t2.to(opm), a.to(opm),
-                                                a.new_full((), value, dtype=opm))
-        q = torch.ops.accel.div_rn(x, y)
-        out = torch.where(v == 1, base + q, torch.ops.accel.fma(v, q, base)).to(a.dtype)
-        return a.copy_(out) if inplace else out
-    return decomposition(a, t1, t2, value=value)
 
 
 def _native_layer_norm(decomposition, input, normalized_shape, weight, bias, eps):

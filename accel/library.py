@@ -214,8 +214,10 @@ def mul_rn(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``a * b`` rounded on its own, elementwise: two floating tensors of one shape and
     dtype. A generated GPU kernel never contracts it with a sum that reads it into a fused
     multiply-add (CUDA's ``__fmul_rn``), as nvcc does a plain product; CPU kernels contract
-    nothing (``-ffp-contract=off``). Only :func:`accel.decompositions._addcmul` emits it (a GPU's
-    ``addcmul``: eager rounds ``tensor1 * tensor2`` first)."""
+    nothing (``-ffp-contract=off``). :func:`accel.decompositions._pointwise_op` emits it (a
+    GPU's ``addcmul``: eager rounds ``tensor1 * tensor2`` first), and
+    :func:`accel.passes.round_products_across_kernels` makes it of a product that another
+    eager kernel adds."""
     return a * b
 
 
@@ -225,8 +227,10 @@ def div_rn(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     one shape and dtype. Generated kernels never turn it into a product with ``b``'s
     reciprocal, as a GPU kernel does a division by a number (eager's
     ``div_true_kernel_cuda``; :func:`accel.codegen.scopes.reciprocal_divisor`): CUDA's
-    ``__fdiv_rn``, the CPU's ``/``. Only :func:`accel.decompositions._round_decimals` emits it
-    (``round(x, decimals)``: eager's kernel divides by ``10 ** decimals`` on both devices)."""
+    ``__fdiv_rn``, the CPU's ``/``. :mod:`accel.decompositions` emits it where eager's kernel
+    divides by a number or a value it computed from one: ``round(x, decimals)`` (by ``10 **
+    decimals``, both devices), and on a GPU ``softplus``, ``smooth_l1_loss`` and its
+    backward (by ``beta``) and ``addcdiv``."""
     return a / b
 
 

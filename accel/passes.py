@@ -522,8 +522,6 @@ def round_products_across_kernels(gm: fx.GraphModule, device: Optional[str] = No
     16-bit values (rounded to the dtype between kernels) and CPU kernels (built with
     ``-ffp-contract=off``). ``device``: the device type the kernel is for (None: each
     product's own)."""
-    from . import library  # noqa: F401 - registers torch.ops.accel.mul_rn
-
     n_changed = 0
     for n in gm.graph.nodes:
         val = n.meta.get("val")

@@ -288,7 +288,7 @@ def test_cpu_lerp_has_eagers_bits(dtype):
 def test_addcmul_has_eagers_bits(dtype, device):
     """``addcmul`` bit for bit as eager's: on the CPU ``fma(value * tensor1, tensor2,
     self)``, on a GPU ``fma(value, tensor1 * tensor2, self)``, the product rounded first
-    (accel.decompositions._addcmul), with values of several
+    (accel.decompositions._pointwise_op), with values of several
     kinds, in place (an optimizer's ``exp_avg_sq.addcmul_(grad, grad, value=1 - beta2)``),
     broadcast against a row and a 0-dim tensor, transposed. With three roundings 18-25 %
     of float32 and float64 results were an ulp off."""
@@ -372,7 +372,7 @@ def test_gpu_products_and_quotients_have_eagers_bits(dtype, device):
     formula as a true division (``softplus``'s ``/ beta``, ``smooth_l1_loss``'s and its
     backward's ``/ beta``), ``addcdiv`` as ``pointwise_op_impl`` (``self + t1 / t2``, else
     ``fma(value, t1 / t2, self)``), and the tanh-GELU's ``kKappa * (x * x * x)``
-    (accel.decompositions._softplus, _smooth_l1_loss, _smooth_l1_loss_backward, _addcdiv;
+    (accel.decompositions._softplus, _smooth_l1_loss, _smooth_l1_loss_backward, _pointwise_op;
     include/accel/scalar_ops.h). On an H200 4-39 % of float32 results were an ulp off, and
     8 % of float16 ``smooth_l1_loss_backward`` ones outside ``assert_close``'s tolerance."""
     g = torch.Generator().manual_seed(19)
@@ -396,7 +396,7 @@ def test_gpu_products_and_quotients_have_eagers_bits(dtype, device):
 @pytest.mark.parametrize("dtype", HALF, ids=str)
 def test_16_bit_binary_cross_entropy_with_logits_is_a_kernel_with_eagers_bits(dtype, device):
     """16-bit ``binary_cross_entropy_with_logits`` runs as a kernel, bit for bit eager's:
-    traced as eager computes it (accel.decompositions._functorch_hacked), each of its calls
+    traced as eager computes it (accel.decompositions._FUNCTORCH_HACKED), each of its calls
     rounds to the dtype where eager's do, with a weight, a ``pos_weight`` and each
     reduction. It ran eagerly while the trace took functorch's older formula."""
     g = torch.Generator().manual_seed(23)

@@ -56,8 +56,8 @@ class CStyle:
         "silu": {"float": "$silu({0})"}, "gelu_tanh": {"float": "$gelu_tanh({0})"},
         "vec_erf": {"float": "$vec_erf({0})"},  # CPU only (accel/decompositions.py: GELU's erf)
         "fma": {"float": "$fma({0}, {1}, {2})"},  # accel/decompositions.py: lerp (CPU), add's alpha
-        "mul_rn": {"float": "$mul_rn({0}, {1})"},  # accel/decompositions.py: addcmul (GPU)
-        "div_rn": {"float": "$div_rn({0}, {1})"},  # accel/decompositions.py: round(x, decimals)
+        "mul_rn": {"float": "$mul_rn({0}, {1})"},  # GPU addcmul; products other kernels add
+        "div_rn": {"float": "$div_rn({0}, {1})"},  # accel/decompositions.py: true divisions
         "pow": {"float": "$pow({0}, {1})", "int": "$powi({0}, {1})"},
         "gcd": {"int": "$gcd({0}, {1})"},
     }
