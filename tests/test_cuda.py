@@ -683,9 +683,13 @@ def test_cuda_source_renders_without_a_gpu():
     src = r.render(ir, "accel_region_t")
     assert 'extern "C" __global__ void __launch_bounds__(1024) accel_region_t_k0(' in src
     assert "block_reduce" in src
-    # one block per row of 100: 64 threads a block (about 8 values a thread, whole warps)
+    # a row of 100 takes one warp (about 4 values a thread), four rows a block, each warp
+    # with scratch and a barrier of its own (no block-wide barrier: the warps of a block may
+    # take different numbers of rows)
     [launch] = r.launches
-    assert (launch["kernel"], launch["grid"], launch["block"]) == ("accel_region_t_k0", [64, 1, 1], [32, 1, 1])
+    assert (launch["kernel"], launch["grid"], launch["block"]) == ("accel_region_t_k0", [16, 1, 1], [32, 4, 1])
+    assert "blockIdx.x * 4 + threadIdx.y" in src and "smem_rows[threadIdx.y]" in src
+    assert "__syncwarp();" in src and "__syncthreads" not in src
 
 
 @pytest.mark.parametrize("shape", [(), (3,), (64, 128), (7, 5)])

@@ -10,7 +10,8 @@ how loops map to threads, by nest:
 * row reductions (their loads contiguous along the reduction): one block per iteration of
   the loops the reductions depend on; the block's threads share each reduction (strided over
   it, then warp shuffles and shared memory, every thread getting the result) and the loops
-  inside (a softmax or layer norm row per block). A row each thread keeps a few values of in
+  inside (a softmax or layer norm row per block; a row short enough for one warp runs a
+  warp per row, several rows a block). A row each thread keeps a few values of in
   registers is a row kernel (read once), as are statistics alone over one row (a
   ``logsumexp``, a softmax's for a transposed output); a longer row, or group norm's group,
   runs block loops that read it again (a softmax's maximum and sum of exponentials in one
@@ -41,7 +42,7 @@ from .cuda_vectors import VectorLoads
 from .cuda_shapes import (BLOCK, BLOCK_UNROLL, BLOCK_VEC_UNROLL, GRID_MIN, ILP, MAX_GRID,
                           MOMENTS_HALF_BLOCK_BYTES, MOMENTS_HALF_BLOCK_THREADS, NARROW_MOMENTS_MAX,
                           ROW_ELEMS, ROW_ELEMS_MOMENTS, ROW_HALF_SCALE, ROW_REGISTERS, ROW_REGISTERS_32,
-                          ROW_THREADS, STATS_ROW_THREADS, STATS_ROW_UNROLL, VEC_ILP)
+                          ROW_THREADS, ROW_WARPS, STATS_ROW_THREADS, STATS_ROW_UNROLL, VEC_ILP)
 from .scopes import ARG, SIMPLE, Group, Scope, subst
 
 
@@ -116,7 +117,7 @@ class CudaRenderer(VectorLoads, ColumnTiles, TransposeTiles, CppRenderer):
         body, grid, block = self.render_kernel(nest, ir, vbufs)
         head = self.globals + [f'extern "C" __global__ void __launch_bounds__(1024) {kname}(const accel_bufs<{nb}> bf, '
                 f"const accel_scalars<{ns}> sc) {{",
-                "  __shared__ __align__(16) char smem[128 * 8];", "  (void)smem;"]
+                *self._scratch_decl()]
         for i, b in enumerate(ir.buffers):
             q = "" if i in written else "const "
             t = self.ctype(b.dtype)
@@ -129,9 +130,18 @@ class CudaRenderer(VectorLoads, ColumnTiles, TransposeTiles, CppRenderer):
         head[len(self.globals) + 3:len(self.globals) + 3] = self.preamble(ir)
         return head + body + ["}", ""], grid, block
 
+    def _scratch_decl(self) -> List[str]:
+        """The block reductions' shared scratch (``smem``): the block's, or each warp's own
+        where the block runs a row a warp (:attr:`rows`)."""
+        if self.rows == 1:
+            return ["  __shared__ __align__(16) char smem[128 * 8];", "  (void)smem;"]
+        return [f"  __shared__ __align__(16) char smem_rows[{self.rows}][128 * 8];",
+                "  char* const smem = smem_rows[threadIdx.y];", "  (void)smem;"]
+
     def render_kernel(self, nest: Nest, ir: LoopIR, vbufs=None):
         """The body of ``nest``'s kernel, and its grid and block sizes (``vbufs``: the
         variant with those buffers moved as 16-byte vectors, elementwise or a row kernel)."""
+        self.rows = 1  # rows a block (block mode: ROW_WARPS where a row takes one warp)
         self._plan(nest, ir)
         order = nest.vars
         levels = self._levels()
@@ -188,6 +198,8 @@ class CudaRenderer(VectorLoads, ColumnTiles, TransposeTiles, CppRenderer):
                 and self._row_bytes_read(ir, n_out, longest) <= MOMENTS_HALF_BLOCK_BYTES):
             self.threads = MOMENTS_HALF_BLOCK_THREADS
         elems = -(-longest // self.threads)
+        if self.threads == 32:  # a row a warp, several a block (see ROW_WARPS)
+            self.rows = ROW_WARPS
         self.block_lvl, self.block_outer = lvl, outer
         if vbufs:  # vw neighbouring elements a thread at a time
             self.row_vec = vbufs
@@ -210,6 +222,8 @@ class CudaRenderer(VectorLoads, ColumnTiles, TransposeTiles, CppRenderer):
         at = len(out)
         self._block_loop(order, n_out, lvl, out)
         out[at:at] = self.row_decls
+        if self.rows > 1:
+            return out, self._grid(n_out, self.rows), (self.threads, self.rows)
         return out, self._grid(n_out, 1), self.threads
 
     def _plan_online(self, nest: Nest, ir: LoopIR, keeps) -> None:
@@ -504,13 +518,17 @@ class CudaRenderer(VectorLoads, ColumnTiles, TransposeTiles, CppRenderer):
         threads' loop."""
         f = f"f{self.ntemp}"
         self.ntemp += 1
-        out.append(f"  for (int64_t {f} = (int64_t)blockIdx.x; {f} < {n}; {f} += (int64_t)gridDim.x) {{")
+        if self.rows == 1:
+            out.append(f"  for (int64_t {f} = (int64_t)blockIdx.x; {f} < {n}; {f} += (int64_t)gridDim.x) {{")
+        else:  # a row a warp: the warps of a block need not take as many rows
+            out.append(f"  for (int64_t {f} = (int64_t)blockIdx.x * {self.rows} + threadIdx.y; {f} < {n}; "
+                       f"{f} += (int64_t)gridDim.x * {self.rows}) {{")
         self._decompose(f, order[:upto], out, "    ")
         for j in range(upto + 1):
             self._emit_items(self.nest_scopes[j], out, "    ")
         if upto < len(order) and any(s.items for s in self.nest_scopes[upto + 1:]):
             self._inner_loop(order[upto:], upto, out, "    ")
-        out.append("    __syncthreads();")
+        out.append("    __syncthreads();" if self.rows == 1 else "    __syncwarp();")
         out.append("  }")
 
     def _inner_loop(self, vars_, lvl, out, ind) -> None:

@@ -61,6 +61,15 @@ STATS_ROW_UNROLL = 16
 #: half the threads a row put twice the rows in flight (LayerNorm on [16384, 4096]: 0.287
 #: -> 0.271 ms on the H100; softmax, whose rows keep two arrays in registers, got slower).
 ROW_ELEMS = 8
+#: rows a block where a row takes one warp (32 threads: rows up to 32 * ROW_ELEMS values),
+#: a warp each, each with its own scratch and the warp's barrier (accel::block_sync): one
+#: row a block capped a multiprocessor at 32 rows in flight (its most resident blocks).
+#: H200, kernel µs, 1 -> 4 (8) rows a block (torch.compile): softmax(x * 0.125 + mask) over
+#: [64, 4, 128, 128] 21.5 -> 11.4 (11.4) (12.6), its backward 21.3 -> 12.1 (12.1) (12.5),
+#: RMSNorm [262144, 128] 73.6 -> 65.5 (67.7) (64.2), a row sum [131072, 200] 45.8 -> 32.9
+#: (34.9) (25.3); LayerNorm over 256 and its backward unchanged (at torch.compile's);
+#: bfloat16 log_softmax [262144, 256] 99.7 -> 103.9 (103.2) (77.4).
+ROW_WARPS = 4
 ROW_ELEMS_MOMENTS = 16
 #: rows whose every buffer holds 16-bit floats: each thread takes this many times the
 #: elements above (and may keep as many more in registers), the same bytes as a float32

@@ -103,6 +103,14 @@ template <typename T, typename F> __device__ __forceinline__ T warp_partials(con
   return v;
 }
 
+/* The barrier of a block reduction's shared scratch: the block's, or the warp's where a
+ * block of 32 threads a row runs one row per warp (blockDim.y rows, CudaRenderer's
+ * ROW_WARPS), each warp with scratch of its own. (No block reduction spans threadIdx.y.) */
+__device__ __forceinline__ void block_sync() {
+  if (blockDim.x == 32) __syncwarp();
+  else __syncthreads();
+}
+
 /* Warp shuffles, then the warps' results through shared memory (``scratch``: 32 slots of
  * at least 8 bytes, shared by the block). */
 template <typename T, typename F>
@@ -110,9 +118,9 @@ __device__ T block_reduce(T v, F f, void* scratch) {
   T* s = reinterpret_cast<T*>(scratch);
   for (int o = 16; o > 0; o >>= 1) v = f(v, shfl_xor(v, o));
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-  __syncthreads();
+  block_sync();
   if (lane == 0) s[warp] = v;
-  __syncthreads();
+  block_sync();
   return warp_partials(s, nw, f);
 }
 
@@ -280,9 +288,9 @@ __device__ void block_arg(T& v, int64_t& i, void* scratch) {
   T* sv = reinterpret_cast<T*>(scratch);
   int64_t* si = reinterpret_cast<int64_t*>(reinterpret_cast<char*>(scratch) + 32 * 8);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-  __syncthreads();
+  block_sync();
   if (lane == 0) { sv[warp] = v; si[warp] = i; }
-  __syncthreads();
+  block_sync();
   v = sv[0]; i = si[0];
   for (int w = 1; w < nw; ++w) take(sv[w], si[w]);
 }
@@ -382,9 +390,9 @@ template <typename T> __device__ Moments<T> block_moments(const ShiftedMoments<T
     sq += shfl_xor(sq, o);
   }
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-  __syncthreads();
+  block_sync();
   if (lane == 0) { s[warp] = kw; s[32 + warp] = n; s[64 + warp] = sum; s[96 + warp] = sq; }
-  __syncthreads();
+  block_sync();
   int w0 = 0;  // the first warp with values (warp 0 wherever the row is not empty)
   while (w0 < nw - 1 && s[32 + w0] == T(0)) ++w0;
   const T K = s[w0];
