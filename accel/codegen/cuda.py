@@ -222,9 +222,7 @@ class CudaRenderer(VectorLoads, ColumnTiles, TransposeTiles, CppRenderer):
         at = len(out)
         self._block_loop(order, n_out, lvl, out)
         out[at:at] = self.row_decls
-        if self.rows > 1:
-            return out, self._grid(n_out, self.rows), (self.threads, self.rows)
-        return out, self._grid(n_out, 1), self.threads
+        return out, self._grid(n_out, self.rows), (self.threads, self.rows)
 
     def _plan_online(self, nest: Nest, ir: LoopIR, keeps) -> None:
         """Plans ``nest`` again with its online softmax reductions kept whole
