@@ -57,16 +57,18 @@ def main(argv=None) -> int:
         r = interceptor._state.region
         live = r.liveness()
         kern = r.node.kernels.get(live)
-        ptrs = native.kernel_ptrs(r.ext, r.outs, kern.live_idx, [])
+        scratch = r.scratch_for(kern) if kern.scratch else []
+        ptrs = native.kernel_ptrs(r.ext, r.outs, kern.live_idx, scratch)
+        scalars = r.scalars + kern.sizes if kern.sizes else r.scalars  # (a shape-generic kernel's loop lengths)
         rows += [("liveness mask", timeit(r.liveness)),
                  ("kernel look-up", timeit(lambda: r.node.kernels.get(live))),
-                 ("kernel addresses", timeit(lambda: native.kernel_ptrs(r.ext, r.outs, kern.live_idx, [])))]
+                 ("kernel addresses", timeit(lambda: native.kernel_ptrs(r.ext, r.outs, kern.live_idx, scratch)))]
         if dev == "cuda":
             s = launch.raw_stream(0)
             rows += [("current stream", timeit(lambda: launch.raw_stream(0))),
-                     ("launch", timeit(lambda: kern.fn.launch(ptrs, r.scalars, s, 0)))]
+                     ("launch", timeit(lambda: kern.fn.launch(ptrs, scalars, s, 0)))]
         else:
-            rows.append(("launch (runs the kernel)", timeit(lambda: native.launch(kern.fn, ptrs, r.scalars))))
+            rows.append(("launch (runs the kernel)", timeit(lambda: native.launch(kern.fn, ptrs, scalars))))
         interceptor.flush()
         del y
 
@@ -82,11 +84,11 @@ def main(argv=None) -> int:
 
         def record_launch_reset():
             y = body()
-            p = native.kernel_ptrs(r.ext, r.outs, kern.live_idx, [])
+            p = native.kernel_ptrs(r.ext, r.outs, kern.live_idx, scratch)
             if dev == "cuda":
-                kern.fn.launch(p, r.scalars, launch.raw_stream(0), 0)
+                kern.fn.launch(p, scalars, launch.raw_stream(0), 0)
             else:
-                native.launch(kern.fn, p, r.scalars)
+                native.launch(kern.fn, p, scalars)
             r.reset()
             return y
 

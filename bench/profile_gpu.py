@@ -133,6 +133,9 @@ def main(argv=None) -> int:
     p.add_argument("--timeline", action="store_true",
                    help="only when each backend's work reaches the GPU within a call")
     a = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("no CUDA device")
+        return 1
     if a.timeline:
         launch_timeline(*([a.only.split(",")] if a.only else []))
         return 0

@@ -1,6 +1,8 @@
 """The benchmarks' correctness verdict (bench/_common.py ``check``): against eager, then
-against a float64 oracle where eager's own result is off it."""
+against a float64 oracle where eager's own result is off it; and bench/flush_parts.py, which
+calls a region's kernel through the core's entry points as ``RegionCore.run_cached`` does."""
 import os
+import subprocess
 import sys
 
 import torch
@@ -38,3 +40,16 @@ def test_farther_than_eager_names_the_tensor_and_both_distances(capsys):
 def test_no_oracle_reports_the_assert_close_detail():
     verdict = _common.check("w", "accel", _result(1.002), EAGER, detail=True)
     assert verdict.startswith("MISMATCH ([1]['w'], abs 1.0e-03")
+
+
+def test_flush_parts_runs_on_the_cpu():
+    """flush_parts.py gathers a kernel's addresses and runtime scalars itself; once a
+    shape-generic kernel took its loop lengths as scalars, its launch read past them
+    (a segmentation fault). Its table must come out whole."""
+    bench = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
+    out = subprocess.run([sys.executable, os.path.join(bench, "flush_parts.py"), "cpu"],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = [line for line in out.stdout.splitlines() if line.startswith("| ") and "µs |" not in line]
+    assert len(rows) == 11, out.stdout
+    assert "| launch (runs the kernel) |" in out.stdout and "| record 5 calls, flush |" in out.stdout
