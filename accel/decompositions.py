@@ -251,14 +251,20 @@ def _gelu(decomposition, a, approximate="none"):
     """``aten.gelu`` as torch._decomp's ``decomposition`` of it (``x * 0.5 * (1 + erf(x *
     M_SQRT1_2))``), except that on float32 and 16-bit CPU tensors the erf is ATen's
     vectorized one (:func:`accel.library.vec_erf`), computed in float32 and rounded to
-    ``a``'s dtype. That erf is what ATen's vectorized GELU kernel (``Gelu.h``; eager's for
-    float16 and strided inputs) and torch.compile's CPU code use; eager's float32 and
-    bfloat16 GELU of a contiguous tensor runs oneDNN's ``eltwise_gelu_erf``, whose own
-    approximation neither reproduces bitwise (on [2048, 1024] normal samples of standard
+    ``a``'s dtype. That erf is what ATen's vectorized GELU loop (``Gelu.h``) and
+    torch.compile's CPU code use: eager's for float16, and for float32 inputs that oneDNN does
+    not take but TensorIterator reads in its vectorized loop (a transposed one). eager's
+    float32 and bfloat16 GELU of a contiguous tensor runs oneDNN's ``eltwise_gelu_erf``, whose
+    own approximation neither reproduces bitwise (on [2048, 1024] normal samples of standard
     deviation 2, eager's float32 GELU was 1.2e-6 from float64's at most, this one 4.7e-7,
-    with libmvec's ``erff`` 7.2e-7; the backward 8.8e-7, 9.5e-7 and 6.2e-7). This erf
-    vectorizes to about half the time of libmvec's: [2048, 4096] float32 GELU 1.40 ms
-    against 1.81 on the dev VM (torch.compile 1.52, eager 1.76-1.84)."""
+    with libmvec's ``erff`` 7.2e-7; the backward 8.8e-7, 9.5e-7 and 6.2e-7). An input strided
+    along its innermost dimension runs ATen's scalar loop, which calls glibc's ``erff`` (not
+    correctly rounded in glibc 2.36, so no vectorized erf reproduces it): accel keeps this
+    erf there too, an ulp or two from eager's in most elements, and about 25x faster
+    (``gelu(x[:, ::2])`` of a [2048, 4096] float32 ``x``: 1.1 ms against eager's 27 on the dev
+    VM; calling glibc's ``erff`` gave eager's bits in eager's time). This erf vectorizes to
+    about half the time of libmvec's: [2048, 4096] float32 GELU 1.40 ms against 1.81 on the
+    dev VM (torch.compile 1.52, eager 1.76-1.84)."""
     if approximate != "none" or not _erf_gelu_cpu(a):
         return decomposition(a, approximate)
     x = a.float()

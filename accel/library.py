@@ -161,9 +161,10 @@ def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
 def vec_erf(x: torch.Tensor) -> torch.Tensor:
     """``erf`` as ATen's vectorized CPU code computes it for float32: ``Vectorized<float>::erf``
     (``aten/src/ATen/cpu/vec/vec512/vec512_float.h``, the same in ``vec256``), which
-    eager's CPU GELU uses where oneDNN does not run (float16, strided inputs;
-    ``aten/src/ATen/native/cpu/Gelu.h``) and torch.compile's CPU code uses for every float32
-    erf. Abramowitz & Stegun 7.1.26: ``t = 1 / (1 + p|x|)``, ``erf(x) = sign(x) (1 - t P(t)
+    eager's CPU GELU uses in its vectorized loop (``aten/src/ATen/native/cpu/Gelu.h``: float16,
+    and float32 where oneDNN does not run and TensorIterator vectorizes, a transposed input;
+    its scalar loop, an input strided along its innermost dimension, calls glibc's ``erff``)
+    and torch.compile's CPU code uses for every float32 erf. Abramowitz & Stegun 7.1.26: ``t = 1 / (1 + p|x|)``, ``erf(x) = sign(x) (1 - t P(t)
     exp(-x^2))``, P of degree 4, absolute error below 1.5e-7 in exact arithmetic, 3.6e-7 in
     float32 (``torch.erf`` itself is more accurate). Generated CPU kernels repeat ATen's
     operations and roundings (its FMAs included); this reference rounds the FMAs in two

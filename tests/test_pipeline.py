@@ -925,9 +925,9 @@ def test_gelu_erf_where_its_exp_is_clamped():
     clamps its argument at -87: include/accel/cpu_math.h, exp_erf) on both sides of that
     clamp (|x| about 13.19) and of exp's own ends, on infinities, NaN, zeros and
     subnormals, in the vector loop and its scalar tail: eager's results, saturated values
-    and NaNs exactly. Eager's reference is ATen's vectorized kernel, which a strided input
-    takes (a contiguous float32 one runs oneDNN's, which gives NaN at +inf and inf at
-    3.4e38, and flushes tiny gradients to 0: README, limitations)."""
+    and NaNs exactly. Eager's reference is ATen's kernel, whose scalar loop (glibc's erff and
+    expf) a strided input takes (a contiguous float32 one runs oneDNN's, which gives NaN at
+    +inf and inf at 3.4e38, and flushes tiny gradients to 0: README, limitations)."""
     import accel
 
     ends = [float("nan"), float("inf"), float("-inf"), 0.0, -0.0, 1e-40, -1e-40, 1.0, -1.0,
