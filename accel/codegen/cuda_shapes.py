@@ -68,7 +68,8 @@ ROW_ELEMS = 8
 #: [64, 4, 128, 128] 21.5 -> 11.4 (11.4) (12.6), its backward 21.3 -> 12.1 (12.1) (12.5),
 #: RMSNorm [262144, 128] 73.6 -> 65.5 (67.7) (64.2), a row sum [131072, 200] 45.8 -> 32.9
 #: (34.9) (25.3); LayerNorm over 256 and its backward unchanged (at torch.compile's);
-#: bfloat16 log_softmax [262144, 256] 99.7 -> 103.9 (103.2) (77.4).
+#: bfloat16 log_softmax [262144, 256] 99.7 -> 103.9 (103.2) (77.4). Rows of 64 threads keep
+#: one row a block: 32 blocks of 64 already fill a Hopper multiprocessor (2048 threads).
 ROW_WARPS = 4
 ROW_ELEMS_MOMENTS = 16
 #: rows whose every buffer holds 16-bit floats: each thread takes this many times the
