@@ -693,6 +693,10 @@ def test_gcd_runs_as_a_kernel_bit_for_bit(device, dtype):
     # round of integers leaves them as they are (it ran eagerly: no rendering)
     {"inputs": [("4x5", "i32", 17, False), ("t(5x4)", "i64", 18, False)],
      "steps": [("unary", "round", 0), ("binary", "add", 2, 1), ("unary", "round", 3)], "keep": [4]},
+    # the sign of a NaN a kernel computes (0 / 0 of bools cast to float: x86 sets it, and
+    # eager's kernels read it): gcc folded copysign of a value it proved non-negative
+    {"inputs": [("(4x10)[:, ::2]", "bool", 0, False), ("(4x10)[:, ::2]", "bool", 1, False)],
+     "steps": [("binary", "div", 0, 0), ("binary", "copysign", 1, 2)], "keep": [3]},
     # sign(nan) is 0 in eager
     {"inputs": [("4x5", "f64", 13, True)], "steps": [("unary", "sign", 0)], "keep": [1]},
     # integer powers, negative exponents (0, or +-1 for bases of +-1) and wrapping products
@@ -708,13 +712,41 @@ def test_gcd_runs_as_a_kernel_bit_for_bit(device, dtype):
      "keep": [3, 4]},
 ], ids=["f32-chain", "f64-int-inplace", "softmax-center-var", "manual-softmax-argmax",
         "inplace-broadcast-row-repeated", "add_-then-fill_-of-operand", "size-1-sum-of-negative-zero",
-    "reductions-of-a-0d-tensor", "round-of-integers", "sign-of-nan", "integer-powers",
-    "addcmul_-of-integers"])
+    "reductions-of-a-0d-tensor", "round-of-integers", "sign-bit-of-a-computed-nan", "sign-of-nan",
+    "integer-powers", "addcmul_-of-integers"])
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_fixed_chains(prog, device):
     accel.reset_stats()
     check_program(prog, device)
     assert accel.stats()["kernel_runs"] >= 1, accel.stats()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_sign_of_a_computed_nan_is_eagers(device):
+    """``signbit`` and ``copysign`` of a NaN a kernel computes read its sign bit as eager's
+    kernels do. 0 / 0 of values the compiler can prove non-negative (bools cast to float,
+    absolute values) is a NaN whose sign C leaves unspecified: gcc took it for + and
+    folded ``signbit`` and ``copysign`` of it, where x86's division sets the sign bit
+    (a random program's ``copysign(b1, b0 / b0)`` was 1 where eager's is -1)."""
+    b = torch.tensor([False, True, False, True, False], device=device)
+    x = torch.tensor([0.0, -2.0, 0.0, 3.0, -0.0], device=device)
+    y = torch.tensor([1.5, -2.5, 3.5, -4.5, 5.5], device=device)
+    programs = {
+        "signbit(b / b)": lambda: torch.signbit(b / b),
+        "copysign(y, b / b)": lambda: torch.copysign(y, b / b),
+        "signbit(|x| / |x|)": lambda: torch.signbit(x.abs() / x.abs()),
+        "copysign(y, |x| / |x|)": lambda: torch.copysign(y, x.abs() / x.abs()),
+        "copysign(y, -(|x| / |x|))": lambda: torch.copysign(y, -(x.abs() / x.abs())),
+    }
+    for name, fn in programs.items():
+        want = fn()
+        accel.reset_stats()
+        with accel.eager():
+            got = fn()
+        assert accel.stats()["kernel_runs"] == 1, name
+        torch.testing.assert_close(got, want, rtol=0, atol=0, msg=lambda m: f"{name}: {m}")
 
 
 def test_changing_scalar_compiles_once(fresh_store):

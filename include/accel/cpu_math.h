@@ -312,9 +312,25 @@ template <typename T> static inline T abs(T x) {
   if constexpr (std::is_floating_point_v<T>) return __builtin_fabs(x);
   else return x < 0 ? T(-x) : x;
 }
+/* signbit and copysign read and write the sign bit as an integer. C leaves the sign of a
+ * NaN an operation produces unspecified, and gcc folds signbit and copysign of a value it
+ * proves non-negative, NaN or not: signbit(t / t) of t = float(b), b a bool, to false,
+ * where x86's 0 / 0 gives a NaN with its sign bit set, which eager's kernels read (a random
+ * program's copysign(b1, b0 / b0): 1 against eager's -1). A test of the bits is not folded. */
 template <typename T> static inline bool signbit(T x) {
-  if constexpr (std::is_floating_point_v<T>) return __builtin_signbit(x);
+  if constexpr (std::is_same_v<T, float>) return (__builtin_bit_cast(uint32_t, x) >> 31) != 0;
+  else if constexpr (std::is_same_v<T, double>) return (__builtin_bit_cast(uint64_t, x) >> 63) != 0;
+  else if constexpr (std::is_floating_point_v<T>) return __builtin_signbit(x);
   else return x < 0;
+}
+static inline float copysign(float a, float b) {
+  return __builtin_bit_cast(float, (__builtin_bit_cast(uint32_t, a) & 0x7fffffffu) |
+                                       (__builtin_bit_cast(uint32_t, b) & 0x80000000u));
+}
+static inline double copysign(double a, double b) {
+  constexpr uint64_t sign = uint64_t(1) << 63;
+  return __builtin_bit_cast(double, (__builtin_bit_cast(uint64_t, a) & ~sign) |
+                                        (__builtin_bit_cast(uint64_t, b) & sign));
 }
 template <typename T> static inline bool isfinite(T x) {
   if constexpr (std::is_floating_point_v<T>) return x - x == x - x;

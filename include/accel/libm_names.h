@@ -11,11 +11,11 @@
   X(cbrt, cbrtf) X(sqrt, sqrtf) X(floor, floorf) X(ceil, ceilf) X(trunc, truncf)    \
   X(lgamma, lgammaf)
 #define ACCEL_LIBM_BINARY(X)                                                        \
-  X(atan2, atan2f) X(fmod, fmodf)                                                   \
-  X(nextafter, nextafterf) X(copysign, copysignf)
+  X(atan2, atan2f) X(fmod, fmodf) X(nextafter, nextafterf)
 /* libm's on the GPU; the CPU header has its own: fmax/fmin (eager's CPU kernels return the
  * first operand where the two are zeros; on the GPU -0.0 is below 0.0, as libm's), pow
  * (gcc folds a constant exponent of 0.5 into sqrt), hypot (correctly rounded, as eager's
- * CPU kernel's). */
-#define ACCEL_LIBM_GPU(X) X(pow, powf) X(fmax, fmaxf) X(fmin, fminf) X(hypot, hypotf)
+ * CPU kernel's), copysign (the sign bit as an integer: see signbit). */
+#define ACCEL_LIBM_GPU(X) \
+  X(pow, powf) X(fmax, fmaxf) X(fmin, fminf) X(hypot, hypotf) X(copysign, copysignf)
 #endif /* ACCEL_LIBM_NAMES_H */
