@@ -728,8 +728,9 @@ def test_the_sign_of_a_computed_nan_is_eagers(device):
     """``signbit`` and ``copysign`` of a NaN a kernel computes read its sign bit as eager's
     kernels do. 0 / 0 of values the compiler can prove non-negative (bools cast to float,
     absolute values) is a NaN whose sign C leaves unspecified: gcc took it for + and
-    folded ``signbit`` and ``copysign`` of it, where x86's division sets the sign bit
-    (a random program's ``copysign(b1, b0 / b0)`` was 1 where eager's is -1)."""
+    folded ``signbit`` and ``copysign`` of it (and ``abs`` of it into the value itself),
+    where x86's division sets the sign bit (a random program's ``copysign(b1, b0 / b0)``
+    was 1 where eager's is -1)."""
     b = torch.tensor([False, True, False, True, False], device=device)
     x = torch.tensor([0.0, -2.0, 0.0, 3.0, -0.0], device=device)
     y = torch.tensor([1.5, -2.5, 3.5, -4.5, 5.5], device=device)
@@ -739,6 +740,7 @@ def test_the_sign_of_a_computed_nan_is_eagers(device):
         "signbit(|x| / |x|)": lambda: torch.signbit(x.abs() / x.abs()),
         "copysign(y, |x| / |x|)": lambda: torch.copysign(y, x.abs() / x.abs()),
         "copysign(y, -(|x| / |x|))": lambda: torch.copysign(y, -(x.abs() / x.abs())),
+        "signbit(|b / b|)": lambda: torch.signbit((b / b).abs()),
     }
     for name, fn in programs.items():
         want = fn()

@@ -308,15 +308,20 @@ template <typename T> static inline T fmin(T a, T b) { return (a > b || a != a) 
 static inline float round(float x) { return __builtin_roundevenf(x); }
 static inline double round(double x) { return __builtin_roundeven(x); }
 
+/* abs, signbit and copysign read and write the sign bit as an integer. C leaves the sign of
+ * a NaN an operation produces unspecified, and gcc folds them for a value it proves
+ * non-negative, NaN or not (signbit(t / t) of t = float(b), b a bool, to false; fabs of it
+ * to the value itself), where x86's 0 / 0 gives a NaN with its sign bit set, which eager's
+ * kernels read (a random program's copysign(b1, b0 / b0): 1 against eager's -1). An integer
+ * operation on the bits is not folded. */
 template <typename T> static inline T abs(T x) {
-  if constexpr (std::is_floating_point_v<T>) return __builtin_fabs(x);
+  if constexpr (std::is_same_v<T, float>)
+    return __builtin_bit_cast(float, __builtin_bit_cast(uint32_t, x) & 0x7fffffffu);
+  else if constexpr (std::is_same_v<T, double>)
+    return __builtin_bit_cast(double, __builtin_bit_cast(uint64_t, x) & ~(uint64_t(1) << 63));
+  else if constexpr (std::is_floating_point_v<T>) return __builtin_fabs(x);
   else return x < 0 ? T(-x) : x;
 }
-/* signbit and copysign read and write the sign bit as an integer. C leaves the sign of a
- * NaN an operation produces unspecified, and gcc folds signbit and copysign of a value it
- * proves non-negative, NaN or not: signbit(t / t) of t = float(b), b a bool, to false,
- * where x86's 0 / 0 gives a NaN with its sign bit set, which eager's kernels read (a random
- * program's copysign(b1, b0 / b0): 1 against eager's -1). A test of the bits is not folded. */
 template <typename T> static inline bool signbit(T x) {
   if constexpr (std::is_same_v<T, float>) return (__builtin_bit_cast(uint32_t, x) >> 31) != 0;
   else if constexpr (std::is_same_v<T, double>) return (__builtin_bit_cast(uint64_t, x) >> 63) != 0;
