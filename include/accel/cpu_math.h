@@ -308,6 +308,11 @@ template <typename T> static inline T fmin(T a, T b) { return (a > b || a != a) 
 static inline float round(float x) { return __builtin_roundevenf(x); }
 static inline double round(double x) { return __builtin_roundeven(x); }
 
+/* A float's or double's bits as an unsigned integer, and its sign bit there. */
+template <typename T> constexpr bool ieee_v = std::is_same_v<T, float> || std::is_same_v<T, double>;
+template <typename T> using bits_t = std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>;
+template <typename T> constexpr bits_t<T> sign_mask = bits_t<T>(1) << (8 * sizeof(T) - 1);
+template <typename T> static inline bits_t<T> bits(T x) { return __builtin_bit_cast(bits_t<T>, x); }
 /* abs, signbit and copysign read and write the sign bit as an integer. C leaves the sign of
  * a NaN an operation produces unspecified, and gcc folds them for a value it proves
  * non-negative, NaN or not (signbit(t / t) of t = float(b), b a bool, to false; fabs of it
@@ -315,27 +320,15 @@ static inline double round(double x) { return __builtin_roundeven(x); }
  * kernels read (a random program's copysign(b1, b0 / b0): 1 against eager's -1). An integer
  * operation on the bits is not folded. */
 template <typename T> static inline T abs(T x) {
-  if constexpr (std::is_same_v<T, float>)
-    return __builtin_bit_cast(float, __builtin_bit_cast(uint32_t, x) & 0x7fffffffu);
-  else if constexpr (std::is_same_v<T, double>)
-    return __builtin_bit_cast(double, __builtin_bit_cast(uint64_t, x) & ~(uint64_t(1) << 63));
-  else if constexpr (std::is_floating_point_v<T>) return __builtin_fabs(x);
+  if constexpr (ieee_v<T>) return __builtin_bit_cast(T, bits(x) & ~sign_mask<T>);
   else return x < 0 ? T(-x) : x;
 }
 template <typename T> static inline bool signbit(T x) {
-  if constexpr (std::is_same_v<T, float>) return (__builtin_bit_cast(uint32_t, x) >> 31) != 0;
-  else if constexpr (std::is_same_v<T, double>) return (__builtin_bit_cast(uint64_t, x) >> 63) != 0;
-  else if constexpr (std::is_floating_point_v<T>) return __builtin_signbit(x);
+  if constexpr (ieee_v<T>) return (bits(x) & sign_mask<T>) != 0;
   else return x < 0;
 }
-static inline float copysign(float a, float b) {
-  return __builtin_bit_cast(float, (__builtin_bit_cast(uint32_t, a) & 0x7fffffffu) |
-                                       (__builtin_bit_cast(uint32_t, b) & 0x80000000u));
-}
-static inline double copysign(double a, double b) {
-  constexpr uint64_t sign = uint64_t(1) << 63;
-  return __builtin_bit_cast(double, (__builtin_bit_cast(uint64_t, a) & ~sign) |
-                                        (__builtin_bit_cast(uint64_t, b) & sign));
+template <typename T> static inline T copysign(T a, T b) {
+  return __builtin_bit_cast(T, (bits(a) & ~sign_mask<T>) | (bits(b) & sign_mask<T>));
 }
 template <typename T> static inline bool isfinite(T x) {
   if constexpr (std::is_floating_point_v<T>) return x - x == x - x;
