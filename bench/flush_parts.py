@@ -1,11 +1,13 @@
 """The host's µs for the parts of recording and flushing one small region: a five-call
 region on a [4, 8] tensor (``tanh(softmax(x * 0.125) + 1) * 2``), eager and accel loops
 (the region then a flushing matmul), then, on the region recorded once: the liveness
-mask, the kernel look-up, gathering the kernel's addresses, the launch (and on a GPU the
-current stream's look-up), recording the five calls then resetting the region (its
-outputs freed), then launching its kernel before the reset, then flushing through the
-native core's ``run_cached``, then through the interceptor's flush, and ``torch.empty_strided`` from Python for
-scale. Best of three loops of 2000 (the GPU synchronized before and after each loop).
+mask, the kernel look-up, gathering the kernel's addresses and launching it (through
+``accel.launch``, as ``accel.runtime.execute`` does; on a GPU the current stream's look-up
+also timed apart), recording the five calls then resetting the region (its outputs
+freed), then launching its kernel before the reset, then flushing through the native
+core's ``run_cached``, then through the interceptor's flush, and ``torch.empty_strided``
+from Python for scale. Best of three loops of 2000 (the GPU synchronized before and after
+each loop).
 
     python bench/flush_parts.py [cpu|cuda]
 """
@@ -20,7 +22,6 @@ import torch
 
 import accel
 from accel import dispatch, interceptor, launch, runtime
-from accel.region import native
 
 
 def main(argv=None) -> int:
@@ -57,18 +58,16 @@ def main(argv=None) -> int:
         r = interceptor._state.region
         live = r.liveness()
         kern = r.node.kernels.get(live)
-        scratch = r.scratch_for(kern) if kern.scratch else []
-        ptrs = native.kernel_ptrs(r.ext, r.outs, kern.live_idx, scratch)
-        scalars = r.scalars + kern.sizes if kern.sizes else r.scalars  # (a shape-generic kernel's loop lengths)
+        ptrs = launch.kernel_ptrs(kern, r, r.ext, r.outs)
         rows += [("liveness mask", timeit(r.liveness)),
                  ("kernel look-up", timeit(lambda: r.node.kernels.get(live))),
-                 ("kernel addresses", timeit(lambda: native.kernel_ptrs(r.ext, r.outs, kern.live_idx, scratch)))]
+                 ("kernel addresses", timeit(lambda: launch.kernel_ptrs(kern, r, r.ext, r.outs)))]
         if dev == "cuda":
-            s = launch.raw_stream(0)
             rows += [("current stream", timeit(lambda: launch.raw_stream(0))),
-                     ("launch", timeit(lambda: kern.fn.launch(ptrs, scalars, s, 0)))]
+                     ("launch (the stream's look-up included)",
+                      timeit(lambda: launch.launch_kernel(kern, r, ptrs, r.scalars)))]
         else:
-            rows.append(("launch (runs the kernel)", timeit(lambda: native.launch(kern.fn, ptrs, scalars))))
+            rows.append(("launch (runs the kernel)", timeit(lambda: launch.launch_kernel(kern, r, ptrs, r.scalars))))
         interceptor.flush()
         del y
 
@@ -84,11 +83,7 @@ def main(argv=None) -> int:
 
         def record_launch_reset():
             y = body()
-            p = native.kernel_ptrs(r.ext, r.outs, kern.live_idx, scratch)
-            if dev == "cuda":
-                kern.fn.launch(p, scalars, launch.raw_stream(0), 0)
-            else:
-                native.launch(kern.fn, p, scalars)
+            launch.launch_kernel(kern, r, launch.kernel_ptrs(kern, r, r.ext, r.outs), r.scalars)
             r.reset()
             return y
 

@@ -1,6 +1,6 @@
 """The benchmarks' correctness verdict (bench/_common.py ``check``): against eager, then
 against a float64 oracle where eager's own result is off it; and bench/flush_parts.py, which
-calls a region's kernel through the core's entry points as ``RegionCore.run_cached`` does."""
+launches a region's kernel by hand."""
 import os
 import subprocess
 import sys
@@ -43,9 +43,9 @@ def test_no_oracle_reports_the_assert_close_detail():
 
 
 def test_flush_parts_runs_on_the_cpu():
-    """flush_parts.py gathers a kernel's addresses and runtime scalars itself; once a
-    shape-generic kernel took its loop lengths as scalars, its launch read past them
-    (a segmentation fault). Its table must come out whole."""
+    """flush_parts.py launches a region's kernel by hand. While it gathered the kernel's
+    runtime scalars itself, a shape-generic kernel (its loop lengths after the scalars)
+    read past them: a segmentation fault. Its table must come out whole."""
     bench = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
     out = subprocess.run([sys.executable, os.path.join(bench, "flush_parts.py"), "cpu"],
                          capture_output=True, text=True, timeout=600)
