@@ -335,6 +335,23 @@ def test_cpu_16_bit_steps_eager_rounds_have_eagers_bits(dtype):
     _kernels_have_eagers_bits(cases)
 
 
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+def test_cpu_16_bit_log_softmax_over_the_last_dim_has_eagers_bits(dtype):
+    """16-bit ``log_softmax`` on the CPU over the last dim, whose eager kernel rounds a row's
+    sum of exponentials and its log to the dtype (accel.decompositions._log_softmax), bit
+    for bit: contiguous rows, a strided view's rows, a 1-d and a 3-d tensor; over dim 0
+    (eager's other kernel, rounding once) too. Rounding once, 10 % of the last dim's
+    results were an ulp or two off, and a random program's gradient through it
+    (tests/test_chains.py, FIXED) left ``assert_close``'s tolerance."""
+    g = torch.Generator().manual_seed(12)
+    a = (torch.randn(64, 2054, generator=g, dtype=torch.float64) * 2).to(dtype)
+    v = (torch.randn(3, 5, 300, generator=g, dtype=torch.float64) * 4).to(dtype)
+    cases = [lambda: torch.log_softmax(a * 1, -1), lambda: torch.log_softmax(a[:, ::2] * 1, 1),
+             lambda: torch.log_softmax(a[0] * 1, 0), lambda: torch.log_softmax(v * 1, 2),
+             lambda: F.log_softmax(v + 1, dim=-1), lambda: torch.log_softmax(a * 1, 0)]
+    _kernels_have_eagers_bits(cases)
+
+
 @pytest.mark.parametrize("device", DEVICES[1:])  # (a GPU's kernels only)
 @pytest.mark.parametrize("dtype", (torch.float32, torch.float64) + HALF, ids=str)
 def test_gpu_arithmetic_steps_have_eagers_bits(dtype, device):
