@@ -31,7 +31,14 @@ from devices import DEVICES, SECOND_GPU  # tests/devices.py (pytest puts tests/ 
 # registered in conftest.py
 
 DTYPES = {"f32": torch.float32, "f64": torch.float64, "i64": torch.int64, "i32": torch.int32,
-          "i16": torch.int16, "i8": torch.int8, "bool": torch.bool}
+          "i16": torch.int16, "i8": torch.int8, "bool": torch.bool,
+          "f16": torch.float16, "bf16": torch.bfloat16}
+#: what a program's inputs draw from unless a test names its dtypes (16-bit floats have
+#: tests of their own: :data:`HALF_DTYPES`)
+DEFAULT_DTYPES = ("f32", "f64", "i64", "i32", "i16", "i8", "bool")
+#: 16-bit floats beside float32 values, integers and booleans (every op's result rounded
+#: to its dtype, as eager's kernels round theirs)
+HALF_DTYPES = ("f16", "bf16", "f32", "i64", "bool")
 
 #: how an input is made from the program's base shape [R, C] (names give the [4, 5] case);
 #: every input broadcasts against [R, C]
@@ -146,10 +153,10 @@ def _reduce(name, x, dim, keepdim):
 def programs(draw, shapes=None, dtypes=None):
     """A random program over the base shape [4, 5], or one drawn from ``shapes`` (a list
     of ``(R, C)``; the program's ``"shape"``); its inputs' dtypes drawn from ``dtypes``
-    (names of :data:`DTYPES`; all of them by default)."""
+    (names of :data:`DTYPES`; :data:`DEFAULT_DTYPES` by default)."""
     shape = draw(st.sampled_from(shapes)) if shapes else None
     n_in = draw(st.integers(1, 3))
-    inputs = [(draw(st.sampled_from(sorted(INPUT_KINDS))), draw(st.sampled_from(sorted(dtypes or DTYPES))),
+    inputs = [(draw(st.sampled_from(sorted(INPUT_KINDS))), draw(st.sampled_from(sorted(dtypes or DEFAULT_DTYPES))),
                draw(st.integers(0, 2 ** 16)), draw(st.booleans()))
               for _ in range(n_in)]
     steps = []
@@ -188,8 +195,9 @@ def programs(draw, shapes=None, dtypes=None):
 
 
 def make_inputs(specs, device="cpu", shape=(4, 5), reference=False, grad=False):
-    """The program's inputs over base shape ``shape``; ``reference``: float32 bases (their
-    values as rounded to float32) widened to float64 before the view is taken; ``grad``:
+    """The program's inputs over base shape ``shape``; ``reference``: float32 and 16-bit
+    bases (their values as rounded to that dtype) widened to float64 before the view is
+    taken; ``grad``:
     float bases are leaves that require grad."""
     out = []
     for kind, dt, seed, special in specs:
@@ -209,7 +217,7 @@ def make_inputs(specs, device="cpu", shape=(4, 5), reference=False, grad=False):
                 t = torch.randint(-5, 6, shape, generator=g).to(dtype)
             return t
 
-        wide = torch.float64 if reference and dtype == torch.float32 else dtype
+        wide = torch.float64 if reference and dtype in (torch.float32, torch.float16, torch.bfloat16) else dtype
         leaf = grad and wide.is_floating_point
         out.append(INPUT_KINDS[kind](
             lambda size, base=base, wide=wide, leaf=leaf: base(size).to(device, wide).requires_grad_(leaf), *shape))
@@ -470,6 +478,21 @@ def test_random_chains_backward_on_an_engine_thread(prog):
     check_program({**prog, "grad": "engine thread"}, "cpu")
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@given(prog=programs(None, HALF_DTYPES))
+def test_random_chains_16_bit(prog, device):
+    """Programs over float16 and bfloat16 inputs beside float32, int64 and bool ones."""
+    check_program(prog, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@given(prog=programs([(4, 5), (64, 1027)], ["f16", "bf16", "f32"]))
+def test_random_chains_16_bit_backward(prog, device):
+    """The gradients of programs over 16-bit inputs (and float32 ones): 16-bit backward
+    formulas' ops recorded and rounded as eager's."""
+    check_program({**prog, "grad": True}, device)
+
+
 #: base shapes whose other row counts the shape-generic kernels serve (codegen/generic.py):
 #: columns a multiple of 32 (GPU column tiles) and not (a thread a column), and a whole
 #: reduction on either side of a GPU's grid-wide one (65536 elements) as the rows change
@@ -710,10 +733,21 @@ def test_gcd_runs_as_a_kernel_bit_for_bit(device, dtype):
     {"inputs": [("1x5", "i64", 21, False), ("4x5", "i32", 22, False)],
      "steps": [("reduce", "sum", 1, 0, True), ("inplace", "addcmul_", 2, 0), ("binary", "mul", 2, 1)],
      "keep": [3, 4]},
+    # the gradient of a 16-bit log_softmax over the rows: eager's CPU kernel rounds a row's
+    # sum and its log to the dtype, and the backward's cancellation carried the difference
+    {"inputs": [("(4x10)[:, ::2]", "bf16", 0, False)], "steps": [("reduce", "log_softmax", 0, 1, False)],
+     "keep": [1], "shape": (64, 1027), "grad": True},
+    # a 16-bit logsumexp centring its input: eager rounds each of its ops' results
+    {"inputs": [("(4x10)[:, ::2]", "bf16", 0, False)],
+     "steps": [("unary", "abs", 0), ("center", "logsumexp", 0, 0), ("unary", "to_f32", 2)], "keep": [3]},
+    # a 0-dim float16 tensor in a bfloat16 addcmul_: eager converts it to bfloat16 first
+    {"inputs": [("0d", "f16", 4, False), ("(4x10)[:, ::2]", "bf16", 0, False)],
+     "steps": [("binary", "add", 0, 1), ("inplace", "addcmul_", 2, 0)], "keep": [2]},
 ], ids=["f32-chain", "f64-int-inplace", "softmax-center-var", "manual-softmax-argmax",
         "inplace-broadcast-row-repeated", "add_-then-fill_-of-operand", "size-1-sum-of-negative-zero",
     "reductions-of-a-0d-tensor", "round-of-integers", "sign-bit-of-a-computed-nan", "sign-of-nan",
-    "integer-powers", "addcmul_-of-integers"])
+    "integer-powers", "addcmul_-of-integers", "16-bit-log-softmax-gradient", "16-bit-logsumexp-steps",
+    "0-dim-float16-in-a-bfloat16-addcmul_"])
 
 
 @pytest.mark.parametrize("device", DEVICES)
