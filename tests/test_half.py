@@ -336,13 +336,14 @@ def test_cpu_16_bit_steps_eager_rounds_have_eagers_bits(dtype):
 
 
 @pytest.mark.parametrize("dtype", HALF, ids=str)
-def test_cpu_0_dim_tensors_of_other_dtypes_convert_to_the_16_bit_dtype_as_eager(dtype):
+def test_cpu_0_dim_tensors_and_numbers_convert_to_the_16_bit_dtype_as_eager(dtype):
     """A 0-dim CPU tensor of another dtype (float32, float64, the other 16-bit float,
     int64) beside a 16-bit tensor, bit for bit as eager's: converted to the 16-bit dtype
     first, as TensorIterator converts its operands (``hypot``, ``addcmul``, ``addcdiv``,
     ``xlogy``, ``mul`` and ``div`` with it first), except ``mul``'s and ``div``'s second
-    operand, which their kernels read unconverted (accel.decompositions._integers_converted).
-    Unconverted, 2-25 % of these results were off (``addcmul``'s by up to 15 %)."""
+    operand, which their kernels read unconverted (accel.decompositions._integers_converted);
+    and ``xlogy``'s Python number, rounded as its kernel rounds it. Unconverted, 2-25 % of
+    these results were off (``addcmul``'s by up to 15 %)."""
     g = torch.Generator().manual_seed(13)
     a = (torch.randn(64, 257, generator=g, dtype=torch.float64) * 2).to(dtype)
     other = torch.bfloat16 if dtype == torch.float16 else torch.float16
@@ -355,6 +356,8 @@ def test_cpu_0_dim_tensors_of_other_dtypes_convert_to_the_16_bit_dtype_as_eager(
         if dtype == torch.bfloat16:  # (float16's log rounds an ulp off eager's near ties)
             cases.append(lambda: torch.xlogy(s, a.abs() + 1))
         _kernels_have_eagers_bits(cases)
+    if dtype == torch.bfloat16:  # a Python number, which xlogy's CPU kernel rounds too (ops.ROUNDED_NUMBERS)
+        _kernels_have_eagers_bits([lambda: torch.xlogy(a.abs() + 1, 3.21), lambda: torch.xlogy(3.21, a.abs() + 1)])
 
 
 @pytest.mark.parametrize("dtype", HALF, ids=str)
