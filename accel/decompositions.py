@@ -22,7 +22,7 @@ NO_OPMATH = ELEMENTWISE_TYPE_PROMOTION_KIND.NO_OPMATH
 
 def _number_rounded(func, name: str):
     """``func`` (op ``name`` of ``ops.ROUNDED_NUMBERS``, ``mul``, ``div``, its integer
-    operands converted: :func:`_integers_converted`) as eager's kernel computes it where
+    operands converted: :func:`_operands_converted`) as eager's kernel computes it where
     its two operands' common dtype is float16 or bfloat16: TensorIterator converts a
     number operand (a Python number, a 0-dim tensor) to that dtype first, except where a kernel
     reads a CPU scalar in float32 (``ops.ROUNDED_NUMBERS`` lists, per device type, the ops
@@ -144,15 +144,15 @@ def _cpu_vector_loop(out, *operands) -> bool:
 _WRAPPED = frozenset().union(*ROUNDED_NUMBERS.values(), ("mul", "div"))
 
 
-def _integers_converted(func, name: str = ""):
+def _operands_converted(func, name: str = ""):
     """A pointwise ``func`` (op ``name``) as eager computes it where its tensors' common
     dtype is float16 or bfloat16: TensorIterator converts every operand to that dtype first
     (in bfloat16 an integer above 256 rounds, ``xlogy(257, x)`` is ``xlogy(256, x)``), the
     decompositions to float32. Converted: integer tensors, and on the CPU 0-dim tensors of
     another dtype (a float32 or float16 one beside a bfloat16 tensor: in ``hypot``,
     ``xlogy``, ``addcmul`` and ``addcdiv`` 2-25 % of results were off, up to 15 % of the
-    value for ``addcmul``), except ``mul``'s and ``div``'s second operand, whose CPU kernels
-    read it unconverted in float32 (``original_scalar_value``). (A GPU's 0-dim tensors:
+    value for ``addcmul``), except a 0-dim second operand of ``mul`` and ``div``, which their
+    CPU kernels read unconverted in float32 (``original_scalar_value``). (A GPU's 0-dim tensors:
     :func:`_number_rounded`, for its ops.)"""
     def call(*args, **kwargs):
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
@@ -167,7 +167,8 @@ def _integers_converted(func, name: str = ""):
         original = 1 if name.rstrip("_") in ("mul", "div") else None  # (its position)
 
         def converted(i, a):
-            if not isinstance(a, torch.Tensor) or a.dtype in (dtype, torch.bool) or i == original:
+            if (not isinstance(a, torch.Tensor) or a.dtype in (dtype, torch.bool)
+                    or (i == original and not a.dim())):
                 return False
             return _integer(a) and (a.dim() or cpu) or (cpu and not a.dim() and a.dtype.is_floating_point)
 
@@ -194,15 +195,15 @@ _FUNCTORCH_HACKED = (torch.ops.aten.binary_cross_entropy_with_logits.default,)
 
 def eager_operands(func):
     """``func`` wrapped, during tracing, to convert its operands as eager's kernel does
-    (:func:`_number_rounded`, :func:`_integers_converted`), its decomposition where functorch
+    (:func:`_number_rounded`, :func:`_operands_converted`), its decomposition where functorch
     would replace it (:data:`_FUNCTORCH_HACKED`), or ``func`` itself."""
     if func in _FUNCTORCH_HACKED:
         return decomposition_table()[func]
     name = getattr(func, "_opname", "")
     if name.rstrip("_") in _WRAPPED:
-        return _number_rounded(_integers_converted(func, name), name)
+        return _number_rounded(_operands_converted(func, name), name)
     if torch.Tag.pointwise in getattr(func, "tags", ()):
-        return _integers_converted(func, name)
+        return _operands_converted(func, name)
     return func
 
 

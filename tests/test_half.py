@@ -173,13 +173,13 @@ def test_integer_tensors_with_16_bit_tensors_as_eager(dtype, device):
     """An int32 tensor (values up to 3000: above 256 bfloat16 rounds them, above 2048
     float16) with a 16-bit one in pointwise ops: eager converts the integers to the 16-bit
     dtype first, and so does the kernel (the decompositions converted them to float32;
-    ``accel.decompositions._integers_converted``, ``_number_rounded``)."""
+    ``accel.decompositions._operands_converted``, ``_number_rounded``)."""
     g = torch.Generator().manual_seed(4)
     x = (torch.randn(4096, generator=g) * 300).to(device, dtype)
     i = torch.randint(-3000, 3000, (4096,), generator=g, dtype=torch.int32).to(device)
 
     def fn(x, i):
-        return torch.hypot(x, i), torch.addcmul(x, x, i), i + x, torch.maximum(i, x)
+        return torch.hypot(x, i), torch.addcmul(x, x, i), i + x, torch.maximum(i, x), x * i, x / i
 
     expected = fn(x, i)
     actual, st = _run(fn, x, i)
@@ -341,7 +341,7 @@ def test_cpu_0_dim_tensors_and_numbers_convert_to_the_16_bit_dtype_as_eager(dtyp
     int64) beside a 16-bit tensor, bit for bit as eager's: converted to the 16-bit dtype
     first, as TensorIterator converts its operands (``hypot``, ``addcmul``, ``addcdiv``,
     ``xlogy``, ``mul`` and ``div`` with it first), except ``mul``'s and ``div``'s second
-    operand, which their kernels read unconverted (accel.decompositions._integers_converted);
+    operand, which their kernels read unconverted (accel.decompositions._operands_converted);
     and ``xlogy``'s Python number, rounded as its kernel rounds it. Unconverted, 2-25 % of
     these results were off (``addcmul``'s by up to 15 %)."""
     g = torch.Generator().manual_seed(13)
