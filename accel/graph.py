@@ -21,7 +21,8 @@ import torch
 import torch.fx as fx
 from torch.fx import traceback as fx_traceback
 
-from .decompositions import decomposition_table, eager_operands
+from .decompositions import decomposition_table
+from .operands import eager_operands
 from .ops import run_calls
 
 log = logging.getLogger("accel.graph")

@@ -142,7 +142,7 @@ RUNS_EAGERLY = {
 #: on torch 2.13 (CPU; ``xlogy`` in the seventy-seventh round, 2-23 % of its results off
 #: before) and 2.11 (H200): on the CPU a 0-dim tensor counts as a number, and
 #: ``add``'s, ``sub``'s and ``rsub``'s ``alpha`` is rounded too. torch's decompositions
-#: keep numbers in float32: accel's trace rounds them first (:func:`accel.decompositions._number_rounded`).
+#: keep numbers in float32: accel's trace rounds them first (:func:`accel.operands._number_rounded`).
 ROUNDED_NUMBERS = {
     "cpu": frozenset({"add", "sub", "rsub", "pow", "remainder", "fmod", "eq", "ne", "lt", "le",
                       "gt", "ge", "logaddexp", "atan2", "xlogy"}),

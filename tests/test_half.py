@@ -109,7 +109,8 @@ def test_workloads_match_eager(name, dtype, device):
 
 #: ops with a number that float16 and bfloat16 cannot hold (2.37), by name. Eager's kernels
 #: round it to the tensor's dtype for some ops and not others, unlike on the CPU and the
-#: GPU: accel.ops.ROUNDED_NUMBERS, accel.decompositions._number_rounded, _softshrink, _smooth_l1_loss
+#: GPU: accel.ops.ROUNDED_NUMBERS, accel.operands._number_rounded,
+#: accel.decompositions._softshrink, _smooth_l1_loss
 NUMBERS = {
     "add": lambda x, s: x + s, "radd": lambda x, s: s + x, "sub": lambda x, s: x - s,
     "rsub": lambda x, s: s - x, "rsub_alpha": lambda x, s: torch.rsub(x, s, alpha=2),
@@ -173,7 +174,7 @@ def test_integer_tensors_with_16_bit_tensors_as_eager(dtype, device):
     """An int32 tensor (values up to 3000: above 256 bfloat16 rounds them, above 2048
     float16) with a 16-bit one in pointwise ops: eager converts the integers to the 16-bit
     dtype first, and so does the kernel (the decompositions converted them to float32;
-    ``accel.decompositions._operands_converted``, ``_number_rounded``)."""
+    ``accel.operands._operands_converted``, ``_number_rounded``)."""
     g = torch.Generator().manual_seed(4)
     x = (torch.randn(4096, generator=g) * 300).to(device, dtype)
     i = torch.randint(-3000, 3000, (4096,), generator=g, dtype=torch.int32).to(device)
@@ -341,7 +342,7 @@ def test_cpu_0_dim_tensors_and_numbers_convert_to_the_16_bit_dtype_as_eager(dtyp
     int64) beside a 16-bit tensor, bit for bit as eager's: converted to the 16-bit dtype
     first, as TensorIterator converts its operands (``hypot``, ``addcmul``, ``addcdiv``,
     ``xlogy``, ``mul`` and ``div`` with it first), except ``mul``'s and ``div``'s second
-    operand, which their kernels read unconverted (accel.decompositions._operands_converted);
+    operand, which their kernels read unconverted (accel.operands._operands_converted);
     and ``xlogy``'s Python number, rounded as its kernel rounds it. Unconverted, 2-25 % of
     these results were off (``addcmul``'s by up to 15 %)."""
     g = torch.Generator().manual_seed(13)
@@ -464,7 +465,7 @@ def test_gpu_products_and_quotients_have_eagers_bits(dtype, device):
 @pytest.mark.parametrize("dtype", HALF, ids=str)
 def test_16_bit_binary_cross_entropy_with_logits_is_a_kernel_with_eagers_bits(dtype, device):
     """16-bit ``binary_cross_entropy_with_logits`` runs as a kernel, bit for bit eager's:
-    traced as eager computes it (accel.decompositions._FUNCTORCH_HACKED), each of its calls
+    traced as eager computes it (accel.operands._FUNCTORCH_HACKED), each of its calls
     rounds to the dtype where eager's do, with a weight, a ``pos_weight`` and each
     reduction. It ran eagerly while the trace took functorch's older formula."""
     g = torch.Generator().manual_seed(23)
@@ -485,7 +486,7 @@ def test_cpu_smooth_l1_backward_has_eagers_bits(dtype):
     vectorized one's ``(norm * s) * grad`` (``s`` the sign of ``x`` or ``x / beta``) and the
     scalar one's float64 ``beta`` (transposed operands against eager's contiguous
     ``grad_input``), each reduction's ``norm`` (accel.decompositions._smooth_l1_loss_backward,
-    _cpu_vector_loop). torch's decomposition, ``((norm * grad) * x) / beta``, had 7 % of
+    accel.operands._cpu_vector_loop). torch's decomposition, ``((norm * grad) * x) / beta``, had 7 % of
     float32 results an ulp off."""
     g = torch.Generator().manual_seed(14)
     a, b, c = (torch.randn(64, 256, generator=g, dtype=torch.float64).mul(2).to(dtype) for _ in range(3))
@@ -503,7 +504,7 @@ def test_cpu_16_bit_arithmetic_steps_have_eagers_bits(dtype):
     ``sigmoid_backward``, ``xlogy``'s log, and ``add`` / ``sub`` / ``rsub`` with an ``alpha`` where eager runs its scalar loop
     (a strided operand, a transposed one against a contiguous one, rows shorter than two
     vectors) as well as its vectorized one (accel.decompositions._logit, _sigmoid_backward, _xlogy,
-    _cpu_vector_loop). In float32 throughout, 9-18 % of ``logit`` results and 2-8 % of the
+    accel.operands._cpu_vector_loop). In float32 throughout, 9-18 % of ``logit`` results and 2-8 % of the
     strided sums were outside ``assert_close``'s tolerance."""
     g = torch.Generator().manual_seed(13)
     a, b = (torch.randn(64, 256, generator=g, dtype=torch.float64).to(dtype) for _ in range(2))

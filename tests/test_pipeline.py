@@ -152,7 +152,7 @@ def test_binary_cross_entropy_with_logits_traces_eagers_formula():
     """``binary_cross_entropy_with_logits`` traces as eager computes it, ``(1 - t) * x -
     log_sigmoid(x)`` (``log_sigmoid`` as ``min(x, 0) - log1p(exp(-|x|))``), not as the
     functorch hack that ``torch.func.functionalize`` runs in its place (``max_val + log(exp(
-    -max_val) + exp(-x - max_val))``, accel.decompositions._FUNCTORCH_HACKED); with a
+    -max_val) + exp(-x - max_val))``, accel.operands._FUNCTORCH_HACKED); with a
     ``pos_weight`` too. The older formula was an ulp off in 41 % of float32 results on an
     H200."""
     x, t, w = torch.randn(4, 8), torch.rand(4, 8), torch.rand(8)
