@@ -19,10 +19,9 @@ def _number_rounded(func, name: str):
     """``func`` (op ``name`` of ``ops.ROUNDED_NUMBERS``, ``mul``, ``div``, its integer
     operands converted: :func:`_operands_converted`) as eager's kernel computes it where
     its two operands' common dtype is float16 or bfloat16: TensorIterator converts a
-    number operand (a Python number, a 0-dim tensor) to that dtype first, except where a kernel
-    reads a CPU scalar in float32 (``ops.ROUNDED_NUMBERS`` lists, per device type, the ops
-    that round a Python number; on a GPU every op rounds a 0-dim GPU tensor, which it loads
-    like any operand). On the CPU ``add``'s, ``sub``'s and ``rsub``'s kernels round
+    number operand (a Python number, a CPU 0-dim tensor) to that dtype first, except where a
+    kernel reads a CPU scalar in float32 (``ops.ROUNDED_NUMBERS`` lists, per device type, the
+    ops that round a Python number; a GPU's 0-dim tensors: :func:`_operands_converted`). On the CPU ``add``'s, ``sub``'s and ``rsub``'s kernels round
     ``alpha`` too and compute ``self + other * alpha`` in float32, rounded once, in their
     vectorized loop (``vec::fmadd``), and with ``other * alpha`` rounded to the dtype
     first in their scalar loop (a 16-bit product), which eager runs where
@@ -39,7 +38,7 @@ def _number_rounded(func, name: str):
             return func(*args, **kwargs)
         dev = tensors[0].device.type
         numbers = name in ROUNDED_NUMBERS.get(dev, ())  # Python numbers (and CPU 0-dim tensors)
-        zero_dim = numbers if dev == "cpu" else dev == "cuda"
+        zero_dim = numbers and dev == "cpu"
         alpha = kwargs.get("alpha", args[2] if len(args) > 2 else 1)
         round_alpha = dev == "cpu" and numbers and alpha != 1
         if not (round_alpha or any(t.dim() == 0 and zero_dim if isinstance(t, torch.Tensor) else numbers
@@ -143,12 +142,14 @@ def _operands_converted(func, name: str = ""):
     """A pointwise ``func`` (op ``name``) as eager computes it where its tensors' common
     dtype is float16 or bfloat16: TensorIterator converts every operand to that dtype first
     (in bfloat16 an integer above 256 rounds, ``xlogy(257, x)`` is ``xlogy(256, x)``), the
-    decompositions to float32. Converted: integer tensors, and on the CPU 0-dim tensors of
-    another dtype (a float32 or float16 one beside a bfloat16 tensor: in ``hypot``,
-    ``xlogy``, ``addcmul`` and ``addcdiv`` 2-25 % of results were off, up to 15 % of the
-    value for ``addcmul``), except a 0-dim second operand of ``mul`` and ``div``, which their
-    CPU kernels read unconverted in float32 (``original_scalar_value``). (A GPU's 0-dim tensors:
-    :func:`_number_rounded`, for its ops.)"""
+    decompositions to float32. Converted: integer tensors, and 0-dim tensors of another
+    dtype (a float32 or float16 one beside a bfloat16 tensor: in ``hypot``, ``xlogy``,
+    ``addcmul`` and ``addcdiv`` 2-25 % of results were off, up to 15 % of the value for
+    ``addcmul``): on the CPU all but a 0-dim second operand of ``mul`` and ``div``, which
+    their CPU kernels read unconverted in float32 (``original_scalar_value``); on a GPU those
+    on the GPU, which its kernels load like any operand and cast to the dtype of their
+    arguments (``gpu_kernel``'s dynamic casting), where a CPU 0-dim tensor is read in float32
+    (``opmath_gpu_kernel_with_scalars``' ``scalar_value``)."""
     original = 1 if name.rstrip("_") in ("mul", "div") else None  # (that operand's position)
 
     def call(*args, **kwargs):
@@ -161,7 +162,8 @@ def _operands_converted(func, name: str = ""):
         if cpu and elementwise_dtypes(*tensors, type_promotion_kind=NO_OPMATH)[1] != dtype:
             return func(*args, **kwargs)
         convert = [isinstance(a, torch.Tensor) and a.dtype not in (dtype, torch.bool)
-                   and (_integer(a) if a.dim() else cpu and i != original and not a.is_complex())
+                   and (_integer(a) if a.dim() else not a.is_complex()
+                        and (cpu and i != original or a.device.type == "cuda"))
                    for i, a in enumerate(args)]
         if not any(convert):
             return func(*args, **kwargs)

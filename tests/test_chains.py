@@ -743,11 +743,15 @@ def test_gcd_runs_as_a_kernel_bit_for_bit(device, dtype):
     # a 0-dim float16 tensor in a bfloat16 addcmul_: eager converts it to bfloat16 first
     {"inputs": [("0d", "f16", 4, False), ("(4x10)[:, ::2]", "bf16", 0, False)],
      "steps": [("binary", "add", 0, 1), ("inplace", "addcmul_", 2, 0)], "keep": [2]},
+    # the gradient of a 16-bit softmax over dim 0: eager's GPU kernel rounds grad * output to
+    # the dtype before its sum and the subtraction's cancellation
+    {"inputs": [("(4x10)[:, ::2]", "bf16", 0, False)], "steps": [("reduce", "softmax", 0, 0, False)],
+     "keep": [1], "shape": (64, 1027), "grad": True},
 ], ids=["f32-chain", "f64-int-inplace", "softmax-center-var", "manual-softmax-argmax",
         "inplace-broadcast-row-repeated", "add_-then-fill_-of-operand", "size-1-sum-of-negative-zero",
     "reductions-of-a-0d-tensor", "round-of-integers", "sign-bit-of-a-computed-nan", "sign-of-nan",
     "integer-powers", "addcmul_-of-integers", "16-bit-log-softmax-gradient", "16-bit-logsumexp-steps",
-    "0-dim-float16-in-a-bfloat16-addcmul_"])
+    "0-dim-float16-in-a-bfloat16-addcmul_", "16-bit-softmax-gradient-over-dim-0"])
 
 
 @pytest.mark.parametrize("device", DEVICES)
