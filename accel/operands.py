@@ -21,10 +21,10 @@ def _number_rounded(func, name: str):
     its two operands' common dtype is float16 or bfloat16: TensorIterator converts a
     number operand (a Python number, a CPU 0-dim tensor) to that dtype first, except where a
     kernel reads a CPU scalar in float32 (``ops.ROUNDED_NUMBERS`` lists, per device type, the
-    ops that round a Python number; a GPU's 0-dim tensors: :func:`_operands_converted`). On the CPU ``add``'s, ``sub``'s and ``rsub``'s kernels round
-    ``alpha`` too and compute ``self + other * alpha`` in float32, rounded once, in their
-    vectorized loop (``vec::fmadd``), and with ``other * alpha`` rounded to the dtype
-    first in their scalar loop (a 16-bit product), which eager runs where
+    ops that round a Python number; a GPU's 0-dim tensors: :func:`_operands_converted`).
+    On the CPU ``add``'s, ``sub``'s and ``rsub``'s kernels round ``alpha`` too and compute
+    ``self + other * alpha`` in float32, rounded once, in their vectorized loop
+    (``vec::fmadd``), and with ``other * alpha`` rounded to the dtype first in their scalar loop (a 16-bit product), which eager runs where
     :func:`_cpu_vector_loop` says it does (2-8 % of results of ``a[::2].add(b[::2],
     alpha=0.7)`` were outside ``assert_close``'s tolerance in float32). torch's
     decompositions keep numbers in float32. Elsewhere ``func`` itself."""
@@ -146,10 +146,10 @@ def _operands_converted(func, name: str = ""):
     dtype (a float32 or float16 one beside a bfloat16 tensor: in ``hypot``, ``xlogy``,
     ``addcmul`` and ``addcdiv`` 2-25 % of results were off, up to 15 % of the value for
     ``addcmul``): on the CPU all but a 0-dim second operand of ``mul`` and ``div``, which
-    their CPU kernels read unconverted in float32 (``original_scalar_value``); on a GPU those
-    on the GPU, which its kernels load like any operand and cast to the dtype of their
-    arguments (``gpu_kernel``'s dynamic casting), where a CPU 0-dim tensor is read in float32
-    (``opmath_gpu_kernel_with_scalars``' ``scalar_value``)."""
+    their CPU kernels read unconverted in float32 (``original_scalar_value``); beside GPU
+    tensors the 0-dim GPU ones, which the GPU kernels load like any operand and cast to their
+    arguments' dtype (``gpu_kernel``'s dynamic casting), where they read a 0-dim CPU tensor
+    in float32 (``opmath_gpu_kernel_with_scalars``' ``scalar_value``)."""
     original = 1 if name.rstrip("_") in ("mul", "div") else None  # (that operand's position)
 
     def call(*args, **kwargs):
