@@ -24,10 +24,10 @@ def _number_rounded(func, name: str):
     ops that round a Python number; a GPU's 0-dim tensors: :func:`_operands_converted`).
     On the CPU ``add``'s, ``sub``'s and ``rsub``'s kernels round ``alpha`` too and compute
     ``self + other * alpha`` in float32, rounded once, in their vectorized loop
-    (``vec::fmadd``), and with ``other * alpha`` rounded to the dtype first in their scalar loop (a 16-bit product), which eager runs where
-    :func:`_cpu_vector_loop` says it does (2-8 % of results of ``a[::2].add(b[::2],
-    alpha=0.7)`` were outside ``assert_close``'s tolerance in float32). torch's
-    decompositions keep numbers in float32. Elsewhere ``func`` itself."""
+    (``vec::fmadd``), and with ``other * alpha`` rounded to the dtype first in their scalar loop
+    (a 16-bit product), which eager runs where :func:`_cpu_vector_loop` says it does (2-8 % of
+    results of ``a[::2].add(b[::2], alpha=0.7)`` were outside ``assert_close``'s tolerance in
+    float32). torch's decompositions keep numbers in float32. Elsewhere ``func`` itself."""
     inplace, name = name.endswith("_"), name.rstrip("_")
 
     def call(*args, **kwargs):
