@@ -747,11 +747,17 @@ def test_gcd_runs_as_a_kernel_bit_for_bit(device, dtype):
     # the dtype before its sum and the subtraction's cancellation
     {"inputs": [("(4x10)[:, ::2]", "bf16", 0, False)], "steps": [("reduce", "softmax", 0, 0, False)],
      "keep": [1], "shape": (64, 1027), "grad": True},
+    # a log_softmax over rows of 32768 strided bools plus 0.5: gcc 12 vectorized no CPU loop
+    # loading a bool, and the row's exponentials were summed one at a time in float32
+    {"inputs": [("(4x10)[:, ::2]", "bool", 0, False)],
+     "steps": [("scalar", "add", 0, 0.5), ("reduce", "log_softmax", 1, 1, False)],
+     "keep": [2], "shape": (2, 65536)},
 ], ids=["f32-chain", "f64-int-inplace", "softmax-center-var", "manual-softmax-argmax",
         "inplace-broadcast-row-repeated", "add_-then-fill_-of-operand", "size-1-sum-of-negative-zero",
     "reductions-of-a-0d-tensor", "round-of-integers", "sign-bit-of-a-computed-nan", "sign-of-nan",
     "integer-powers", "addcmul_-of-integers", "16-bit-log-softmax-gradient", "16-bit-logsumexp-steps",
-    "0-dim-float16-in-a-bfloat16-addcmul_", "16-bit-softmax-gradient-over-dim-0"])
+    "0-dim-float16-in-a-bfloat16-addcmul_", "16-bit-softmax-gradient-over-dim-0",
+    "log-softmax-of-long-rows-of-strided-bools"])
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -82,6 +82,10 @@ class CStyle:
         except KeyError:
             raise CodegenError(f"dtype {dtype}") from None
 
+    def buffer_ctype(self, dtype) -> str:
+        """The C type of a buffer of ``dtype`` (its pointer's element type)."""
+        return self.ctype(dtype)
+
     def const(self, v, dtype) -> str:
         if dtype in HALF:  # the lowering keeps 16-bit floats to loads, casts and stores
             raise CodegenError(f"a {dtype} constant")

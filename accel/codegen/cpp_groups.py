@@ -165,13 +165,17 @@ class GroupLoops:
     def _lanes(self, rv, g: Group, accs) -> bool:
         """Whether a group's plain reductions run as :meth:`_lanes_sum`: every one a sum of
         widened float32 values (:func:`accel.codegen.columns._widened_f32`) over one loop of
-        at least :data:`LANES_MIN` values, which every load walks contiguously or not at all."""
+        at least :data:`LANES_MIN` values, which every load walks contiguously or not at all, none of a bool buffer."""
         if len(rv) != 1 or (self._static(self.ir.sizes[rv[0]]) and self.ir.sizes[rv[0]] < LANES_MIN):
             return False  # (a run-time length: :meth:`_emit_group` tests it in the kernel)
         if not all(kind == "sum" and _widened_f32(bodies[0]) for kind, bodies in accs):
             return False
-        return all(e.args[1].coeff(rv[0]) in (0, 1) for m in g.members for b in m.args[1]
-                   for e in walk(b, set(), into_reduce=False) if e.op == "load")
+        loads = [e for m in g.members for b in m.args[1] for e in walk(b, set(), into_reduce=False)
+                 if e.op == "load"]
+        # a bool load: gcc 12 vectorizes no loop of LANES values over bytes (it does the
+        # plain reduction, at 64-byte vectors)
+        return all(e.args[1].coeff(rv[0]) in (0, 1) and self.ir.buffers[e.args[0]].dtype != torch.bool
+                   for e in loads)
 
     def _lanes_sum(self, r: int, body: List[str], sums, tail: List[str], out: List[str], ind: str,
                    par: bool, when: str = "") -> None:

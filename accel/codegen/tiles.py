@@ -162,7 +162,7 @@ class TiledLoops:
         if self.streamed:  # a whole row of the tile streamed, the edge tiles' plainly
             stores = [st for k, st in inner.items if k == "store" and id(st) in self.streamed]
             out.append(f"{ind3}if ({c}_n == {T}) {{")
-            out += [f"{ind3}  alignas(64) {self.ctype(self.ir.buffers[st.buf].dtype)} "
+            out += [f"{ind3}  alignas(64) {self.buffer_ctype(self.ir.buffers[st.buf].dtype)} "
                     f"{self.streamed[id(st)]}[{T}];" for st in stores]
             self._tile_row(c, str(T), inner, out, ind3 + "  ", v, stream=True)
             out.append(f"{ind3}  const int64_t i{v} = {c};")
