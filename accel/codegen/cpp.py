@@ -90,32 +90,45 @@ class CppRenderer(GroupLoops, ColumnLoops, TiledLoops, CStyle):
     launches = None  # how to launch what render() returned (CUDA); a CPU region is a call
     tiled: Dict[Expr, str] = {}  # a transposing tile's loads -> where the tile holds them
     x86_conversions = True  # float to int32/int64 as x86 converts (see cast)
-    gcc_bools = True  # bool buffers as uint8_t, bools to floats by way of int32_t (see cast)
+    # code shaped for gcc 12's vectorizer: bool buffers as uint8_t, bools to floats by way of
+    # int32_t (buffer_ctype, cast), a cos beside a sin of its value apart (op)
+    gcc_shapes = True
 
     def buffer_ctype(self, dtype) -> str:
-        """As :meth:`CStyle.buffer_ctype`; with :attr:`gcc_bools`, a bool buffer's elements
+        """As :meth:`CStyle.buffer_ctype`; with :attr:`gcc_shapes`, a bool buffer's elements
         read and written as ``uint8_t`` (a loaded value still taken into a ``bool``): gcc 12
         vectorizes no loop that loads a ``bool`` from memory (a row of 32768 strided bools'
         exponentials summed one at a time in float32: 8.3e-5 from float64 where eager's 16
         lanes are 3.6e-6; ``torch.where(m, x, 0.0)`` on [8192, 1024]: 9.1 -> 1.3 ms)."""
-        return "uint8_t" if dtype == torch.bool and self.gcc_bools else self.ctype(dtype)
+        return "uint8_t" if dtype == torch.bool and self.gcc_shapes else self.ctype(dtype)
 
     def cast(self, x: str, src, dst) -> str:
         """As :meth:`CStyle.cast`; with :attr:`x86_conversions`, a floating value converted
         to int32 or int64 takes ``trunc_to`` (include/accel/cpu_math.h): x86's result for
         NaN and values out of range, which a C++ cast leaves undefined. With
-        :attr:`gcc_bools`, a ``bool`` converted to a floating type goes by way of
+        :attr:`gcc_shapes`, a ``bool`` converted to a floating type goes by way of
         ``int32_t``, which gcc 12 vectorizes (not the direct conversion; a select of 1 or 0
         it vectorizes too, but folds ``t / t`` into a select of 1 and a NaN with the sign bit
         clear, where x86's 0 / 0 sets it)."""
-        if self.gcc_bools and src == torch.bool and (dst in FLOATS or dst in HALF):
+        if self.gcc_shapes and src == torch.bool and (dst in FLOATS or dst in HALF):
             x, src = f"static_cast<int32_t>({x})", torch.int32
         if self.x86_conversions and dst in (torch.int32, torch.int64) and (src in FLOATS or src in HALF):
             x = super().cast(x, src, torch.float32) if src in HALF else x
             return f"{self.fn}trunc_to<{self.ctype(dst)}>({x})"
         return super().cast(x, src, dst)
 
+    def op(self, e: Expr, args: List[str]) -> str:
+        """As :meth:`CStyle.op`; with :attr:`gcc_shapes`, a cos of a value the kernel also
+        takes the sin of is ``accel::cos_apart`` (include/accel/cpu_math.h: gcc joins the two
+        builtins into a scalar sincos)."""
+        if self.gcc_shapes and e.op == "cos" and e.args[0] in self.sin_args:
+            return f"{self.fn}cos_apart({args[0]})"
+        return super().op(e, args)
+
     def render(self, ir: LoopIR, name: str) -> str:
+        seen: set = set()
+        self.sin_args = {x.args[0] for nest in ir.nests for st in nest.stores
+                         for x in walk(st.value, seen) if x.op == "sin"}
         prefix = self.prefix
         if int_round_trip(ir):
             # gcc 12 folds (float)(int)x into trunc(x) under -fno-trapping-math, which is

@@ -74,7 +74,7 @@ class CudaRenderer(VectorLoads, ColumnTiles, TransposeTiles, CppRenderer):
     #: a row kernel's kept values are a thread's share of the row (at most row_limit)
     row_cache_max = float("inf")
     x86_conversions = False  # a C++ cast in device code is CUDA's saturating one, eager's there
-    gcc_bools = False
+    gcc_shapes = False
     vec = None  # in a vector tile: load Expr -> its vector's name
     vec_stores: Dict[int, str] = {}
     tile_vars: tuple = ()  # the loops a thread mode tile's threads take an element of each

@@ -1,7 +1,8 @@
-"""Regions that read bool masks: eager, accel and torch.compile side by side (median ms per
+"""Regions whose CPU loops gcc 12 left scalar until the seventy-ninth round (bool masks; a
+sin and a cos of one value): eager, accel and torch.compile side by side (median ms per
 call, interleaved, results checked).
 
-    python bench/bool_masks.py [cpu|cuda] [--runs N] [--only NAME,...]
+    python bench/gcc_shapes.py [cpu|cuda] [--runs N] [--only NAME,...]
 
 Inputs: ``x`` float32 of the device's workload shape ([8192, 1024] on the CPU, [16384, 4096]
 on a GPU), ``m`` a bool mask of it (90 % true), ``b`` bools of [2, 65536] read at every
@@ -13,10 +14,12 @@ other column. Workloads:
 - ``mask_and``: ``m & (x > 0)``;
 - ``mask_mean``: ``m.float().mean(1)`` (a per-row accuracy);
 - ``masked_sum``: ``(x * m).sum(1)``;
-- ``bool_log_softmax``: ``log_softmax(b[:, ::2] + 0.5, 1)``.
+- ``bool_log_softmax``: ``log_softmax(b[:, ::2] + 0.5, 1)``;
+- ``sin_cos``: ``torch.sin(x) * 2 + torch.cos(x)``.
 
-Until the seventy-ninth round gcc 12 vectorized none of accel's CPU loops that load a bool
-(the buffers were ``bool*``; now ``uint8_t*``, see ``accel.codegen.cpp.CppRenderer``).
+gcc 12 vectorized no loop that loads a bool (accel's bool buffers were ``bool*``; now
+``uint8_t*``), and it joined a sin and a cos of one value into a call of glibc's scalar
+sincos (now the cos is ``accel::cos_apart``): see ``accel.codegen.cpp.CppRenderer``.
 """
 import os
 import sys
@@ -34,6 +37,7 @@ WORKLOADS = {
     "mask_mean": lambda x, m, b: m.float().mean(1),
     "masked_sum": lambda x, m, b: (x * m).sum(1),
     "bool_log_softmax": lambda x, m, b: torch.log_softmax(b[:, ::2] + 0.5, 1),
+    "sin_cos": lambda x, m, b: torch.sin(x) * 2 + torch.cos(x),
 }
 
 
