@@ -34,9 +34,18 @@ if not os.path.isdir(os.path.join(INCLUDE_DIR, "accel")):  # installed (non-edit
 #: 256-bit vectors, as eager's own AVX-512 kernels are not (on the 2-core Intel Xeon dev VM,
 #: which gcc 12 takes for a Rocket Lake, bias + tanh-GELU on [2048, 4096] float32 ran 9.4-11.4
 #: ms with 256-bit vectors, 3.4-3.5 with 512); a CPU without AVX-512 ignores it.
+#: -fno-tree-pre -fno-tree-sink: two GIMPLE passes that run before the vectorizer and undo
+#: the if-conversion it needs, in loops of selects accel renders everywhere. PRE moved a
+#: compare of a select's result into the select (``isnan(c ? x : lo)`` became ``c ?
+#: isnan(x) : isnan(lo)``: a select of bools, which gcc 12 does not vectorize): every
+#: ``clamp`` and ``hardtanh`` ran scalar. Sinking moved a select's arm into a branch of its
+#: own (a 16-bit rounding, a ``log``: a call only one arm needs), which the vectorizer's
+#: if-conversion cannot take back: float16 ``where``, ``logit`` and ``smooth_l1_loss`` ran
+#: scalar. Neither pass has work left in a kernel accel's own passes CSE'd (eightieth
+#: round: ``bench/vector_audit.py``).
 CXXFLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-fPIC", "-shared",
             "-std=c++17", "-fno-math-errno", "-fno-trapping-math", "-fwrapv", "-ffp-contract=off",
-            "-w"]
+            "-fno-tree-pre", "-fno-tree-sink", "-w"]
 LIBS = ["-lmvec", "-lm"]
 
 

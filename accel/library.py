@@ -179,6 +179,18 @@ def vec_erf(x: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.signbit(x), -y, y)  # ATen flips y's sign bit by x's
 
 
+@_define("log_libm(Tensor x) -> Tensor", _fake_pointwise)
+def log_libm(x: torch.Tensor) -> torch.Tensor:
+    """``log(x)`` as the C library computes it one value at a time (glibc's scalar ``logf``
+    for float32: ``std::log``, which eager's CPU ``xlogy_kernel`` calls in its scalar loop),
+    not as a vector math library does (libmvec's ``logf`` may differ from it in the last
+    bit). Generated CPU kernels call the scalar function, so a loop taking it stays scalar.
+    Same shape and dtype as ``x`` (floating). Only :func:`accel.decompositions._xlogy` emits
+    it (16-bit CPU ``xlogy``, whose log is rounded to 16 bits before its product: a last-bit
+    difference there moved 4 of 16384 float16 results outside ``assert_close``)."""
+    return torch.log(x)
+
+
 def _fake_fma(a, b, c):
     if not (a.is_floating_point() and a.shape == b.shape == c.shape and a.dtype == b.dtype == c.dtype):
         raise RuntimeError("accel.fma takes three floating tensors of one shape and dtype")

@@ -55,6 +55,7 @@ class CStyle:
         "reciprocal": {"float": "$reciprocal({0})"}, "rsqrt": {"float": "$rsqrt({0})"},
         "silu": {"float": "$silu({0})"}, "gelu_tanh": {"float": "$gelu_tanh({0})"},
         "vec_erf": {"float": "$vec_erf({0})"},  # CPU only (accel/decompositions.py: GELU's erf)
+        "log_libm": {"float": "$log_libm({0})"},  # CPU only (accel/decompositions.py: xlogy's log)
         "fma": {"float": "$fma({0}, {1}, {2})"},  # accel/decompositions.py: lerp (CPU), add's alpha
         "mul_rn": {"float": "$mul_rn({0}, {1})"},  # GPU addcmul; products other kernels add
         "div_rn": {"float": "$div_rn({0}, {1})"},  # accel/decompositions.py: true divisions

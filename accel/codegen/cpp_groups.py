@@ -84,9 +84,8 @@ class GroupLoops:
                     mm = e.args[0] in ("amax", "amin")
                     if mm:  # built-in clauses vectorize; NaN aside
                         gt = ">" if e.args[0] == "amax" else "<"
-                        if e.dtype == torch.bool:
-                            update, clause = ("{a} = {a} || {x};", "||") if gt == ">" else \
-                                ("{a} = {a} && {x};", "&&")
+                        if e.dtype == torch.bool:  # in an int: gcc 12 vectorizes no || or && clause
+                            update, clause = ("{a} |= {x};", "|") if gt == ">" else ("{a} &= {x};", "&")
                         else:
                             update, clause = f"{{a}} = {{x}} {gt} {{a}} ? {{x}} : {{a}};", e.args[0][1:]
                         if e.dtype.is_floating_point:
@@ -95,11 +94,14 @@ class GroupLoops:
                             updates.append((mm, f"{a}_nan |= ({x} != {x});"))
                             fixes.append(f"if ({a}_nan) {a} = {self.ctype(e.dtype)}(NAN);")
                     init = self._lim(init, e.dtype) if init.startswith("$") else init
-                    out.append(f"{ind}{self.ctype(e.dtype)} {a} = {init};")
+                    acc_t = "int" if mm and e.dtype == torch.bool else self.ctype(e.dtype)
+                    out.append(f"{ind}{acc_t} {a} = {init};")
                     clauses.append((mm, clause, a))
                     updates.append((mm, update.format(a=a, x=x)))
                     wide |= e.dtype in (torch.float64, torch.int64)
-                scope.names[e] = accs[key]
+                a = accs[key]
+                boolean = e.args[0] in ("amax", "amin") and e.dtype == torch.bool
+                scope.names[e] = f"static_cast<bool>({a})" if boolean else a
             # with a 64-bit accumulator, maxima and minima get a loop of their own: GCC 12
             # miscompiled one with a 64-bit sum and 16-bit conversions (test_opinfo_reductions)
             split = wide and len({mm for mm, _, _ in clauses}) == 2

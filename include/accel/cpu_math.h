@@ -244,6 +244,13 @@ static inline float vec_erf(float x) {
 }
 static inline double vec_erf(double x) { return ::erf(x); }
 
+/* log as the C library computes one value (glibc's scalar logf: eager's CPU xlogy_kernel
+ * calls std::log in a scalar loop), which libmvec's vector logf may differ from in the last
+ * bit (accel.library.log_libm). Out of the compiler's sight (noipa): no vector variant, so a
+ * loop calling it stays scalar, and gcc does not swap in the vector logf. */
+__attribute__((noipa)) static float log_libm(float x) { return ::logf(x); }
+__attribute__((noipa)) static double log_libm(double x) { return ::log(x); }
+
 #define ACCEL_BINARY(name, f32)                                                 \
   static inline float name(float a, float b) { return ::f32(a, b); }            \
   static inline double name(double a, double b) { return ::name(a, b); }
