@@ -77,14 +77,16 @@ class GroupLoops:
             self._emit_items(inner, body_lines, "")
             for e in g.members:  # one accumulator per distinct (kind, body)
                 key = (e.args[0], e.args[1])
+                mm = e.args[0] in ("amax", "amin")
+                # a bool maximum or minimum: in an int, gcc 12 vectorizes no || or && clause
+                boolean = mm and e.dtype == torch.bool
                 if key not in accs:
                     a = accs[key] = f"a{self.ntemp}_{len(accs)}"
                     x = self._name(e.args[1][0], inner)
                     init, update, clause = SIMPLE[e.args[0]]
-                    mm = e.args[0] in ("amax", "amin")
                     if mm:  # built-in clauses vectorize; NaN aside
                         gt = ">" if e.args[0] == "amax" else "<"
-                        if e.dtype == torch.bool:  # in an int: gcc 12 vectorizes no || or && clause
+                        if boolean:
                             update, clause = ("{a} |= {x};", "|") if gt == ">" else ("{a} &= {x};", "&")
                         else:
                             update, clause = f"{{a}} = {{x}} {gt} {{a}} ? {{x}} : {{a}};", e.args[0][1:]
@@ -94,14 +96,11 @@ class GroupLoops:
                             updates.append((mm, f"{a}_nan |= ({x} != {x});"))
                             fixes.append(f"if ({a}_nan) {a} = {self.ctype(e.dtype)}(NAN);")
                     init = self._lim(init, e.dtype) if init.startswith("$") else init
-                    acc_t = "int" if mm and e.dtype == torch.bool else self.ctype(e.dtype)
-                    out.append(f"{ind}{acc_t} {a} = {init};")
+                    out.append(f"{ind}{'int' if boolean else self.ctype(e.dtype)} {a} = {init};")
                     clauses.append((mm, clause, a))
                     updates.append((mm, update.format(a=a, x=x)))
                     wide |= e.dtype in (torch.float64, torch.int64)
-                a = accs[key]
-                boolean = e.args[0] in ("amax", "amin") and e.dtype == torch.bool
-                scope.names[e] = f"static_cast<bool>({a})" if boolean else a
+                scope.names[e] = f"static_cast<bool>({accs[key]})" if boolean else accs[key]
             # with a 64-bit accumulator, maxima and minima get a loop of their own: GCC 12
             # miscompiled one with a 64-bit sum and 16-bit conversions (test_opinfo_reductions)
             split = wide and len({mm for mm, _, _ in clauses}) == 2
