@@ -34,6 +34,16 @@ aten = torch.ops.aten
 _F32 = torch.float32
 
 
+#: Ops whose result is one of their operands or exactly representable in their operands'
+#: float format (NaNs kept as they are), by the index of their first float operand.
+_F16_EXACT = {"abs": 0, "maximum": 0, "minimum": 0, "fmax": 0, "fmin": 0, "where": 1,
+              "ceil": 0, "floor": 0, "trunc": 0, "round": 0}
+
+
+def _is_one(e: Expr) -> bool:
+    return e.op == "const" and e.args[0] == 1 and not isinstance(e.args[0], bool)
+
+
 class LoweringError(Exception):
     """The graph uses an op or pattern the loop IR does not express (region runs eagerly)."""
 
@@ -124,6 +134,7 @@ class _Lowerer:
         self.ext = ext
         self.sizes: List[int] = []
         self.memo: Dict[tuple, Expr] = {}
+        self.exact16: Dict[Expr, bool] = {}  # (see f16_exact)
         self.exprs: Dict[Expr, Expr] = {}
         self.rvars: Dict[tuple, Tuple[tuple, tuple]] = {}  # -> (in dim order, in loop order)
         phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -154,7 +165,42 @@ class _Lowerer:
         return self.exprs.setdefault(e, e)
 
     def cast(self, e: Expr, dtype) -> Expr:
-        return e if e.dtype == dtype else self.mk("cast", dtype, e)
+        if e.dtype == dtype:
+            return e
+        if (dtype == _F32 and e.op == "cast" and e.dtype == torch.float16
+                and self.f16_exact(e.args[0])):
+            return e.args[0]  # rounding a float16 value to float16 again: the same value
+        return self.mk("cast", dtype, e)
+
+    def f16_exact(self, e: Expr) -> bool:
+        """``e`` (a float32 value) is a float16 value: widened from one, a constant one, a
+        result of ``_F16_EXACT`` ops of such values (the absolute value, a maximum or a
+        selected operand of float16 values is one) or one of them times or over 1. Rounding
+        it to float16 changes nothing (NaNs included: these ops make no NaN of another sign
+        or payload than their operands'; a negation would, on CUDA, whose rounding makes
+        every NaN 0x7FFF), so the kernel need not round it (float16 ``where``, ``relu``,
+        ``smooth_l1_loss``'s ``abs`` and ``/ beta``): ATen's kernels round every op's result,
+        and these results are eager's bits without the rounding."""
+        if e.dtype != _F32:
+            return False
+        known = self.exact16.get(e)
+        if known is None:
+            if e.op == "cast":
+                known = e.args[0].dtype == torch.float16
+            elif e.op == "const":
+                v = e.args[0]
+                known = (isinstance(v, (int, float)) and not isinstance(v, bool)
+                         and (v != v or float(torch.tensor(float(v)).half()) == v))
+            elif e.op in _F16_EXACT:
+                known = all(self.f16_exact(a) for a in e.args[_F16_EXACT[e.op]:])
+            elif e.op in ("mul", "mul_rn", "div", "div_rn"):  # x * 1, x / 1 (smooth_l1's beta)
+                a, b = e.args
+                known = ((_is_one(b) and self.f16_exact(a))
+                         or (e.op.startswith("mul") and _is_one(a) and self.f16_exact(b)))
+            else:
+                known = False
+            self.exact16[e] = known
+        return known
 
     def const(self, v, dtype) -> Expr:
         # the key rides along so that -0.0 and 0.0, equal as values, stay two Exprs

@@ -1,5 +1,6 @@
 """Regions whose CPU loops gcc 12 left scalar until the seventy-ninth round (bool masks; a
-sin and a cos of one value) or the eightieth (clamps, float16 selects, bool row maxima):
+sin and a cos of one value), the eightieth (clamps, float16 selects, bool row maxima) or the
+eighty-first (``round``):
 eager, accel and torch.compile side by side (median ms per call, interleaved, results
 checked).
 
@@ -20,14 +21,18 @@ other column, ``h`` float16 of ``x``. Workloads:
 - ``clamp``: ``(x * 2).clamp(-1, 1)``; ``hardtanh``: ``F.hardtanh(x * 3)``;
 - ``f16_where``: ``torch.where(h > 0, h, h * 2)``; ``f16_logit``: ``torch.logit(h.sigmoid(),
   1e-6)``; ``f16_smooth_l1``: ``F.smooth_l1_loss(h, h * 0.5, reduction="none")``;
-- ``row_any``: ``(x > 1).amax(1)`` (bools' row maximum).
+- ``row_any``: ``(x > 1).amax(1)`` (bools' row maximum);
+- ``round``: ``torch.round(x * 3.5)``; ``round_decimals``: ``torch.round(x * 3,
+  decimals=2)``; ``f16_round``: ``torch.round(h * 3.5) - h``.
 
 gcc 12 vectorized no loop that loads a bool (accel's bool buffers were ``bool*``; now
 ``uint8_t*``), and it joined a sin and a cos of one value into a call of glibc's scalar
 sincos (now the cos is ``accel::cos_apart``): see ``accel.codegen.cpp.CppRenderer``. Two of
 its passes before the vectorizer undid the if-conversion of selects (``-fno-tree-pre
 -fno-tree-sink`` now: ``accel.build.CXXFLAGS``), and it vectorized no ``||`` reduction (a
-bool row maximum now accumulates in an ``int``: ``accel.codegen.cpp_groups``).
+bool row maximum now accumulates in an ``int``: ``accel.codegen.cpp_groups``). It vectorizes
+no ``roundeven``, which every ``torch.round`` called until the eighty-first round (now
+``rint``: include/accel/cpu_math.h).
 """
 import os
 import sys
@@ -53,6 +58,9 @@ WORKLOADS = {
     "f16_logit": lambda x, m, b, h: torch.logit(h.sigmoid(), 1e-6),
     "f16_smooth_l1": lambda x, m, b, h: F.smooth_l1_loss(h, h * 0.5, reduction="none"),
     "row_any": lambda x, m, b, h: (x > 1).amax(1),
+    "round": lambda x, m, b, h: torch.round(x * 3.5),
+    "round_decimals": lambda x, m, b, h: torch.round(x * 3, decimals=2),
+    "f16_round": lambda x, m, b, h: torch.round(h * 3.5) - h,
 }
 
 

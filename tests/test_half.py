@@ -781,10 +781,11 @@ def _cpu_flags() -> set:
 @pytest.mark.skipif(not {"avx2", "f16c"} <= _cpu_flags(),
                     reason="float16 conversions use F16C on x86 CPUs with AVX2 and F16C")
 def test_cpu_float16_conversions_vectorize_with_f16c(tmp_path):
-    """On this CPU a float16 kernel's loop converts 8 values at a time with F16C: gcc
-    calls the 8-lane variants include/accel/half.h defines (the AVX2 names, or the AVX-512
-    ones on a CPU with AVX-512), a rounding read back as float32 among them
-    (test_conversions_are_exact checks their bits through kernels)."""
+    """On this CPU a float16 kernel's loop converts 8 values at a time with F16C, 16 with
+    AVX-512: gcc calls the vector variants include/accel/half.h defines (8 lanes under
+    their AVX2 names, or 16 under their AVX-512 ones: two 8-lane calls and their spills for
+    every 16 lanes made float16 smooth_l1_loss twice as slow), a rounding read back as
+    float32 among them (test_conversions_are_exact checks their bits through kernels)."""
     import os
     import subprocess
     import sys
@@ -805,9 +806,61 @@ def test_cpu_float16_conversions_vectorize_with_f16c(tmp_path):
     subprocess.run(["g++", *flags, "-S", "-I", INCLUDE_DIR, str(tmp_path / "k.cpp"), "-o", str(tmp_path / "k.s")],
                    check=True, capture_output=True, timeout=120)
     asm = (tmp_path / "k.s").read_text()
-    isa = "e" if "avx512f" in _cpu_flags() else "d"
-    assert all(f"call\t_ZGV{isa}N8v_accel_f16c_{f}" in asm for f in ("h2f", "f2h", "round"))
-    assert "vcvtph2ps\t%xmm" in asm and "vcvtps2ph\t$8, %ymm" in asm
+    if "avx512f" in _cpu_flags():  # 16 float lanes a vector: the 16-lane variants
+        assert all(f"call\t_ZGVeN16v_accel_f16c_{f}" in asm for f in ("h2f", "f2h", "round"))
+        assert "vcvtph2ps\t%ymm" in asm and "vcvtps2ph\t$8, %zmm" in asm
+    else:
+        assert all(f"call\t_ZGVdN8v_accel_f16c_{f}" in asm for f in ("h2f", "f2h", "round"))
+        assert "vcvtph2ps\t%xmm" in asm and "vcvtps2ph\t$8, %ymm" in asm
+
+
+def test_float16_values_selected_or_unchanged_are_not_rounded_again():
+    """A float16 op whose result is one of its float16 operands or exactly representable
+    (``abs``, ``maximum``, ``where``'s arms, ``floor``, a product with 1) is not rounded to
+    float16 and back before the next op reads it (accel.lower_expr._Lowerer.f16_exact):
+    eager's kernels round it, to the same value. Each rounding costs a CPU loop a call of
+    F16C's vector variant. A product with 2 still is; so is a bfloat16 maximum."""
+    import os
+    import sys
+
+    from accel.codegen.scopes import f16_round
+    from accel.loop_ir import walk
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from test_pipeline import _lowered
+
+    def roundings(dtype, scale):
+        x, y = torch.empty(64, 256, dtype=dtype), torch.empty(64, 256, dtype=dtype)
+        calls = [(torch.ops.aten.abs.default, (("x", 0),), {}, 1),
+                 (torch.ops.aten.maximum.default, (("o", 0), ("x", 1)), {}, 1),
+                 (torch.ops.aten.floor.default, (("o", 1),), {}, 1),
+                 (torch.ops.aten.mul.Tensor, (("o", 2), ("c", scale)), {}, 1),
+                 (torch.ops.aten.gt.Scalar, (("x", 0), ("c", 0)), {}, 1),
+                 (torch.ops.aten.where.self, (("o", 4), ("o", 3), ("x", 1)), {}, 1),
+                 (torch.ops.aten.add.Tensor, (("o", 5), ("x", 0)), {}, 1)]
+        meta = [((64, 256), (256, 1), dtype)] * 4 + [((64, 256), (256, 1), torch.bool)]
+        ir = _lowered(calls, [x, y], meta + [((64, 256), (256, 1), dtype)] * 2, (6,))
+        seen: set = set()
+        return sum(f16_round(e) for nest in ir.nests for st in nest.stores for e in walk(st.value, seen))
+
+    assert roundings(torch.float16, 1.0) == 0
+    assert roundings(torch.float16, 2.0) == 1  # x * 2 may overflow or leave the subnormals
+    assert roundings(torch.bfloat16, 1.0) == 0  # (bfloat16's roundings are not f16_round's)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_float16_results_not_rounded_again_have_eagers_bits(device):
+    """Programs whose float16 results are not rounded again
+    (test_float16_values_selected_or_unchanged_are_not_rounded_again), over every float16
+    bit pattern (NaNs, infinities, subnormals, -0.0): eager's bits."""
+    h = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16).view(torch.float16)
+    h = h.reshape(256, 256).to(device)
+    g = h.flip(0).roll(7, 1)
+    cases = [lambda: torch.where(h > 0, h, h * 2), lambda: torch.relu(h * 3) + g,
+             lambda: F.smooth_l1_loss(h, g, reduction="none"), lambda: torch.maximum(h.abs(), g).floor() * 1,
+             lambda: torch.fmin(h, g * 0.5).trunc().round() / 1, lambda: F.hardtanh(h * 1.5) - g,
+             lambda: torch.where(h < g, h.ceil(), 0.25) * h, lambda: torch.minimum(h, g).abs().sqrt()]
+    _kernels_have_eagers_bits(cases)
 
 
 @pytest.mark.parametrize("device", DEVICES)

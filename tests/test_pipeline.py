@@ -1207,8 +1207,9 @@ def test_group_norm_without_affine_runs_as_a_kernel(shape, device):
 
 
 #: regions whose CPU loops gcc 12 once left scalar: selects it could not if-convert after
-#: its PRE and sinking passes (clamps; float16 selects beside a rounding or a log), and a
-#: bool row maximum or minimum in a ``||`` / ``&&`` reduction clause
+#: its PRE and sinking passes (clamps; float16 selects beside a rounding or a log), a
+#: bool row maximum or minimum in a ``||`` / ``&&`` reduction clause, and ``round``
+#: (``__builtin_roundevenf``, which it does not vectorize; now ``rintf``)
 SELECT_PROGRAMS = {
     "clamp": lambda x, h: (x * 2).clamp(-1, 1),
     "hardtanh": lambda x, h: F.hardtanh(x * 3),
@@ -1217,18 +1218,22 @@ SELECT_PROGRAMS = {
     "f16_smooth_l1": lambda x, h: F.smooth_l1_loss(h, h * 0.5, reduction="none"),
     "bool_row_max": lambda x, h: (x > 1).amax(1),
     "bool_row_min": lambda x, h: (x > -1).amin(1),
+    "round": lambda x, h: torch.round(x * 3.5),  # (halfway cases: 0.5 * k / 3.5 ...)
+    "round_decimals": lambda x, h: torch.round(x * 3, decimals=2),
+    "f16_round": lambda x, h: torch.round(h * 3.5) - h,
 }
 
 
 @pytest.mark.skipif("avx2" not in _cpu_flags(), reason="checks for 256- or 512-bit instructions (AVX2 or AVX-512)")
 @pytest.mark.parametrize("name", SELECT_PROGRAMS)
-def test_cpu_select_and_bool_reduction_loops_vectorize(name, fresh_store):
+def test_cpu_loops_gcc_left_scalar_vectorize(name, fresh_store):
     """Each program runs as one CPU kernel matching eager (bools bit for bit), and the
     kernel's ``omp simd`` loop compiles, with accel's own flags, to 256- or 512-bit
     instructions (bench/vector_audit.py's check, from the assembly). Before ``-fno-tree-pre
-    -fno-tree-sink`` (``accel.build.CXXFLAGS``) and the bool maximum's ``int`` accumulator
-    (``accel.codegen.cpp_groups``) each of these loops was scalar: 65 ms against eager's 3
-    for ``(x * 2).clamp(-1, 1)`` of float16 [8192, 1024]."""
+    -fno-tree-sink`` (``accel.build.CXXFLAGS``), the bool maximum's ``int`` accumulator
+    (``accel.codegen.cpp_groups``) and ``accel::round`` as ``rintf`` (include/accel/
+    cpu_math.h) each of these loops was scalar: 65 ms against eager's 3 for ``(x *
+    2).clamp(-1, 1)`` of float16 [8192, 1024]."""
     import sys
     import tempfile
 

@@ -322,8 +322,12 @@ static inline double div_rn(double a, double b) { return a / b; }
 template <typename T> static inline T fmax(T a, T b) { return (a < b || a != a) ? b : a; }
 template <typename T> static inline T fmin(T a, T b) { return (a > b || a != a) ? b : a; }
 
-static inline float round(float x) { return __builtin_roundevenf(x); }
-static inline double round(double x) { return __builtin_roundeven(x); }
+/* round half to even, as eager's (ATen's vector round: roundscale to nearest; its scalar
+ * loop's std::nearbyint). rint rounds in the current rounding mode, which is to nearest
+ * in every thread PyTorch starts; gcc 12 vectorizes no roundeven, so every loop with a
+ * torch.round ran scalar (eighty-first round). */
+static inline float round(float x) { return __builtin_rintf(x); }
+static inline double round(double x) { return __builtin_rint(x); }
 
 /* A float's or double's bits as an unsigned integer, and its sign bit there. */
 template <typename T> constexpr bool ieee_v = std::is_same_v<T, float> || std::is_same_v<T, double>;
