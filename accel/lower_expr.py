@@ -41,7 +41,8 @@ _F16_EXACT = {"abs": 0, "maximum": 0, "minimum": 0, "fmax": 0, "fmin": 0, "where
 
 
 def _is_one(e: Expr) -> bool:
-    return e.op == "const" and e.args[0] == 1 and not isinstance(e.args[0], bool)
+    return (isinstance(e, Expr) and e.op == "const" and e.args[0] == 1
+            and not isinstance(e.args[0], bool))
 
 
 class LoweringError(Exception):
@@ -181,7 +182,7 @@ class _Lowerer:
         every NaN 0x7FFF), so the kernel need not round it (float16 ``where``, ``relu``,
         ``smooth_l1_loss``'s ``abs`` and ``/ beta``): ATen's kernels round every op's result,
         and these results are eager's bits without the rounding."""
-        if e.dtype != _F32:
+        if not isinstance(e, Expr) or e.dtype != _F32:
             return False
         known = self.exact16.get(e)
         if known is None:
