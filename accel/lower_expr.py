@@ -40,11 +40,6 @@ _F16_EXACT = {"abs": 0, "maximum": 0, "minimum": 0, "fmax": 0, "fmin": 0, "where
               "ceil": 0, "floor": 0, "trunc": 0, "round": 0}
 
 
-def _is_one(e: Expr) -> bool:
-    return (isinstance(e, Expr) and e.op == "const" and e.args[0] == 1
-            and not isinstance(e.args[0], bool))
-
-
 class LoweringError(Exception):
     """The graph uses an op or pattern the loop IR does not express (region runs eagerly)."""
 
@@ -174,14 +169,15 @@ class _Lowerer:
         return self.mk("cast", dtype, e)
 
     def f16_exact(self, e: Expr) -> bool:
-        """``e`` (a float32 value) is a float16 value: widened from one, a constant one, a
+        """``e`` (a float32 value) is a float16 value: widened from one, a constant one, or a
         result of ``_F16_EXACT`` ops of such values (the absolute value, a maximum or a
-        selected operand of float16 values is one) or one of them times or over 1. Rounding
-        it to float16 changes nothing (NaNs included: these ops make no NaN of another sign
-        or payload than their operands'; a negation would, on CUDA, whose rounding makes
-        every NaN 0x7FFF), so the kernel need not round it (float16 ``where``, ``relu``,
-        ``smooth_l1_loss``'s ``abs`` and ``/ beta``): ATen's kernels round every op's result,
-        and these results are eager's bits without the rounding."""
+        selected operand of float16 values is one). Rounding it to float16 changes nothing
+        (NaNs included: these ops make no NaN of another sign or payload than their
+        operands'; a negation would, on CUDA, whose rounding makes every NaN 0x7FFF), so the
+        kernel need not round it (float16 ``where``, ``relu``, ``smooth_l1_loss``'s
+        ``abs``): ATen's kernels round every op's result, and these results are eager's bits
+        without the rounding. (A product with or quotient by 1 is gone before lowering:
+        :func:`accel.passes.remove_identities`.)"""
         if not isinstance(e, Expr) or e.dtype != _F32:
             return False
         known = self.exact16.get(e)
@@ -194,10 +190,6 @@ class _Lowerer:
                          and (v != v or float(torch.tensor(float(v)).half()) == v))
             elif e.op in _F16_EXACT:
                 known = all(self.f16_exact(a) for a in e.args[_F16_EXACT[e.op]:])
-            elif e.op in ("mul", "mul_rn", "div", "div_rn"):  # x * 1, x / 1 (smooth_l1's beta)
-                a, b = e.args
-                known = ((_is_one(b) and self.f16_exact(a))
-                         or (e.op.startswith("mul") and _is_one(a) and self.f16_exact(b)))
             else:
                 known = False
             self.exact16[e] = known

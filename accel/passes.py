@@ -11,7 +11,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 import torch.fx as fx
 
-from . import graph
+from . import graph, library  # noqa: F401 - library registers torch.ops.accel.* (mul_rn, div_rn)
 from .ops import float_key
 
 log = logging.getLogger("accel.passes")
@@ -19,6 +19,21 @@ prims = torch.ops.prims
 aten = torch.ops.aten
 
 _IMPURE = {aten.copy_.default}
+
+
+def _same_value(n: fx.Node, src) -> bool:
+    """``src`` is a node whose tensor value has ``n``'s shape and dtype."""
+    if not isinstance(src, fx.Node) or "val" not in src.meta or "val" not in n.meta:
+        return False
+    a, b = src.meta["val"], n.meta["val"]
+    return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+            and a.shape == b.shape and a.dtype == b.dtype)
+
+
+def _replace(gm: fx.GraphModule, n: fx.Node, src: fx.Node) -> int:
+    n.replace_all_uses_with(src)
+    gm.graph.erase_node(n)
+    return 1
 
 
 def remove_noops(gm: fx.GraphModule) -> int:
@@ -30,30 +45,44 @@ def remove_noops(gm: fx.GraphModule) -> int:
     for n in list(gm.graph.nodes):
         if n.op != "call_function":
             continue
-        if n.target is aten.copy.default and not n.kwargs:  # functionalized copy_: src's values
-            dst, src = n.args[:2]  # non_blocking changes nothing within a device
-            if (isinstance(src, fx.Node) and "val" in src.meta
-                    and src.meta["val"].shape == dst.meta["val"].shape
-                    and src.meta["val"].dtype == dst.meta["val"].dtype):
-                n.replace_all_uses_with(src)
-                gm.graph.erase_node(n)
-                n_removed += 1
+        t = n.target
+        if t is aten.copy.default and not n.kwargs:  # functionalized copy_: src's values
+            if _same_value(n.args[0], n.args[1]):  # non_blocking changes nothing within a device
+                n_removed += _replace(gm, n, n.args[1])
             continue
         src = n.args[0] if n.args else None
-        if not isinstance(src, fx.Node) or "val" not in src.meta or "val" not in n.meta:
+        if not _same_value(n, src):
             continue
-        a, b = src.meta["val"], n.meta["val"]
-        same = (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
-                and a.shape == b.shape and a.dtype == b.dtype)
-        if not same:
+        if (t in (prims.view_of.default, aten.alias.default, prims.convert_element_type.default)
+                or (t is prims.broadcast_in_dim.default
+                    and list(n.args[2]) == list(range(src.meta["val"].dim())))):
+            n_removed += _replace(gm, n, src)
+    return n_removed
+
+
+def _is_one(a) -> bool:
+    """``a`` is the number 1 (not ``True``) or a ``full`` of it."""
+    if isinstance(a, fx.Node) and a.op == "call_function" and a.target is prims.full.default:
+        a = a.args[1]
+    return isinstance(a, (int, float)) and not isinstance(a, bool) and a == 1
+
+
+def remove_identities(gm: fx.GraphModule) -> int:
+    """Drop products with 1 and quotients by 1 whose result has the other operand's shape
+    and dtype: the result is that operand, in every dtype (for a 16-bit one the product's
+    rounding to it is the identity too). Runs after :func:`constant_folding`, which makes a
+    ``prims.full`` of a decomposition's constant tensor (``smooth_l1_loss``'s ``/ beta``
+    with the default ``beta=1.0``)."""
+    products = (prims.mul.default, torch.ops.accel.mul_rn.default)
+    quotients = (prims.div.default, torch.ops.accel.div_rn.default)
+    n_removed = 0
+    for n in list(gm.graph.nodes):
+        if n.op != "call_function" or n.target not in products + quotients or len(n.args) != 2:
             continue
-        t = n.target
-        if (t in (prims.view_of.default, aten.alias.default)
-                or (t is prims.convert_element_type.default)
-                or (t is prims.broadcast_in_dim.default and list(n.args[2]) == list(range(a.dim())))):
-            n.replace_all_uses_with(src)
-            gm.graph.erase_node(n)
-            n_removed += 1
+        a, b = n.args
+        src = a if _is_one(b) else b if n.target in products and _is_one(a) else None
+        if _same_value(n, src):
+            n_removed += _replace(gm, n, src)
     return n_removed
 
 
@@ -550,6 +579,7 @@ PASSES: List[Tuple[str, Callable[[fx.GraphModule], int]]] = [
     ("remove_noops", remove_noops),
     ("specialize_pow", specialize_pow),
     ("constant_folding", constant_folding),
+    ("remove_identities", remove_identities),
     ("cse", cse),
     ("dce", dce),
     ("sink_collapse_views", sink_collapse_views),

@@ -13,7 +13,8 @@ from accel.codegen.cpp import CppRenderer
 from accel.graph import TraceError, trace_region
 from accel.loop_ir import BufferSpec, free_vars, reductions, walk
 from accel.lowering import LoweringError, lower
-from accel.passes import cse, dce, remove_noops, round_products_across_kernels, run_passes, specialize_pow
+from accel.passes import (constant_folding, cse, dce, remove_identities, remove_noops, round_products_across_kernels,
+                          run_passes, specialize_pow)
 from plugin_runs import run_under, seed_dispatch_filter  # tests/plugin_runs.py
 from test_half import _cpu_flags  # tests/test_half.py
 
@@ -86,7 +87,7 @@ def test_dce_and_noop_removal():
     extra.meta["val"] = torch.empty(4, 8, device="meta")
     log = run_passes(gm)
     assert [line.split(":")[0] for line in log] == ["remove_noops", "specialize_pow", "constant_folding",
-                                                      "cse", "dce", "sink_collapse_views", "patterns",
+                                                      "remove_identities", "cse", "dce", "sink_collapse_views", "patterns",
                                                       "round_products_across_kernels"]
     assert _targets(gm) == ["prims.neg.default"], gm.graph
     assert dce(gm) == 0 and remove_noops(gm) == 0
@@ -1123,6 +1124,45 @@ def test_noop_removal_drops_a_functional_copy_of_the_same_shape_and_dtype():
     assert kept.meta["val"].dtype == torch.float64
     mutations = [n.args[1] for n in gm.graph.nodes if n.target is aten.copy_.default]
     assert mutations[0].target is prims.sin.default and mutations[1] is kept
+
+
+def test_identity_removal_drops_products_with_and_quotients_by_1():
+    """``x * 1``, ``1 * x``, ``x / 1`` (a number or a ``full`` of it: ``smooth_l1_loss``'s
+    default ``/ beta``) of the result's shape and dtype are ``x``: the nodes go. ``x * 2``
+    and ``1 / x`` stay; an int tensor over 1 keeps its conversion to float. The region
+    still matches eager, bit for bit, at float32 and float16 (a float16 product's rounding
+    is the identity too)."""
+    for dtype in (torch.float32, torch.float16):
+        x, i = torch.empty(4, 8, dtype=dtype), torch.empty(4, 8, dtype=torch.int64)
+        calls = [(aten.mul.Tensor, (("x", 0), ("c", 1)), {}, 1), (aten.mul.Tensor, (("c", 1.0), ("o", 0)), {}, 1),
+                 (aten.div.Tensor, (("o", 1), ("c", 1.0)), {}, 1), (aten.smooth_l1_loss.default,
+                 (("o", 2), ("x", 0), ("c", 1), ("c", 1.0)), {}, 1), (aten.mul.Tensor, (("o", 3), ("c", 2)), {}, 1),
+                 (aten.reciprocal.default, (("o", 4),), {}, 1), (aten.div.Tensor, (("x", 1), ("c", 1)), {}, 1)]
+        gm = trace_region(calls, [x, i], 7, (5, 6), []).gm
+        muldiv = lambda: [n for n in gm.graph.nodes
+                          if n.target in (prims.mul.default, prims.div.default, torch.ops.accel.div_rn.default)]
+        ones = lambda: [n for n in muldiv() if any(
+            a == 1 or (isinstance(a, torch.fx.Node) and a.target is prims.full.default and a.args[1] == 1)
+            for a in n.args)]
+        constant_folding(gm)  # (smooth_l1's beta: a full_like, broadcast, becomes a full)
+        assert len(ones()) == 5, gm.graph  # x * 1, 1 * x, x / 1, smooth_l1's / beta, i / 1
+        assert remove_identities(gm) == 5
+        assert ones() == [], gm.graph
+        assert any(n.args[1] == 2 for n in muldiv()), gm.graph
+        targets = {n.target for n in gm.graph.nodes}
+        assert prims.reciprocal.default in targets and prims.convert_element_type.default in targets
+
+    g = torch.Generator().manual_seed(0)
+    for dtype in (torch.float32, torch.float16):
+        x = (torch.randn(64, 256, generator=g) * 3).to(dtype)
+        fn = lambda t: (1 * (F.smooth_l1_loss(t * 1, t.flip(0), reduction="none") / 1)) * 2
+        expected = fn(x)
+        accel.reset_stats()
+        with accel.eager():
+            actual = fn(x)
+        st = accel.stats()
+        assert st["kernel_runs"] >= 1 and st["eager_replays"] == 0, st
+        assert torch.equal(actual, expected)
 
 
 def test_a_non_blocking_copy_runs_in_a_kernel():

@@ -70,6 +70,15 @@ typedef int accel_v16si __attribute__((vector_size(64)));
 typedef short accel_v16hi __attribute__((vector_size(32)));
 typedef unsigned short accel_v16hu __attribute__((vector_size(32)));
 typedef float accel_v16sf __attribute__((vector_size(64)));
+#ifdef __AVX512F__
+/* 16 values widened / rounded to float16 (to nearest even): vcvtph2ps / vcvtps2ph on zmm */
+static inline accel_v16sf f16c_widen16(accel_v16hi h) {
+  return __builtin_ia32_vcvtph2ps512_mask(h, accel_v16sf{}, -1, 4);
+}
+static inline accel_v16hi f16c_narrow16(accel_v16sf f) {
+  return __builtin_ia32_vcvtps2ph512_mask(f, 8, accel_v16hi{}, -1);
+}
+#endif
 }  // namespace accel
 extern "C" {
 #pragma omp declare simd simdlen(8) notinbranch
@@ -98,13 +107,13 @@ __attribute__((visibility("hidden"))) accel::accel_v8sf _ZGVdN8v_accel_f16c_roun
 }
 #ifdef __AVX512F__
 __attribute__((visibility("hidden"))) accel::accel_v16sf _ZGVeN16v_accel_f16c_h2f(accel::accel_v16si h) {
-  return __builtin_ia32_vcvtph2ps512_mask(__builtin_convertvector(h, accel::accel_v16hi), accel::accel_v16sf{}, -1, 4);
+  return accel::f16c_widen16(__builtin_convertvector(h, accel::accel_v16hi));
 }
 __attribute__((visibility("hidden"))) accel::accel_v16si _ZGVeN16v_accel_f16c_f2h(accel::accel_v16sf f) {
-  return __builtin_convertvector((accel::accel_v16hu)__builtin_ia32_vcvtps2ph512_mask(f, 8, accel::accel_v16hi{}, -1), accel::accel_v16si);
+  return __builtin_convertvector((accel::accel_v16hu)accel::f16c_narrow16(f), accel::accel_v16si);
 }
 __attribute__((visibility("hidden"))) accel::accel_v16sf _ZGVeN16v_accel_f16c_round(accel::accel_v16sf f) {
-  return __builtin_ia32_vcvtph2ps512_mask(__builtin_ia32_vcvtps2ph512_mask(f, 8, accel::accel_v16hi{}, -1), accel::accel_v16sf{}, -1, 4);
+  return accel::f16c_widen16(accel::f16c_narrow16(f));
 }
 #endif
 /* the AVX-512 names of the same 8-lane variants (gcc 12 with -march=native on an AVX-512
@@ -187,9 +196,10 @@ ACCEL_HALF_FN float f16_round(float f) {
 /* Whole rows at once, for CPU row kernels (a row of at most a few thousand values, in a
  * stack array): widen n float16 values, round n float32 values to float16 and back, narrow
  * n float32 values. With F16C these are explicit 8-lane conversions (16-lane with
- * AVX-512): inside a vectorized loop each conversion is a call of its vector variant, around which gcc spills the loop's
- * live vectors (softmax(x * 0.125) of float16 [8192, 1024]: 6.5 -> 4.9 ms with the row's
- * conversions done here). The same bits as the element-wise functions above. */
+ * AVX-512): inside a vectorized loop each conversion is a call of its vector variant,
+ * around which gcc spills the loop's live vectors (softmax(x * 0.125) of float16 [8192,
+ * 1024]: 6.5 -> 4.9 ms with the row's conversions done here). The same bits as the
+ * element-wise functions above. */
 #ifdef ACCEL_F16C
 static inline void f16c_8(const f16* s, float* d) {  /* widen */
   accel_v8hi h;
@@ -213,20 +223,19 @@ static inline void f16c_8(const float* s, float* d) {  /* round */
 static inline void f16c_16(const f16* s, float* d) {  /* widen */
   accel_v16hi h;
   memcpy(&h, s, 32);
-  const accel_v16sf f = __builtin_ia32_vcvtph2ps512_mask(h, accel_v16sf{}, -1, 4);
+  const accel_v16sf f = f16c_widen16(h);
   memcpy(d, &f, 64);
 }
 static inline void f16c_16(const float* s, f16* d) {  /* narrow */
   accel_v16sf f;
   memcpy(&f, s, 64);
-  const accel_v16hi h = __builtin_ia32_vcvtps2ph512_mask(f, 8, accel_v16hi{}, -1);
+  const accel_v16hi h = f16c_narrow16(f);
   memcpy(d, &h, 32);
 }
 static inline void f16c_16(const float* s, float* d) {  /* round */
   accel_v16sf f;
   memcpy(&f, s, 64);
-  f = __builtin_ia32_vcvtph2ps512_mask(__builtin_ia32_vcvtps2ph512_mask(f, 8, accel_v16hi{}, -1),
-                                       accel_v16sf{}, -1, 4);
+  f = f16c_widen16(f16c_narrow16(f));
   memcpy(d, &f, 64);
 }
 #endif
@@ -235,7 +244,7 @@ static inline float f16_1(f16 x, float*) { return f16_to_float(x); }
 static inline f16 f16_1(float x, f16*) { return float_to_f16(x); }
 static inline float f16_1(float x, float*) { return f16_round(x); }
 
-/* dst[i] = src[i] widened, narrowed or rounded (by the element types), 8 at a time */
+/* dst[i] = src[i] widened, narrowed or rounded (by the element types), 16 or 8 at a time */
 template <typename S, typename D> static inline void f16_row(const S* src, D* dst, int64_t n) {
   int64_t i = 0;
 #if defined(ACCEL_F16C) && defined(__AVX512F__)
