@@ -79,6 +79,22 @@ def _erf_gelu_cpu(*tensors) -> bool:
                for t in tensors)
 
 
+def _onednn_gelu(a) -> bool:
+    """Whether eager's exact GELU of ``a`` (a CPU tensor) runs oneDNN's ``eltwise_gelu_erf``,
+    as ``use_mkldnn`` in ATen's ``Activation.cpp`` decides: oneDNN built in and enabled
+    (``torch.backends.mkldnn``), ``a`` contiguous with more than one element, float32,
+    bfloat16 where oneDNN has bfloat16 kernels for this CPU, float16 where it has float16
+    ones (AVX512-FP16 or AMX-FP16). Decided when a region is traced: a kernel built with
+    oneDNN enabled replays after ``torch.backends.mkldnn.flags(enabled=False)`` too."""
+    if not (torch.backends.mkldnn.is_available() and torch._C._get_mkldnn_enabled()):
+        return False
+    if a.numel() <= 1 or not a.is_contiguous():
+        return False
+    return (a.dtype == torch.float32
+            or (a.dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+            or (a.dtype == torch.float16 and torch.ops.mkldnn._is_mkldnn_fp16_supported()))
+
+
 def _gelu(decomposition, a, approximate="none"):
     """``aten.gelu`` as torch._decomp's ``decomposition`` of it (``x * 0.5 * (1 + erf(x *
     M_SQRT1_2))``), except that on float32 and 16-bit CPU tensors the erf is ATen's
@@ -96,11 +112,20 @@ def _gelu(decomposition, a, approximate="none"):
     (``gelu(x[:, ::2])`` of a [2048, 4096] float32 ``x``: 1.1 ms against eager's 27 on the dev
     VM; calling glibc's ``erff`` gave eager's bits in eager's time). This erf vectorizes to
     about half the time of libmvec's: [2048, 4096] float32 GELU 1.40 ms against 1.81 on the
-    dev VM (torch.compile 1.52, eager 1.76-1.84)."""
+    dev VM (torch.compile 1.52, eager 1.76-1.84).
+
+    Where oneDNN runs (:func:`_onednn_gelu`) its special values too: ``gelu(inf)`` is NaN
+    and ``gelu(x)`` for ``x`` from 2^127 on is inf (it computes ``x * (1 + erf) * 0.5``,
+    whose product overflows), where ATen's loops give inf and ``x``; the product is taken in
+    that order there, and +inf selected to NaN. (Its backward differs from ATen's in the
+    far tails only: 0 where ATen's is 1e-22, within every tolerance.)"""
     if approximate != "none" or not _erf_gelu_cpu(a):
         return decomposition(a, approximate)
     x = a.float()
-    return (x * 0.5 * (1 + torch.ops.accel.vec_erf(x * _SQRT1_2))).to(a.dtype)
+    cdf2 = 1 + torch.ops.accel.vec_erf(x * _SQRT1_2)
+    if not _onednn_gelu(a):
+        return (x * 0.5 * cdf2).to(a.dtype)
+    return torch.where(x == float("inf"), float("nan"), x * cdf2 * 0.5).to(a.dtype)
 
 
 def _gelu_backward(decomposition, grad, x, approximate="none"):

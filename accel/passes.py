@@ -61,7 +61,11 @@ def remove_noops(gm: fx.GraphModule) -> int:
 
 
 def _is_one(a) -> bool:
-    """``a`` is the number 1 (not ``True``) or a ``full`` of it."""
+    """``a`` is the number 1 (not ``True``) or a ``full`` of it, converted or broadcast
+    (constant folding leaves a large constant a 0-dim ``full`` broadcast)."""
+    while (isinstance(a, fx.Node) and a.op == "call_function"
+           and a.target in (prims.broadcast_in_dim.default, prims.convert_element_type.default)):
+        a = a.args[0]
     if isinstance(a, fx.Node) and a.op == "call_function" and a.target is prims.full.default:
         a = a.args[1]
     return isinstance(a, (int, float)) and not isinstance(a, bool) and a == 1

@@ -21,6 +21,7 @@ import threading
 
 import pytest
 import torch
+import torch.nn.functional as F
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -674,6 +675,36 @@ def test_gcd_runs_as_a_kernel_bit_for_bit(device, dtype):
     st = accel.stats()
     assert st["compile_failures"] == 0 and st["kernel_runs"] == 1, st
     assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_cpu_gelus_special_values_are_eagers_on_each_of_its_paths(dtype):
+    """eager's CPU GELU runs oneDNN for a contiguous tensor of more than one element (its
+    ``gelu(inf)`` is NaN, and from 2^127 on its product overflows to inf) and ATen's loops
+    otherwise (``gelu(inf)`` inf; ``gelu(x)`` x): accel's kernels give each path's special
+    values (found by the ``accel-explore`` profile: ``gelu`` of a leaf holding inf was inf
+    under accel, NaN in eager). Contiguous, strided along the row, one element, and with
+    oneDNN disabled (at another length: the decision is the traced region's, and a kernel
+    traced with oneDNN enabled replays after it is disabled); signed zeros, subnormals, the
+    tails, NaN."""
+    inf, big = float("inf"), 2.0 ** 127 if dtype != torch.float16 else 6e4
+    special = [inf, -inf, float("nan"), big, big * 1.25, -big, 1e10, -1e10, 10.0, -10.0,
+               -13.0, 1e-40, -1e-40, 0.0, -0.0, 3.0, -3.0, 0.5]
+    g = torch.Generator().manual_seed(0)
+    for mkldnn, n in ((True, 64), (False, 66)):
+        x = torch.cat([torch.tensor(special), torch.randn(n - len(special), generator=g) * 3]).to(dtype)
+        two = torch.stack([x, x], 1)
+        with torch.backends.mkldnn.flags(enabled=mkldnn):
+            for case in (lambda: x, lambda: two[:, 1], lambda: x[:1]):
+                want = F.gelu(case() * 1) * 2
+                accel.reset_stats()
+                with accel.eager():
+                    got = F.gelu(case() * 1) * 2
+                st = accel.stats()
+                assert st["compile_failures"] == 0 and st["kernel_runs"] >= 1, st
+                off = (got.isnan() != want.isnan()) | (got.isinf() != want.isinf())
+                assert not off.any(), (mkldnn, case()[off], got[off], want[off])
+                torch.testing.assert_close(got, want, equal_nan=True)
 
 
 @pytest.mark.parametrize("prog", [

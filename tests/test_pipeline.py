@@ -9,6 +9,7 @@ import torch.fx as fx
 import torch.nn.functional as F
 
 import accel
+import accel.passes
 from accel.codegen.cpp import CppRenderer
 from accel.graph import TraceError, trace_region
 from accel.loop_ir import BufferSpec, free_vars, reductions, walk
@@ -1126,12 +1127,12 @@ def test_noop_removal_drops_a_functional_copy_of_the_same_shape_and_dtype():
     assert mutations[0].target is prims.sin.default and mutations[1] is kept
 
 
-def test_identity_removal_drops_products_with_and_quotients_by_1():
+def test_identity_removal_drops_products_with_and_quotients_by_1(monkeypatch):
     """``x * 1``, ``1 * x``, ``x / 1`` (a number or a ``full`` of it: ``smooth_l1_loss``'s
-    default ``/ beta``) of the result's shape and dtype are ``x``: the nodes go. ``x * 2``
-    and ``1 / x`` stay; an int tensor over 1 keeps its conversion to float. The region
-    still matches eager, bit for bit, at float32 and float16 (a float16 product's rounding
-    is the identity too)."""
+    default ``/ beta``; over ``FOLD_MAX_NUMEL`` elements a 0-dim ``full`` broadcast) of the
+    result's shape and dtype are ``x``: the nodes go. ``x * 2`` and ``1 / x`` stay; an int
+    tensor over 1 keeps its conversion to float. The region still matches eager, bit for
+    bit, at float32 and float16 (a float16 product's rounding is the identity too)."""
     for dtype in (torch.float32, torch.float16):
         x, i = torch.empty(4, 8, dtype=dtype), torch.empty(4, 8, dtype=torch.int64)
         calls = [(aten.mul.Tensor, (("x", 0), ("c", 1)), {}, 1), (aten.mul.Tensor, (("c", 1.0), ("o", 0)), {}, 1),
@@ -1151,6 +1152,17 @@ def test_identity_removal_drops_products_with_and_quotients_by_1():
         assert any(n.args[1] == 2 for n in muldiv()), gm.graph
         targets = {n.target for n in gm.graph.nodes}
         assert prims.reciprocal.default in targets and prims.convert_element_type.default in targets
+
+        monkeypatch.setattr(accel.passes, "FOLD_MAX_NUMEL", 16)  # beta's [4, 8] ones stay a broadcast
+        gm = trace_region([(aten.smooth_l1_loss.default, (("x", 0), ("x", 0), ("c", 0), ("c", 1.0)), {}, 1)],
+                          [x], 1, (0,), []).gm
+        constant_folding(gm)
+        quotients = lambda: [n for n in gm.graph.nodes if n.target in (prims.div.default, torch.ops.accel.div_rn.default)]
+        (beta,) = [n.args[1] for n in quotients()]  # float32's: the number
+        assert dtype == torch.float32 or (beta.target is prims.broadcast_in_dim.default
+                                          and beta.args[0].target is prims.full.default)
+        assert remove_identities(gm) == 1 and quotients() == []
+        monkeypatch.undo()
 
     g = torch.Generator().manual_seed(0)
     for dtype in (torch.float32, torch.float16):
