@@ -95,6 +95,25 @@ def _onednn_gelu(a) -> bool:
             or (a.dtype == torch.float16 and torch.ops.mkldnn._is_mkldnn_fp16_supported()))
 
 
+@functools.lru_cache(maxsize=None)
+def _eager_gelu_ends(dtype: torch.dtype, onednn: bool) -> tuple:
+    """eager's CPU GELU of ``dtype`` at +inf and -inf, and whether its product overflows at
+    2^127 (or the dtype's largest value), on oneDNN's path (``onednn``: a contiguous tensor)
+    or ATen's loops (a strided one), read from eager itself once a process: ``(gelu(inf),
+    gelu(-inf), overflows)`` as Python floats and a bool. They are eager's bugs
+    (pytorch/pytorch#185770: oneDNN's ``gelu(inf)`` is NaN; ``-inf * 0`` makes
+    ``gelu(-inf)`` NaN on every path) that a later torch fixes (#192318), so accel reads
+    them rather than assumes them. Called while a region is traced: with its fake-tensor
+    and tracing modes off."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    inf = float("inf")
+    with _disable_current_modes(), torch.no_grad():
+        x = torch.tensor([inf, -inf, min(2.0 ** 127, torch.finfo(dtype).max), 1.0], dtype=dtype)
+        y = torch.nn.functional.gelu(x if onednn else torch.stack([x, x], 1)[:, 0]).tolist()
+    return y[0], y[1], y[2] == inf
+
+
 def _gelu(decomposition, a, approximate="none"):
     """``aten.gelu`` as torch._decomp's ``decomposition`` of it (``x * 0.5 * (1 + erf(x *
     M_SQRT1_2))``), except that on float32 and 16-bit CPU tensors the erf is ATen's
@@ -114,18 +133,23 @@ def _gelu(decomposition, a, approximate="none"):
     about half the time of libmvec's: [2048, 4096] float32 GELU 1.40 ms against 1.81 on the
     dev VM (torch.compile 1.52, eager 1.76-1.84).
 
-    Where oneDNN runs (:func:`_onednn_gelu`) its special values too: ``gelu(inf)`` is NaN
-    and ``gelu(x)`` for ``x`` from 2^127 on is inf (it computes ``x * (1 + erf) * 0.5``,
-    whose product overflows), where ATen's loops give inf and ``x``; the product is taken in
-    that order there, and +inf selected to NaN. (Its backward differs from ATen's in the
-    far tails only: 0 where ATen's is 1e-22, within every tolerance.)"""
+    eager's values at the ends of the range are its path's (:func:`_eager_gelu_ends`,
+    :func:`_onednn_gelu`): oneDNN's ``gelu(inf)`` is NaN where ATen's loops give inf, and
+    oneDNN computes ``x * (1 + erf) * 0.5``, whose product overflows from 2^127 on (ATen's
+    ``x * 0.5 * (1 + erf)`` gives ``x``); the product is taken in eager's order, and the
+    infinities selected to eager's values where the formula's (inf, NaN) differ. (oneDNN's
+    backward differs from ATen's in the far tails only: 0 where ATen's is 1e-22.)"""
     if approximate != "none" or not _erf_gelu_cpu(a):
         return decomposition(a, approximate)
     x = a.float()
     cdf2 = 1 + torch.ops.accel.vec_erf(x * _SQRT1_2)
-    if not _onednn_gelu(a):
-        return (x * 0.5 * cdf2).to(a.dtype)
-    return torch.where(x == float("inf"), float("nan"), x * cdf2 * 0.5).to(a.dtype)
+    at_inf, at_minus_inf, overflows = _eager_gelu_ends(a.dtype, _onednn_gelu(a))
+    y = x * cdf2 * 0.5 if overflows else x * 0.5 * cdf2
+    if at_inf != float("inf"):
+        y = torch.where(x == float("inf"), at_inf, y)
+    if at_minus_inf == at_minus_inf:  # (not NaN, the formula's -inf * 0)
+        y = torch.where(x == float("-inf"), at_minus_inf, y)
+    return y.to(a.dtype)
 
 
 def _gelu_backward(decomposition, grad, x, approximate="none"):
