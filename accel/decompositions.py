@@ -70,6 +70,7 @@ def decomposition_table():
 
 _SQRT1_2 = 0.70710678118654752440  # M_SQRT1_2, as torch._decomp's GELU
 _GELU_BETA = 1.12837916709551257390 * _SQRT1_2 * 0.5  # M_2_SQRTPI * M_SQRT1_2 * 0.5
+_ONE_OVER_SQRT_PI = 0.56418958354775628695  # M_2_SQRTPI / 2 (oneDNN's GELU backward)
 
 
 def _erf_gelu_cpu(*tensors) -> bool:
@@ -156,11 +157,22 @@ def _gelu_backward(decomposition, grad, x, approximate="none"):
     """``aten.gelu_backward`` as torch._decomp's ``decomposition`` of it (``dy * (cdf + x *
     pdf)``, ``cdf = 0.5 * (1 + erf(x * M_SQRT1_2))``, ``pdf = M_2_SQRTPI * M_SQRT1_2 * 0.5 *
     exp(x * x * -0.5)``), with :func:`_gelu`'s erf on float32 and 16-bit CPU tensors,
-    computed in float32 and rounded to the promoted dtype of ``grad`` and ``x``."""
+    computed in float32 and rounded to the promoted dtype of ``grad`` and ``x``.
+
+    Where eager runs oneDNN's backward (:func:`_onednn_gelu` of ``x``), in its order of
+    operations (``jit_uni_eltwise_injector``'s ``gelu_erf_compute_vector_bwd``, whose erf is
+    this one): ``r = x * M_SQRT1_2``, ``t = r * (1 / sqrt(pi)) * exp(-r * r)``, ``dy * ((t +
+    0.5) + 0.5 * erf(r))``. Its ``t + 0.5`` absorbs ``t`` where it is under an ulp of 0.5,
+    so that the result is exactly 0 from x = -7 or so down (ATen's is 1e-11 and less), and
+    ``dy`` infinite there gives NaN where ATen's gives an infinity."""
     if approximate != "none" or not _erf_gelu_cpu(grad, x):
         return decomposition(grad, x, approximate)
     dtype = torch.result_type(grad, x)
     g, v = grad.float(), x.float()
+    if _onednn_gelu(x):
+        r = v * _SQRT1_2
+        t = r * _ONE_OVER_SQRT_PI * torch.exp(-(r * r))
+        return (g * ((t + 0.5) + 0.5 * torch.ops.accel.vec_erf(r))).to(dtype)
     cdf = 0.5 * (1 + torch.ops.accel.vec_erf(v * _SQRT1_2))
     pdf = _GELU_BETA * torch.exp(v * v * -0.5)
     return (g * (cdf + v * pdf)).to(dtype)

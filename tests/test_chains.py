@@ -680,31 +680,39 @@ def test_gcd_runs_as_a_kernel_bit_for_bit(device, dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_cpu_gelus_special_values_are_eagers_on_each_of_its_paths(dtype):
     """eager's CPU GELU runs oneDNN for a contiguous tensor of more than one element (its
-    ``gelu(inf)`` is NaN, and from 2^127 on its product overflows to inf) and ATen's loops
-    otherwise (``gelu(inf)`` inf; ``gelu(x)`` x): accel's kernels give each path's special
-    values (found by the ``accel-explore`` profile: ``gelu`` of a leaf holding inf was inf
-    under accel, NaN in eager). Contiguous, strided along the row, one element, and with
-    oneDNN disabled (at another length: the decision is the traced region's, and a kernel
-    traced with oneDNN enabled replays after it is disabled); signed zeros, subnormals, the
-    tails, NaN."""
+    ``gelu(inf)`` is NaN, and from 2^127 on its product overflows to inf; its backward is 0
+    from x = -7 or so down, NaN there for an infinite gradient) and ATen's loops otherwise
+    (``gelu(inf)`` inf; ``gelu(x)`` x; a backward of 1e-11 and less, infinite there): accel's
+    kernels give each path's special values (found by the ``accel-explore`` profile:
+    ``gelu`` of a leaf holding inf was inf under accel, NaN in eager). Contiguous, strided
+    along the row, one element, and with oneDNN disabled (at another length: the decision
+    is the traced region's, and a kernel traced with oneDNN enabled replays after it is
+    disabled); signed zeros, subnormals, the tails, NaN; gradients of 1, -2 and +-inf (a
+    finite gradient's result in the tails is a cancellation's, its bits another
+    approximation's: within the tolerance only scaled by gradients of about 1)."""
     inf, big = float("inf"), 2.0 ** 127 if dtype != torch.float16 else 6e4
     special = [inf, -inf, float("nan"), big, big * 1.25, -big, 1e10, -1e10, 10.0, -10.0,
-               -13.0, 1e-40, -1e-40, 0.0, -0.0, 3.0, -3.0, 0.5]
+               -13.0, -7.0, -6.0, 5.9, 1e-40, -1e-40, 0.0, -0.0, 3.0, -3.0, 0.5]
+    grads = [1.0, inf, -inf, -2.0]
     g = torch.Generator().manual_seed(0)
     for mkldnn, n in ((True, 64), (False, 66)):
         x = torch.cat([torch.tensor(special), torch.randn(n - len(special), generator=g) * 3]).to(dtype)
+        dy = torch.tensor([grads[i % len(grads)] for i in range(n)]).to(dtype)
         two = torch.stack([x, x], 1)
         with torch.backends.mkldnn.flags(enabled=mkldnn):
             for case in (lambda: x, lambda: two[:, 1], lambda: x[:1]):
-                want = F.gelu(case() * 1) * 2
+                run = lambda: (F.gelu(case() * 1) * 2,  # noqa: E731
+                               torch.ops.aten.gelu_backward(dy[:len(case())] * 1, case()))
+                want = run()
                 accel.reset_stats()
                 with accel.eager():
-                    got = F.gelu(case() * 1) * 2
+                    got = run()
                 st = accel.stats()
                 assert st["compile_failures"] == 0 and st["kernel_runs"] >= 1, st
-                off = (got.isnan() != want.isnan()) | (got.isinf() != want.isinf())
-                assert not off.any(), (mkldnn, case()[off], got[off], want[off])
-                torch.testing.assert_close(got, want, equal_nan=True)
+                for a, e in zip(got, want):
+                    off = (a.isnan() != e.isnan()) | (a.isinf() != e.isinf())
+                    assert not off.any(), (mkldnn, case()[off], a[off], e[off])
+                    torch.testing.assert_close(a, e, equal_nan=True)
 
 
 @pytest.mark.parametrize("prog", [
