@@ -139,7 +139,7 @@ def _gelu(decomposition, a, approximate="none"):
     oneDNN computes ``x * (1 + erf) * 0.5``, whose product overflows from 2^127 on (ATen's
     ``x * 0.5 * (1 + erf)`` gives ``x``); the product is taken in eager's order, and the
     infinities selected to eager's values where the formula's (inf, NaN) differ. (oneDNN's
-    backward differs from ATen's in the far tails only: 0 where ATen's is 1e-22.)"""
+    backward: :func:`_gelu_backward`.)"""
     if approximate != "none" or not _erf_gelu_cpu(a):
         return decomposition(a, approximate)
     x = a.float()

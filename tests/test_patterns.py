@@ -212,6 +212,78 @@ def test_float16_gelu_kernel_is_bitwise_eagers():
     torch.testing.assert_close(got_dx, want_dx)
 
 
+# -- the replacements ---------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_softmax_to_online_softmax(dtype):
+    before = ["prims.amax.default", BID, BID, "prims.sub.default", "prims.exp.default",
+              "prims.sum.default", BID, BID, "prims.div.default"]
+    after = ["accel.online_softmax.default", "getitem", "getitem", BID, "prims.sub.default",
+             "prims.exp.default", BID, "prims.div.default"]
+    gm, _ = check(lambda x: torch.softmax(x, -1), [_rows((6, 33), dtype)], before, after,
+                  equal_nan=True)
+    op = next(n for n in gm.graph.nodes if n.target is accel_ops.online_softmax.default)
+    assert op.args[1] == [1] and [u.args[1] for u in op.users] == [0, 1]
+    check(lambda x: torch.softmax(x, 1), [_rows((2, 5, 3), dtype)], before, after, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_log_softmax_to_online_softmax(dtype):
+    before = ["prims.amax.default", BID, BID, "prims.sub.default", "prims.exp.default",
+              "prims.sum.default", BID, "prims.log.default", BID, "prims.sub.default"]
+    after = ["accel.online_softmax.default", "getitem", "getitem", BID, "prims.sub.default",
+             "prims.log.default", BID, "prims.sub.default"]
+    check(lambda x: torch.log_softmax(x, -1), [_rows((6, 33), dtype)], before, after,
+          equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_layer_norm_uses_welford_var_mean(dtype):
+    x, w, b = (torch.randn(s, dtype=dtype) for s in ((4, 3, 8), (3, 8), (3, 8)))
+    x += 10.0  # a mean far from 0 (where E[x^2] - E[x]^2 would cancel)
+    tail = ["prims.add.default", "prims.rsqrt.default", BID, "prims.sub.default", BID,
+            "prims.mul.default", BID, "prims.mul.default", BID, "prims.add.default"]
+    before = ["prims.var.default", BID, "prims.sum.default", BID, "prims.div.default"] + tail
+    after = ["accel.var_mean.default", "getitem", "getitem", BID, BID] + tail
+    gm, sc = check(lambda x, w, b: torch.nn.functional.layer_norm(x, (3, 8), w, b, eps=1e-5),
+                   [x, w, b], before, after)
+    op = next(n for n in gm.graph.nodes if n.target is accel_ops.var_mean.default)
+    assert op.args[1:] == ([1, 2], 0.0) and sc == [1e-5]
+
+
+@pytest.mark.parametrize("keepdim", [False, True])
+def test_var_mean_any_dims_and_correction(keepdim):
+    x = torch.randn(5, 6, 7, dtype=torch.float64)
+    keep = [BID] if keepdim else []
+    before = ["prims.var.default", *keep, "prims.sum.default", *keep, "prims.div.default"]
+    after = ["accel.var_mean.default", "getitem", "getitem", *keep, *keep]
+    gm, _ = check(lambda x: torch.var_mean(x, (0, 2), correction=1, keepdim=keepdim), [x],
+                  before, after)
+    op = next(n for n in gm.graph.nodes if n.target is accel_ops.var_mean.default)
+    assert op.args[1:] == ([0, 2], 1.0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rms_norm_keeps_one_reduction(dtype):
+    x = torch.randn(4, 3, 64, dtype=dtype)
+    fn = lambda x: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)  # noqa: E731
+    before = ["prims.mul.default", "prims.sum.default", BID, "prims.div.default",
+              "prims.add.default", "prims.rsqrt.default", BID, "prims.mul.default"]
+    after = ["prims.mul.default", "prims.sum.default", "prims.div.default", "prims.add.default",
+             "prims.rsqrt.default", BID, "prims.mul.default"]
+    gm, _ = check(fn, [x], before, after)
+    assert targets(gm).count("prims.sum.default") == 1  # one reduction; no var_mean
+
+
+@pytest.mark.parametrize("fn", [lambda x: x * torch.sigmoid(x), lambda x: torch.sigmoid(x) * x,
+                                torch.nn.functional.silu])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu(fn, dtype):
+    x = torch.randn(8, 16, dtype=dtype) * 10
+    x[0, :3] = torch.tensor([float("inf"), float("-inf"), 200.0])
+    sigmoid = ["prims.neg.default", "prims.exp.default", "prims.add.default", "prims.div.default"]
+    check(fn, [x], sigmoid + ["prims.mul.default"], ["accel.silu.default"], equal_nan=True)
+
+
 def _gelu_bench(x):  # bench/bench_pointwise.py
     return 0.5 * x * (1 + torch.tanh(0.7978845608028654 * (x + 0.044715 * x**3)))
 
