@@ -1,6 +1,6 @@
 """Regions whose CPU loops gcc 12 left scalar until the seventy-ninth round (bool masks; a
-sin and a cos of one value), the eightieth (clamps, float16 selects, bool row maxima) or the
-eighty-first (``round``):
+sin and a cos of one value), the eightieth (clamps, float16 selects, bool row maxima), the
+eighty-first (``round``) or the eighty-third (``fmod`` and what takes one, ``nextafter``):
 eager, accel and torch.compile side by side (median ms per call, interleaved, results
 checked).
 
@@ -23,7 +23,10 @@ other column, ``h`` float16 of ``x``. Workloads:
   1e-6)``; ``f16_smooth_l1``: ``F.smooth_l1_loss(h, h * 0.5, reduction="none")``;
 - ``row_any``: ``(x > 1).amax(1)`` (bools' row maximum);
 - ``round``: ``torch.round(x * 3.5)``; ``round_decimals``: ``torch.round(x * 3,
-  decimals=2)``; ``f16_round``: ``torch.round(h * 3.5) - h``.
+  decimals=2)``; ``f16_round``: ``torch.round(h * 3.5) - h``;
+- ``fmod``: ``torch.fmod(x * 8, x + 3)``; ``remainder``: ``torch.remainder(x * 8, x + 3)``;
+  ``floor_div``: ``torch.div(x * 8, x + 3, rounding_mode="floor")``; ``nextafter``:
+  ``torch.nextafter(x * 2, x)``; ``fmod_f64``: ``fmod`` of ``x`` as float64.
 
 gcc 12 vectorized no loop that loads a bool (accel's bool buffers were ``bool*``; now
 ``uint8_t*``), and it joined a sin and a cos of one value into a call of glibc's scalar
@@ -32,7 +35,9 @@ its passes before the vectorizer undid the if-conversion of selects (``-fno-tree
 -fno-tree-sink`` now: ``accel.build.CXXFLAGS``), and it vectorized no ``||`` reduction (a
 bool row maximum now accumulates in an ``int``: ``accel.codegen.cpp_groups``). It vectorizes
 no ``roundeven``, which every ``torch.round`` called until the eighty-first round (now
-``rint``: include/accel/cpu_math.h).
+``rint``: include/accel/cpu_math.h). glibc's ``fmodf``, ``fmod`` and ``nextafterf`` have no
+vector variants: accel's own are include/accel/vector_fmod.h's and cpu_math.h's
+``nextafter`` (eighty-third round).
 """
 import os
 import sys
@@ -61,6 +66,11 @@ WORKLOADS = {
     "round": lambda x, m, b, h: torch.round(x * 3.5),
     "round_decimals": lambda x, m, b, h: torch.round(x * 3, decimals=2),
     "f16_round": lambda x, m, b, h: torch.round(h * 3.5) - h,
+    "fmod": lambda x, m, b, h: torch.fmod(x * 8, x + 3),
+    "remainder": lambda x, m, b, h: torch.remainder(x * 8, x + 3),
+    "floor_div": lambda x, m, b, h: torch.div(x * 8, x + 3, rounding_mode="floor"),
+    "nextafter": lambda x, m, b, h: torch.nextafter(x * 2, x),
+    "fmod_f64": lambda x, m, b, h: torch.fmod(x.double() * 8, x.double() + 3),
 }
 
 

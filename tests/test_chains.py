@@ -595,6 +595,66 @@ def test_hypot_is_correctly_rounded_as_eagers_cpu_kernel(dtype):
     check_program(HYPOT_THROUGH_A_CANCELLATION, "cpu")
 
 
+def _fmod_operands(dtype, device, n=60000):
+    """Pairs for fmod-like ops: random finite bits (any exponent ratio), exponents close
+    together and far apart, divisors near and under the subnormal range, small integers
+    and quarters (exact multiples, zero results of both signs), then every pair of zeros,
+    infinities, NaN and ones."""
+    g = torch.Generator().manual_seed(0)
+    fin = torch.finfo(dtype)
+    ib = torch.int32 if dtype == torch.float32 else torch.int64
+    lo, hi = torch.iinfo(ib).min, torch.iinfo(ib).max
+    a = torch.randint(lo, hi, (n,), dtype=ib, generator=g).view(dtype)
+    b = torch.randint(lo, hi, (n,), dtype=ib, generator=g).view(dtype)
+    keep = a.isfinite() & b.isfinite()
+    a, b = a[keep], b[keep]
+    m = a.numel() // 4
+    exps = torch.randint(-40, 40, (m,), generator=g).to(dtype)
+    a[:m] = torch.randn(m, dtype=dtype, generator=g) * 2.0 ** exps
+    b[:m] = torch.randn(m, dtype=dtype, generator=g) * 2.0 ** (exps - torch.randint(0, 60, (m,), generator=g))
+    b[m:2 * m] = torch.randn(m, dtype=dtype, generator=g) * fin.tiny * 2.0 ** torch.randint(-20, 4, (m,), generator=g)
+    a[2 * m:3 * m] = torch.randint(-1000, 1001, (m,), generator=g).to(dtype) + torch.randint(0, 4, (m,), generator=g) * 0.25
+    b[2 * m:3 * m] = torch.randint(-10, 11, (m,), generator=g).to(dtype) + torch.randint(0, 2, (m,), generator=g) * 0.5
+    special = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), 1.0, -3.0, fin.max, fin.tiny],
+                           dtype=dtype)
+    a = torch.cat([a, special.repeat_interleave(len(special))])
+    b = torch.cat([b, special.repeat(len(special))])
+    return a.to(device), b.to(device)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("device", DEVICES)
+def test_fmod_remainder_floor_division_and_nextafter_are_eagers_bits(device, dtype):
+    """``fmod`` (and so ``remainder`` and floating floor division, whose formulas take one)
+    and ``nextafter`` are exact: accel's CPU kernels compute them in vector loops
+    (include/accel/vector_fmod.h: float32 fmod reduced in float64 steps; cpu_math.h's
+    nextafter on the bits), where glibc's scalar fmodf and nextafterf had kept the loops
+    scalar. Every result is eager's, bit for bit, over pairs of every exponent ratio,
+    subnormal divisors and special values -- eager's scalar loop's (strided operands): on
+    a contiguous CPU tensor eager's vector loop (SLEEF's fmod) gives NaN where the quotient
+    overflows (pytorch/pytorch#193753, open; the fix #193763 falls back to ``std::fmod``
+    there), and accel the exact value; everywhere else the two loops agree."""
+    a, b = _fmod_operands(dtype, device)
+    sa, sb = torch.stack([a, a], 1)[:, 0], torch.stack([b, b], 1)[:, 0]  # eager's scalar loop
+    bits = torch.int32 if dtype == torch.float32 else torch.int64
+    ops = {
+        "fmod": torch.fmod, "remainder": torch.remainder,
+        "floor division": lambda x, y: torch.div(x, y, rounding_mode="floor"),
+        "nextafter": torch.nextafter,
+    }
+    for name, op in ops.items():
+        want, vector_loop = op(sa, sb), op(a, b)
+        accel.reset_stats()
+        with accel.eager():
+            got = op(a * 1, b)
+        assert accel.stats()["kernel_runs"] == 1, (name, accel.stats())
+        nan = want.isnan()
+        assert torch.equal(got.isnan(), nan), name
+        assert torch.equal(got[~nan].view(bits), want[~nan].view(bits)), name
+        agree = ~vector_loop.isnan()  # (eager's two loops, where SLEEF's is not NaN)
+        assert torch.equal(vector_loop[agree].view(bits), want[agree].view(bits)), name
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("device", DEVICES)
 def test_digamma_and_lgammas_backward_run_as_kernels(device, dtype):

@@ -18,6 +18,7 @@
 #include "accel/kernel.h"
 #include "accel/half.h"
 #include "accel/libm_names.h"
+#include "accel/vector_fmod.h" /* accel::fmod */
 #if defined(__AVX__)
 #include <immintrin.h> /* accel::transpose_tile's vector transposes */
 #endif
@@ -350,6 +351,17 @@ template <typename T> static inline bool signbit(T x) {
 }
 template <typename T> static inline T copysign(T a, T b) {
   return __builtin_bit_cast(T, (bits(a) & ~sign_mask<T>) | (bits(b) & sign_mask<T>));
+}
+/* nextafter as glibc's: y where x == y, x + y where either is NaN (its NaN, as before), the
+ * next float from x towards y otherwise (the smallest subnormal with y's sign from a zero),
+ * all as selects and an integer step on the bits, which vectorize: glibc's nextafterf is
+ * scalar (float32 [1024, 1024]: 8.1 ms, eager's SLEEF vectors 1.1). */
+template <typename T> static inline T nextafter(T x, T y) {
+  using B = bits_t<T>;
+  const B step = ((x < y) == (x > T(0))) ? B(1) : B(-1);  /* magnitude up or down */
+  const B moved = x == T(0) ? B(B(1) | (bits(y) & sign_mask<T>)) : B(bits(x) + step);
+  const T r = __builtin_bit_cast(T, moved);
+  return (x != x || y != y) ? x + y : (x == y ? y : r);
 }
 template <typename T> static inline bool isfinite(T x) {
   if constexpr (std::is_floating_point_v<T>) return x - x == x - x;

@@ -10,12 +10,13 @@
   X(asinh, asinhf) X(acosh, acoshf) X(atanh, atanhf) X(erf, erff) X(erfc, erfcf)    \
   X(cbrt, cbrtf) X(sqrt, sqrtf) X(floor, floorf) X(ceil, ceilf) X(trunc, truncf)    \
   X(lgamma, lgammaf)
-#define ACCEL_LIBM_BINARY(X)                                                        \
-  X(atan2, atan2f) X(fmod, fmodf) X(nextafter, nextafterf)
+#define ACCEL_LIBM_BINARY(X) X(atan2, atan2f)
 /* libm's on the GPU; the CPU header has its own: fmax/fmin (eager's CPU kernels return the
  * first operand where the two are zeros; on the GPU -0.0 is below 0.0, as libm's), pow
  * (gcc folds a constant exponent of 0.5 into sqrt), hypot (correctly rounded, as eager's
- * CPU kernel's), copysign (the sign bit as an integer: see signbit). */
-#define ACCEL_LIBM_GPU(X) \
-  X(pow, powf) X(fmax, fmaxf) X(fmin, fminf) X(hypot, hypotf) X(copysign, copysignf)
+ * CPU kernel's), copysign (the sign bit as an integer: see signbit), fmod and nextafter
+ * (vectorized: vector_fmod.h, cpu_math.h). */
+#define ACCEL_LIBM_GPU(X)                                                           \
+  X(pow, powf) X(fmax, fmaxf) X(fmin, fminf) X(hypot, hypotf) X(copysign, copysignf) \
+  X(fmod, fmodf) X(nextafter, nextafterf)
 #endif /* ACCEL_LIBM_NAMES_H */
