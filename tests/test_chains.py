@@ -599,7 +599,7 @@ def _fmod_operands(dtype, device, n=60000):
     """Pairs for fmod-like ops: random finite bits (any exponent ratio), exponents close
     together and far apart, divisors near and under the subnormal range, small integers
     and quarters (exact multiples, zero results of both signs), then every pair of zeros,
-    infinities, NaN and ones."""
+    infinities, NaN, ones and extremes, alone and each among ordinary pairs."""
     g = torch.Generator().manual_seed(0)
     fin = torch.finfo(dtype)
     ib = torch.int32 if dtype == torch.float32 else torch.int64
@@ -617,8 +617,13 @@ def _fmod_operands(dtype, device, n=60000):
     b[2 * m:3 * m] = torch.randint(-10, 11, (m,), generator=g).to(dtype) + torch.randint(0, 2, (m,), generator=g) * 0.5
     special = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), 1.0, -3.0, fin.max, fin.tiny],
                            dtype=dtype)
-    a = torch.cat([a, special.repeat_interleave(len(special))])
-    b = torch.cat([b, special.repeat(len(special))])
+    sa, sb = special.repeat_interleave(len(special)), special.repeat(len(special))
+    # each special pair also among 31 ordinary ones (a vector's other lanes decide its path)
+    pa, pb = torch.full((len(sa), 32), 5.0, dtype=dtype), torch.full((len(sa), 32), 3.0, dtype=dtype)
+    pos = torch.arange(len(sa)) % 32
+    pa[torch.arange(len(sa)), pos], pb[torch.arange(len(sa)), pos] = sa, sb
+    a = torch.cat([a, sa, pa.flatten()])
+    b = torch.cat([b, sb, pb.flatten()])
     return a.to(device), b.to(device)
 
 

@@ -55,7 +55,7 @@ static inline bool any_lane(typename fmod_lanes<N>::l m) {
 }
 
 /* fmod of W lanes of T in T's own arithmetic where every lane's |x| < 2^22 |y| (float32) or
- * 2^30 |y| (float64), x finite and y not zero: one step of the algorithm (vector_fmod.h)
+ * 2^30 |y| (float64), x finite and y finite and not zero: one step of the algorithm (vector_fmod.h)
  * with q = trunc(x / y), whose rounded quotient is again within one of the exact one; the
  * candidates, on |y|'s grid and below |y| in magnitude, are exact (subnormal ones too).
  * Without the reduction loop and, for float32, twice the lanes a register and no
@@ -70,7 +70,8 @@ static inline bool fmod_one_step(fmod_vec<T, W> a, fmod_vec<T, W> b, fmod_vec<T,
   constexpr T kBound = sizeof(T) == 4 ? T(0x1p22) : T(0x1p30);
   const B sign = (B)a & kSign;
   const F x = (F)((B)a ^ sign), y = (F)((B)b & ~kSign);
-  const B slow = !(x < y * kBound) | (y == 0);  /* (NaN compares false: slow) */
+  /* (NaN compares false: slow; an infinite y would make -0 * inf a NaN candidate) */
+  const B slow = !(x < y * kBound) | (y == 0) | (y == T(__builtin_inf()));
   B o = {};
   for (int k = 0; k < W; ++k) o[0] |= slow[k];
   if (o[0]) return false;
