@@ -1,9 +1,10 @@
-/* The vector variants of accel_fmodf (vector_fmod.h, which says how they compute), and its
- * scalar entry point: included after cpu_math.h by the CPU kernels that take a float fmod
- * (accel.codegen.cpp.CppRenderer.render), not by every kernel: about 0.03 s of a kernel's
- * build. */
+/* The vector variants of accel_fmodf and accel_fmod (vector_fmod.h, which says how they
+ * compute), and their scalar entry points: included after cpu_math.h by the CPU kernels
+ * that take an fmod (accel.codegen.cpp.CppRenderer.render), not by every kernel: about
+ * 0.03 s of a kernel's build. */
 #ifndef ACCEL_VECTOR_FMOD_VARIANTS_H
 #define ACCEL_VECTOR_FMOD_VARIANTS_H
+#include <string.h>
 #include <type_traits>
 #include "accel/vector_fmod.h"
 #ifdef ACCEL_VECTOR_FMOD
@@ -47,16 +48,18 @@ static inline fmod_lanes<16>::f fma_lanes(fmod_lanes<16>::f a, fmod_lanes<16>::f
 static inline float c_fmod(float a, float b) { return ::fmodf(a, b); }
 static inline double c_fmod(double a, double b) { return ::fmod(a, b); }
 
-template <int N>
-static inline bool any_lane(typename fmod_lanes<N>::l m) {
-  long long o = 0;
-  for (int k = 0; k < N; ++k) o |= m[k];
-  return o != 0;
+/* whether any lane of a comparison's mask vector is set */
+template <class M>
+static inline bool any_lane(M m) {
+  M o = {};
+  for (int k = 0; k < (int)(sizeof(M) / sizeof(m[0])); ++k) o[0] |= m[k];
+  return o[0] != 0;
 }
 
 /* fmod of W lanes of T in T's own arithmetic where every lane's |x| < 2^22 |y| (float32) or
- * 2^30 |y| (float64), x finite and y finite and not zero: one step of the algorithm (vector_fmod.h)
- * with q = trunc(x / y), whose rounded quotient is again within one of the exact one; the
+ * 2^30 |y| (float64), x finite and y finite and not zero: one step of the algorithm
+ * (vector_fmod.h) with q = trunc(x / y), whose rounded quotient is again within one of the
+ * exact one; the
  * candidates, on |y|'s grid and below |y| in magnitude, are exact (subnormal ones too).
  * Without the reduction loop and, for float32, twice the lanes a register and no
  * conversions (float32 [1024, 1024] 2.4 -> 1.1 ms). False where a lane is outside those
@@ -72,9 +75,7 @@ static inline bool fmod_one_step(fmod_vec<T, W> a, fmod_vec<T, W> b, fmod_vec<T,
   const F x = (F)((B)a ^ sign), y = (F)((B)b & ~kSign);
   /* (NaN compares false: slow; an infinite y would make -0 * inf a NaN candidate) */
   const B slow = !(x < y * kBound) | (y == 0) | (y == T(__builtin_inf()));
-  B o = {};
-  for (int k = 0; k < W; ++k) o[0] |= slow[k];
-  if (o[0]) return false;
+  if (any_lane(slow)) return false;
   const F q = __builtin_convertvector(__builtin_convertvector(x / y, typename fmod_lanes<W>::i), F);
   const F t1 = fma_lanes(-(q + 1), y, x), t0 = fma_lanes(-q, y, x);
   const F r = t1 >= 0 ? t1 : t0 >= 0 ? t0 : t0 + y;
@@ -93,6 +94,7 @@ static inline fmod_vec<T, W> fmod_lanes_of(fmod_vec<T, W> a, fmod_vec<T, W> b) {
   typedef typename V::l L;
   typedef typename V::u U;
   typedef fmod_vec<T, N> H;  /* a register's lanes of T */
+  constexpr long long kSign64 = (long long)0x8000000000000000ULL;
   {
     fmod_vec<T, W> out;
     if (fmod_one_step<T, W>(a, b, &out)) return out;
@@ -105,19 +107,19 @@ static inline fmod_vec<T, W> fmod_lanes_of(fmod_vec<T, W> a, fmod_vec<T, W> b) {
     memcpy(&ah, (const char*)&a + k * sizeof(H), sizeof(H));
     memcpy(&bh, (const char*)&b + k * sizeof(H), sizeof(H));
     const D x = __builtin_convertvector(ah, D), y = __builtin_convertvector(bh, D);
-    sign[k] = (L)x & (long long)0x8000000000000000ULL;
+    sign[k] = (L)x & kSign64;
     r[k] = (D)((L)x ^ sign[k]);
-    d[k] = (D)((L)y & (long long)0x7FFFFFFFFFFFFFFFULL);
+    d[k] = (D)((L)y & ~kSign64);
     special |= (r[k] != r[k]) | (d[k] != d[k]) | (d[k] < 0x1p-1022) | (r[k] == __builtin_inf());
   }
-  if (any_lane<N>(special)) {  /* NaN, infinite x, zero or float64-subnormal y: the C library's */
+  if (any_lane(special)) {  /* NaN, infinite x, zero or float64-subnormal y: the C library's */
     fmod_vec<T, W> out;
     for (int k = 0; k < W; ++k) out[k] = c_fmod(a[k], b[k]);
     return out;
   }
   L any = {};
   for (int k = 0; k < R; ++k) any |= more[k] = r[k] >= d[k];
-  while (any_lane<N>(any)) {
+  while (any_lane(any)) {
     any = L{};
     for (int k = 0; k < R; ++k) {
       L e = (L)(((U)r[k] >> 52) - ((U)d[k] >> 52)) - 29;
