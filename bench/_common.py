@@ -168,10 +168,10 @@ def _pct(part, whole) -> str:
 
 
 def check(name: str, label: str, out, ref, detail: bool = False, exact=None) -> str:
-    """"yes" if ``out`` matches ``ref`` (``torch.testing.assert_close`` defaults; nested
-    tuples / dicts, e.g. a loss and its gradients, are compared item by item), else
-    "MISMATCH" with the details on stderr (``detail``: and, in the returned text, which item
-    and the greatest differences).
+    """"yes" if ``out`` matches ``ref`` (``torch.testing.assert_close`` defaults, NaN where
+    ``ref`` has NaN; nested tuples / dicts, e.g. a loss and its gradients, are compared item
+    by item), else "MISMATCH" with the details on stderr (``detail``: and, in the returned
+    text, which item and the greatest differences).
 
     ``exact``: the same computation in float64 (nested like ``ref``). Where eager's own
     result is outside the default tolerance of it (float32 rounding in a long reduction,
@@ -182,7 +182,7 @@ def check(name: str, label: str, out, ref, detail: bool = False, exact=None) -> 
     absolute difference) than eager's: "yes (as near float64 as eager)"; where one is, the
     detail names the first such tensor and both distances."""
     try:
-        torch.testing.assert_close(out, ref)
+        torch.testing.assert_close(out, ref, equal_nan=True)
         return "yes"
     except (AssertionError, TypeError, ValueError) as e:
         err = e
@@ -190,10 +190,10 @@ def check(name: str, label: str, out, ref, detail: bool = False, exact=None) -> 
     if exact is not None:
         exact = _like(exact, ref)
         try:
-            torch.testing.assert_close(ref, exact)
+            torch.testing.assert_close(ref, exact, equal_nan=True)
         except (AssertionError, TypeError, ValueError):  # eager is off: the exact result decides
             try:
-                torch.testing.assert_close(out, exact)
+                torch.testing.assert_close(out, exact, equal_nan=True)
                 return "yes (float64 oracle)"
             except (AssertionError, TypeError, ValueError) as e:
                 err = e

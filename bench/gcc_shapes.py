@@ -1,8 +1,8 @@
 """Regions whose CPU loops gcc 12 left scalar until the seventy-ninth round (bool masks; a
 sin and a cos of one value), the eightieth (clamps, float16 selects, bool row maxima), the
-eighty-first (``round``) or the eighty-third (``fmod`` and what takes one, ``nextafter``):
-eager, accel and torch.compile side by side (median ms per call, interleaved, results
-checked).
+eighty-first (``round``), the eighty-third (``fmod`` and what takes one, ``nextafter``) or
+the eighty-fourth (``lgamma``, ``digamma``): eager, accel and torch.compile side by side (median ms per
+call, interleaved, results checked).
 
     python bench/gcc_shapes.py [cpu|cuda] [--runs N] [--only NAME,...]
 
@@ -26,7 +26,9 @@ other column, ``h`` float16 of ``x``. Workloads:
   decimals=2)``; ``f16_round``: ``torch.round(h * 3.5) - h``;
 - ``fmod``: ``torch.fmod(x * 8, x + 3)``; ``remainder``: ``torch.remainder(x * 8, x + 3)``;
   ``floor_div``: ``torch.div(x * 8, x + 3, rounding_mode="floor")``; ``nextafter``:
-  ``torch.nextafter(x * 2, x)``; ``fmod_f64``: ``fmod`` of ``x`` as float64.
+  ``torch.nextafter(x * 2, x)``; ``fmod_f64``: ``fmod`` of ``x`` as float64;
+- ``lgamma``: ``torch.lgamma(x * 4)``; ``lgamma_f64``: the same of ``x`` as float64;
+  ``digamma``, ``digamma_f64``: ``torch.digamma(x * 4)`` likewise.
 
 gcc 12 vectorized no loop that loads a bool (accel's bool buffers were ``bool*``; now
 ``uint8_t*``), and it joined a sin and a cos of one value into a call of glibc's scalar
@@ -37,7 +39,8 @@ bool row maximum now accumulates in an ``int``: ``accel.codegen.cpp_groups``). I
 no ``roundeven``, which every ``torch.round`` called until the eighty-first round (now
 ``rint``: include/accel/cpu_math.h). glibc's ``fmodf``, ``fmod`` and ``nextafterf`` have no
 vector variants: accel's own are include/accel/vector_fmod.h's and cpu_math.h's
-``nextafter`` (eighty-third round).
+``nextafter`` (eighty-third round); nor have ``lgammaf`` and ``lgamma``, and ``digamma``'s
+recurrence was a loop (eager's is scalar too): accel's own are cpu_math.h's (eighty-fourth).
 """
 import os
 import sys
@@ -71,6 +74,10 @@ WORKLOADS = {
     "floor_div": lambda x, m, b, h: torch.div(x * 8, x + 3, rounding_mode="floor"),
     "nextafter": lambda x, m, b, h: torch.nextafter(x * 2, x),
     "fmod_f64": lambda x, m, b, h: torch.fmod(x.double() * 8, x.double() + 3),
+    "lgamma": lambda x, m, b, h: torch.lgamma(x * 4),
+    "lgamma_f64": lambda x, m, b, h: torch.lgamma(x.double() * 4),
+    "digamma": lambda x, m, b, h: torch.digamma(x * 4),
+    "digamma_f64": lambda x, m, b, h: torch.digamma(x.double() * 4),
 }
 
 

@@ -662,16 +662,64 @@ def test_fmod_remainder_floor_division_and_nextafter_are_eagers_bits(device, dty
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("device", DEVICES)
+def test_lgamma_near_its_zeros_poles_and_overflow_is_eagers(device, dtype):
+    """``lgamma`` on the CPU is accel's own vectorizable Lanczos approximation
+    (include/accel/cpu_math.h, computed in float64; glibc's lgammaf had kept the loops
+    scalar): eager's values, within the default tolerances, and its infinities and NaNs
+    exactly, over random bits, ordinary values of both signs, a thousand float steps around
+    the zeros at 1 and 2 and four negative ones, both sides of the poles, tiny and huge
+    arguments up to and past the overflow, and special values -- against both of eager's
+    loops (its SLEEF vectors on contiguous tensors, the C library's lgamma on strided ones)."""
+    g = torch.Generator().manual_seed(0)
+    fin = torch.finfo(dtype)
+    ib = torch.int32 if dtype == torch.float32 else torch.int64
+    bits = torch.randint(torch.iinfo(ib).min, torch.iinfo(ib).max, (20000,), dtype=ib, generator=g).view(dtype)
+    steps = torch.arange(-500, 501, dtype=torch.float64)
+    near = [(c + steps * fin.eps * abs(c)).to(dtype)  # about an ulp a step
+            for c in (1.0, 2.0, -2.4570247382208006, -2.7476826467274126, -3.1435808883499798, -3.9552942848585)]
+    poles = torch.arange(-60, 1, dtype=dtype).repeat_interleave(4) + torch.tensor([-1e-3, -fin.eps * 4, fin.eps * 4, 0.3],
+                                                                                   dtype=dtype).repeat(61)
+    overflow = 4.08e36 if dtype == torch.float32 else 2.55e305
+    special = torch.tensor([0.0, -0.0, 1.0, 2.0, 3.0, 0.5, -0.5, fin.tiny, -fin.tiny, fin.tiny * fin.eps,
+                            -fin.tiny * fin.eps, 1e-30, -1e-30, fin.max, -fin.max, float("inf"), -float("inf"),
+                            float("nan"), overflow * 0.99, overflow * 1.01, -2.0 ** 23, -2.0 ** 23 - 0.5],
+                           dtype=dtype)
+    x = torch.cat([bits, (torch.rand(20000, dtype=dtype, generator=g) - 0.5) * 200,
+                   torch.rand(2000, dtype=dtype, generator=g) * 2.0 ** torch.randint(-150, 120, (2000,), generator=g),
+                   *near, poles, special]).to(device)
+    strided = torch.stack([x, x], 1)[:, 0]
+    want, scalar_loop = torch.lgamma(x * 1.0), torch.lgamma(strided * 1.0)
+    accel.reset_stats()
+    with accel.eager():
+        got = torch.lgamma(x * 1.0)
+    assert accel.stats()["kernel_runs"] == 1, accel.stats()
+    torch.testing.assert_close(got, want, equal_nan=True)
+    torch.testing.assert_close(got, scalar_loop, equal_nan=True)
+    assert torch.equal(got.isinf(), want.isinf())
+    assert (got[(x == 1) | (x == 2)] == 0).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("device", DEVICES)
 def test_digamma_and_lgammas_backward_run_as_kernels(device, dtype):
     """``digamma`` (lgamma's derivative: a Beta or Gamma distribution's log-probability
-    backward, its entropy) is rendered by both backends (include/accel/special_math.h; it
-    ran eagerly before, "no rendering for digamma"): poles and signed zeros, negative
-    arguments (reflection), the recurrence up to 10 and the asymptotic series, as eager."""
+    backward, its entropy) is rendered by both backends (it ran eagerly before, "no
+    rendering for digamma"; on the CPU a vectorizable form in float64, cpu_math.h): poles
+    and signed zeros, both sides of the poles up to 1e-10 away (where eager's float64
+    reflection rounds pi r: accel's takes the same rounding), its zeros, negative arguments,
+    tiny, huge and random bits, the recurrence up to 10 and the asymptotic series, as eager."""
     g = torch.Generator().manual_seed(0)
+    fin = torch.finfo(dtype)
+    ib = torch.int32 if dtype == torch.float32 else torch.int64
     special = [0.0, -0.0, -1.0, -2.0, -2.5, -7.3, 1e-30, -1e-30, 1.4616321449683622, 9.999999,
-               10.0, 10.000001, 1e20, float("inf"), float("-inf"), float("nan")]
+               10.0, 10.000001, 1e20, float("inf"), float("-inf"), float("nan"), -0.5040830082644554,
+               -1.5734742153901676, fin.tiny, -fin.tiny, fin.tiny * fin.eps, -fin.tiny * fin.eps, fin.max,
+               -fin.max, -2.0 ** 23 - 0.5]
+    away = torch.logspace(-10 if dtype == torch.float64 else -5, -1, 12, dtype=torch.float64)
+    poles = (-torch.arange(0, 100, 7, dtype=torch.float64)[:, None] + torch.cat([away, -away])).flatten()
+    bits = torch.randint(torch.iinfo(ib).min, torch.iinfo(ib).max, (4096,), dtype=ib, generator=g).view(dtype)
     x = torch.cat([torch.randn(512, dtype=dtype, generator=g) * 30,
-                   torch.rand(256, dtype=dtype, generator=g) * 1e-3,
+                   torch.rand(256, dtype=dtype, generator=g) * 1e-3, poles.to(dtype), bits,
                    torch.tensor(special, dtype=dtype)]).to(device)
     a = (x.abs() + 0.1).nan_to_num(1.0).requires_grad_()
     want = torch.digamma(x * 2.0) + 1

@@ -1,6 +1,7 @@
 /* The libm functions both backends wrap under accel:: names, as X-macro lists of
  * (name, float variant): the CPU and CUDA math headers expand them with their own
- * qualifiers. exp is not listed: the CPU backend has its own (Cephes). */
+ * qualifiers. exp and lgamma are not listed: the CPU backend has its own (Cephes' exp, a
+ * Lanczos lgamma: cpu_math.h), the CUDA one wraps CUDA's. */
 #ifndef ACCEL_LIBM_NAMES_H
 #define ACCEL_LIBM_NAMES_H
 #define ACCEL_LIBM_UNARY(X)                                                         \
@@ -8,8 +9,7 @@
   X(log1p, log1pf) X(sin, sinf) X(cos, cosf) X(tan, tanf) X(asin, asinf)            \
   X(acos, acosf) X(atan, atanf) X(sinh, sinhf) X(cosh, coshf) X(tanh, tanhf)        \
   X(asinh, asinhf) X(acosh, acoshf) X(atanh, atanhf) X(erf, erff) X(erfc, erfcf)    \
-  X(cbrt, cbrtf) X(sqrt, sqrtf) X(floor, floorf) X(ceil, ceilf) X(trunc, truncf)    \
-  X(lgamma, lgammaf)
+  X(cbrt, cbrtf) X(sqrt, sqrtf) X(floor, floorf) X(ceil, ceilf) X(trunc, truncf)
 #define ACCEL_LIBM_BINARY(X) X(atan2, atan2f)
 /* libm's on the GPU; the CPU header has its own: fmax/fmin (eager's CPU kernels return the
  * first operand where the two are zeros; on the GPU -0.0 is below 0.0, as libm's), pow
