@@ -258,7 +258,11 @@ ACCEL_SPECIAL double lgamma(double x) { return x > 0x1.74c5de97bb960p+1014 ? INF
  *   - asymptotic series (6.3.18) at z = y + 10: psi(z) = ln z - 1 / (2z) - sum_k B_2k / (2k
  *     z^2k), seven terms (B_2k the Bernoulli numbers 1/6, -1/30, 1/42, -1/30, 5/66, -691/2730,
  *     7/6), truncation below 5e-17.
- * Checked on all 2^32 float32 inputs against the float64 result rounded: RESULT32. */
+ * Checked on all 2^32 float32 inputs: within 1 ulp of eager's method computed in float64,
+ * rounded (10 differ), and within the default tolerances of eager's float32 everywhere, NaN
+ * and inf where it has them; float64 on 1.6e7 random bits, values in [-100, 100], within 1e-6
+ * of the poles and of every exponent: within them of eager's everywhere (relative 4e-12
+ * where |psi| > 1e-3). */
 ACCEL_SPECIAL double digamma_f64(double x) {
   const double pi = 3.14159265358979323846;
   const bool reflect = x < 0.0;
