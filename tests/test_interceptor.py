@@ -957,6 +957,43 @@ def test_column_arg_reductions_match_eager_bit_for_bit(device, dtype, fresh_stor
     assert st["kernel_runs"] >= len(fns) and st["eager_replays"] == 0, st
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64])
+def test_reductions_over_a_few_values_a_row_match_eager(dtype, fresh_store):
+    """Sums, products, maxima and minima over 2 to 16 values a result (the sum of squares of
+    [N, 3] points, a logsumexp over 5 classes, mvlgamma's sum of 3 lgammas): the CPU kernel
+    vectorizes across the results, each result's values unrolled (accel.codegen.cpp
+    SMALL_ROWS), with strides gcc does not group (5, 6, 7, 12, negative: a flipped row)
+    loaded as single values: eager's results (integers bit for bit), NaN and infinities
+    where it has them, over rows of contiguous, transposed and flipped inputs, rows over two
+    dims and two dependent reductions a row."""
+    g = torch.Generator().manual_seed(0)
+    cases = []
+    for k in (2, 3, 4, 5, 6, 7, 8, 12, 16):
+        x = (torch.randn(2003, k, generator=g) * 3).to(dtype)
+        if dtype.is_floating_point:
+            x[7, k - 1], x[9, 0], x[11] = float("nan"), float("inf"), -float("inf")
+        cases += [(lambda t: (t * 2).sum(-1), x), (lambda t: (t * 2).amax(-1), x),
+                  (lambda t: (t - 1).amin(-1, keepdim=True), x), (lambda t: (t.flip(-1) * 2).sum(-1) + t.flip(-1).amax(-1), x),
+                  (lambda t: (t * 2).mT.sum(0), x.mT.contiguous().mT), (lambda t: (t.clamp(-2, 2) + 1).prod(-1), x)]
+    y = (torch.randn(1001, 3, 5, generator=g) * 3).to(dtype)
+    cases.append((lambda t: (t * 2).sum((1, 2)), y))
+    if dtype.is_floating_point:
+        cases += [(lambda t: torch.logsumexp(t * 2, -1), y[:, 0]), (lambda t: torch.linalg.vector_norm(t, dim=-1), y),
+                  (lambda t: torch.mvlgamma(t.abs() * 3 + 2, 3), y), (lambda t: (t - t.amax(-1, keepdim=True)).exp().sum(-1), y)]
+    accel.reset_stats()
+    for fn, x in cases:
+        want = fn(x)
+        with accel.eager():
+            got = fn(x)
+        if dtype.is_floating_point:
+            torch.testing.assert_close(got, want, equal_nan=True)
+            assert torch.equal(got.isinf(), want.isinf())
+        else:
+            assert torch.equal(got, want)
+    st = accel.stats()
+    assert st["kernel_runs"] >= len(cases) and st["eager_replays"] == 0, st
+
+
 def _split_rows_programs(x, f):
     """Column reductions of ``x`` ([N, C], C >= 256): plain, Welford, two dependent groups
     (softmax over dim 0), a variance over two reduction loops (a strided slice); the

@@ -6,6 +6,7 @@ argmax and argmin, and the blockwise ``welford`` and ``online_softmax`` helpers 
 """
 from __future__ import annotations
 
+import itertools
 from typing import Dict, List
 
 import torch
@@ -222,11 +223,21 @@ class GroupLoops:
 
     def _loops(self, rv, body, out, ind, simd_clause, par_clause) -> None:
         """Loops over ``rv`` (outermost first) around ``body``; the innermost one ``omp
-        simd``, the outermost ``omp parallel for`` if ``par_clause``."""
+        simd``, the outermost ``omp parallel for`` if ``par_clause``; with
+        :attr:`unrolled_groups`, ``body`` once for each of their values instead, in a block
+        of its own (gcc 12 left a loop of two such loops, ``#pragma GCC unroll`` on each, as
+        they were, and the loop around them scalar: a logsumexp over 5 values)."""
         if not rv:
             out.append(f"{ind}{{")
             out += [f"{ind}  {b}" for b in body]
             out.append(f"{ind}}}")
+            return
+        if self.unrolled_groups:  # inside the vectorized loop over results (_small_rows)
+            for idx in itertools.product(*(range(self.ir.sizes[v]) for v in rv)):
+                out.append(f"{ind}{{")
+                out += [f"{ind}  const int64_t i{v} = {k};" for v, k in zip(rv, idx)]
+                out += [f"{ind}  {b}" for b in body]
+                out.append(f"{ind}}}")
             return
         for k, v in enumerate(rv):
             last = k == len(rv) - 1
