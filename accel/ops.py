@@ -160,9 +160,13 @@ ROUNDED_RESULTS = frozenset({"native_layer_norm"})
 #: decomposition returns on the CPU
 EMPTY_RESULTS = frozenset({"native_batch_norm", "_native_batch_norm_legit_no_training"})
 
-#: pointwise-tagged ops accel does not take: no useful decomposition, or non-numeric results.
+#: pointwise-tagged ops accel does not take: no useful decomposition, or non-numeric results;
+#: or a decomposition into prims without a lowering (``i0``'s ``bessel_i0``, ``igamma``,
+#: ``igammac``, ``frexp``) or into an integer division (``lcm``), whose region failed its
+#: build and ran eagerly at every call, with a warning, its neighbours unfused.
 _DENY = {"equal", "polygamma", "polygamma_", "_conj_physical", "angle", "rrelu",
-         "logit_backward"}
+         "logit_backward", "i0", "i0_", "igamma", "igamma_", "igammac", "igammac_", "frexp", "lcm",
+         "lcm_"}
 
 
 class OpSpec(NamedTuple):

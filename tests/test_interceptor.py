@@ -2,6 +2,7 @@
 tensor's data (each must flush first)."""
 import copy
 import io
+import logging
 import os
 import pickle
 import subprocess
@@ -955,6 +956,29 @@ def test_column_arg_reductions_match_eager_bit_for_bit(device, dtype, fresh_stor
                 assert torch.equal(a.isnan(), b.isnan())
     st = accel.stats()
     assert st["kernel_runs"] >= len(fns) and st["eager_replays"] == 0, st
+
+
+def test_ops_without_a_lowering_run_eagerly_their_neighbours_fused(fresh_store, caplog):
+    """``i0``, ``igamma``, ``igammac``, ``frexp`` (prims without a lowering) and ``lcm`` (an
+    integer division) are not taken into regions (accel.ops._DENY): before, each call's
+    region failed its build ("no lowering for prims.bessel_i0"), ran eagerly and warned.
+    Now they run eagerly, the calls around them fused, eager's results bit for bit."""
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.rand(1 << 18, generator=g) * 3 + 0.1, torch.rand(1 << 18, generator=g) + 0.5
+    a, b = torch.randint(-50, 50, (1 << 18,), generator=g), torch.randint(-30, 30, (1 << 18,), generator=g)
+    fns = [lambda: torch.i0(x * 2) + 1, lambda: (x * 2).i0_() + 1, lambda: torch.igamma(x * 2, y) + 1,
+           lambda: torch.igammac(x * 2, y) * 3, lambda: torch.frexp(x * 2)[0] + torch.frexp(x * 2)[1],
+           lambda: torch.lcm(a * 2, b) + 1]
+    accel.reset_stats()
+    with caplog.at_level(logging.WARNING, logger="accel"):
+        for fn in fns:
+            want = fn()
+            with accel.eager():
+                got = fn()
+            assert got.dtype == want.dtype and torch.equal(got, want)
+    st = accel.stats()
+    assert st["compile_failures"] == 0 and st["eager_replays"] == 0 and st["kernel_runs"] >= len(fns), st
+    assert not [r for r in caplog.records if "runs eagerly" in r.getMessage()]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64])
