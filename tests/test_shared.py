@@ -143,7 +143,9 @@ def test_dead_storages_and_reused_pool_blocks_are_forgotten(monkeypatch):
         torch.zeros(4).numpy()  # dead at once: dropped as registrations accumulate
     assert len(shared._refs) <= native.SHARED_MAX and shared.is_shared(keep)
     # a pooled CPU output (at least allocator.MIN_BLOCK bytes), exported, then dropped: the
-    # pool hands its block out again, which nothing else holds any more
+    # pool hands its block out again, which nothing else holds any more (the pool emptied
+    # first: an earlier test's free block of that size could be handed out instead)
+    allocator.empty_cache()
     x = torch.randn(allocator.MIN_BLOCK // 4)
     with accel.eager():
         y = (x * 2.0).exp()
