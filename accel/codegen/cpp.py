@@ -634,14 +634,12 @@ class CppRenderer(GroupLoops, ColumnLoops, TiledLoops, CStyle):
         gcc vectorizes no interleaved group of (:data:`SMALL_ROW_STRIDES`) as run-time values
         (:attr:`opaque_strides`, read by :meth:`_addr`)."""
         self.opaque_strides = {}
-        groups = [g for k, g in scope.items if k == "group"]
-        for sc in [scope] + [self.group_scope[id(g)] for g in groups]:
+        for sc in [scope] + [self.group_scope[id(g)] for k, g in scope.items if k == "group"]:
             for k, x in sc.items:
                 c = x.args[1].coeff(v) if k == "expr" and x.op == "load" else 0
-                if abs(c) not in SMALL_ROW_STRIDES and c not in self.opaque_strides:
-                    name = self.opaque_strides[c] = f"st{v}_{'m' if c < 0 else ''}{abs(c)}"
+                if abs(c) not in SMALL_ROW_STRIDES and (v, c) not in self.opaque_strides:
+                    name = self.opaque_strides[(v, c)] = f"st{v}_{'m' if c < 0 else ''}{abs(c)}"
                     out.append(f"{ind}const int64_t {name} = accel::opaque({c});")
-        self.opaque_strides = {(v, c): name for c, name in self.opaque_strides.items()}
 
     def _extent(self, v: int) -> int:
         """Loop ``v``'s trip count, times that of a loop held at 0 around it where the two
