@@ -983,8 +983,9 @@ def test_ops_without_a_lowering_run_eagerly_their_neighbours_fused(fresh_store, 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64])
 def test_reductions_over_a_few_values_a_row_match_eager(dtype, fresh_store):
-    """Sums, products, maxima and minima over 2 to 16 values a result (the sum of squares of
-    [N, 3] points, a logsumexp over 5 classes, mvlgamma's sum of 3 lgammas): the CPU kernel
+    """Sums, products, maxima, minima, argmax, argmin (ties: the first) and Welford moments
+    over 2 to 16 values a result (the sum of squares of [N, 3] points, a logsumexp over 5
+    classes, mvlgamma's sum of 3 lgammas, var_mean of [N, 3]): the CPU kernel
     vectorizes across the results, each result's values unrolled (accel.codegen.cpp
     SMALL_ROWS), with strides gcc does not group (5, 6, 7, 12, negative: a flipped row)
     loaded as single values: eager's results (integers bit for bit), NaN and infinities
@@ -998,10 +999,16 @@ def test_reductions_over_a_few_values_a_row_match_eager(dtype, fresh_store):
             x[7, k - 1], x[9, 0], x[11] = float("nan"), float("inf"), -float("inf")
         cases += [(lambda t: (t * 2).sum(-1), x), (lambda t: (t * 2).amax(-1), x),
                   (lambda t: (t - 1).amin(-1, keepdim=True), x), (lambda t: (t.flip(-1) * 2).sum(-1) + t.flip(-1).amax(-1), x),
-                  (lambda t: (t * 2).mT.sum(0), x.mT.contiguous().mT), (lambda t: (t.clamp(-2, 2) + 1).prod(-1), x)]
+                  (lambda t: (t * 2).mT.sum(0), x.mT.contiguous().mT), (lambda t: (t.clamp(-2, 2) + 1).prod(-1), x),
+                  (lambda t: (t * 2).argmax(-1), x), (lambda t: t.clamp(-1, 1).argmin(-1), x),  # ties
+                  (lambda t: t.flip(-1).clamp(-1, 1).argmax(-1, keepdim=True), x)]
+        if dtype.is_floating_point:  # Welford moments: shifted by the first value (0 if not finite)
+            cases += [(lambda t: torch.stack(torch.var_mean(t * 2, -1)), x),
+                      (lambda t: torch.stack(torch.var_mean(t + 1e6, -1, correction=0)), x)]
     y = (torch.randn(1001, 3, 5, generator=g) * 3).to(dtype)
-    cases.append((lambda t: (t * 2).sum((1, 2)), y))
+    cases += [(lambda t: (t * 2).sum((1, 2)), y), (lambda t: (t - 1).flatten(1).argmax(-1), y)]
     if dtype.is_floating_point:
+        cases.append((lambda t: torch.stack(torch.var_mean(t, (1, 2))), y))
         cases += [(lambda t: torch.logsumexp(t * 2, -1), y[:, 0]), (lambda t: torch.linalg.vector_norm(t, dim=-1), y),
                   (lambda t: torch.mvlgamma(t.abs() * 3 + 2, 3), y), (lambda t: (t - t.amax(-1, keepdim=True)).exp().sum(-1), y)]
     accel.reset_stats()

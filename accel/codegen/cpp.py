@@ -21,7 +21,7 @@ from . import FLOATS, CodegenError, CStyle, llc_bytes, machine_threads
 from .columns import ColumnLoops
 from .cpp_groups import PARALLEL_MIN, GroupLoops
 from .tiles import TiledLoops
-from .scopes import SIMPLE, Group, Scope, f16_round, int_round_trip, subst, trivial, two_pass_softmax
+from .scopes import ARG, SIMPLE, Group, Scope, f16_round, int_round_trip, subst, trivial, two_pass_softmax
 
 #: elements per OpenMP work item in a one-loop nest.
 CHUNK = 4096
@@ -612,7 +612,8 @@ class CppRenderer(GroupLoops, ColumnLoops, TiledLoops, CStyle):
 
     def _small_rows(self, v: int, scope: Scope) -> bool:
         """Whether the innermost loop ``v``'s reductions are each over at most
-        :data:`SMALL_ROWS` values (static): plain ones (sums, products, maxima, minima), no row
+        :data:`SMALL_ROWS` values (static): plain ones (sums, products, maxima, minima),
+        argmax and argmin, Welford moments (:meth:`_emit_group`'s unrolled forms), no row
         kept for a later loop, no reduction inside theirs, no tile or column blocks. Then
         ``v`` is the vectorized loop and each group's loops are unrolled whole
         (:attr:`unrolled_groups`, :meth:`accel.codegen.cpp_groups.GroupLoops._loops`), the
@@ -623,7 +624,8 @@ class CppRenderer(GroupLoops, ColumnLoops, TiledLoops, CStyle):
             return False
         for g in groups:
             sizes = [self.ir.sizes[r] for r in g.rvars]
-            if (g.category != "simple" or not sizes or not all(self._static(n) for n in sizes)
+            if (not (g.category == "simple" or g.members[0].args[0] in ("welford", *ARG))
+                    or not sizes or not all(self._static(n) and n > 0 for n in sizes)
                     or self._size(g.rvars) > SMALL_ROWS or self.row_cache.get(id(g))
                     or any(k == "group" for k, _ in self.group_scope[id(g)].items)):
                 return False

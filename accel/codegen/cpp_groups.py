@@ -144,10 +144,16 @@ class GroupLoops:
             out.append(f"{ind}int64_t {ai} = 0;")
             self._emit_items(inner, body_lines, "")
             x, i = (self._name(b, inner) for b in first.args[1])
-            body_lines.append(f"if ({better}({x}, {av})) {{ {av} = {x}; {ai} = {i}; }}")
+            if self.unrolled_groups:  # selects, inside the vectorized loop over results
+                body_lines.append(f"{{ const bool w = {better}({x}, {av}); {av} = w ? {x} : {av}; "
+                                  f"{ai} = w ? {i} : {ai}; }}")
+            else:
+                body_lines.append(f"if ({better}({x}, {av})) {{ {av} = {x}; {ai} = {i}; }}")
             for e in g.members:
                 scope.names[e] = av if e.args[3] == 0 else ai
             self._loops(rv, body_lines, out, ind, None, None)
+        elif kind == "welford" and self.unrolled_groups:
+            self._small_welford(g, inner, body_lines, scope, out, ind)
         elif kind in BLOCKED:
             t = self.ctype(first.dtype)
             acc = f"a{self.ntemp}"
@@ -163,6 +169,26 @@ class GroupLoops:
         else:
             raise CodegenError(f"no rendering for reduction {kind}")
         self._emit_items = _emit_items
+
+    def _small_welford(self, g: Group, inner: Scope, body: List[str], scope: Scope, out: List[str],
+                       ind: str) -> None:
+        """A Welford group over a few values a result (:meth:`accel.codegen.cpp.CppRenderer.
+        _small_rows`: its loops unrolled inside the vectorized loop over the results): Welford's
+        update one value at a time in the group's dtype, as eager's ``WelfordOps``
+        (aten/src/ATen/native/SharedReduceOps.h) in the loop's order, so that an infinity
+        gives eager's NaN or infinite mean (an infinite last value: infinite; any other: NaN)
+        and NaN moments; the division by the count is a product with its reciprocal."""
+        first = g.members[0]
+        t, a, rv = self.ctype(first.dtype), f"a{self.ntemp}", list(g.rvars)
+        self._emit_items(inner, body, "")
+        x = self._name(first.args[1][0], inner)
+        out.append(f"{ind}{t} {a}_m = 0, {a}_m2 = 0;")
+        count = " + ".join(f"i{r} * {self._size(rv[k + 1:])}" for k, r in enumerate(rv))
+        body.append(f"{{ const {t} d = {x} - {a}_m; {a}_m += d * ({t}(1) / {t}({count} + 1)); "
+                    f"{a}_m2 += d * ({x} - {a}_m); }}")
+        self._loops(rv, body, out, ind, None, None)
+        for e in g.members:
+            scope.names[e] = f"{a}_m2" if e.args[3] == 0 else f"{a}_m"
 
     def _lanes(self, rv, g: Group, accs) -> bool:
         """Whether a group's plain reductions run as :meth:`_lanes_sum`: every one a sum of
