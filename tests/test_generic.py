@@ -167,25 +167,28 @@ def test_each_loop_takes_its_own_length(generic, device, monkeypatch):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_rows_of_other_counts_share_one_kernel(generic, device, monkeypatch):
+@pytest.mark.parametrize("width", [96, 10])
+def test_rows_of_other_counts_share_one_kernel(generic, device, width, monkeypatch):
     """Row-wise regions over other row counts (a bias + GELU + LayerNorm, a softmax, a row
     sum, a broadcast row): one kernel each, the other counts served by it, every result the
-    static kernel's bits; a single row too (its IR has no row loop)."""
+    static kernel's bits; a single row too (its IR has no row loop). Rows of 96 values and
+    of 10 (the CPU kernel's loop over the rows vectorized, each row unrolled:
+    accel.codegen.cpp.SMALL_ROWS)."""
     F = torch.nn.functional
     g = torch.Generator().manual_seed(0)
-    b, w = torch.randn(96, generator=g).to(device), torch.randn(96, generator=g).to(device)
-    programs = [lambda x: F.layer_norm(F.gelu(x + b, approximate="tanh"), (96,), w, b),
+    b, w = torch.randn(width, generator=g).to(device), torch.randn(width, generator=g).to(device)
+    programs = [lambda x: F.layer_norm(F.gelu(x + b, approximate="tanh"), (width,), w, b),
                 lambda x: torch.softmax(x * 0.125, -1), lambda x: (x * 2).sum(1) + 1,
                 lambda x: (x + w) * 3]
     rows = [300, 7, 1000]
     for p in programs:
         for n in rows:
-            x = torch.randn(n, 96, generator=g).to(device)
+            x = torch.randn(n, width, generator=g).to(device)
             _same(*_both(p, x, monkeypatch=monkeypatch), exact=False)
     assert accel.stats()["generic_hits"] == len(programs) * (len(rows) - 1)
     assert sum(m.get("readable", "").startswith("shape-generic") for m in _entries()) == len(programs)
     for p in programs:  # one row: the lowering drops the dim, another IR (another kernel)
-        _same(*_both(p, torch.randn(1, 96, generator=g).to(device), monkeypatch=monkeypatch), exact=False)
+        _same(*_both(p, torch.randn(1, width, generator=g).to(device), monkeypatch=monkeypatch), exact=False)
 
 
 @pytest.mark.parametrize("device", DEVICES)

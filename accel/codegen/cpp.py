@@ -108,6 +108,7 @@ class CppRenderer(GroupLoops, ColumnLoops, TiledLoops, CStyle):
     # int32_t (buffer_ctype, cast), a cos beside a sin of its value apart (op)
     gcc_shapes = True
     unrolled_groups = False  # the reduction groups being emitted: loops unrolled whole (_small_rows)
+    unrolled_loop: Optional[int] = None  # a row's loop unrolled whole (_small_row_nest)
     opaque_strides: Dict[tuple, str] = {}  # (loop, stride) -> its run-time name (_opaque_strides)
 
     def buffer_ctype(self, dtype) -> str:
@@ -471,7 +472,8 @@ class CppRenderer(GroupLoops, ColumnLoops, TiledLoops, CStyle):
         return accs
 
     def _addr(self, a: Addr) -> str:
-        terms = [f"{self.opaque_strides.get((v, c), c)} * i{v}" if c != 1 else f"i{v}" for v, c in a.terms]
+        terms = [f"{self.opaque_strides[(v, c)]} * i{v}" if (v, c) in self.opaque_strides
+                 else f"i{v}" if c == 1 else f"{c} * i{v}" for v, c in a.terms]
         return " + ".join(terms) if terms else "0"
 
     def _rhs(self, e: Expr, scope: Scope) -> str:
@@ -591,8 +593,17 @@ class CppRenderer(GroupLoops, ColumnLoops, TiledLoops, CStyle):
         if self.tile is not None and j == len(nest.vars) - 2:
             self._emit_tile(j, out, ind, nest, parallel)
             return
-        small = innermost and self._small_rows(v, self.nest_scopes[j + 1])
-        simd = innermost and (small or not any(k == "group" for k, _ in self.nest_scopes[j + 1].items))
+        if v == self.unrolled_loop:  # (_small_row_nest) the row's loop: each value in a block
+            lines: List[str] = []
+            self._emit_items(self.nest_scopes[j + 1], lines, "")
+            for k in range(n):
+                out += [f"{ind}{{", f"{ind}  const int64_t i{v} = {k};", *(f"{ind}  {x}" for x in lines), f"{ind}}}"]
+            return
+        rows = j == len(nest.vars) - 2 and self._small_row_nest(j, nest)
+        small = rows or (innermost and self._small_rows(v, self.nest_scopes[j + 1]))
+        simd = small or (innermost and not any(k == "group" for k, _ in self.nest_scopes[j + 1].items))
+        if rows:
+            self.streamed = {}  # a row's few values are not contiguous along the vectorized loop
         if parallel and self.streamed:
             self._fenced_team(out, ind, lambda ind2: self._emit_loop(
                 j, out, ind2, nest, parallel, innermost, simd, "omp for schedule(static) nowait"))
@@ -601,16 +612,37 @@ class CppRenderer(GroupLoops, ColumnLoops, TiledLoops, CStyle):
                     if k == "store" and id(st) in self.narrowed] if innermost else []
         out += [f"{ind}float {name}[{n}];" for (name, _, _), _ in narrowed]
         if small:
-            self._opaque_strides(v, self.nest_scopes[j + 1], out, ind)
-        self.unrolled_groups = small
+            # (a row nest's unrolled loops' strides hidden too; the plain small rows' not:
+            # gcc then vectorized a sum over 16 values a row half as fast, 1.8 -> 3.7 ms)
+            unrolled = (*(r for k, g in self.nest_scopes[j + 1].items if k == "group" for r in g.rvars),
+                        nest.vars[j + 1]) if rows else ()
+            self._opaque_strides(v, self.nest_scopes[j + 1:j + 2 + rows], out, ind, unrolled)
+        self.unrolled_groups, self.unrolled_loop = small, nest.vars[j + 1] if rows else None
         try:
             self._emit_loop(j, out, ind, nest, parallel, innermost, simd, "omp parallel for schedule(static)")
         finally:
-            self.unrolled_groups, self.opaque_strides = False, {}
+            self.unrolled_groups, self.unrolled_loop, self.opaque_strides = False, None, {}
         out += [f"{ind}accel::f16_narrow_row({name}, &b{st.buf}[{self._addr(start)}], {n});"
                 for (name, start, _), st in narrowed]
 
-    def _small_rows(self, v: int, scope: Scope) -> bool:
+    def _small_row_nest(self, j: int, nest: Nest) -> bool:
+        """Whether loop ``j`` and the innermost loop inside it, of at most :data:`SMALL_ROWS`
+        values (static), are a row kernel over rows of a few values (a softmax or log-softmax
+        over 10 classes, a LayerNorm over 8 channels): reductions as :meth:`_small_rows` takes
+        them (their values may be kept for the row's loop), no reduction and no narrowed
+        float16 store inside the row's loop. Then loop ``j`` is the vectorized one, each row's
+        reductions and its loop unrolled whole (:attr:`unrolled_loop`), the strides along
+        them hidden from gcc (:meth:`_opaque_strides`): a vectorized loop over 10 values a
+        row had computed 10 lanes of 16 and stored them one at a time (a softmax over rows
+        of 3 to 16 float32 values on [4M, 3] .. [1M, 16], dev VM: 14-90 -> 7-14 ms)."""
+        u = nest.vars[j + 1]
+        n, inner = self.ir.sizes[u], self.nest_scopes[j + 2]
+        if (self.fused or not self._static(n) or not 0 < n <= SMALL_ROWS
+                or any(k == "group" or (k == "store" and id(x) in self.narrowed) for k, x in inner.items)):
+            return False
+        return self._small_rows(nest.vars[j], self.nest_scopes[j + 1], kept=True)
+
+    def _small_rows(self, v: int, scope: Scope, kept: bool = False) -> bool:
         """Whether the innermost loop ``v``'s reductions are each over at most
         :data:`SMALL_ROWS` values (static): plain ones (sums, products, maxima, minima),
         argmax and argmin, Welford moments (:meth:`_emit_group`'s unrolled forms), no row
@@ -626,22 +658,39 @@ class CppRenderer(GroupLoops, ColumnLoops, TiledLoops, CStyle):
             sizes = [self.ir.sizes[r] for r in g.rvars]
             if (not (g.category == "simple" or g.members[0].args[0] in ("welford", *ARG))
                     or not sizes or not all(self._static(n) and n > 0 for n in sizes)
-                    or self._size(g.rvars) > SMALL_ROWS or self.row_cache.get(id(g))
+                    or self._size(g.rvars) > SMALL_ROWS
+                    or (self.row_cache.get(id(g)) and not kept)
+                    or any(f16_round(x) for x, _ in self.row_cache.get(id(g), []))
                     or any(k == "group" for k, _ in self.group_scope[id(g)].items)):
                 return False
         return True
 
-    def _opaque_strides(self, v: int, scope: Scope, out: List[str], ind: str) -> None:
-        """Declare the strides along ``v`` of the loads of ``scope`` and its groups that
-        gcc vectorizes no interleaved group of (:data:`SMALL_ROW_STRIDES`) as run-time values
-        (:attr:`opaque_strides`, read by :meth:`_addr`)."""
+    def _opaque_strides(self, v: int, scopes: List[Scope], out: List[str], ind: str,
+                        unrolled: tuple = ()) -> None:
+        """Declare as run-time values (:attr:`opaque_strides`, read by :meth:`_addr`) the
+        strides along ``v`` of the loads of ``scopes`` and their groups that gcc vectorizes
+        no interleaved group of (:data:`SMALL_ROW_STRIDES`), and every stride of a load or
+        store along the ``unrolled`` loops: a row's values at addresses gcc sees as
+        adjacent, it vectorizes the row (two rows of 8 a vector, their reductions across
+        lanes) instead of the loop over rows (a softmax over rows of 8 float32 values, C++
+        on the dev VM: 29 -> 10 ms for [2M, 8]; of 16: 54 -> 11 for [1M, 16])."""
         self.opaque_strides = {}
-        for sc in [scope] + [self.group_scope[id(g)] for k, g in scope.items if k == "group"]:
+
+        def declare(w: int, c: int) -> None:
+            if (w, c) not in self.opaque_strides:
+                name = self.opaque_strides[(w, c)] = f"st{w}_{'m' if c < 0 else ''}{abs(c)}"
+                out.append(f"{ind}const int64_t {name} = accel::opaque({c});")
+
+        for sc in scopes + [self.group_scope[id(g)] for s in scopes for k, g in s.items if k == "group"]:
             for k, x in sc.items:
-                c = x.args[1].coeff(v) if k == "expr" and x.op == "load" else 0
-                if abs(c) not in SMALL_ROW_STRIDES and (v, c) not in self.opaque_strides:
-                    name = self.opaque_strides[(v, c)] = f"st{v}_{'m' if c < 0 else ''}{abs(c)}"
-                    out.append(f"{ind}const int64_t {name} = accel::opaque({c});")
+                a = x.args[1] if k == "expr" and x.op == "load" else x.addr if k == "store" else None
+                if a is None:
+                    continue
+                if abs(a.coeff(v)) not in SMALL_ROW_STRIDES:
+                    declare(v, a.coeff(v))
+                for w in unrolled:
+                    if a.coeff(w):
+                        declare(w, a.coeff(w))
 
     def _extent(self, v: int) -> int:
         """Loop ``v``'s trip count, times that of a loop held at 0 around it where the two
@@ -660,12 +709,23 @@ class CppRenderer(GroupLoops, ColumnLoops, TiledLoops, CStyle):
         emit(ind + "  ")
         out += [f"{ind}  accel::stream_fence();", f"{ind}}}"]
 
+    def _last_loop(self, j: int, nest: Nest) -> bool:
+        """Whether loop ``j`` is the innermost one the kernel runs as a loop (the loop
+        inside it, if any, unrolled: :attr:`unrolled_loop`)."""
+        return j == len(nest.vars) - 1 - (self.unrolled_loop is not None)
+
     def _emit_loop(self, j, out, ind, nest, parallel, innermost, simd, par_pragma) -> None:
         v = nest.vars[j]
         n = self._extent(v)
-        if parallel and simd and len(nest.vars) == 1 and n > CHUNK:
-            out.append(f"{ind}#pragma {par_pragma}")
-            self._chunked_loop(j, out, ind, nest, n, -(-n // CHUNK))
+        if simd and self._last_loop(j, nest) and (parallel and n > CHUNK or self.unrolled_groups):
+            if self.unrolled_groups:
+                # rows vectorized across: their count hidden from gcc, so that the rows it
+                # leaves to a narrower or scalar tail (another libm, other bits) are those of
+                # the shape-generic kernel (accel.codegen.generic), which takes it at run time
+                out.append(f"{ind}const int64_t h{v} = accel::opaque({n});")
+            if parallel:
+                out.append(f"{ind}#pragma {par_pragma}")
+            self._chunked_loop(j, out, ind, nest, f"h{v}" if self.unrolled_groups else n, -(-n // CHUNK))
             return
         if innermost and self._vertical(v, self.nest_scopes[j + 1]):
             self._emit_vertical(v, self.nest_scopes[j + 1], out, ind, parallel)

@@ -411,7 +411,7 @@ class GenericCppRenderer(_RunTimeLengths, CppRenderer):
             raise NotGeneric("column blocks along a run-time loop")
         if parallel:
             out.append(f"{ind}#pragma {par_pragma}")
-        if simd and len(nest.vars) == 1:  # a flat loop: chunks of CHUNK, each vectorized
+        if simd and self._last_loop(j, nest):  # a flat loop: chunks of CHUNK, each vectorized
             self._chunked_loop(j, out, ind, nest, n, f"({n} + {CHUNK - 1}) / {CHUNK}")
             return
         out.append(f"{ind}for (int64_t i{v} = 0; i{v} < {n}; ++i{v}) {{")  # rows, as the static kernel's
