@@ -1002,7 +1002,7 @@ def test_reductions_over_a_few_values_a_row_match_eager(dtype, fresh_store):
                   (lambda t: (t * 2).mT.sum(0), x.mT.contiguous().mT), (lambda t: (t.clamp(-2, 2) + 1).prod(-1), x),
                   (lambda t: (t * 2).argmax(-1), x), (lambda t: t.clamp(-1, 1).argmin(-1), x),  # ties
                   (lambda t: t.flip(-1).clamp(-1, 1).argmax(-1, keepdim=True), x)]
-        if dtype.is_floating_point:  # Welford moments: shifted by the first value (0 if not finite)
+        if dtype.is_floating_point:  # Welford moments: eager's update, one value at a time
             cases += [(lambda t: torch.stack(torch.var_mean(t * 2, -1)), x),
                       (lambda t: torch.stack(torch.var_mean(t + 1e6, -1, correction=0)), x)]
     y = (torch.randn(1001, 3, 5, generator=g) * 3).to(dtype)

@@ -253,8 +253,10 @@ class CppRenderer(GroupLoops, ColumnLoops, TiledLoops, CStyle):
         """The stores of ``nest`` written with streaming stores (id -> block array name):
         those of the innermost loop, contiguous along it, to buffers the kernel never
         reads, where they write at least :data:`STREAM_MIN_BYTES` in all and the innermost
-        loop is a plain ``omp simd`` loop (no reduction inside it) of :data:`CHEAP_OPS`."""
-        if not nest.vars:
+        loop is a plain ``omp simd`` loop (no reduction inside it) of :data:`CHEAP_OPS`;
+        none where that loop is a row of a few values unrolled (:meth:`_small_row_nest`: its
+        stores are not contiguous along the vectorized loop)."""
+        if not nest.vars or (len(nest.vars) >= 2 and self._small_row_nest(len(nest.vars) - 2, nest)):
             return {}
         inner, v = self.nest_scopes[-1], nest.vars[-1]
         if any(k == "group" or (k == "expr" and x.op not in CHEAP_OPS
@@ -593,17 +595,14 @@ class CppRenderer(GroupLoops, ColumnLoops, TiledLoops, CStyle):
         if self.tile is not None and j == len(nest.vars) - 2:
             self._emit_tile(j, out, ind, nest, parallel)
             return
-        if v == self.unrolled_loop:  # (_small_row_nest) the row's loop: each value in a block
+        if v == self.unrolled_loop:  # (_small_row_nest) the row's loop, unrolled as its groups'
             lines: List[str] = []
             self._emit_items(self.nest_scopes[j + 1], lines, "")
-            for k in range(n):
-                out += [f"{ind}{{", f"{ind}  const int64_t i{v} = {k};", *(f"{ind}  {x}" for x in lines), f"{ind}}}"]
+            self._loops((v,), lines, out, ind, None, None)
             return
         rows = j == len(nest.vars) - 2 and self._small_row_nest(j, nest)
         small = rows or (innermost and self._small_rows(v, self.nest_scopes[j + 1]))
         simd = small or (innermost and not any(k == "group" for k, _ in self.nest_scopes[j + 1].items))
-        if rows:
-            self.streamed = {}  # a row's few values are not contiguous along the vectorized loop
         if parallel and self.streamed:
             self._fenced_team(out, ind, lambda ind2: self._emit_loop(
                 j, out, ind2, nest, parallel, innermost, simd, "omp for schedule(static) nowait"))
