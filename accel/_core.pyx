@@ -16,7 +16,7 @@ include "_launch.pxi"
 import sys
 import torch
 from accel.allocator import MIN_BLOCK, empty_strided as _pool_empty_strided
-from accel.ops import DTYPES, NOT_DEFERRABLE, SCALAR, TENSOR, Deferred, float_key as _float_key, overlap_args as _overlap_args, split_view_of as _split_view_of
+from accel.ops import DTYPES, NOT_DEFERRABLE, SCALAR, TENSOR, Deferred, float_key as _float_key, overlap_args as _overlap_args, pending_view as _pending_view
 from accel._core_py import ext_overlap as _ext_overlap_py
 
 cdef object _data_ptr = torch._C.TensorBase.data_ptr
@@ -442,10 +442,9 @@ cdef class RegionCore:
         if self.outs:
             p = _data_ptr(t)
             if self.view.lo <= p < self.view.hi and self._aliases_pending(t, p):
-                i = _split_view_of(t, self.outs, p - <Py_ssize_t>t.storage_offset() * <Py_ssize_t>t.element_size())
-                if i < 0:
+                w = _pending_view(t, self.outs, p - <Py_ssize_t>t.storage_offset() * <Py_ssize_t>t.element_size())
+                if w is None:
                     raise Deferred("alias")
-                w = ("v", i, tuple(t.shape), t.stride())
                 key.append(w)
                 tmpl.append(w)
                 return

@@ -10,7 +10,7 @@ import sys
 import torch
 
 from .allocator import empty_strided
-from .ops import DTYPES, HALF, NOT_DEFERRABLE, SCALAR, TENSOR, Deferred, OpSpec, float_key, overlap_args, split_view_of
+from .ops import DTYPES, HALF, NOT_DEFERRABLE, SCALAR, TENSOR, Deferred, OpSpec, float_key, overlap_args, pending_view
 
 _data_ptr = torch._C.TensorBase.data_ptr
 _CPU = torch.device("cpu")
@@ -183,10 +183,9 @@ class RegionCore:
         if self.outs:
             p = _data_ptr(t)
             if self.lo <= p < self.hi and self._aliases_pending(t, p):
-                i = split_view_of(t, self.outs, p - t.storage_offset() * t.element_size())
-                if i < 0:
+                w = pending_view(t, self.outs, p - t.storage_offset() * t.element_size())
+                if w is None:
                     raise Deferred("alias")  # a view of a pending output: flush, then retry
-                w = ("v", i, tuple(t.shape), t.stride())
                 return w, w
         if _shared_lookup is not None and _shared_lookup(_untyped_storage(t)._cdata):
             raise Deferred("shared memory")

@@ -18,7 +18,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import allocator, config, dispatch, hooks, launch, remat, runtime, sampling
-from . import losses  # (its import registers torch.ops.accel.*: accel.library)
+from . import library, losses  # (importing library registers torch.ops.accel.*)
 from .ops import VIEW_OPS, fusible_ops, op_spec
 from .region import (NEW_NODES, PENDING_NODES, Deferred, Region, native, set_cuda_half,
                      set_small_regions)
@@ -440,6 +440,10 @@ class AccelMode(TorchDispatchMode):
             out = _nll_loss_backward(self, region, args, kwargs)
             if out is not None:
                 return out
+        if (func is _CAT or func is _STACK) and _may_record_whole(region):
+            out = _cat(self, region, func, args, kwargs)
+            if out is not None:
+                return out
         if id(func) not in self.views and region.calls:
             if func is _NLL_FORWARD and _may_record_whole(region):
                 out = _nll_of_log_softmax(self, region, args, kwargs)
@@ -469,6 +473,11 @@ class AccelMode(TorchDispatchMode):
                 out = _nll_loss_backward(self, region, args, kwargs)
                 if out is not None:
                     return out
+            elif ((func is _CAT or func is _STACK) and _may_record_whole(region)
+                  and (w.queued or w.queue_final_callback())):  # a split's or chunk's gradient
+                out = _cat(self, region, func, args, kwargs)
+                if out is not None:
+                    return out
             if spec is None and id(func) not in self.views and region.calls:
                 _flush_region(region)
         return func._op(*args, **kwargs)
@@ -478,6 +487,10 @@ _NLL_FORWARD = torch.ops.aten.nll_loss_forward.default
 _NLL_BACKWARD = torch.ops.aten.nll_loss_backward.default
 _NLL_OF_LOG_SOFTMAX = torch.ops.accel.nll_of_log_softmax.default
 _NLL_BACKWARD_DENSE = torch.ops.accel.nll_loss_backward.default
+_CAT = torch.ops.aten.cat.default
+_STACK = torch.ops.aten.stack.default
+_ACCEL_CAT = torch.ops.accel.cat.default
+_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 
 
 def _may_record_whole(region) -> bool:
@@ -508,6 +521,36 @@ def _nll_of_log_softmax(mode, region, args, kwargs):
     if out is None:
         return None
     return out if plan[0][3] else (out[0], plan[1])  # reduction none: eager's total weight
+
+
+def _cat(mode, region, func, args, kwargs):
+    """Eager's ``cat`` or ``stack`` of 2 to ``accel.library.CAT_MAX`` tensors of one rank
+    and of the same sizes but along ``dim``, none empty, recorded as ``accel.cat`` (for
+    ``stack``, of the tensors unsqueezed at ``dim``: views, which the region reads
+    through where they view pending outputs): the result (pending), or None (the call
+    then runs as usual: a region flushed first, eager's call with its checks and errors;
+    also for an ``out=`` tensor)."""
+    tensors = args[0] if args else kwargs.get("tensors")
+    dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
+    if (set(kwargs) - {"tensors", "dim"} or not isinstance(tensors, (list, tuple))
+            or not 2 <= len(tensors) <= library.CAT_MAX or type(dim) is not int
+            or any(type(t) not in _TENSOR_TYPES for t in tensors)):
+        return None
+    shape, nd = tensors[0].shape, tensors[0].dim()
+    if func is _STACK:
+        if not -nd - 1 <= dim <= nd or any(t.shape != shape for t in tensors):
+            return None
+        dim %= nd + 1
+        tensors = [t.unsqueeze(dim) for t in tensors]
+        shape, nd = tensors[0].shape, nd + 1
+    if nd == 0 or not -nd <= dim < nd:
+        return None
+    dim %= nd
+    if any(t.dim() != nd or t.shape[dim] == 0 or t.shape[:dim] != shape[:dim]
+           or t.shape[dim + 1:] != shape[dim + 1:] for t in tensors):
+        return None
+    op_args = (*tensors, *[None] * (library.CAT_MAX - len(tensors)), dim)
+    return _record_whole(mode, region, _ACCEL_CAT, op_args)
 
 
 def _nll_loss_backward(mode, region, args, kwargs):

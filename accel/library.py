@@ -1,8 +1,9 @@
 """accel's own operators (``torch.ops.accel.*``): the targets of pattern replacements
-(:mod:`accel.patterns`), and two ops the interceptor records in place of eager calls
-(``nll_of_log_softmax``, ``nll_loss_backward``: :func:`accel.losses.nll_of_log_softmax`,
+(:mod:`accel.patterns`), and three ops the interceptor records in place of eager calls:
+``nll_of_log_softmax`` and ``nll_loss_backward`` (:func:`accel.losses.nll_of_log_softmax`,
 :func:`accel.losses.nll_loss_backward`), which :func:`accel.decompositions.decomposition_table`
-decomposes through their references when a region is traced.
+decomposes through their references when a region is traced, and ``cat`` (eager's ``cat``
+and ``stack``), which the lowering reads whole.
 
 Each op has a reference implementation written with torch ops (``CompositeExplicitAutograd``:
 any device; it defines the semantics the generated kernels must reproduce, and tests compare
@@ -345,6 +346,38 @@ def nll_loss_backward(grad_output: torch.Tensor, target: torch.Tensor, total_wei
     hit = (torch.arange(classes, device=target.device).reshape(1, classes) == target.reshape(n, 1)) & (
         target.reshape(n, 1) != ignore_index)
     return torch.where(hit, -g, grad_output.new_zeros(()))
+
+
+#: the most tensors ``accel.cat`` takes (a longer ``torch.cat`` runs eagerly)
+CAT_MAX = 8
+
+
+def _cat_parts(tensors) -> List[torch.Tensor]:
+    return [t for t in tensors if t is not None]
+
+
+def _fake_cat(*args):
+    *tensors, dim = args
+    return torch.cat(_cat_parts(tensors), dim)
+
+
+@_define("cat(Tensor t0, Tensor t1, Tensor? t2, Tensor? t3, Tensor? t4, Tensor? t5, Tensor? t6,"
+         " Tensor? t7, int dim) -> Tensor", _fake_cat)
+def cat(t0, t1, t2, t3, t4, t5, t6, t7, dim: int) -> torch.Tensor:
+    """``torch.cat`` of two to :data:`CAT_MAX` tensors (``t0``, ``t1``, then those of
+    ``t2``-``t7`` not None), in one op with a tensor per argument: the interceptor records
+    eager's ``cat`` and ``stack`` calls as this op (``accel.interceptor._cat``), which a
+    region keys like any other (a list of tensors is not an argument it records); traced,
+    it stays one node, which the lowering reads piece by piece (each of the result's
+    elements is one of an input's: :class:`accel.lower_expr.ConcatSpans`).
+
+    Shapes/dtypes: as ``torch.cat`` (the tensors of one rank, the same sizes but along
+    ``dim``; the result in their promoted dtype, laid out as eager's ``cat``).
+
+    Raises:
+        RuntimeError: as ``torch.cat``.
+    """
+    return torch.cat(_cat_parts((t0, t1, t2, t3, t4, t5, t6, t7)), dim)
 
 
 # -- the rewrites that produce these ops (registered by accel.patterns) ----------------------

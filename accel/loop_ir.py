@@ -19,13 +19,19 @@ import torch
 
 @dataclass(frozen=True)
 class Addr:
-    """Element offset ``sum(c * v for v, c in terms)`` into a buffer (elements), sorted by
-    variable, no zero coefficients."""
+    """Element offset ``offset + sum(c * v for v, c in terms)`` into a buffer (elements),
+    terms sorted by variable, no zero coefficients; ``offset`` (a constant, default 0) is
+    where a view at an offset reads from (a slice, a narrow, a chunk of a region's value)."""
 
     terms: Tuple[Tuple[int, int], ...]
+    offset: int = 0
 
     def coeff(self, var: int) -> int:
         return dict(self.terms).get(var, 0)
+
+    def without(self, drop) -> "Addr":
+        """This address with the terms of the variables in ``drop`` left out (those loops at 0)."""
+        return Addr(tuple(t for t in self.terms if t[0] not in drop), self.offset)
 
 
 @dataclass(frozen=True)
@@ -69,13 +75,17 @@ class Nest:
 @dataclass
 class BufferSpec:
     """A kernel argument buffer: ``bufs[index]`` in the kernel ABI. ``scratch``: a
-    temporary the runtime provides (contiguous, contents undefined), after the outputs."""
+    temporary the runtime provides (contiguous, contents undefined), after the outputs.
+    ``origin``: for the lowering only, a piece of a buffer a store writes (``shape`` the
+    piece's), the index its first element has in the buffer (a concatenation stored piece
+    by piece: :func:`accel.lowering._split_spans`); empty for a whole buffer."""
 
     dtype: torch.dtype
     shape: Tuple[int, ...]
     stride: Tuple[int, ...]
     output: bool
     scratch: bool = False
+    origin: Tuple[int, ...] = field(default=(), repr=False)
 
 
 @dataclass

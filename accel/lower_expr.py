@@ -6,7 +6,7 @@ stores of these expressions into loop nests.
 
 An index is a tuple of *atoms*, one per tensor dim: an affine combination of loop
 variables, ``((var, multiplier), ...)``, the empty tuple meaning "always 0" (a broadcast
-or size-1 dim). A reduction gets reduction variables of its own; an ``Expr("reduce")``
+or size-1 dim), a term of :data:`ONE` a constant (a view at an offset). A reduction gets reduction variables of its own; an ``Expr("reduce")``
 depends only on the variables its body uses outside them, so the backend computes it once
 per iteration of the loops it depends on (a row reduction once per row) and keeps it in a
 register. Reductions over the same domain share their variables, so one loop can compute
@@ -20,10 +20,9 @@ from typing import Dict, List, Sequence, Tuple
 
 import torch
 import torch.fx as fx
-from torch._prims_common import make_contiguous_strides_for
 
 from .loop_ir import ACCEL_ELEMENTWISE, ELEMENTWISE, Addr, BufferSpec, Expr, free_vars, walk
-from .ops import HALF, float_key, splits
+from .ops import HALF, dense_view_map, float_key
 
 prims = torch.ops.prims
 aten = torch.ops.aten
@@ -42,6 +41,18 @@ _F16_EXACT = {"abs": 0, "maximum": 0, "minimum": 0, "fmax": 0, "fmin": 0, "where
 
 class LoweringError(Exception):
     """The graph uses an op or pattern the loop IR does not express (region runs eagerly)."""
+
+
+class ConcatSpans(LoweringError):
+    """A concatenation (``accel.cat``) read at an index that runs across its pieces along
+    loop ``var`` (coefficient 1), a new piece starting where ``var`` reaches each of
+    ``cuts``: :func:`accel.lowering._split_spans` stores such a value piece by piece, each
+    piece's loop within one input (as Inductor's ``ConcatKernel`` has each input write its
+    slice of the output). Uncaught (the loop a reduction's), the region runs eagerly."""
+
+    def __init__(self, var: int, cuts: List[int]):
+        super().__init__(f"loop {var} runs across a concatenation's pieces at {cuts}")
+        self.var, self.cuts = var, cuts
 
 
 _PRIM_REDUCTIONS = {"sum": "sum", "prod": "prod", "amax": "amax", "amin": "amin"}
@@ -70,12 +81,25 @@ def _merges_ones(n: fx.Node) -> bool:
     return sum(1 for d in range(start, end + 1) if x.meta["val"].shape[d] != 1) <= 1
 
 
-def _split_index(n: fx.Node, idx: tuple) -> tuple:
-    """The index into ``as_strided``'s input ``x`` of its result's element at ``idx``,
-    where the result reads ``x``'s elements in order with ``x``'s dims split
-    (``ops.splits``; both contiguous, no storage offset): torch's view decomposition
-    emits such an ``as_strided`` for some splits (``[16]`` as ``[4, 4]``, ``[4]`` as
-    ``[4, 1]``) where it emits ``prims.split_dim`` for others.
+#: the "variable" of an index atom's constant term (a view at an offset: a slice's start),
+#: always 1; a load's or an index's :class:`Addr` takes it as its ``offset``
+ONE = -1
+
+
+def _addr(terms) -> Addr:
+    """The :class:`Addr` of an affine combination ``terms`` (an atom's form), its constant
+    term (:data:`ONE`'s) as the offset."""
+    if terms and terms[0][0] == ONE:
+        return Addr(terms[1:], terms[0][1])
+    return Addr(terms)
+
+
+def _strided_index(n: fx.Node, idx: tuple) -> tuple:
+    """The index into ``as_strided``'s input ``x`` of its result's element at ``idx``, where
+    the result reads ``x`` dim by dim (:func:`accel.ops.dense_view_map`): torch's view
+    decomposition emits such an ``as_strided`` for some splits of dims (``[16]`` as
+    ``[4, 4]``), and a region reads a slice, a chunk, a select or a transpose of a pending
+    output through one (:func:`accel.ops.pending_view`).
 
     Raises:
         LoweringError: any other ``as_strided``.
@@ -83,28 +107,16 @@ def _split_index(n: fx.Node, idx: tuple) -> tuple:
     x, size, stride = n.args[0], list(n.args[1]), list(n.args[2])
     offset = n.args[3] if len(n.args) > 3 else n.kwargs.get("storage_offset")
     xv = x.meta["val"]
-    contiguous = len(stride) == len(size) and all(
-        s == 1 or st == c for s, st, c in zip(size, stride, make_contiguous_strides_for(size)))
-    if (offset not in (None, 0) or not contiguous or not xv.is_contiguous()
-            or xv.numel() != n.meta["val"].numel() or not splits(tuple(xv.shape), tuple(size))):
+    found = dense_view_map(tuple(xv.shape), xv.stride(), size, stride,
+                           (offset or 0) - xv.storage_offset())
+    if found is None:
         raise LoweringError(f"no lowering for {n.format_node()}")
-    dst = [d for d, s in enumerate(size) if s != 1]
-    out, j = [], 0
-    for s in xv.shape:
-        if s == 1:
-            out.append(())
-            continue
-        group, p = [], 1
-        while p < s:
-            group.append(dst[j])
-            p *= size[dst[j]]
-            j += 1
-        inner, parts = 1, []
-        for d in reversed(group):
-            parts.append((idx[d], inner))
-            inner *= size[d]
-        out.append(_affine(*parts))
-    return tuple(out)
+    maps, start = found
+    parts: List[list] = [[(((ONE, 1),), o)] if o else [] for o in start]
+    for d, m in enumerate(maps):
+        if m is not None:
+            parts[m[0]].append((idx[d], m[1]))
+    return tuple(_affine(*p) for p in parts)
 
 
 #: a nest whose innermost loops walk fewer contiguous elements of its store than this
@@ -287,7 +299,7 @@ class _Lowerer:
             k, b = (self.tensor_ph[n], self.ext[self.tensor_ph[n]]) if n in self.tensor_ph \
                 else self.in_memory[n]
             terms = _affine(*((atom, b.stride[d]) for d, atom in enumerate(idx) if b.shape[d] != 1))
-            return self.cast(self.mk("load", b.dtype, k, Addr(terms)), n.meta["val"].dtype)
+            return self.cast(self.mk("load", b.dtype, k, _addr(terms)), n.meta["val"].dtype)
         if n.op != "call_function":
             raise LoweringError(f"unsupported node {n.format_node()}")
         t = n.target
@@ -328,8 +340,8 @@ class _Lowerer:
             xs = x.meta["val"].shape
             inner = tuple(idx[start] if xs[d] != 1 else () for d in range(start, end + 1))
             return self.value(x, idx[:start] + inner + idx[start + 1:])
-        if t is aten.as_strided.default:  # a view's decomposition, where it splits dims
-            return self.value(n.args[0], _split_index(n, idx))
+        if t is aten.as_strided.default:  # a view: a split of dims, a slice, a transpose
+            return self.value(n.args[0], _strided_index(n, idx))
         if t in (prims.scalar_tensor.default, aten.scalar_tensor.default):
             return self.operand(n.args[0], (), dtype)
         if t in (prims.full.default, aten.full_like.default):
@@ -338,7 +350,7 @@ class _Lowerer:
             return self.operand(n.args[1], idx, dtype)
         if t is prims.iota.default:
             start, step = n.kwargs["start"], n.kwargs["step"]
-            i = self.mk("index", torch.int64, Addr(tuple(idx[0])))
+            i = self.mk("index", torch.int64, _addr(tuple(idx[0])))
             e = self.mk("add", torch.int64, self.mk("mul", torch.int64, i, self.const(step, torch.int64)),
                         self.const(start, torch.int64))
             return self.cast(e, dtype)
@@ -365,6 +377,8 @@ class _Lowerer:
             x, dims = n.args
             xd = x.meta["val"].dtype
             return self.cast(self.reduce("online_softmax", x, dims, idx, xd, which), xd)
+        if ns == "accel" and name == "cat":
+            return self.cast(self.concat(n, idx), dtype)
         if ns == "accel" and name in ACCEL_ELEMENTWISE:
             return self.mk(name, dtype, *(self.operand(a, idx, dtype) for a in n.args))
         if name in ELEMENTWISE and ns == "prims":
@@ -377,6 +391,34 @@ class _Lowerer:
                 args = [self.operand(a, idx, comp) for a in n.args]
             return self.mk(name, dtype, *args)
         raise LoweringError(f"no lowering for {t}")
+
+    def concat(self, n: fx.Node, idx: tuple) -> Expr:
+        """``accel.cat`` at ``idx``: the input whose piece holds every element the index
+        reaches, at the index less the piece's start.
+
+        Raises:
+            ConcatSpans: the index reaches more than one piece along a loop.
+            LoweringError: along anything else.
+        """
+        *parts, dim = n.args
+        parts = [p for p in parts if p is not None]
+        a = idx[dim % len(idx)]
+        off = dict(a).get(ONE, 0)
+        terms = [(v, c) for v, c in a if v != ONE]
+        lo = off + sum(c * (self.sizes[v] - 1) for v, c in terms if c < 0)
+        hi = off + sum(c * (self.sizes[v] - 1) for v, c in terms if c > 0)
+        start, cuts = 0, []
+        for p in parts:
+            size = p.meta["val"].shape[dim]
+            if start <= lo and hi < start + size:
+                d = dim % len(idx)
+                return self.value(p, idx[:d] + (_affine((a, 1), (((ONE, 1),), -start)),) + idx[d + 1:])
+            if start and lo < start <= hi:
+                cuts.append(start - off)
+            start += size
+        if len(terms) != 1 or terms[0][1] != 1:
+            raise LoweringError(f"a concatenation read at {a}: {n.format_node()}")
+        raise ConcatSpans(terms[0][0], cuts)
 
     def variance(self, x, dims, correction, idx, welford=False) -> Tuple[Expr, Expr]:
         """(var, mean) of ``x`` over ``dims`` in float64: one Welford pass, or two passes

@@ -9,16 +9,19 @@ intermediates go to memory first, and where in-place writes of inputs may run.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Dict, List, Sequence, Tuple
 
 import torch
 import torch.fx as fx
 
+from . import library  # noqa: F401 - registers torch.ops.accel.cat
 from .loop_ir import Addr, BufferSpec, Expr, LoopIR, Nest, Store, forget_free_vars, free_vars, reductions, walk
-from .lower_expr import CONTIGUOUS_RUN, LoweringError, _affine, _Lowerer
+from .lower_expr import CONTIGUOUS_RUN, ONE, ConcatSpans, LoweringError, _addr, _affine, _Lowerer
 
 prims = torch.ops.prims
 aten = torch.ops.aten
+_CAT = torch.ops.accel.cat.default
 
 __all__ = ["LoweringError", "lower"]
 
@@ -80,7 +83,7 @@ def _coalesce(ir: LoopIR, nest: Nest) -> None:
     memo: Dict[Expr, Expr] = {}
 
     def fix_addr(ad: Addr) -> Addr:
-        return Addr(tuple(t for t in ad.terms if t[0] not in merge))
+        return ad.without(merge)
 
     def fix(e: Expr) -> Expr:
         r = memo.get(e)
@@ -188,6 +191,8 @@ def _lower(gm, ext, outs, scalar_types, writes: str) -> LoopIR:
             if dst not in lw.tensor_ph:
                 raise LoweringError("copy_ into a non-input")
             jobs.append((lw.tensor_ph[dst], *_peel_views(src, ext[lw.tensor_ph[dst]]), True))
+    if any(n.target is _CAT for n in gm.graph.nodes):
+        jobs = [piece for job in jobs for piece in _split_spans(lw, job)]
     first = writes == "first"
     if first and not _reads_new_values(jobs, lw):
         raise _WriteHazard("the outputs read the old values of an input written in place")
@@ -309,8 +314,8 @@ def _check_bounds(ir: LoopIR) -> None:
         for st in nest.stores:
             accesses += [(e.args[0], e.args[1]) for e in walk(st.value, seen) if e.op == "load"]
         for buf, addr in accesses:
-            hi = sum(c * (ir.sizes[v] - 1) for v, c in addr.terms if c > 0)
-            lo = sum(c * (ir.sizes[v] - 1) for v, c in addr.terms if c < 0)
+            hi = addr.offset + sum(c * (ir.sizes[v] - 1) for v, c in addr.terms if c > 0)
+            lo = addr.offset + sum(c * (ir.sizes[v] - 1) for v, c in addr.terms if c < 0)
             b = ir.buffers[buf]
             if 0 in b.shape:
                 continue
@@ -453,10 +458,41 @@ def _store(lw: _Lowerer, domain, buf: int, b: BufferSpec, node: fx.Node):
     shape, loop_vars = domain
     if len(shape) != len(b.shape) or any(s not in (1, t) for s, t in zip(b.shape, shape)):
         return None
-    idx = tuple(((v, 1),) if s != 1 else () for v, s in zip(loop_vars, b.shape))
+    origin = b.origin or (0,) * len(b.shape)
+    idx = tuple(_affine((((v, 1),) if s != 1 else (), 1), (((ONE, 1),), o))
+                for v, s, o in zip(loop_vars, b.shape, origin))
     value = lw.cast(lw.at(node, idx, b.shape), b.dtype)
-    terms = _affine(*((a, st) for a, st, sz in zip(idx, b.stride, b.shape) if sz != 1))
-    return Store(buf, Addr(terms), value)
+    terms = _affine(*((a, st) for a, st in zip(idx, b.stride) if a))
+    return Store(buf, _addr(terms), value)
+
+
+def _split_spans(lw: _Lowerer, job) -> list:
+    """``job``, or where its value reads a concatenation across its pieces along a dim of
+    its store (:class:`accel.lower_expr.ConcatSpans`: a ``torch.cat`` written out, or
+    read by pointwise ops: ``x * cos + cat(-x2, x1) * sin``), the jobs that store it
+    piece by piece: each over the dim's range within one piece (:attr:`BufferSpec.origin`),
+    their loops reading each input at its own index, with no select between them.
+
+    Raises:
+        LoweringError: the pieces run along a reduction's loop or an input's write.
+    """
+    buf, node, spec, mutation = job
+    dims = tuple(lw.new_var(s) for s in spec.shape)
+    try:
+        _store(lw, (tuple(spec.shape), dims), buf, spec, node)
+    except ConcatSpans as e:
+        if mutation or e.var not in dims:
+            raise LoweringError(f"a concatenation read across its pieces: {node.format_node()}") from e
+        d = dims.index(e.var)
+        origin = spec.origin or (0,) * len(spec.shape)
+        bounds = [0, *e.cuts, spec.shape[d]]
+        pieces = []
+        for lo, hi in zip(bounds, bounds[1:]):
+            piece = dataclasses.replace(spec, shape=spec.shape[:d] + (hi - lo,) + spec.shape[d + 1:],
+                                        origin=origin[:d] + (origin[d] + lo,) + origin[d + 1:])
+            pieces += _split_spans(lw, (buf, node, piece, False))
+        return pieces
+    return [job]
 
 
 def _reuse_memory(lw: _Lowerer, gm, buffers, nests, placed, shapes, new_values: bool = False) -> None:
@@ -478,7 +514,8 @@ def _reuse_memory(lw: _Lowerer, gm, buffers, nests, placed, shapes, new_values: 
         # a chosen value this nest stores as an output already is read from there (the
         # update below): no scratch copy (a residual sum saved for a layer norm's backward
         # and read again by the loss's sum was written twice)
-        outputs = {node for _, node, _, mutation in placed[k] if new_values or not mutation}
+        outputs = {node for _, node, spec, mutation in placed[k]
+                   if (new_values or not mutation) and not spec.origin}  # (not a piece of one)
         for m in [m for m in chosen if m in reach and m not in lw.in_memory and m not in outputs]:
             val = m.meta["val"]
             spec = BufferSpec(val.dtype, tuple(val.shape), _contiguous(val.shape), True, scratch=True)
@@ -493,7 +530,7 @@ def _reuse_memory(lw: _Lowerer, gm, buffers, nests, placed, shapes, new_values: 
         order = _chain_order(base, [e for s in stores for e in walk(s.value, set())])
         nest.vars, nest.stores = order or nest.vars, stores
         lw.in_memory.update({node: (buf, spec) for buf, node, spec, mutation in placed[k]
-                             if new_values or not mutation})
+                             if (new_values or not mutation) and not spec.origin})
 
 
 def _peel_views(node: fx.Node, b: BufferSpec) -> Tuple[fx.Node, BufferSpec]:
@@ -608,6 +645,8 @@ def _row_local(ir: LoopIR, k: int, red: Expr, load: Addr, write: Addr) -> bool:
     loop variables (as many, of the same sizes and strides). The write reaches each element
     once (an in-place write), so no other point writes what the point reads."""
     fv = free_vars(red)
+    if load.offset != write.offset:
+        return False
     if any(not free_vars(r) <= fv for r in reductions(ir.nests[k])):
         return False  # a shallower reduction, computed again at each point of a deeper one
     outer = {v: c for v, c in write.terms if v in fv}

@@ -91,8 +91,10 @@ COMPOSITES = ("_softmax", "_log_softmax", "_softmax_backward_data", "_log_softma
 #: dispatch filter therefore sends to the mode as it sends deferrable ones (it runs other
 #: calls past the mode, flushing the region first): ``nll_loss_forward`` of a pending
 #: ``log_softmax`` (``accel.losses.nll_of_log_softmax``), ``nll_loss_backward`` in
-#: autograd's ``NllLossBackward0`` (``accel.losses.nll_loss_backward``).
-MODE_OPS = (aten.nll_loss_forward.default, aten.nll_loss_backward.default)
+#: autograd's ``NllLossBackward0`` (``accel.losses.nll_loss_backward``), ``cat`` and
+#: ``stack`` (recorded as ``accel.cat``: ``accel.interceptor._cat``).
+MODE_OPS = (aten.nll_loss_forward.default, aten.nll_loss_backward.default, aten.cat.default,
+            aten.stack.default)
 #: ops without a decomposition that the lowering handles itself.
 _LOWERED = ("argmax", "argmin", "max.dim", "min.dim", "max", "min")
 #: pointwise ops that torch tags ``pointwise`` only from 2.13 on (torch 2.11's tags lack it):
@@ -250,28 +252,86 @@ def splits(src, dst) -> bool:
     return j == len(d)
 
 
-def split_view_of(t: torch.Tensor, outs, base: int) -> int:
-    """The index of the pending region output that ``t`` (whose storage starts at address
-    ``base``, a pending output's) views as a split of its dims, or -1.
+def dense_view_map(shape, strides, size, stride, offset: int):
+    """How a strided view reads a tensor laid out densely: per dim of the view, ``(k, m)``
+    (its index times ``m`` adds to dim ``k``'s of the tensor; None for a dim of size 1 or
+    stride 0, a broadcast), and per dim of the tensor the index ``o[k]`` its view starts
+    at, so that the view's element at ``idx`` is the tensor's at ``j[k] = o[k] +
+    sum(m * idx[d] for the view's dims d on k)``: a slice, a narrow, a select, a chunk, a
+    transpose or an expand of the tensor, or a split of its dims, alike.
 
-    ``t`` qualifies where it reads exactly ``outs[i]``'s elements, reshaped: the same
-    dtype, data address and number of elements (not 0), both contiguous, and ``t``'s shape
-    a refinement of the output's (:func:`splits`): a Linear's ``[B * T, C]`` output
-    viewed as ``[B, T, C]``. A call reading such a view is recorded into the region with
-    the argument ``("v", i, shape, stride)``, which the region's graph reads as
-    ``outs[i].view(shape)``; any other view of a pending output flushes the region first.
-    The dispatch filter's ``split_view`` (include/accel/call_keys.h) decides alike.
+    ``shape`` / ``strides``: the tensor's (elements; dense: its dims of size above 1, in
+    some order, contiguous); ``size`` / ``stride`` / ``offset``: the view's, as
+    ``torch.as_strided`` takes them, ``offset`` from the tensor's first element. The map
+    is exact where every ``j[k]`` stays below ``shape[k]`` (no index carries into the next
+    dim): the view's element and the tensor's are then one address.
+
+    Returns:
+        ``(maps, o)``, or None where the view reads the tensor otherwise (a merge of its
+        dims, a stride across dims, an offset or extent outside a dim) or the tensor is not
+        dense or either is empty.
+    """
+    dims = sorted((k for k in range(len(shape)) if shape[k] != 1), key=lambda k: -strides[k])
+    numel = 1
+    for k in reversed(dims):
+        if strides[k] != numel:
+            return None
+        numel *= shape[k]
+    if not 0 <= offset < numel or 0 in shape or 0 in size:
+        return None
+    o, rest = [0] * len(shape), offset
+    for k in dims:
+        o[k], rest = divmod(rest, strides[k])
+    top = list(o)
+    maps = []
+    for n, st in zip(size, stride):
+        if n == 1 or st == 0:
+            maps.append(None)
+            continue
+        k = next((k for k in dims if strides[k] <= st), None)
+        if k is None or st % strides[k] or st // strides[k] >= shape[k]:
+            return None
+        maps.append((k, st // strides[k]))
+        top[k] += st // strides[k] * (n - 1)
+    if any(top[k] >= shape[k] for k in range(len(shape))):
+        return None
+    return maps, o
+
+
+def pending_view(t: torch.Tensor, outs, base: int):
+    """The argument reference of ``t``, a view of a pending region output (whose storage
+    starts at address ``base``, a pending output's), that the region reads through, or
+    None (the region is flushed first, and ``t`` is an input of the next).
+
+    - ``("v", i, shape, stride)``: ``t`` reads exactly ``outs[i]``'s elements, reshaped:
+      the same dtype, data address and number of elements (not 0), both contiguous, and
+      ``t``'s shape a refinement of the output's (:func:`splits`): a Linear's
+      ``[B * T, C]`` output viewed as ``[B, T, C]``. The region's graph reads it as
+      ``outs[i].view(shape)``. The dispatch filter's ``split_view``
+      (include/accel/call_keys.h) decides alike.
+    - ``("v", i, shape, stride, offset)``: ``t`` reads some of a contiguous ``outs[i]``'s
+      elements dim by dim (:func:`dense_view_map`), from ``offset`` elements on: a slice,
+      a narrow, a chunk, a select, a transpose, an expand. The region's graph reads it as
+      ``torch.as_strided`` of the output (:func:`_strided_view`), which the lowering
+      indexes through (:mod:`accel.lower_expr`). The dispatch filter leaves such calls to
+      the interceptor.
     """
     n = t.numel()
-    if n == 0 or not t.is_contiguous():
-        return -1
+    if n == 0:
+        return None
     for i, o in enumerate(outs):
         if _data_ptr(o) == base:  # (not Tensor.data_ptr: accel's hook flushes the region)
-            if (o.dtype == t.dtype and _data_ptr(t) == base and o.numel() == n
-                    and o.is_contiguous() and splits(o.shape, t.shape)):
-                return i
-            return -1
-    return -1
+            if o.dtype != t.dtype or not o.is_contiguous():
+                return None
+            p = _data_ptr(t)
+            shape, stride = tuple(t.shape), t.stride()
+            if p == base and o.numel() == n and t.is_contiguous() and splits(o.shape, t.shape):
+                return ("v", i, shape, stride)
+            off, r = divmod(p - base, t.element_size())
+            if r or dense_view_map(tuple(o.shape), o.stride(), shape, stride, off) is None:
+                return None
+            return ("v", i, shape, stride, off)
+    return None
 
 
 def written_refs(spec: OpSpec, targs, tkw) -> list:
@@ -357,11 +417,21 @@ def _split_view(t: torch.Tensor, shape) -> torch.Tensor:
     return t
 
 
+def _view(t: torch.Tensor, ref) -> torch.Tensor:
+    """``t`` (a region output, as computed) viewed as the reference ``("v", ...)`` says
+    (:func:`pending_view`): a split of its dims, or a strided view of it, taken of ``t``
+    contiguous (the pending output's layout when it was recorded; traced, a no-op)."""
+    if len(ref) == 4:
+        return _split_view(t, ref[2])
+    t = t.contiguous()
+    return t.as_strided(ref[2], ref[3], t.storage_offset() + ref[4])
+
+
 def resolver(ext, outs, scalars, views=None):
     """The function that turns a call's argument template into its value: ``("x", j)``
     ``ext[j]``, ``("o", i)`` ``outs[i]`` (a list, or a dict by output index), ``("v", i,
-    shape, stride)`` ``outs[i]`` viewed as ``shape`` (:func:`_split_view`; kept in
-    ``views``, where given, for the next argument that views it alike), ``("s", k)``
+    shape, stride[, offset])`` a view of ``outs[i]`` (:func:`_view`; kept in ``views``,
+    where given, for the next argument that views it alike), ``("s", k)``
     ``scalars[k]``, ``("c", value)`` the constant (a tuple as a list)."""
     def res(r):
         tag = r[0]
@@ -371,12 +441,12 @@ def resolver(ext, outs, scalars, views=None):
             return outs[r[1]]
         if tag == "s":
             return scalars[r[1]]
-        if tag == "v":  # a view of a region output (split_view_of)
+        if tag == "v":  # a view of a region output (pending_view)
             if views is None:
-                return _split_view(outs[r[1]], r[2])
+                return _view(outs[r[1]], r)
             v = views.get(r)
             if v is None:
-                v = views[r] = _split_view(outs[r[1]], r[2])
+                v = views[r] = _view(outs[r[1]], r)
             return v
         v = r[1]
         return list(v) if isinstance(v, tuple) else v
@@ -389,7 +459,7 @@ def run_calls(calls, ext, outs, scalars, on_new) -> None:
 
     ``calls``: (OpOverload, arg templates, kwarg templates, number of new tensors) with
     templates ``("x", j)`` (``ext[j]``), ``("o", i)`` (``outs[i]``), ``("v", i, shape,
-    stride)`` (``outs[i].view(shape)``), ``("s", k)`` (``scalars[k]``), ``("c", value)``.
+    stride[, offset])`` (a view of ``outs[i]``: :func:`pending_view`), ``("s", k)`` (``scalars[k]``), ``("c", value)``.
     ``on_new(i, tensor)`` receives the i-th new tensor of the region (``outs[i]`` must
     resolve to it afterwards).
     """

@@ -4,7 +4,8 @@ executed at flush by one compiled kernel (or, as a fallback, eagerly).
 A deferred call returns real tensors at once (``torch.empty_strided`` from the output
 metadata cached in its trie node); their contents are written when the region flushes.
 Wiring in a per-call key says which earlier region output (``("o", i)``), which view of one
-(``("v", i, shape, stride)``: a split of its dims, :func:`accel.ops.split_view_of`) or which
+(``("v", i, shape, stride[, offset])``: a split of its dims or a strided view,
+:func:`accel.ops.pending_view`) or which
 external input (``("x", j, dtype, shape, stride, offset)``) each tensor argument is, so the
 trie path of a region is a complete, static description of the program it runs.
 """
@@ -213,7 +214,7 @@ class Region(RegionCore):
             if r[0] == "o":
                 shape, stride, dtype = self.out_meta[r[1]][:3]
                 return torch.empty_strided(shape, stride, dtype=dtype, device="meta")
-            if r[0] == "v":  # a view of an output (ops.split_view_of)
+            if r[0] == "v":  # a view of an output (ops.pending_view)
                 return torch.empty_strided(r[2], r[3], dtype=self.out_meta[r[1]][2], device="meta")
             if r[0] == "x":
                 t = self.ext[r[1]]

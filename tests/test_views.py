@@ -1,15 +1,18 @@
-"""Views of pending outputs read inside the region (``accel.ops.split_view_of``): a call
+"""Views of pending outputs read inside the region (``accel.ops.pending_view``): a call
 reading a contiguous view that splits a pending output's dims (a Linear's ``[B * T, C]``
-output viewed as ``[B, T, C]``) is recorded into the region, which reads it as index
-arithmetic; any other view of a pending output flushes the region first. Either way the
-results, the viewed output and the gradients are eager's."""
+output viewed as ``[B, T, C]``), or a view that reads a contiguous pending output dim by
+dim (a slice, a narrow, a chunk, a select, a transpose, an expand:
+``accel.ops.dense_view_map``) is recorded into the region, which reads it as index
+arithmetic; any other view of a pending output (a merge of dims, a diagonal, another
+dtype, a view of a transposed output) flushes the region first. Either way the results,
+the viewed output and the gradients are eager's."""
 import pytest
 import torch
 
 import accel
 from accel import dispatch
 from accel.interceptor import _state
-from accel.ops import splits
+from accel.ops import dense_view_map, splits
 from accel.region import native
 from devices import DEVICES
 
@@ -58,13 +61,81 @@ def test_a_split_view_is_read_in_the_region(device, shape):
     assert v._base is y
 
 
+@pytest.mark.parametrize("shape, strides, size, stride, offset, want", [
+    ((8, 6), (6, 1), (8, 5), (6, 1), 1, ([(0, 1), (1, 1)], [0, 1])),  # y[:, 1:]
+    ((8, 6), (6, 1), (6, 8), (1, 6), 0, ([(1, 1), (0, 1)], [0, 0])),  # y.t()
+    ((8, 6), (6, 1), (4, 3), (12, 2), 7, ([(0, 2), (1, 2)], [1, 1])),  # y[1::2, 1::2]
+    ((8, 6), (6, 1), (8,), (6,), 2, ([(0, 1)], [0, 2])),  # y[:, 2]
+    ((8, 1), (1, 1), (8, 6), (1, 0), 0, ([(0, 1), None], [0, 0])),  # expand
+    ((48,), (1,), (4, 12), (12, 1), 0, ([(0, 12), (0, 1)], [0])),  # a split
+    ((8, 6), (1, 8), (8, 5), (1, 8), 8, ([(0, 1), (1, 1)], [0, 1])),  # of a transposed layout
+    ((8, 6), (6, 1), (48,), (1,), 0, None),  # a merge
+    ((8, 6), (6, 1), (6,), (7,), 0, None),  # a diagonal
+    ((8, 6), (6, 1), (8, 6), (6, 1), 1, None),  # an extent past a dim
+    ((8, 6), (6, 1), (2, 6), (6, 1), 48, None),  # past the end
+    ((8, 6), (12, 1), (8, 6), (6, 1), 0, None),  # not dense
+])
+def test_dense_view_map(shape, strides, size, stride, offset, want):
+    assert dense_view_map(shape, strides, size, stride, offset) == want
+
+
+#: views that read a pending [8, 16, 48] output dim by dim
+STRIDED = {"transpose": lambda y: y.transpose(1, 2), "offset": lambda y: y[1:],
+           "slice": lambda y: y[:, 3:11, 5:40], "step": lambda y: y[:, ::3, 1::2],
+           "select": lambda y: y[:, 7], "narrow": lambda y: y.narrow(2, 24, 24),
+           "chunk": lambda y: y.chunk(2, -1)[1], "unbind": lambda y: y.unbind(0)[5],
+           "permute": lambda y: y.permute(2, 0, 1)[4:], "expand": lambda y: y[:, :, :1].expand(8, 16, 48)}
+
+
 @pytest.mark.parametrize("device", DEVICES)
-def test_other_views_flush_the_region_first(device):
-    """A merge of dims, a transpose, a view at an offset, a view of another dtype."""
+@pytest.mark.parametrize("view", list(STRIDED))
+def test_a_strided_view_is_read_in_the_region(device, view):
     torch.manual_seed(0)
     x = torch.randn(8, 16, 48, device=device)
-    views = {"merge": lambda y: y.view(128, 48), "transpose": lambda y: y.transpose(1, 2),
-             "offset": lambda y: y[1:], "dtype": lambda y: y.view(torch.int32)}
+    f = STRIDED[view]
+    accel.reset_stats()
+    with accel.eager():
+        y = x * 2 + 1
+        v = f(y)
+        z = torch.sin(v) * 0.5 + v
+        assert pending() == 5  # the view's reader joined the region
+    st = accel.stats()
+    assert (st["kernel_runs"], st["eager_replays"]) == (1, 0), st
+    ry = x * 2 + 1
+    close(y, ry)
+    close(v, f(ry))
+    close(z, torch.sin(f(ry)) * 0.5 + f(ry))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_slices_of_one_output_read_together(device):
+    """Neighbouring slices of one pending value in one expression (a difference along a
+    dim; a gated unit's halves, forward and backward): one kernel, eager's values and
+    gradients."""
+    torch.manual_seed(0)
+    x = torch.randn(64, 96, device=device, requires_grad=True)
+
+    def program(x):
+        y = x * 2
+        d = y[:, 1:] - y[:, :-1]
+        a, b = (x * 3).chunk(2, -1)
+        g = torch.nn.functional.silu(a) * b
+        return d, g, torch.autograd.grad((d.sum() + (g * g).sum()), x)[0]
+
+    with accel.eager():
+        got = program(x)
+    for g, r in zip(got, program(x)):
+        close(g, r)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_other_views_flush_the_region_first(device):
+    """A merge of dims, a diagonal, a view of another dtype, a slice of an output laid out
+    transposed."""
+    torch.manual_seed(0)
+    x = torch.randn(8, 16, 48, device=device)
+    views = {"merge": lambda y: y.view(128, 48), "diagonal": lambda y: y.diagonal(0, 1, 2),
+             "dtype": lambda y: y.view(torch.int32)}
     for name, view in views.items():
         accel.reset_stats()
         with accel.eager():
@@ -74,6 +145,14 @@ def test_other_views_flush_the_region_first(device):
             assert pending() == 1, name  # y's region flushed, v's reader pending
         assert accel.stats()["kernel_runs"] == 2, name
         close(z, view(x * 2 + 1) + view(x * 2 + 1), msg=name)
+    xt = x.transpose(1, 2)
+    accel.reset_stats()
+    with accel.eager():
+        y = xt * 2 + 1  # laid out as xt: not contiguous
+        v = y[:, 1:]
+        z = v + v
+        assert pending() == 1
+    close(z, (xt * 2 + 1)[:, 1:] * 2)
 
 
 def _write_between(x):
@@ -93,10 +172,19 @@ def _write_through(x):
     return y, v, y * 2
 
 
+def _write_through_slice(x):
+    y = x + 1
+    v = y[:, 1:]
+    v.mul_(2)  # through a strided view: the region flushes first
+    w = y[:, :-1] + v  # overlapping slices, one written
+    return y, v, w
+
+
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("program", [_write_between, _write_through],
-                         ids=["output written between the view and its reader", "written through the view"])
-def test_writes_around_a_split_view(device, program):
+@pytest.mark.parametrize("program", [_write_between, _write_through, _write_through_slice],
+                         ids=["output written between the view and its reader", "written through the view",
+                              "written through a slice"])
+def test_writes_around_a_view(device, program):
     torch.manual_seed(0)
     x = torch.randn(32, 24, device=device)
     with accel.eager():

@@ -348,7 +348,7 @@ class CppRenderer(GroupLoops, ColumnLoops, TiledLoops, CStyle):
         def row_start(addr: Addr, r: int) -> Optional[Addr]:
             if addr.coeff(r) != 1 or any(var != r and var not in outer.bound for var, _ in addr.terms):
                 return None
-            return Addr(tuple(t for t in addr.terms if t[0] != r))
+            return addr.without((r,))
 
         widened: Dict[tuple, str] = {}
         passes: List[tuple] = []
@@ -476,6 +476,8 @@ class CppRenderer(GroupLoops, ColumnLoops, TiledLoops, CStyle):
     def _addr(self, a: Addr) -> str:
         terms = [f"{self.opaque_strides[(v, c)]} * i{v}" if (v, c) in self.opaque_strides
                  else f"i{v}" if c == 1 else f"{c} * i{v}" for v, c in a.terms]
+        if a.offset:
+            terms.append(str(a.offset))
         return " + ".join(terms) if terms else "0"
 
     def _rhs(self, e: Expr, scope: Scope) -> str:

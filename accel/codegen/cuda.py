@@ -359,8 +359,10 @@ class CudaRenderer(VectorLoads, ColumnTiles, TransposeTiles, CppRenderer):
     def _addr(self, a, names=None) -> str:
         if not names:
             return super()._addr(a)
-        terms = [(names.get(v, f"i{v}"), c) for v, c in a.terms]
-        return " + ".join(f"{c} * {n}" if c != 1 else n for n, c in terms) if terms else "0"
+        terms = [f"{c} * {n}" if c != 1 else n for n, c in ((names.get(v, f"i{v}"), c) for v, c in a.terms)]
+        if a.offset:
+            terms.append(str(a.offset))
+        return " + ".join(terms) if terms else "0"
 
     def _rhs(self, e: Expr, scope: Scope) -> str:
         if self.vec and e in self.vec:

@@ -61,7 +61,7 @@ class VectorLoads:
             c = addr.coeff(inner)
             if c not in (0, 1) or (buf in stored and addr != stored[buf]):
                 return frozenset()
-            if c == 1 and all(cv % self.vw == 0 for v, cv in addr.terms if v != inner) \
+            if c == 1 and addr.offset % self.vw == 0 and all(cv % self.vw == 0 for v, cv in addr.terms if v != inner) \
                     and ir.buffers[buf].dtype in VEC_TYPES:
                 vbufs.add(buf)
         if any(st.addr.coeff(inner) != 1 for st in nest.stores):
@@ -101,7 +101,7 @@ class VectorLoads:
         def access(buf, addr, scope):
             r = loop_var.get(id(scope))
             if r is not None and addr.coeff(r) == 1 and ir.buffers[buf].dtype in VEC_TYPES \
-                    and all(c % w == 0 for u, c in addr.terms if u != r):
+                    and addr.offset % w == 0 and all(c % w == 0 for u, c in addr.terms if u != r):
                 ok.add(buf)
             else:
                 bad.add(buf)

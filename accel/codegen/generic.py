@@ -237,7 +237,7 @@ def _text(ir: LoopIR, sizes: list, counts: Dict[Expr, RunTimeCount]) -> str:
         return order.setdefault(v, len(order))
 
     def addr(a: Addr) -> str:
-        return "[" + ",".join(f"{var(v)}*{c}" for v, c in a.terms) + "]"
+        return "[" + ",".join(f"{var(v)}*{c}" for v, c in a.terms) + (f"+{a.offset}]" if a.offset else "]")
 
     def arg(a) -> str:
         if isinstance(a, Expr):

@@ -24,7 +24,7 @@ def subst(e: Expr, r: int, v: int, memo=None) -> Expr:
             k = 1 if e.op == "load" else 0
             terms = tuple(sorted((v if x == r else x, c) for x, c in e.args[k].terms))
             args = list(e.args)
-            args[k] = Addr(terms)
+            args[k] = Addr(terms, e.args[k].offset)
             out = Expr(e.op, e.dtype, tuple(args))
         elif e.op == "reduce":
             out = e

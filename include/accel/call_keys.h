@@ -125,7 +125,8 @@ inline bool splits(c10::IntArrayRef src, c10::IntArrayRef dst) {
 }
 
 // Whether `t`, whose data starts where pending output `o`'s does, reads `o`'s elements as
-// a split of its dims (accel/ops.py: split_view_of decides alike).
+// a split of its dims (accel/ops.py: pending_view decides alike; the other views it reads
+// through, a slice or a transpose, are the interceptor's).
 inline bool split_view(const c10::TensorImpl* t, const c10::TensorImpl* o) {
   return t->dtype() == o->dtype() && t->numel() == o->numel() && t->numel() > 0 &&
          t->is_contiguous() && o->is_contiguous() && splits(o->sizes(), t->sizes());

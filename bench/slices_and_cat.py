@@ -1,0 +1,98 @@
+"""Slices, chunks and concatenations of values a region computes (eighty-sixth round):
+eager, accel and torch.compile side by side (median ms per call, interleaved, results
+checked).
+
+    python bench/slices_and_cat.py [cpu|cuda] [--runs N] [--only NAME,...]
+
+Inputs: ``p`` float32 of the device's workload's elements (8M on the CPU: [8192, 1024];
+64M on a GPU), shaped as the workload needs. Workloads:
+
+- ``slice_add``: ``y = p * 2; y[:, 1:] + y[:, :-1]`` of [R, 1024] (neighbours along a row);
+- ``diff``: ``torch.diff(p * 2, dim=-1)``;
+- ``swiglu``: ``a, b = (p * 2).chunk(2, -1); silu(a) * b`` (a gated MLP's halves of a
+  computed value); ``swiglu_ext``: the same of ``p`` itself (a projection's output: the
+  chunks are inputs, fused before this round too);
+- ``rope``: transformers' ``q * cos + rotate_half(q) * sin`` of ``q`` [B, 2048, 128]
+  (``rotate_half``: ``cat(-x2, x1)`` of the last dim's halves), ``cos`` and ``sin``
+  [2048, 128];
+- ``cat_exp_sin``: ``torch.cat([p.exp(), p.sin()], -1)`` of [R, 1024];
+- ``stack3``: ``torch.stack([p, p * 2, p * 3], -1)`` of [N] (three coordinates into
+  points [N, 3]);
+- ``cross3``: ``torch.linalg.cross(p, p * 2)`` of [N, 3] (runs eagerly under accel: its
+  own op).
+
+Until this round a call reading a view of a pending value other than a split of its dims
+(a slice at an offset, a chunk, a transpose) flushed the region first, and ``cat`` /
+``stack`` ran eagerly, flushing it: now a view that reads a pending value dim by dim
+(``accel.ops.pending_view``) joins the region, indexed at an offset (``Addr.offset``),
+and ``cat`` / ``stack`` of up to 8 tensors are recorded as ``accel.cat``, stored piece by
+piece (``accel.lowering._split_spans``).
+"""
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import KERNELS_HEAD, compare_kernels, device_workloads_args, run_as, table  # noqa: E402
+
+
+def rotate_half(x):
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def _swiglu(p):
+    a, b = p.chunk(2, -1)
+    return F.silu(a) * b
+
+
+def _slice_add(p):
+    y = p * 2
+    return y[:, 1:] + y[:, :-1]
+
+
+_ROPE = {}
+
+
+def _rope(q):
+    cos, sin = _ROPE[q.device.type]
+    return q * cos + rotate_half(q) * sin
+
+
+#: name -> (input shape for n elements, function)
+WORKLOADS = {
+    "slice_add": (lambda n: (n // 1024, 1024), _slice_add),
+    "diff": (lambda n: (n // 1024, 1024), lambda p: torch.diff(p * 2, dim=-1)),
+    "swiglu": (lambda n: (n // 1024, 1024), lambda p: _swiglu(p * 2)),
+    "swiglu_ext": (lambda n: (n // 1024, 1024), _swiglu),
+    "rope": (lambda n: (n // (2048 * 128), 2048, 128), _rope),
+    "cat_exp_sin": (lambda n: (n // 1024, 1024), lambda p: torch.cat([p.exp(), p.sin()], -1)),
+    "stack3": (lambda n: (n,), lambda p: torch.stack([p, p * 2, p * 3], -1)),
+    "cross3": (lambda n: (n // 3, 3), lambda p: torch.linalg.cross(p, p * 2)),
+}
+
+
+def main() -> None:
+    dev, shape, sync, runs, wanted = device_workloads_args(__doc__)
+    n = shape[0] * shape[1]
+    g = torch.Generator().manual_seed(0)
+    _ROPE[torch.device(dev).type] = (torch.randn(2048, 128, generator=g).to(dev),
+                                     torch.randn(2048, 128, generator=g).to(dev))
+    rows = []
+    for name, (shape_of, fn) in WORKLOADS.items():
+        if not wanted(name):
+            continue
+        p = torch.randn(*shape_of(n), generator=g).to(dev)
+        compiled = torch.compile(fn)
+
+        def call(kind, f, p=p):
+            return lambda: run_as(kind, f, (p,), sync)
+
+        rows.append(compare_kernels(name, call("eager", fn), call("accel", fn), call("compile", compiled), runs))
+    print(table(KERNELS_HEAD, rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,147 @@
+"""Concatenations in regions (``accel.library.cat``): eager's ``cat`` and ``stack`` of 2 to
+``CAT_MAX`` tensors are recorded as ``accel.cat``, and the lowering stores a value that
+reads one across its pieces piece by piece (``accel.lowering._split_spans``). Results,
+layouts and gradients are eager's; what a kernel cannot take (a reduction along the
+concatenated dim, an ``out=`` tensor, more tensors, an empty one, other ranks) runs as
+eager runs it, with eager's errors."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import accel
+from accel.interceptor import _state
+from devices import DEVICES
+
+close = torch.testing.assert_close
+
+
+def rotate_half(x):
+    """transformers' rotary embedding helper: the halves of the last dim, swapped, one negated."""
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def _rope(q, cos, sin):
+    return q * cos + rotate_half(q) * sin
+
+
+PROGRAMS = {
+    "rope": lambda x, w: _rope(x * 1.5, w, w * 0.5 - 1),
+    "written": lambda x, w: torch.cat([x.exp(), x.sin(), w * 2], -1),
+    "dim0": lambda x, w: torch.cat([x * 2, x[:3] + 1, w[:5]], 0) - 1,
+    "middle": lambda x, w: torch.cat([x.view(6, 4, 12) * 2, w.view(6, 4, 12)[:, :1]], 1).abs().sqrt(),
+    "stack": lambda x, w: torch.stack([x, x * 2, w], -1) + 1,
+    "stack0": lambda x, w: torch.stack([x.sin(), w.cos()]) * x,
+    "nested": lambda x, w: torch.cat([torch.cat([x, w], 0) * 2, torch.cat([w, x], 0)], -1).tanh(),
+    "promoted": lambda x, w: torch.cat([x * 2, (w > 0).to(torch.int32), w.double()], -1) * 3,
+    "eight": lambda x, w: torch.cat([x * k for k in range(8)], -1) + w[:, :1],
+    "reduced_across": lambda x, w: torch.cat([x * 2, w + 1], 0).sum(-1),  # rows of pieces
+    # a reduction along the concatenated dim: the region runs eagerly
+    "summed_along": lambda x, w: torch.cat([x * 2, w + 1], 0).sum(0),
+    "softmax_along": lambda x, w: torch.cat([x * 2, w + 1], -1).softmax(-1),
+    "transposed": lambda x, w: torch.cat([x.t() * 2, w.t()], 0).t() + 1,
+}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("program", list(PROGRAMS))
+def test_a_concatenation_runs_in_the_region_as_eager(device, program):
+    torch.manual_seed(0)
+    x, w = torch.randn(6, 48, device=device), torch.randn(6, 48, device=device)
+    f = PROGRAMS[program]
+    want = f(x, w)
+    accel.reset_stats()
+    with accel.eager():
+        got = f(x, w)
+    close(got, want)
+    assert got.stride() == want.stride()
+    st = accel.stats()
+    assert (st["kernel_runs"], st["eager_replays"]) == (
+        (0, 1) if program.endswith("_along") else (1, 0)), st
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.int64, torch.bool])
+def test_concatenations_of_other_dtypes(device, dtype):
+    torch.manual_seed(0)
+    x = (torch.randn(16, 40, device=device) * 4).to(dtype)
+    y = (torch.randn(16, 40, device=device) * 4).to(dtype)
+
+    def f(x, y):
+        a = torch.maximum(x, y)
+        return torch.cat([a, torch.minimum(x, y), x], -1), torch.stack([a, y], 1)
+
+    with accel.eager():
+        got = f(x, y)
+    for g, r in zip(got, f(x, y)):
+        close(g, r, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_channels_last_pieces_give_eagers_layout(device):
+    torch.manual_seed(0)
+    x = torch.randn(2, 8, 5, 5, device=device).to(memory_format=torch.channels_last)
+    y = torch.randn(2, 4, 5, 5, device=device).to(memory_format=torch.channels_last)
+    with accel.eager():
+        got = torch.cat([x * 2, y.relu()], 1) + 1
+    want = torch.cat([x * 2, y.relu()], 1) + 1
+    close(got, want)
+    assert got.stride() == want.stride()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gradients_through_chunks_and_concatenations(device):
+    """A SwiGLU on chunks of one projection and a rotary embedding, forward and backward:
+    the chunks' gradient is a ``cat`` in autograd's backward, recorded there too."""
+    torch.manual_seed(0)
+    x = torch.randn(8, 64, device=device, requires_grad=True)
+    cos, sin = torch.randn(8, 32, device=device), torch.randn(8, 32, device=device)
+
+    def step():
+        a, b = (x * 2).chunk(2, -1)
+        h = F.silu(a) * b
+        r = _rope(h, cos, sin)
+        loss = (r * r).sum()
+        return r, torch.autograd.grad(loss, x)[0]
+
+    want = step()
+    for _ in range(2):
+        with accel.eager():
+            got = step()
+        for g, r in zip(got, want):
+            close(g, r)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", ["nine", "empty", "out", "ranks", "sizes", "scalar"])
+def test_other_concatenations_run_as_eager(device, case):
+    """More than CAT_MAX tensors, an empty one, an ``out=`` tensor: eager's call, the region
+    flushed first; mismatched ranks or sizes, 0-d tensors: eager's error."""
+    x = torch.randn(4, 6, device=device)
+
+    def f():
+        y = x * 2
+        if case == "nine":
+            return torch.cat([y] * 9, 1)
+        if case == "empty":
+            return torch.cat([y, x[:, :0], y], 1)
+        if case == "out":
+            out = torch.empty(4, 12, device=device)
+            torch.cat([y, x], 1, out=out)
+            return out
+        if case == "ranks":
+            return torch.cat([y, x[0]], 0)
+        if case == "sizes":
+            return torch.cat([y, x[:, :2]], 0)
+        return torch.stack([y[0, 0], x[0, 0]])
+
+    try:
+        want = f()
+    except RuntimeError as e:
+        with accel.eager(), pytest.raises(RuntimeError, match=str(e).split(".")[0][:40]):
+            f()
+        return
+    with accel.eager():
+        got = f()
+        assert not _state.region.calls or case == "scalar"
+    close(got, want)
