@@ -24,7 +24,9 @@ def decomposition_table():
     decomposition rounds otherwise than eager's kernel (:func:`_native_layer_norm`,
     :func:`_batch_norm`) or computes otherwise (:func:`_gelu`, :func:`_gelu_backward`), and
     the accel ops that the interceptor records whole, decomposed by their references
-    (:func:`accel.library.nll_of_log_softmax`, :func:`accel.library.nll_loss_backward`)."""
+    (:func:`accel.library.nll_of_log_softmax`, :func:`accel.library.nll_loss_backward`);
+    a ``cat`` inside a decomposition as ``accel.cat`` (:func:`_cat`), and ``linalg_cross``
+    as eager's kernel computes it (:func:`_linalg_cross`)."""
     from torch._decomp import decomposition_table
 
     aten = torch.ops.aten
@@ -63,9 +65,34 @@ def decomposition_table():
                         aten._native_batch_norm_legit_functional.default,
                         aten._native_batch_norm_legit_no_training.default))):
         table[op] = functools.partial(fix, table[op])
+    table[aten.cat.default] = functools.partial(_cat, table[aten.cat.default])
+    table[aten.linalg_cross.default] = _linalg_cross
     table[torch.ops.accel.nll_of_log_softmax.default] = library.nll_of_log_softmax  # (recorded whole)
     table[torch.ops.accel.nll_loss_backward.default] = library.nll_loss_backward
     return table
+
+
+def _cat(decomposition, tensors, dim=0):
+    """``cat`` inside another op's decomposition (``stack``'s: ``linalg_cross``'s) as
+    ``accel.cat``, which the lowering reads (torch._decomp's ``prims.cat`` it does not), for
+    2 to ``accel.library.CAT_MAX`` tensors of one rank; else torch._decomp's."""
+    if 2 <= len(tensors) <= library.CAT_MAX and len({t.dim() for t in tensors}) == 1 and tensors[0].dim():
+        return torch.ops.accel.cat(*tensors, *[None] * (library.CAT_MAX - len(tensors)), dim)
+    return decomposition(tensors, dim)
+
+
+def _linalg_cross(a, b, *, dim=-1):
+    """``torch.linalg.cross`` as eager's kernel computes each component (``a1 * b2 - a2 *
+    b1``, ``a2 * b0 - a0 * b2``, ``a0 * b1 - a1 * b0``: ATen's ``cross_kernel``), the three
+    values of each vector selected along ``dim`` and the components stacked: views and
+    pointwise ops the loop IR reads (torch._decomp's gathers them with ``index_select``).
+    ``a`` and ``b`` broadcast; their size along ``dim`` is 3 (the call's meta function
+    checks it before the call is deferred)."""
+    a, b = torch.broadcast_tensors(a, b)
+    d = dim % a.dim()
+    a0, a1, a2 = a.unbind(d)
+    b0, b1, b2 = b.unbind(d)
+    return torch.stack([a1 * b2 - a2 * b1, a2 * b0 - a0 * b2, a0 * b1 - a1 * b0], d)
 
 
 _SQRT1_2 = 0.70710678118654752440  # M_SQRT1_2, as torch._decomp's GELU

@@ -84,7 +84,7 @@ COMPOSITES = ("_softmax", "_log_softmax", "_softmax_backward_data", "_log_softma
               "gelu_backward", "silu_backward", "sigmoid_backward", "tanh_backward",
               "threshold_backward", "mse_loss", "mse_loss_backward", "smooth_l1_loss",
               "smooth_l1_loss_backward", "binary_cross_entropy", "binary_cross_entropy_backward",
-              "binary_cross_entropy_with_logits")
+              "binary_cross_entropy_with_logits", "linalg_cross")
 # nll_loss_forward/backward stay eager: they gather/scatter at data-dependent class indices,
 # and eager raises at the call on an index out of range, which a kernel cannot do.
 #: ops the interceptor does not defer but must see while a region is pending, which the

@@ -530,7 +530,9 @@ def sink_collapse_views(gm: fx.GraphModule) -> int:
 _SUMS = (prims.add.default, prims.sub.default)
 #: nodes that pass a value on unchanged (views, functionalization's clones)
 _SAME_VALUES = {getattr(prims, name).default for name in (
-    "transpose", "collapse_view", "split_dim", "broadcast_in_dim", "squeeze", "reshape", "view_of", "clone")}
+    "transpose", "collapse_view", "split_dim", "broadcast_in_dim", "squeeze", "reshape", "view_of", "clone")} | {
+    aten.as_strided.default, aten.clone.default,  # a view of a pending output (ops.pending_view)
+    torch.ops.accel.cat.default}  # a concatenation's elements: its inputs' (eager's cat is a kernel)
 
 
 def _sums_reading(n: fx.Node) -> List[fx.Node]:

@@ -23,7 +23,7 @@ python3 setup.py -q build_ext --inplace 2>&1 | tail -3
 export PYTHONPATH="$PWD:${PYTHONPATH:-}"
 python3 -m pytest -q -x -p no:cacheprovider -n 12 tests/test_cuda.py tests/test_chains.py \
   tests/test_opinfo_reductions.py tests/test_opinfo.py tests/test_interceptor.py tests/test_pipeline.py \
-  tests/test_half.py tests/test_patterns.py tests/test_dispatch.py tests/test_matmul.py tests/test_optim.py tests/test_programs.py tests/test_sampling.py tests/test_views.py tests/test_generic.py -k "cuda or engine_thread" ${GPU_TEST_ARGS:-} 2>&1 | tee "$OUT/tests.log" | tail -30
+  tests/test_half.py tests/test_patterns.py tests/test_dispatch.py tests/test_matmul.py tests/test_optim.py tests/test_programs.py tests/test_sampling.py tests/test_views.py tests/test_concat.py tests/test_generic.py -k "cuda or engine_thread" ${GPU_TEST_ARGS:-} 2>&1 | tee "$OUT/tests.log" | tail -30
 # every case of the saved-value rematerialization and CPU matmul tests, CPU ones included: the
 # machine's torch (2.11) runs the dispatch filter's CPU matmul path there too (its deferred
 # bias once reached the Python key's fallback without the key set it needs: an assert in 2.11)

@@ -145,3 +145,45 @@ def test_other_concatenations_run_as_eager(device, case):
         got = f()
         assert not _state.region.calls or case == "scalar"
     close(got, want)
+
+
+#: OpInfos whose samples reach eager's ``cat``, ``stack`` or ``linalg_cross`` (directly or
+#: through a composite op: ``hstack``, ``vstack``, ``column_stack``, ``cross``)
+SAMPLED = ("cat", "stack", "hstack", "vstack", "dstack", "column_stack", "linalg.cross", "cross")
+
+
+def _sampled_cases():
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    ops = [op for op in op_db if op.name in SAMPLED and not op.variant_test_name]
+    dtypes = (torch.float32, torch.float64, torch.float16, torch.int64, torch.bool)
+    devices = [(d, ()) if isinstance(d, str) else (d.values[0], d.marks) for d in DEVICES]
+    return [pytest.param(op, dt, device, marks=marks, id=f"{op.name}-{str(dt)[6:]}-{device}")
+            for op in ops for dt in dtypes if dt in op.supported_dtypes("cpu") for device, marks in devices]
+
+
+@pytest.mark.parametrize("op, dtype, device", _sampled_cases())
+def test_opinfo_samples_of_concatenations_and_cross_products(op, dtype, device):
+    """Every OpInfo sample (empty pieces, mixed ranks and dtypes, broadcast cross products,
+    ``out=`` aside) of the inputs times 2 (a pending value): eager's result, or eager's error."""
+    torch.manual_seed(0)
+    for s in op.sample_inputs(device, dtype):
+        def run():
+            ins = s.input
+            if isinstance(ins, (list, tuple)):
+                ins = [t * 2 if t.dtype != torch.bool else ~t for t in ins]
+            else:
+                ins = ins * 2 if ins.dtype != torch.bool else ~ins
+            args = [a * 2 if isinstance(a, torch.Tensor) and a.dtype != torch.bool else a for a in s.args]
+            return op(ins, *args, **s.kwargs)
+        try:
+            want = run()
+        except RuntimeError:
+            with accel.eager(), pytest.raises(RuntimeError):
+                run()
+            continue
+        with accel.eager():
+            got = run()
+        close(got, want, equal_nan=True, rtol=0 if not dtype.is_floating_point else None,
+              atol=0 if not dtype.is_floating_point else None)
+        assert got.stride() == want.stride() or got.numel() <= 1

@@ -447,7 +447,8 @@ def test_gpu_products_and_quotients_have_eagers_bits(dtype, device):
     g = torch.Generator().manual_seed(19)
     a, b, c = (torch.randn(64, 256, generator=g, dtype=torch.float64).mul(2).to(device, dtype) for _ in range(3))
     cases = [lambda: a * b + c, lambda: c - a * b, lambda: (a * b) * 0.3 + c, lambda: (a * 1).pow(3) + c,
-             lambda: (a * b).t() + c.t(), lambda: a + b[0] * c[0],
+             lambda: (a * b).t() + c.t(), lambda: a + b[0] * c[0], lambda: (a * b)[:, 1:] + c[:, :-1],
+             lambda: torch.cat([a * b, c], -1) - torch.cat([c, a], -1),
              lambda: torch.addcdiv(a * 1, b, c, value=0.3), lambda: torch.addcdiv(a * 1, b, c),
              lambda: (a * 1).addcdiv_(b, c[:1], value=-0.7), lambda: F.softplus(a * 1, beta=1.5, threshold=3),
              lambda: F.softplus(a * 1), lambda: F.gelu(a * 1, approximate="tanh"),
