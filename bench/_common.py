@@ -396,6 +396,17 @@ KERNELS_HEAD = ["workload", "eager ms", "accel ms", "compile ms", "floor ms", "e
                 "compile/accel", "floor/accel", "accel == eager", "accel kernels / eager replays"]
 
 
+def compare_on(name, fn, p, sync, runs) -> list:
+    """:func:`compare_kernels`' row for ``fn(p)`` of one input ``p``: eager, accel
+    (:func:`run_as`) and ``torch.compile(fn)``, each call followed by ``sync()``."""
+    compiled = torch.compile(fn)
+
+    def call(kind, f):
+        return lambda: run_as(kind, f, (p,), sync)
+
+    return compare_kernels(name, call("eager", fn), call("accel", fn), call("compile", compiled), runs)
+
+
 def compare_kernels(name, eager, accelerated, compiled, runs, exact=None) -> list:
     """:func:`compare`'s row, with what accel ran in it: its kernel runs and eager replays
     (the columns of :data:`KERNELS_HEAD`)."""

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import KERNELS_HEAD, compare_kernels, device_workloads_args, run_as, table  # noqa: E402
+from _common import KERNELS_HEAD, compare_on, device_workloads_args, table  # noqa: E402
 
 
 def rotate_half(x):
@@ -85,12 +85,7 @@ def main() -> None:
         if not wanted(name):
             continue
         p = torch.randn(*shape_of(n), generator=g).to(dev)
-        compiled = torch.compile(fn)
-
-        def call(kind, f, p=p):
-            return lambda: run_as(kind, f, (p,), sync)
-
-        rows.append(compare_kernels(name, call("eager", fn), call("accel", fn), call("compile", compiled), runs))
+        rows.append(compare_on(name, fn, p, sync, runs))
     print(table(KERNELS_HEAD, rows))
 
 

@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import KERNELS_HEAD, compare_kernels, device_workloads_args, run_as, table  # noqa: E402
+from _common import KERNELS_HEAD, compare_on, device_workloads_args, table  # noqa: E402
 
 WORKLOADS = {
     "sumsq3": (3, lambda p: (p * p).sum(-1)),
@@ -83,12 +83,7 @@ def main() -> None:
         p = p.view(-1) if k == 1 else p
         if name == "cross_entropy10":
             _target(p)
-        compiled = torch.compile(fn)
-
-        def call(kind, f, p=p):
-            return lambda: run_as(kind, f, (p,), sync)
-
-        rows.append(compare_kernels(name, call("eager", fn), call("accel", fn), call("compile", compiled), runs))
+        rows.append(compare_on(name, fn, p, sync, runs))
     print(table(KERNELS_HEAD, rows))
 
 
