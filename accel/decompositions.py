@@ -77,7 +77,7 @@ def _cat(decomposition, tensors, dim=0):
     ``accel.cat``, which the lowering reads (torch._decomp's ``prims.cat`` it does not), for
     2 to ``accel.library.CAT_MAX`` tensors of one rank; else torch._decomp's."""
     if 2 <= len(tensors) <= library.CAT_MAX and len({t.dim() for t in tensors}) == 1 and tensors[0].dim():
-        return torch.ops.accel.cat(*tensors, *[None] * (library.CAT_MAX - len(tensors)), dim)
+        return torch.ops.accel.cat(*library.cat_args(tensors, dim))
     return decomposition(tensors, dim)
 
 

@@ -549,8 +549,7 @@ def _cat(mode, region, func, args, kwargs):
     if any(t.dim() != nd or t.shape[dim] == 0 or t.shape[:dim] != shape[:dim]
            or t.shape[dim + 1:] != shape[dim + 1:] for t in tensors):
         return None
-    op_args = (*tensors, *[None] * (library.CAT_MAX - len(tensors)), dim)
-    return _record_whole(mode, region, _ACCEL_CAT, op_args)
+    return _record_whole(mode, region, _ACCEL_CAT, library.cat_args(tensors, dim))
 
 
 def _nll_loss_backward(mode, region, args, kwargs):

@@ -352,6 +352,12 @@ def nll_loss_backward(grad_output: torch.Tensor, target: torch.Tensor, total_wei
 CAT_MAX = 8
 
 
+def cat_args(tensors, dim: int) -> tuple:
+    """``accel.cat``'s arguments for ``torch.cat(tensors, dim)`` (2 to :data:`CAT_MAX`
+    tensors): the tensors, None for the slots left, ``dim``."""
+    return (*tensors, *[None] * (CAT_MAX - len(tensors)), dim)
+
+
 def _cat_parts(tensors) -> List[torch.Tensor]:
     return [t for t in tensors if t is not None]
 

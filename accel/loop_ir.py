@@ -29,6 +29,17 @@ class Addr:
     def coeff(self, var: int) -> int:
         return dict(self.terms).get(var, 0)
 
+    def extent(self, sizes) -> Tuple[int, int]:
+        """The lowest and highest offsets the address takes over loops of ``sizes`` (a
+        length per variable)."""
+        lo = hi = self.offset
+        for v, c in self.terms:
+            if c > 0:
+                hi += c * (sizes[v] - 1)
+            else:
+                lo += c * (sizes[v] - 1)
+        return lo, hi
+
     def without(self, drop) -> "Addr":
         """This address with the terms of the variables in ``drop`` left out (those loops at 0)."""
         return Addr(tuple(t for t in self.terms if t[0] not in drop), self.offset)

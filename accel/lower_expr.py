@@ -402,23 +402,21 @@ class _Lowerer:
         """
         *parts, dim = n.args
         parts = [p for p in parts if p is not None]
-        a = idx[dim % len(idx)]
-        off = dict(a).get(ONE, 0)
-        terms = [(v, c) for v, c in a if v != ONE]
-        lo = off + sum(c * (self.sizes[v] - 1) for v, c in terms if c < 0)
-        hi = off + sum(c * (self.sizes[v] - 1) for v, c in terms if c > 0)
+        d = dim % len(idx)
+        a = idx[d]
+        at = _addr(a)
+        lo, hi = at.extent(self.sizes)
         start, cuts = 0, []
         for p in parts:
             size = p.meta["val"].shape[dim]
             if start <= lo and hi < start + size:
-                d = dim % len(idx)
                 return self.value(p, idx[:d] + (_affine((a, 1), (((ONE, 1),), -start)),) + idx[d + 1:])
             if start and lo < start <= hi:
-                cuts.append(start - off)
+                cuts.append(start - at.offset)
             start += size
-        if len(terms) != 1 or terms[0][1] != 1:
+        if len(at.terms) != 1 or at.terms[0][1] != 1:
             raise LoweringError(f"a concatenation read at {a}: {n.format_node()}")
-        raise ConcatSpans(terms[0][0], cuts)
+        raise ConcatSpans(at.terms[0][0], cuts)
 
     def variance(self, x, dims, correction, idx, welford=False) -> Tuple[Expr, Expr]:
         """(var, mean) of ``x`` over ``dims`` in float64: one Welford pass, or two passes

@@ -314,8 +314,7 @@ def _check_bounds(ir: LoopIR) -> None:
         for st in nest.stores:
             accesses += [(e.args[0], e.args[1]) for e in walk(st.value, seen) if e.op == "load"]
         for buf, addr in accesses:
-            hi = addr.offset + sum(c * (ir.sizes[v] - 1) for v, c in addr.terms if c > 0)
-            lo = addr.offset + sum(c * (ir.sizes[v] - 1) for v, c in addr.terms if c < 0)
+            lo, hi = addr.extent(ir.sizes)
             b = ir.buffers[buf]
             if 0 in b.shape:
                 continue

@@ -236,7 +236,7 @@ def splits(src, dst) -> bool:
     aside (``[1024, 1024]`` -> ``[8, 128, 1024]``): the views a region's loop IR reads
     through as index arithmetic (``prims.split_dim``, ``prims.squeeze``, and
     ``as_strided`` where torch's view decomposition splits that way:
-    ``accel.lower_expr._split_index``); a merge of dims (``prims.collapse_view``) it cannot
+    ``accel.lower_expr._strided_index``); a merge of dims (``prims.collapse_view``) it cannot
     express. The dispatch filter's ``splits`` (include/accel/call_keys.h) is the same
     test."""
     s = [n for n in src if n != 1]

@@ -832,7 +832,7 @@ def test_reductions_moved_to_memory_run_after_the_ones_they_read(keepdim):
     reductions and goes to memory, and the column mean it reads, in its own nest, goes
     first, after the softmax statistics that mean reads; then the region output of the
     variance joins no nest before those. One kernel, eager's values (without ``keepdim``
-    the variance is viewed back as ``[4, 1]``: ``accel.ops.split_view_of``)."""
+    the variance is viewed back as ``[4, 1]``: ``accel.ops.pending_view``)."""
     torch.manual_seed(0)
     x, w = torch.randn(4, 5), torch.randn(1, 5, dtype=torch.float64)
 
