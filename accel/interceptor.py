@@ -490,7 +490,6 @@ _NLL_BACKWARD_DENSE = torch.ops.accel.nll_loss_backward.default
 _CAT = torch.ops.aten.cat.default
 _STACK = torch.ops.aten.stack.default
 _ACCEL_CAT = torch.ops.accel.cat.default
-_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 
 
 def _may_record_whole(region) -> bool:
@@ -524,32 +523,11 @@ def _nll_of_log_softmax(mode, region, args, kwargs):
 
 
 def _cat(mode, region, func, args, kwargs):
-    """Eager's ``cat`` or ``stack`` of 2 to ``accel.library.CAT_MAX`` tensors of one rank
-    and of the same sizes but along ``dim``, none empty, recorded as ``accel.cat`` (for
-    ``stack``, of the tensors unsqueezed at ``dim``: views, which the region reads
-    through where they view pending outputs): the result (pending), or None (the call
-    then runs as usual: a region flushed first, eager's call with its checks and errors;
-    also for an ``out=`` tensor)."""
-    tensors = args[0] if args else kwargs.get("tensors")
-    dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
-    if (set(kwargs) - {"tensors", "dim"} or not isinstance(tensors, (list, tuple))
-            or not 2 <= len(tensors) <= library.CAT_MAX or type(dim) is not int
-            or any(type(t) not in _TENSOR_TYPES for t in tensors)):
-        return None
-    shape, nd = tensors[0].shape, tensors[0].dim()
-    if func is _STACK:
-        if not -nd - 1 <= dim <= nd or any(t.shape != shape for t in tensors):
-            return None
-        dim %= nd + 1
-        tensors = [t.unsqueeze(dim) for t in tensors]
-        shape, nd = tensors[0].shape, nd + 1
-    if nd == 0 or not -nd <= dim < nd:
-        return None
-    dim %= nd
-    if any(t.dim() != nd or t.shape[dim] == 0 or t.shape[:dim] != shape[:dim]
-           or t.shape[dim + 1:] != shape[dim + 1:] for t in tensors):
-        return None
-    return _record_whole(mode, region, _ACCEL_CAT, library.cat_args(tensors, dim))
+    """Eager's ``cat`` or ``stack`` recorded as ``accel.cat`` where
+    :func:`accel.library.cat_call` takes it: the result (pending), or None (the call then
+    runs as usual: a region flushed first, eager's call with its checks and errors)."""
+    op_args = library.cat_call(func is _STACK, args, kwargs)
+    return None if op_args is None else _record_whole(mode, region, _ACCEL_CAT, op_args)
 
 
 def _nll_loss_backward(mode, region, args, kwargs):

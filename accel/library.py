@@ -358,6 +358,34 @@ def cat_args(tensors, dim: int) -> tuple:
     return (*tensors, *[None] * (CAT_MAX - len(tensors)), dim)
 
 
+def cat_call(stack: bool, args, kwargs):
+    """``accel.cat``'s arguments for a call of eager's ``cat`` (``stack``: of ``stack``)
+    with ``args`` / ``kwargs``, or None where the op does not take it: 2 to
+    :data:`CAT_MAX` tensors of one rank and of the same sizes but along ``dim``, none
+    empty (for ``stack``, the same shape, each unsqueezed at ``dim``: views, which a region
+    reads through where they view pending outputs); no ``out=`` tensor."""
+    tensors = args[0] if args else kwargs.get("tensors")
+    dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
+    if (set(kwargs) - {"tensors", "dim"} or not isinstance(tensors, (list, tuple))
+            or not 2 <= len(tensors) <= CAT_MAX or type(dim) is not int
+            or any(type(t) not in (torch.Tensor, torch.nn.Parameter) for t in tensors)):
+        return None
+    shape, nd = tensors[0].shape, tensors[0].dim()
+    if stack:
+        if not -nd - 1 <= dim <= nd or any(t.shape != shape for t in tensors):
+            return None
+        dim %= nd + 1
+        tensors = [t.unsqueeze(dim) for t in tensors]
+        shape, nd = tensors[0].shape, nd + 1
+    if nd == 0 or not -nd <= dim < nd:
+        return None
+    dim %= nd
+    if any(t.dim() != nd or t.shape[dim] == 0 or t.shape[:dim] != shape[:dim]
+           or t.shape[dim + 1:] != shape[dim + 1:] for t in tensors):
+        return None
+    return cat_args(tensors, dim)
+
+
 def _cat_parts(tensors) -> List[torch.Tensor]:
     return [t for t in tensors if t is not None]
 
@@ -372,7 +400,7 @@ def _fake_cat(*args):
 def cat(t0, t1, t2, t3, t4, t5, t6, t7, dim: int) -> torch.Tensor:
     """``torch.cat`` of two to :data:`CAT_MAX` tensors (``t0``, ``t1``, then those of
     ``t2``-``t7`` not None), in one op with a tensor per argument: the interceptor records
-    eager's ``cat`` and ``stack`` calls as this op (``accel.interceptor._cat``), which a
+    eager's ``cat`` and ``stack`` calls as this op (:func:`cat_call`), which a
     region keys like any other (a list of tensors is not an argument it records); traced,
     it stays one node, which the lowering reads piece by piece (each of the result's
     elements is one of an input's: :class:`accel.lower_expr.ConcatSpans`).

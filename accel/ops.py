@@ -92,7 +92,7 @@ COMPOSITES = ("_softmax", "_log_softmax", "_softmax_backward_data", "_log_softma
 #: calls past the mode, flushing the region first): ``nll_loss_forward`` of a pending
 #: ``log_softmax`` (``accel.losses.nll_of_log_softmax``), ``nll_loss_backward`` in
 #: autograd's ``NllLossBackward0`` (``accel.losses.nll_loss_backward``), ``cat`` and
-#: ``stack`` (recorded as ``accel.cat``: ``accel.interceptor._cat``).
+#: ``stack`` (recorded as ``accel.cat``: ``accel.library.cat_call``).
 MODE_OPS = (aten.nll_loss_forward.default, aten.nll_loss_backward.default, aten.cat.default,
             aten.stack.default)
 #: ops without a decomposition that the lowering handles itself.
