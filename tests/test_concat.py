@@ -69,7 +69,7 @@ def test_concatenations_of_other_dtypes(device, dtype):
 
     def f(x, y):
         a = torch.maximum(x, y)
-        return torch.cat([a, torch.minimum(x, y), x], -1), torch.stack([a, y], 1)
+        return torch.cat([a, torch.minimum(x, y), x], -1), torch.stack([a, y], 1), torch.stack([a, y, a], -1)
 
     with accel.eager():
         got = f(x, y)

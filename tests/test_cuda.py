@@ -711,6 +711,44 @@ def test_cuda_elementwise_variants_render(shape):
                                     "grid": [-(-x.numel() // 2048), 1, 1], "block": [256, 1, 1]}
 
 
+def _rotate_half(x):
+    return torch.cat((-x[..., 64:], x[..., :64]), -1)
+
+
+@pytest.mark.parametrize("name, program, vectors, scalar", [
+    # neighbours of a computed value: the load at offset 1 stays scalar beside the aligned one
+    ("slices", lambda x: (lambda y: y[..., 1:-3] + y[..., :-4])(x * 2), 2, 1),
+    # transformers' rotary embedding: a store per piece of the cat, each a vector
+    ("rope", lambda x: x * 0.5 + _rotate_half(x) * 0.25, 6, 0),
+    ("stack_rows", lambda x: torch.stack([x.exp(), x.sin()]), 3, 0),
+    # a stack along a new last dim: a thread's 4 points of 3 coordinates, 3 vectors
+    ("stack_last", lambda x: torch.stack([x.exp(), x * 2, x.sin()], -1), 4, 0)])
+def test_cuda_vector_variants_of_offsets_and_pieces(monkeypatch, name, program, vectors, scalar):
+    """Loads and stores at a constant offset (a slice, a cat's piece) move 16 bytes at a time
+    where the offset is a multiple of 4 elements, and one element at a time where it is not
+    (a vector at an odd offset would fault: misaligned address); a nest storing several
+    pieces of one output stores each as a vector, and pieces interleaved along the last dim
+    (``stack(..., -1)``) as neighbouring vectors."""
+    import accel.lowering as lowering
+
+    irs, lower = [], lowering.lower
+    monkeypatch.setattr(lowering, "lower", lambda *a: irs.append(lower(*a)) or irs[-1])
+    monkeypatch.setenv("ACCEL_CACHE_DIR", str(__import__("tempfile").mkdtemp()))
+    x = torch.randn(8, 512, 128)
+    with accel.eager():
+        got = program(x)
+    torch.testing.assert_close(got, program(x))
+    [ir] = irs
+    r = CudaRenderer()
+    src = r.render(ir, "k")
+    [launch] = r.launches
+    assert "vector" in launch, src
+    body = src[src.index("k_k0v("):]
+    moves = re.findall(r"reinterpret_cast<(?:const )?accel::vec_t<float, 4>\*>\(b\d+ \+ ([^;]*)\)", body)
+    assert len(moves) == vectors and not any(m.endswith("+ 1") for m in moves), moves
+    assert len(re.findall(r"= b\d+\[[^\]]*\+ 1\];", body)) == scalar, body
+
+
 @pytest.mark.parametrize("shape,vector", [((64, 4096), True), ((64, 100), True), ((64, 102), False)])
 def test_cuda_row_kernels_have_a_vector_variant(shape, vector):
     """A softmax row whose length is a multiple of 4 gets a variant moving 4 neighbouring

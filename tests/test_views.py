@@ -110,17 +110,19 @@ def test_a_strided_view_is_read_in_the_region(device, view):
 @pytest.mark.parametrize("device", DEVICES)
 def test_slices_of_one_output_read_together(device):
     """Neighbouring slices of one pending value in one expression (a difference along a
-    dim; a gated unit's halves, forward and backward): one kernel, eager's values and
-    gradients."""
+    dim; a product of slices at offsets 1 and 0, of 92 elements: on a GPU the one at 0
+    moves as 16-byte vectors, the one at 1 as single elements; a gated unit's halves,
+    forward and backward): one kernel, eager's values and gradients."""
     torch.manual_seed(0)
     x = torch.randn(64, 96, device=device, requires_grad=True)
 
     def program(x):
         y = x * 2
         d = y[:, 1:] - y[:, :-1]
+        e = y[:, 1:-3] * y[:, :-4]
         a, b = (x * 3).chunk(2, -1)
         g = torch.nn.functional.silu(a) * b
-        return d, g, torch.autograd.grad((d.sum() + (g * g).sum()), x)[0]
+        return d, e, g, torch.autograd.grad((d.sum() + e.sum() + (g * g).sum()), x)[0]
 
     with accel.eager():
         got = program(x)

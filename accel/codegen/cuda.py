@@ -76,7 +76,7 @@ class CudaRenderer(VectorLoads, ColumnTiles, TransposeTiles, CppRenderer):
     x86_conversions = False  # a C++ cast in device code is CUDA's saturating one, eager's there
     gcc_shapes = False
     vec = None  # in a vector tile: load Expr -> its vector's name
-    vec_stores: Dict[int, str] = {}
+    vec_stores: Dict[tuple, str] = {}  # (buffer, Addr) -> a vector variant's lane v of it
     tile_vars: tuple = ()  # the loops a thread mode tile's threads take an element of each
 
     def render(self, ir: LoopIR, name: str) -> str:
@@ -555,8 +555,8 @@ class CudaRenderer(VectorLoads, ColumnTiles, TransposeTiles, CppRenderer):
         """As the C++ backend's, but a vector tile's store goes to its lane of the vector,
         and in block, grid and column modes a store outside the threads' own loops is
         written by one thread (of the block, or of the column)."""
-        if self.vec is not None and st.buf in self.vec_stores:
-            return f"accel::lane_ref({self.vec_stores[st.buf]}, v) = {self._name(st.value, scope)};"
+        if self.vec is not None and (st.buf, st.addr) in self.vec_stores:
+            return f"{self.vec_stores[st.buf, st.addr]} = {self._name(st.value, scope)};"
         if self.row_vec and st.buf in self.row_vec:  # the vector is written with its last element
             m = self.vw - 1
             return (f"accel::lane_ref(w{st.buf}, j & {m}) = {self._name(st.value, scope)}; "

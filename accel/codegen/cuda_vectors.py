@@ -38,35 +38,71 @@ class VectorLoads:
         return {}
 
     def _vector_buffers(self, nest: Nest, ir: LoopIR) -> frozenset:
-        """Buffers an elementwise nest can move as vectors of :attr:`vw` elements
-        (:data:`VEC_TYPES`) read or written contiguously along the innermost loop (its size
-        a multiple of ``vw``, every other stride too, so each thread's elements are one
-        aligned vector).
+        """Buffers an elementwise nest moves as vectors of :attr:`vw` elements
+        (:data:`VEC_TYPES`): those with an access :meth:`_aligned` along the innermost loop
+        (its size a multiple of ``vw``), and those whose stores :meth:`_interleaved` fill
+        neighbouring vectors. Each such access is one aligned vector a thread; the buffer's
+        other loads stay scalar (a slice at an odd offset, a load that does not vary along
+        the loop), as do a buffer's stores where one is not aligned.
         Empty where any access strays from that: a reduction, another stride along the
-        innermost loop, a store that does not vary along it, a buffer both read and
-        written at different addresses."""
+        innermost loop, a store that does not run contiguously along it, a buffer both read
+        and written at different addresses (another thread's elements)."""
         self._plan(nest, ir)
         if any(k == "group" for sc in self.nest_scopes for k, _ in sc.items):
             return self._row_vector_buffers(nest, ir)
         if not nest.vars:
             return frozenset()
         inner = nest.vars[-1]
-        if ir.sizes[inner] % self.vw:
-            return frozenset()
         loads = [x for sc in self.nest_scopes for k, x in sc.items if k == "expr" and x.op == "load"]
-        access = [(x.args[0], x.args[1]) for x in loads] + [(st.buf, st.addr) for st in nest.stores]
-        stored = {st.buf: st.addr for st in nest.stores}
-        vbufs = set()
-        for buf, addr in access:
-            c = addr.coeff(inner)
-            if c not in (0, 1) or (buf in stored and addr != stored[buf]):
-                return frozenset()
-            if c == 1 and addr.offset % self.vw == 0 and all(cv % self.vw == 0 for v, cv in addr.terms if v != inner) \
-                    and ir.buffers[buf].dtype in VEC_TYPES:
-                vbufs.add(buf)
-        if any(st.addr.coeff(inner) != 1 for st in nest.stores):
+        inter = self._interleaved(nest, inner, ir, {x.args[0] for x in loads})
+        if ir.sizes[inner] % self.vw or inter is None:
             return frozenset()
-        return frozenset(vbufs)
+        stored = {}
+        for st in nest.stores:
+            if st.buf not in inter:
+                stored.setdefault(st.buf, set()).add(st.addr)
+        vbufs = set(inter)
+        for buf, addr in [(x.args[0], x.args[1]) for x in loads] + [(st.buf, st.addr) for st in nest.stores
+                                                                   if st.buf not in inter]:
+            if addr.coeff(inner) not in (0, 1) or \
+                    buf in stored and stored[buf] != {addr} and any(x.args[0] == buf for x in loads):
+                return frozenset()
+            if self._aligned(buf, addr, inner, ir):
+                vbufs.add(buf)
+        return frozenset(vbufs - {b for b, addrs in stored.items()
+                                  if not all(self._aligned(b, a, inner, ir) for a in addrs)})
+
+    def _interleaved(self, nest: Nest, inner: int, ir: LoopIR, loaded) -> dict:
+        """The buffers whose stores interleave: ``c`` stores (2 to 8) at ``c * i + o``,
+        ``o + 1``, ... ``o + c - 1`` along the innermost loop ``i`` (a ``stack`` along the
+        last dim, a complex number's parts), ``o`` and every other stride a multiple of
+        :attr:`vw`, the buffer not read: ``{buffer: its first store's address}``, a thread
+        writing its ``vw`` values of ``i`` as ``c`` neighbouring vectors (Inductor's
+        pointwise ``cat`` reaches the same coalescing by iterating the output). ``None``
+        where another store does not run contiguously along ``i``."""
+        by_buf = {}
+        for st in nest.stores:
+            if st.addr.coeff(inner) != 1:
+                by_buf.setdefault(st.buf, []).append(st.addr)
+        inter = {}
+        for buf, addrs in by_buf.items():
+            c = addrs[0].coeff(inner)
+            first = min(addrs, key=lambda a: a.offset)
+            if not (2 <= c <= 8 and len(addrs) == c and buf not in loaded
+                    and {a.terms for a in addrs} == {first.terms}
+                    and sorted(a.offset for a in addrs) == list(range(first.offset, first.offset + c))
+                    and first.offset % self.vw == 0 and ir.buffers[buf].dtype in VEC_TYPES
+                    and all(cv % self.vw == 0 for v, cv in first.terms if v != inner)):
+                return None
+            inter[buf] = first
+        return inter
+
+    def _aligned(self, buf: int, addr, inner: int, ir: LoopIR) -> bool:
+        """Whether ``addr`` into ``buf`` reads (or writes) one aligned vector of :attr:`vw`
+        elements a thread: contiguous along ``inner``, every other stride and the offset
+        multiples of ``vw`` (the buffer's own address checked at launch)."""
+        return addr.coeff(inner) == 1 and addr.offset % self.vw == 0 and ir.buffers[buf].dtype in VEC_TYPES \
+            and all(c % self.vw == 0 for v, c in addr.terms if v != inner)
 
     def _row_vector_buffers(self, nest: Nest, ir: LoopIR) -> frozenset:
         """Buffers a row kernel (as just rendered: :attr:`elems` set) can move as vectors of
@@ -137,7 +173,7 @@ class VectorLoads:
         seen = {}
         for sc in self.nest_scopes:
             for k, x in sc.items:
-                if k == "expr" and x.op == "load" and x.args[0] in vbufs and x.args[1].coeff(inner) == 1:
+                if k == "expr" and x.op == "load" and x.args[0] in vbufs and self._aligned(*x.args, inner, self.ir):
                     key = (x.args[0], x.args[1])
                     if key not in seen:
                         seen[key] = f"v{self.ntemp}"
@@ -146,12 +182,28 @@ class VectorLoads:
                         out.append(f"{ind}const {t4} {seen[key]} = *reinterpret_cast<const {t4}*>"
                                    f"(b{x.args[0]} + {self._addr(x.args[1], base)});")
                     self.vec[x] = seen[key]
-        stores = {}
+        inter = self._interleaved(nest, inner, self.ir, ())
+        stores, writes, arrays = {}, [], {}  # (buffer, address) -> lane v's lvalue; vectors written after
         for st in nest.stores:
-            if st.buf in vbufs:
-                stores[st.buf] = f"w{self.ntemp}"
+            if st.buf not in vbufs or (st.buf, st.addr) in stores:
+                continue
+            if st.buf in inter:  # c vectors: piece k of lane v is element c * v + k
+                first = inter[st.buf]
+                c = first.coeff(inner)
+                if st.buf not in arrays:
+                    arrays[st.buf] = w = f"w{self.ntemp}"
+                    self.ntemp += 1
+                    out.append(f"{ind}{self._vec(st.buf)} {w}[{c}];")
+                    at = self._addr(first, base)
+                    writes += [(st.buf, f"{at} + {j * self.vw}" if j else at, f"{w}[{j}]") for j in range(c)]
+                e = f"{c} * v + {st.addr.offset - first.offset}"
+                stores[st.buf, st.addr] = f"accel::lane_ref({arrays[st.buf]}[({e}) / {self.vw}], ({e}) % {self.vw})"
+            else:
+                w = f"w{self.ntemp}"
                 self.ntemp += 1
-                out.append(f"{ind}{self._vec(st.buf)} {stores[st.buf]};")
+                out.append(f"{ind}{self._vec(st.buf)} {w};")
+                stores[st.buf, st.addr] = f"accel::lane_ref({w}, v)"
+                writes.append((st.buf, self._addr(st.addr, base), w))
         self.vec_stores = stores
         out.append(f"{ind}#pragma unroll")
         out.append(f"{ind}for (int v = 0; v < {self.vw}; ++v) {{")
@@ -159,11 +211,8 @@ class VectorLoads:
         for sc in self.nest_scopes:
             self._emit_items(sc, out, ind + "  ")
         out.append(f"{ind}}}")
-        for st in nest.stores:
-            if st.buf in vbufs:
-                t4 = self._vec(st.buf)
-                out.append(f"{ind}*reinterpret_cast<{t4}*>(b{st.buf} + {self._addr(st.addr, base)}) = "
-                           f"{stores[st.buf]};")
+        for buf, at, w in writes:
+            out.append(f"{ind}*reinterpret_cast<{self._vec(buf)}*>(b{buf} + {at}) = {w};")
         out += ["      }", "    }", "  }"]
         self.vec, self.vec_stores = None, {}
 
