@@ -720,15 +720,12 @@ def _rotate_half(x):
     ("slices", lambda x: (lambda y: y[..., 1:-3] + y[..., :-4])(x * 2), 2, 1),
     # transformers' rotary embedding: a store per piece of the cat, each a vector
     ("rope", lambda x: x * 0.5 + _rotate_half(x) * 0.25, 6, 0),
-    ("stack_rows", lambda x: torch.stack([x.exp(), x.sin()]), 3, 0),
-    # a stack along a new last dim: a thread's 4 points of 3 coordinates, 3 vectors
-    ("stack_last", lambda x: torch.stack([x.exp(), x * 2, x.sin()], -1), 4, 0)])
+    ("stack_rows", lambda x: torch.stack([x.exp(), x.sin()]), 3, 0)])
 def test_cuda_vector_variants_of_offsets_and_pieces(monkeypatch, name, program, vectors, scalar):
     """Loads and stores at a constant offset (a slice, a cat's piece) move 16 bytes at a time
     where the offset is a multiple of 4 elements, and one element at a time where it is not
     (a vector at an odd offset would fault: misaligned address); a nest storing several
-    pieces of one output stores each as a vector, and pieces interleaved along the last dim
-    (``stack(..., -1)``) as neighbouring vectors."""
+    pieces of one output stores each as a vector."""
     import accel.lowering as lowering
 
     irs, lower = [], lowering.lower
@@ -747,6 +744,31 @@ def test_cuda_vector_variants_of_offsets_and_pieces(monkeypatch, name, program, 
     moves = re.findall(r"reinterpret_cast<(?:const )?accel::vec_t<float, 4>\*>\(b\d+ \+ ([^;]*)\)", body)
     assert len(moves) == vectors and not any(m.endswith("+ 1") for m in moves), moves
     assert len(re.findall(r"= b\d+\[[^\]]*\+ 1\];", body)) == scalar, body
+
+
+@pytest.mark.parametrize("rows", [3000, 4_200_000])
+def test_cuda_index_divisions_take_32_bits_while_they_fit(rows):
+    """A nest's loop variables from its flat index (``x + b``, a row of 1023 broadcast) are
+    divided in 32 bits where the nest has fewer than 2**31 iterations, and beyond that in 32
+    bits only while the index itself fits (a branch; 64 bits past 2**32)."""
+    x, b = torch.empty(rows, 1023, device="meta"), torch.empty(1023, device="meta")
+    ir = _lowered([(aten.add.Tensor, (("x", 0), ("x", 1)), {}, 1)], [x, b],
+                  [((rows, 1023), (1023, 1), torch.float32)], (0,))
+    src = CudaRenderer().render(ir, "k")
+    assert re.search(r"const uint32_t (u\d+) = \(uint32_t\)\(f\d+\);", src)
+    assert re.search(r"i1 = u\d+ % 1023u;", src)
+    assert ("< 4294967296LL" in src) == (rows > 3000) and ("% 1023;" in src) == (rows > 3000)
+
+
+@cuda
+def test_indices_past_2_to_the_32_on_the_gpu():
+    """4.3e9 elements (uint8): the flat index passes 2**32, its divisions take 64 bits there."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randint(0, 100, (4_200_000, 1023), dtype=torch.uint8, device="cuda", generator=g)
+    b = torch.randint(0, 100, (1023,), dtype=torch.uint8, device="cuda", generator=g)
+    with accel.eager():
+        y = x * 2 + b
+    assert torch.equal(y, x * 2 + b)
 
 
 @pytest.mark.parametrize("shape,vector", [((64, 4096), True), ((64, 100), True), ((64, 102), False)])

@@ -504,14 +504,41 @@ class CudaRenderer(VectorLoads, ColumnTiles, TransposeTiles, CppRenderer):
         return f"((int64_t)threadIdx.x + (j >> {self.vw.bit_length() - 1}) * {self.threads}) * {self.vw}"
 
     def _decompose(self, flat: str, vars_, out: List[str], ind: str) -> None:
-        rest = flat
+        """The loop variables ``i<v>`` of ``vars_`` (outermost first) from ``flat``, their
+        flattened index (below the product of their lengths). Where every divisor is a
+        static length, the divisions run in 32 bits while the index fits, as Triton's
+        int32 indexing does (a 64-bit division by a constant takes several times the
+        instructions: H100, ``torch.diff`` of [65536, 1024] float32, 229 -> see
+        bench/README.md's eighty-seventh round); beyond 2**32 they take 64 bits."""
+        sizes = [self.ir.sizes[v] for v in vars_]
+        if len(vars_) < 2 or any(type(n) is not int for n in sizes[1:]):  # (a run-time divisor)
+            out += [f"{ind}const int64_t i{v} = {e};" for v, e in self._divisions(flat, vars_, "")]
+            return
+        u = f"u{self.ntemp}"
+        self.ntemp += 1
+        short = [f"{ind}const uint32_t {u} = (uint32_t)({flat});"]
+        if all(type(n) is int for n in sizes) and math.prod(sizes) < 1 << 31:  # (and a tile past the end)
+            out += short + [f"{ind}const int64_t i{v} = {e};" for v, e in self._divisions(u, vars_, "u")]
+            return
+        out.append(f"{ind}int64_t {', '.join(f'i{v}' for v in vars_)};")
+        out.append(f"{ind}if ({flat} < 4294967296LL) {{")
+        out += ["  " + x for x in short] + [f"{ind}  i{v} = {e};" for v, e in self._divisions(u, vars_, "u")]
+        out.append(f"{ind}}} else {{")
+        out += [f"{ind}  i{v} = {e};" for v, e in self._divisions(flat, vars_, "")]
+        out.append(f"{ind}}}")
+
+    def _divisions(self, flat: str, vars_, suffix: str) -> List[tuple]:
+        """``(v, expression)`` of each of ``vars_`` from their flattened index ``flat``
+        (``suffix`` on the lengths: ``u`` for 32-bit unsigned division)."""
+        rest, exprs = flat, []
         for j, v in enumerate(reversed(vars_)):
-            size = self.ir.sizes[v]
             if j == len(vars_) - 1:
-                out.append(f"{ind}const int64_t i{v} = {rest};")
+                exprs.append((v, rest))
             else:
-                out.append(f"{ind}const int64_t i{v} = {rest} % {size};")
+                size = f"{self.ir.sizes[v]}{suffix}"
+                exprs.append((v, f"{rest} % {size}"))
                 rest = f"({rest} / {size})"
+        return exprs
 
     def _block_loop(self, order, n, upto, out) -> None:
         """Block mode: blocks stride over the flattened loops ``order[:upto]`` (``n``

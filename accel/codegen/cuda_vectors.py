@@ -40,10 +40,9 @@ class VectorLoads:
     def _vector_buffers(self, nest: Nest, ir: LoopIR) -> frozenset:
         """Buffers an elementwise nest moves as vectors of :attr:`vw` elements
         (:data:`VEC_TYPES`): those with an access :meth:`_aligned` along the innermost loop
-        (its size a multiple of ``vw``), and those whose stores :meth:`_interleaved` fill
-        neighbouring vectors. Each such access is one aligned vector a thread; the buffer's
-        other loads stay scalar (a slice at an odd offset, a load that does not vary along
-        the loop), as do a buffer's stores where one is not aligned.
+        (its size a multiple of ``vw``). Each such access is one aligned vector a thread;
+        the buffer's other loads stay scalar (a slice at an odd offset, a load that does not
+        vary along the loop), as do a buffer's stores where one is not aligned.
         Empty where any access strays from that: a reduction, another stride along the
         innermost loop, a store that does not run contiguously along it, a buffer both read
         and written at different addresses (another thread's elements)."""
@@ -53,17 +52,14 @@ class VectorLoads:
         if not nest.vars:
             return frozenset()
         inner = nest.vars[-1]
-        loads = [x for sc in self.nest_scopes for k, x in sc.items if k == "expr" and x.op == "load"]
-        inter = self._interleaved(nest, inner, ir, {x.args[0] for x in loads})
-        if ir.sizes[inner] % self.vw or inter is None:
+        if ir.sizes[inner] % self.vw or any(st.addr.coeff(inner) != 1 for st in nest.stores):
             return frozenset()
+        loads = [x for sc in self.nest_scopes for k, x in sc.items if k == "expr" and x.op == "load"]
         stored = {}
         for st in nest.stores:
-            if st.buf not in inter:
-                stored.setdefault(st.buf, set()).add(st.addr)
-        vbufs = set(inter)
-        for buf, addr in [(x.args[0], x.args[1]) for x in loads] + [(st.buf, st.addr) for st in nest.stores
-                                                                   if st.buf not in inter]:
+            stored.setdefault(st.buf, set()).add(st.addr)
+        vbufs = set()
+        for buf, addr in [(x.args[0], x.args[1]) for x in loads] + [(st.buf, st.addr) for st in nest.stores]:
             if addr.coeff(inner) not in (0, 1) or \
                     buf in stored and stored[buf] != {addr} and any(x.args[0] == buf for x in loads):
                 return frozenset()
@@ -71,31 +67,6 @@ class VectorLoads:
                 vbufs.add(buf)
         return frozenset(vbufs - {b for b, addrs in stored.items()
                                   if not all(self._aligned(b, a, inner, ir) for a in addrs)})
-
-    def _interleaved(self, nest: Nest, inner: int, ir: LoopIR, loaded) -> dict:
-        """The buffers whose stores interleave: ``c`` stores (2 to 8) at ``c * i + o``,
-        ``o + 1``, ... ``o + c - 1`` along the innermost loop ``i`` (a ``stack`` along the
-        last dim, a complex number's parts), ``o`` and every other stride a multiple of
-        :attr:`vw`, the buffer not read: ``{buffer: its first store's address}``, a thread
-        writing its ``vw`` values of ``i`` as ``c`` neighbouring vectors (Inductor's
-        pointwise ``cat`` reaches the same coalescing by iterating the output). ``None``
-        where another store does not run contiguously along ``i``."""
-        by_buf = {}
-        for st in nest.stores:
-            if st.addr.coeff(inner) != 1:
-                by_buf.setdefault(st.buf, []).append(st.addr)
-        inter = {}
-        for buf, addrs in by_buf.items():
-            c = addrs[0].coeff(inner)
-            first = min(addrs, key=lambda a: a.offset)
-            if not (2 <= c <= 8 and len(addrs) == c and buf not in loaded
-                    and {a.terms for a in addrs} == {first.terms}
-                    and sorted(a.offset for a in addrs) == list(range(first.offset, first.offset + c))
-                    and first.offset % self.vw == 0 and ir.buffers[buf].dtype in VEC_TYPES
-                    and all(cv % self.vw == 0 for v, cv in first.terms if v != inner)):
-                return None
-            inter[buf] = first
-        return inter
 
     def _aligned(self, buf: int, addr, inner: int, ir: LoopIR) -> bool:
         """Whether ``addr`` into ``buf`` reads (or writes) one aligned vector of :attr:`vw`
@@ -182,28 +153,14 @@ class VectorLoads:
                         out.append(f"{ind}const {t4} {seen[key]} = *reinterpret_cast<const {t4}*>"
                                    f"(b{x.args[0]} + {self._addr(x.args[1], base)});")
                     self.vec[x] = seen[key]
-        inter = self._interleaved(nest, inner, self.ir, ())
-        stores, writes, arrays = {}, [], {}  # (buffer, address) -> lane v's lvalue; vectors written after
+        stores, writes = {}, []  # (buffer, address) -> lane v's lvalue; the vectors written after
         for st in nest.stores:
-            if st.buf not in vbufs or (st.buf, st.addr) in stores:
-                continue
-            if st.buf in inter:  # c vectors: piece k of lane v is element c * v + k
-                first = inter[st.buf]
-                c = first.coeff(inner)
-                if st.buf not in arrays:
-                    arrays[st.buf] = w = f"w{self.ntemp}"
-                    self.ntemp += 1
-                    out.append(f"{ind}{self._vec(st.buf)} {w}[{c}];")
-                    at = self._addr(first, base)
-                    writes += [(st.buf, f"{at} + {j * self.vw}" if j else at, f"{w}[{j}]") for j in range(c)]
-                e = f"{c} * v + {st.addr.offset - first.offset}"
-                stores[st.buf, st.addr] = f"accel::lane_ref({arrays[st.buf]}[({e}) / {self.vw}], ({e}) % {self.vw})"
-            else:
+            if st.buf in vbufs and (st.buf, st.addr) not in stores:
                 w = f"w{self.ntemp}"
                 self.ntemp += 1
                 out.append(f"{ind}{self._vec(st.buf)} {w};")
                 stores[st.buf, st.addr] = f"accel::lane_ref({w}, v)"
-                writes.append((st.buf, self._addr(st.addr, base), w))
+                writes.append((st.buf, st.addr, w))
         self.vec_stores = stores
         out.append(f"{ind}#pragma unroll")
         out.append(f"{ind}for (int v = 0; v < {self.vw}; ++v) {{")
@@ -211,8 +168,8 @@ class VectorLoads:
         for sc in self.nest_scopes:
             self._emit_items(sc, out, ind + "  ")
         out.append(f"{ind}}}")
-        for buf, at, w in writes:
-            out.append(f"{ind}*reinterpret_cast<{self._vec(buf)}*>(b{buf} + {at}) = {w};")
+        for buf, addr, w in writes:
+            out.append(f"{ind}*reinterpret_cast<{self._vec(buf)}*>(b{buf} + {self._addr(addr, base)}) = {w};")
         out += ["      }", "    }", "  }"]
         self.vec, self.vec_stores = None, {}
 
