@@ -237,8 +237,7 @@ def splits(src, dst) -> bool:
     through as index arithmetic (``prims.split_dim``, ``prims.squeeze``, and
     ``as_strided`` where torch's view decomposition splits that way:
     ``accel.lower_expr._strided_index``); a merge of dims (``prims.collapse_view``) it cannot
-    express. The dispatch filter's ``splits`` (include/accel/call_keys.h) is the same
-    test."""
+    express."""
     s = [n for n in src if n != 1]
     d = [n for n in dst if n != 1]
     j = 0
@@ -307,14 +306,16 @@ def pending_view(t: torch.Tensor, outs, base: int):
       the same dtype, data address and number of elements (not 0), both contiguous, and
       ``t``'s shape a refinement of the output's (:func:`splits`): a Linear's
       ``[B * T, C]`` output viewed as ``[B, T, C]``. The region's graph reads it as
-      ``outs[i].view(shape)``. The dispatch filter's ``split_view``
-      (include/accel/call_keys.h) decides alike.
+      ``outs[i].view(shape)``.
     - ``("v", i, shape, stride, offset)``: ``t`` reads some of a contiguous ``outs[i]``'s
       elements dim by dim (:func:`dense_view_map`), from ``offset`` elements on: a slice,
       a narrow, a chunk, a select, a transpose, an expand. The region's graph reads it as
       ``torch.as_strided`` of the output (:func:`_strided_view`), which the lowering
-      indexes through (:mod:`accel.lower_expr`). The dispatch filter leaves such calls to
-      the interceptor.
+      indexes through (:mod:`accel.lower_expr`).
+
+    The dispatch filter keys such an argument by the output, the view's offset, sizes and
+    strides (include/accel/call_keys.h: ``make_key``), which decide between the two (or
+    None) alike, and replays the call's edge once the interceptor recorded it.
     """
     n = t.numel()
     if n == 0:

@@ -108,30 +108,6 @@ inline void push_list(std::vector<int64_t>* key, int64_t tag, const Seq& seq, To
 // the filter is loaded.
 inline std::atomic<const accel_shared_set*> g_shared{nullptr};
 
-// Whether `dst` splits each dim of `src` into consecutive dims, size-1 dims aside
-// (accel/ops.py: splits).
-inline bool splits(c10::IntArrayRef src, c10::IntArrayRef dst) {
-  size_t j = 0, m = dst.size();
-  for (int64_t n : src) {
-    if (n == 1) continue;
-    int64_t p = 1;
-    while (p < n && j < m) p *= dst[j++];
-    if (p != n) return false;
-  }
-  for (; j < m; ++j) {
-    if (dst[j] != 1) return false;
-  }
-  return true;
-}
-
-// Whether `t`, whose data starts where pending output `o`'s does, reads `o`'s elements as
-// a split of its dims (accel/ops.py: pending_view decides alike; the other views it reads
-// through, a slice or a transpose, are the interceptor's).
-inline bool split_view(const c10::TensorImpl* t, const c10::TensorImpl* o) {
-  return t->dtype() == o->dtype() && t->numel() == o->numel() && t->numel() > 0 &&
-         t->is_contiguous() && o->is_contiguous() && splits(o->sizes(), t->sizes());
-}
-
 // Whether `impl`'s storage is in that set (or the set is too large to look in here).
 inline bool shared_storage(const c10::TensorImpl* impl) {
   const accel_shared_set* s = g_shared.load(std::memory_order_relaxed);
@@ -198,10 +174,13 @@ inline bool make_key(const OperatorHandle& op, const torch::jit::Stack& stack, c
           intptr_t b = p - t.storage_offset() * static_cast<intptr_t>(t.element_size());
           for (int o = 0; o < v->n_out; ++o) {
             if (v->out_base[o] != b) continue;
-            // a view of pending output o: one the region reads through (a split of its
-            // dims), or the interceptor's (which flushes first)
-            if (p != b || !split_view(impl, static_cast<const c10::TensorImpl*>(v->out[o]))) return false;
-            key->insert(key->end(), {kTensorView, o, t.dim()});
+            // a view of pending output o, of its dtype (its shape, strides and offset
+            // decide how accel/ops.py's pending_view reads it: through a split of the
+            // output's dims or dim by dim; where it does neither, the interceptor flushes
+            // the region first, and no edge is learnt from the call)
+            const auto* out = static_cast<const c10::TensorImpl*>(v->out[o]);
+            if (impl->dtype() != out->dtype() || !out->is_contiguous() || t.numel() == 0) return false;
+            key->insert(key->end(), {kTensorView, o, t.dim(), t.storage_offset()});
             for (int64_t s : t.sizes()) key->push_back(s);
             for (int64_t s : t.strides()) key->push_back(s);
             j = o;
