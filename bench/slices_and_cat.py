@@ -2,10 +2,12 @@
 eager, accel and torch.compile side by side (median ms per call, interleaved, results
 checked).
 
-    python bench/slices_and_cat.py [cpu|cuda] [--runs N] [--only NAME,...]
+    python bench/slices_and_cat.py [cpu|cuda] [--runs N] [--only NAME,...] [--host]
 
 Inputs: ``p`` float32 of the device's workload's elements (8M on the CPU: [8192, 1024];
-64M on a GPU), shaped as the workload needs. Workloads:
+64M on a GPU), shaped as the workload needs; ``--host``: 256K elements (one rope batch),
+every region kept (``ACCEL_EAGER_SMALL_REGIONS=0``), so that a call's host time shows.
+Workloads:
 
 - ``slice_add``: ``y = p * 2; y[:, 1:] + y[:, :-1]`` of [R, 1024] (neighbours along a row);
 - ``diff``: ``torch.diff(p * 2, dim=-1)``;
@@ -75,8 +77,12 @@ WORKLOADS = {
 
 
 def main() -> None:
+    host = "--host" in sys.argv
+    if host:
+        sys.argv.remove("--host")
+        os.environ.setdefault("ACCEL_EAGER_SMALL_REGIONS", "0")
     dev, shape, sync, runs, wanted = device_workloads_args(__doc__)
-    n = shape[0] * shape[1]
+    n = 2048 * 128 if host else shape[0] * shape[1]
     g = torch.Generator().manual_seed(0)
     _ROPE[torch.device(dev).type] = (torch.randn(2048, 128, generator=g).to(dev),
                                      torch.randn(2048, 128, generator=g).to(dev))
