@@ -55,13 +55,12 @@ class VectorLoads:
         if ir.sizes[inner] % self.vw or any(st.addr.coeff(inner) != 1 for st in nest.stores):
             return frozenset()
         loads = [x for sc in self.nest_scopes for k, x in sc.items if k == "expr" and x.op == "load"]
-        stored = {}
+        stored, loaded = {}, {x.args[0] for x in loads}
         for st in nest.stores:
             stored.setdefault(st.buf, set()).add(st.addr)
         vbufs = set()
         for buf, addr in [(x.args[0], x.args[1]) for x in loads] + [(st.buf, st.addr) for st in nest.stores]:
-            if addr.coeff(inner) not in (0, 1) or \
-                    buf in stored and stored[buf] != {addr} and any(x.args[0] == buf for x in loads):
+            if addr.coeff(inner) not in (0, 1) or buf in loaded and stored.get(buf, {addr}) != {addr}:
                 return frozenset()
             if self._aligned(buf, addr, inner, ir):
                 vbufs.add(buf)
