@@ -24,6 +24,13 @@ os.environ.setdefault("ACCEL_STEP_SAMPLING", "off")
 os.environ.setdefault("ACCEL_RECOMPILE_LIMIT", "0")
 
 
+def pytest_collection_modifyitems(items):
+    """The ``suite`` tests (test files run again in a pytest subprocess, minutes each) first:
+    pytest-xdist hands its first tests out in turn, so the workers run them side by side
+    from the start, rather than one worker ending the session alone on one of them."""
+    items.sort(key=lambda item: item.get_closest_marker("suite") is None)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def dispatch_filter():
     """Build (or load) the dispatch filter before the first test, so that every test runs

@@ -981,6 +981,7 @@ def test_ops_without_a_lowering_run_eagerly_their_neighbours_fused(fresh_store, 
     assert not [r for r in caplog.records if "runs eagerly" in r.getMessage()]
 
 
+@pytest.mark.codegen
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64])
 def test_reductions_over_a_few_values_a_row_match_eager(dtype, fresh_store):
     """Sums, products, maxima, minima, argmax, argmin (ties: the first) and Welford moments
@@ -1025,6 +1026,7 @@ def test_reductions_over_a_few_values_a_row_match_eager(dtype, fresh_store):
     assert st["kernel_runs"] >= len(cases) and st["eager_replays"] == 0, st
 
 
+@pytest.mark.codegen
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_row_kernels_over_a_few_values_a_row_match_eager(dtype, fresh_store, monkeypatch):
     """Softmax, log-softmax, LayerNorm (with and without an affine), RMSNorm, a softmax
@@ -1087,6 +1089,7 @@ def _split_rows_programs(x, f):
             x.logsumexp(0), x.norm(dim=0), z.var((0, 1)), z.sum((0, 1)), x.abs().mean(0) - x.mean(0)]
 
 
+@pytest.mark.codegen
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_column_reductions_with_rows_split_among_threads_match_eager(threads, fresh_store, monkeypatch):
     """Column reductions over 300 columns whose rows the CPU kernel splits among the

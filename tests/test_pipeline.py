@@ -1054,6 +1054,7 @@ def test_streamed_outputs_match_eager(fresh_store, monkeypatch):
     assert sum("accel::stream_store" in s for s in sources) == len(cases)
 
 
+@pytest.mark.suite
 def test_random_chains_with_every_eligible_store_streamed(tmp_path):
     """The random chains (pointwise, reductions, views, in-place writes) with every store
     the CPU codegen may stream streamed, whatever its size (tests/stream_everything.py), in

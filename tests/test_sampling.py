@@ -510,6 +510,7 @@ def test_the_cuda_clock_reads_a_step_once_its_work_is_done():
     assert t is not None and t > 0.001
 
 
+@pytest.mark.suite
 def test_programs_switching_interception_at_every_step_match_eager():
     """tests/test_programs.py (LSTM and GRU, every optimizer, checkpointing, DDP, hooks,
     torch.func, ...) with step sampling switching interception off and on without trials,

@@ -4,11 +4,17 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from plugin_runs import run_under  # tests/plugin_runs.py
 
 
+@pytest.mark.suite
 def test_interceptor_suite_on_pure_python_core():
-    run_under(None, ["test_interceptor.py", "test_shared.py"], ACCEL_PURE_PYTHON="1")
+    """The interceptor's and the shared-memory suites on the region core's pure-Python twin
+    (accel/_core_py.py), but for the tests of codegen alone (``codegen``-marked: the same
+    kernels, whatever core runs them)."""
+    run_under(None, ["test_interceptor.py", "test_shared.py"], "-m", "not codegen", ACCEL_PURE_PYTHON="1")
 
 
 def test_twin_is_selected_by_env():
