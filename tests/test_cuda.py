@@ -885,7 +885,7 @@ def test_cuda_long_layer_norm_rows_take_half_blocks_where_two_fit_in_l2(n, dtype
     if threads == 512:
         assert "q += 512)" in src  # block loops of 16-byte vectors
     kv = src[src.index("accel_region_t_k0v("):]
-    if "for (int64_t q" in kv:  # block loops: each row input read again takes L2 hints, not the weight
+    if "for (int q" in kv:  # block loops: each row input read again takes L2 hints, not the weight
         reads = 2 if residual else 1
         assert kv.count("accel::load_once<accel::L2_KEEP>(") == reads
         assert kv.count("accel::load_once<accel::L2_LAST>(") == reads
@@ -948,10 +948,10 @@ def test_cuda_long_rows_keep_32_values_a_thread_then_loop_over_vectors(n, dtype,
     kv = src[src.index("accel_region_t_k0v("):]
     width = 16 // dtype.itemsize
     if kept:
-        assert f"[{kept}];" in src and "for (int64_t q" not in src
+        assert f"[{kept}];" in src and "for (int q" not in src
         return
     # the statistics (a running max and sum), then the output
-    assert kv.count(f"for (int64_t q = threadIdx.x; q < {n // width}; q += 1024)") == 2
+    assert kv.count(f"for (int q = threadIdx.x; q < {n // width}; q += 1024)") == 2
     # the row stays in L2 between the passes and leaves it after the last (Triton's hints)
     assert kv.count("accel::load_once<accel::L2_KEEP>(") == 1 and kv.count("accel::load_once<accel::L2_LAST>(") == 1
     assert "accel::load_once(" not in kv
@@ -976,12 +976,12 @@ def test_cuda_residual_layer_norm_row_keeps_its_sum_once_in_registers(tmp_path):
     meta = [((8, n), (n, 1), torch.float32)] * 2 + [((8, 1), (1, 1), torch.float32)] * 2
     rend = CudaRenderer()
     src = rend.render(_lowered(calls, [x, w, r, w], meta, (1,)), "accel_region_t")
-    assert rend.launches[0]["block"] == [1024, 1, 1] and "for (int64_t q" not in src
+    assert rend.launches[0]["block"] == [1024, 1, 1] and "for (int q" not in src
     for kernel in (src[:src.index("accel_region_t_k0v(")], src[src.index("accel_region_t_k0v("):]):
         assert len(re.findall(r"float c\d+\[32\];", kernel)) == 1, kernel
         last = kernel[kernel.rindex("accel::rsqrt"):]
         assert "b0[" not in last and "b2[" not in last and "(b0 +" not in last and "(b2 +" not in last
-    assert "((int64_t)threadIdx.x + (j >> 2) * 1024) * 4" in src
+    assert "((int)threadIdx.x + (j >> 2) * 1024) * 4" in src
     if shutil.which("nvcc") is None:
         return
     proc = _nvcc(src, tmp_path / "m.cubin", "-Xptxas", "-v")
@@ -1042,7 +1042,7 @@ def test_cuda_reduction_modes_render():
     stats = src[:src.index("accel_region_t_k1")]
     assert r.launches[0]["grid"] == [128, 2, 1] and r.launches[0]["block"] == [32, 32, 1], r.launches
     assert re.search(r"accel::SoftmaxState<float> (a\d+)\{-INFINITY, 0\};(.|\n)*\1\.add\(t\d+\);", stats), stats
-    assert stats.count("for (int64_t r") == 1 and "accel::exp" not in stats
+    assert stats.count("for (int r") == 1 and "accel::exp" not in stats
     assert "accel::col_combine(accel_region_t_k0_part0, accel::MergeSoftmax()" in stats
 
 

@@ -515,9 +515,9 @@ def test_cuda_channels_last_group_norm_output_runs_in_transposing_tiles(groups):
     assert "__shared__ float tp0[64][33];" in src, src  # run values: tiles of 32 x 64
     assert r.launches[-1]["grid"] == [N * 2 * 4, 1, 1], r.launches  # 2 x 4 tiles an image
     k = C // G
-    m = re.search(rf"const int64_t (i\d+)_r = (f\d+)_u \+ threadIdx.x \+ c, (i\d+) = \2_v \+ threadIdx.y \+ r;\s*"
+    m = re.search(rf"const int (i\d+)_r = (f\d+)_u \+ threadIdx.x \+ c, (i\d+) = \2_v \+ threadIdx.y \+ r;\s*"
                   rf"if \(\1_r < 64 && \3 < 256\) {{\s*const uint32_t (u\d+) = \(uint32_t\)\(\1_r\);\s*"
-                  rf"const int64_t \1 = \4 % {k}u;\s*const int64_t (i\d+) = \(\4 / {k}u\);\s*"
+                  rf"const int \1 = \4 % {k}u;\s*const int (i\d+) = \(\4 / {k}u\);\s*"
                   rf"tp0\[threadIdx.y \+ r\]\[threadIdx.x \+ c\] = b0\[", src)
     assert m, src
     # each channel's scale and shift once a tile, into shared memory (the tile's first 32

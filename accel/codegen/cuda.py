@@ -54,6 +54,41 @@ def _dim3(v) -> list:
     return [d if isinstance(d, dict) else int(d) for d in v] + [1] * (3 - len(v))
 
 
+#: a kernel indexes in 32-bit ints (Triton's int32 indexing) where every loop length is
+#: static and below this, as is every element offset it computes, and its flat indices
+#: (past the end by at most a grid's threads, MAX_GRID * 1024 < 2**26, stay below 2**31).
+#: 64-bit index arithmetic takes twice the instructions: H100, ``torch.diff`` of
+#: [65536, 1024] float32 in a kernel of its own, 215 -> 179 us (torch.compile's 180, a
+#: copy of as many bytes 187; bench/README.md, the eighty-eighth round).
+INDEX_32_LIMIT = 1 << 30
+
+
+def index_type(nest: Nest, ir: LoopIR) -> str:
+    """The C type of ``nest``'s kernel's loop variables and flat indices: ``int`` where
+    every flat index (over the nest's loops, or over a reduction's) and every load's,
+    store's and index's element offset stays below :data:`INDEX_32_LIMIT`, else
+    ``int64_t`` (so too a shape-generic kernel's, of run-time lengths)."""
+    if any(type(n) is not int for n in ir.sizes):
+        return "int64_t"
+    # a flat index runs over some of the nest's loops, or over one reduction's
+    flat, addrs, seen = [nest.vars], [st.addr for st in nest.stores], set()
+    for st in nest.stores:
+        for e in walk(st.value, seen):
+            if e.op == "load":
+                addrs.append(e.args[1])
+            elif e.op == "index":
+                addrs.append(e.args[0])
+            elif e.op == "reduce":
+                flat.append(e.args[2])
+    if any(math.prod(ir.sizes[v] for v in vs) >= INDEX_32_LIMIT for vs in flat):
+        return "int64_t"
+    for a in addrs:
+        lo, hi = a.extent(ir.sizes)
+        if lo <= -INDEX_32_LIMIT or hi >= INDEX_32_LIMIT:
+            return "int64_t"
+    return "int"
+
+
 _COMBINE = {"sum": "accel::Sum()", "prod": "accel::Prod()", "amax": "accel::Max()",
             "amin": "accel::Min()"}
 
@@ -63,6 +98,7 @@ class CudaRenderer(VectorLoads, ColumnTiles, TransposeTiles, CppRenderer):
     launch plan in :attr:`launches` (see :meth:`render`)."""
 
     prefix = '#include "accel/cuda_math.cuh"\n'
+    ix = "int64_t"  # the C type of loop variables and flat indices (index_type(), by kernel)
     row_caching = False  # a row's values come back from L1/L2
     cache_across_reductions = False  # (row kernels: registers; not measured on the GPU)
     keep_widened_f16 = False  # (one instruction here; the row's loads are kept already)
@@ -113,6 +149,7 @@ class CudaRenderer(VectorLoads, ColumnTiles, TransposeTiles, CppRenderer):
         """``nest``'s ``__global__`` function (lines), grid and block; with ``vbufs``, the
         variant that moves those buffers 16 bytes at a time."""
         nb, ns = max(1, len(ir.buffers)), max(1, self._n_scalars(ir))
+        self.ix = index_type(nest, ir)
         self.scalar_decls: Dict[tuple, str] = {}
         self.kname, self.globals = kname, []
         body, grid, block = self.render_kernel(nest, ir, vbufs)
@@ -445,10 +482,10 @@ class CudaRenderer(VectorLoads, ColumnTiles, TransposeTiles, CppRenderer):
         upto = len(order) if upto is None else upto
         t, f = f"tile{self.ntemp}", f"f{self.ntemp}"
         self.ntemp += 1
-        out.append(f"{ind}for (int64_t {t} = blockIdx.x; {t} < {self._cdiv(n, BLOCK * ILP)}; {t} += gridDim.x) {{")
+        out.append(f"{ind}for ({self.ix} {t} = blockIdx.x; {t} < {self._cdiv(n, BLOCK * ILP)}; {t} += gridDim.x) {{")
         out.append(f"{ind}  #pragma unroll")
         out.append(f"{ind}  for (int u = 0; u < {ILP}; ++u) {{")
-        out.append(f"{ind}    const int64_t {f} = {t} * {BLOCK * ILP} + u * {BLOCK} + threadIdx.x;")
+        out.append(f"{ind}    const {self.ix} {f} = {t} * {BLOCK * ILP} + u * {BLOCK} + threadIdx.x;")
         out.append(f"{ind}    if ({f} < {n}) {{")
         self._decompose(f, order[lvl:upto], out, ind + "      ")
         self.tile_vars = order[lvl:upto]
@@ -471,10 +508,10 @@ class CudaRenderer(VectorLoads, ColumnTiles, TransposeTiles, CppRenderer):
             open_lines.append(f"{ind}for (int j = 0; j < {self.elems}; ++j) {{")
             if self.row_vec:  # the vector variant: element j % vw of the thread's (j / vw)th vector
                 base = self._row_vec_first()
-                open_lines.append(f"{ind}  const int64_t {f} = {base} + (j & {self.vw - 1});")
+                open_lines.append(f"{ind}  const {self.ix} {f} = {base} + (j & {self.vw - 1});")
                 guard = f"{base} < {n}"  # n % vw == 0: a vector's elements are in or out together
             else:
-                open_lines.append(f"{ind}  const int64_t {f} = (int64_t)threadIdx.x + j * {self.threads};")
+                open_lines.append(f"{ind}  const {self.ix} {f} = ({self.ix})threadIdx.x + j * {self.threads};")
                 guard = f"{f} < {n}"
             # no guard where the threads' elements cover the row exactly: the unrolled lanes
             # of a vector then share its load (a guard per element keeps a load per element)
@@ -482,26 +519,27 @@ class CudaRenderer(VectorLoads, ColumnTiles, TransposeTiles, CppRenderer):
             return f
         if self.row_vec:  # vector q of the row, a block apart; its lanes j unrolled
             open_lines.append(f"{ind}#pragma unroll {BLOCK_VEC_UNROLL}")
-            open_lines.append(f"{ind}for (int64_t q = threadIdx.x; q < {n // self.vw}; q += {self.threads}) {{")
+            open_lines.append(f"{ind}for ({self.ix} q = threadIdx.x; q < {n // self.vw}; q += {self.threads}) {{")
             open_lines.append(f"{ind}  #pragma unroll")
             open_lines.append(f"{ind}  for (int j = 0; j < {self.vw}; ++j) {{")
-            open_lines.append(f"{ind}    const int64_t {f} = q * {self.vw} + j;")
+            open_lines.append(f"{ind}    const {self.ix} {f} = q * {self.vw} + j;")
             return f
         # the block's size as a constant: nvcc then unrolls the loop and puts BLOCK_UNROLL
         # loads in flight per thread, where the loop's trip count at runtime kept one
         open_lines.append(f"{ind}#pragma unroll {self.unroll}")
-        open_lines.append(f"{ind}for (int64_t {f} = threadIdx.x; {f} < {n}; {f} += {self.threads}) {{")
+        open_lines.append(f"{ind}for ({self.ix} {f} = threadIdx.x; {f} < {n}; {f} += {self.threads}) {{")
         open_lines.append(f"{ind}  {{")
         return f
 
     def _row_vec_first(self) -> str:
         """A row kernel's vector variant: the row index of the first element of the vector
         holding element ``j`` of the thread's share (the same expression for its lanes).
-        In 64 bits: an unsigned ``threadIdx.x * 4`` may wrap, so nvcc computes each
-        lane's address apart and keeps it; this way they are one base and constant offsets
+        In the kernel's (signed) index type: an unsigned ``threadIdx.x * 4`` may wrap, so
+        nvcc computes each lane's address apart and keeps it; this way they are one base
+        and constant offsets
         (residual add + LayerNorm [2048, 32768] float32, 32 values a thread: ptxas's spills
         140 -> 20 bytes a thread)."""
-        return f"((int64_t)threadIdx.x + (j >> {self.vw.bit_length() - 1}) * {self.threads}) * {self.vw}"
+        return f"(({self.ix})threadIdx.x + (j >> {self.vw.bit_length() - 1}) * {self.threads}) * {self.vw}"
 
     def _decompose(self, flat: str, vars_, out: List[str], ind: str) -> None:
         """The loop variables ``i<v>`` of ``vars_`` (outermost first) from ``flat``, their
@@ -512,15 +550,15 @@ class CudaRenderer(VectorLoads, ColumnTiles, TransposeTiles, CppRenderer):
         bench/README.md's eighty-seventh round); beyond 2**32 they take 64 bits."""
         sizes = [self.ir.sizes[v] for v in vars_]
         if len(vars_) < 2 or any(type(n) is not int for n in sizes[1:]):  # (a run-time divisor)
-            out += [f"{ind}const int64_t i{v} = {e};" for v, e in self._divisions(flat, vars_, "")]
+            out += [f"{ind}const {self.ix} i{v} = {e};" for v, e in self._divisions(flat, vars_, "")]
             return
         u = f"u{self.ntemp}"
         self.ntemp += 1
         short = [f"{ind}const uint32_t {u} = (uint32_t)({flat});"]
         if all(type(n) is int for n in sizes) and math.prod(sizes) < 1 << 31:  # (and a tile past the end)
-            out += short + [f"{ind}const int64_t i{v} = {e};" for v, e in self._divisions(u, vars_, "u")]
+            out += short + [f"{ind}const {self.ix} i{v} = {e};" for v, e in self._divisions(u, vars_, "u")]
             return
-        out.append(f"{ind}int64_t {', '.join(f'i{v}' for v in vars_)};")
+        out.append(f"{ind}{self.ix} {', '.join(f'i{v}' for v in vars_)};")
         out.append(f"{ind}if ({flat} < 4294967296LL) {{")
         out += ["  " + x for x in short] + [f"{ind}  i{v} = {e};" for v, e in self._divisions(u, vars_, "u")]
         out.append(f"{ind}}} else {{")
@@ -547,10 +585,10 @@ class CudaRenderer(VectorLoads, ColumnTiles, TransposeTiles, CppRenderer):
         f = f"f{self.ntemp}"
         self.ntemp += 1
         if self.rows == 1:
-            out.append(f"  for (int64_t {f} = (int64_t)blockIdx.x; {f} < {n}; {f} += (int64_t)gridDim.x) {{")
+            out.append(f"  for ({self.ix} {f} = ({self.ix})blockIdx.x; {f} < {n}; {f} += ({self.ix})gridDim.x) {{")
         else:  # a row a warp: the warps of a block need not take as many rows
-            out.append(f"  for (int64_t {f} = (int64_t)blockIdx.x * {self.rows} + threadIdx.y; {f} < {n}; "
-                       f"{f} += (int64_t)gridDim.x * {self.rows}) {{")
+            out.append(f"  for ({self.ix} {f} = ({self.ix})blockIdx.x * {self.rows} + threadIdx.y; {f} < {n}; "
+                       f"{f} += ({self.ix})gridDim.x * {self.rows}) {{")
         self._decompose(f, order[:upto], out, "    ")
         for j in range(upto + 1):
             self._emit_items(self.nest_scopes[j], out, "    ")
@@ -569,7 +607,7 @@ class CudaRenderer(VectorLoads, ColumnTiles, TransposeTiles, CppRenderer):
         else:
             f = f"f{self.ntemp}"
             self.ntemp += 1
-            out.append(f"{ind}for (int64_t {f} = 0; {f} < {self._size(vars_)}; ++{f}) {{")
+            out.append(f"{ind}for ({self.ix} {f} = 0; {f} < {self._size(vars_)}; ++{f}) {{")
             close, ind2 = [f"{ind}}}"], ind + "  "
         self._decompose(f, vars_, out, ind2)
         saved, self.mode = self.mode, "thread"  # every thread its own elements now
@@ -693,8 +731,8 @@ class CudaRenderer(VectorLoads, ColumnTiles, TransposeTiles, CppRenderer):
         if grid:
             f = f"r{self.ntemp}"
             self.ntemp += 1
-            out.append(f"{ind}for (int64_t {f} = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; {f} < {n}; "
-                       f"{f} += (int64_t)gridDim.x * blockDim.x) {{")
+            out.append(f"{ind}for ({self.ix} {f} = blockIdx.x * ({self.ix})blockDim.x + threadIdx.x; {f} < {n}; "
+                       f"{f} += ({self.ix})gridDim.x * blockDim.x) {{")
             close, ind2 = [f"{ind}}}"], ind + "  "
         elif coop:
             f = self._thread_loop(n, out, ind)
@@ -705,7 +743,7 @@ class CudaRenderer(VectorLoads, ColumnTiles, TransposeTiles, CppRenderer):
             if col:
                 out += self._col_loop(f, n, ind)
             else:
-                out.append(f"{ind}for (int64_t {f} = 0; {f} < {n}; {f} += 1) {{")
+                out.append(f"{ind}for ({self.ix} {f} = 0; {f} < {n}; {f} += 1) {{")
             close, ind2 = [f"{ind}}}"], ind + "  "
         self._decompose(f, rv, out, ind2)
         out += [f"{ind2}{b}" for b in body]

@@ -88,8 +88,8 @@ class ColumnTiles:
                   and all(e.args[0] in COLUMN_KINDS and e.dtype in COL_SPLIT_TYPES for e in groups[0].members))
         rows, split = self._col_shape(groups, tiles, splits)
         self.col_tile, self.col_tiles = t, tiles
-        out.append(f"  for (int64_t {t} = blockIdx.x; {t} < {tiles}; {t} += gridDim.x) {{")
-        out.append(f"    const int64_t {f} = {t} * {COL_TILE} + threadIdx.x;")
+        out.append(f"  for ({self.ix} {t} = blockIdx.x; {t} < {tiles}; {t} += gridDim.x) {{")
+        out.append(f"    const {self.ix} {f} = {t} * {COL_TILE} + threadIdx.x;")
         self._decompose(f, order[:lvl], out, "    ")
         for j in range(0, lvl + 1):
             self._emit_items(self.nest_scopes[j], out, "    ")
@@ -115,7 +115,7 @@ class ColumnTiles:
         :attr:`col_step`, constants, so that nvcc unrolls it with ``BLOCK_UNROLL`` loads in
         flight."""
         return [f"{ind}#pragma unroll {BLOCK_UNROLL}",
-                f"{ind}for (int64_t {f} = {self.col_start}; {f} < {n}; {f} += {self.col_step}) {{"]
+                f"{ind}for ({self.ix} {f} = {self.col_start}; {f} < {n}; {f} += {self.col_step}) {{"]
 
     def _col_split_finish(self, parts: List[tuple], finish: List[str]) -> None:
         """Column mode, rows split among ``col_split`` blocks a tile: each block writes its

@@ -113,14 +113,14 @@ class TransposeTiles:
         self.ntemp += 1
         out += [f"  __shared__ {self.ctype(x.dtype)} tp{k}[{tv}][{tu + 1}];" for k, x in enumerate(loads)]
         out += [f"  __shared__ {self.ctype(x.dtype)} tq{k}[{tu}];" for k, x in enumerate(kept)]
-        out.append(f"  for (int64_t {f} = blockIdx.x; {f} < {tiles}; {f} += gridDim.x) {{")
-        out.append(f"    const int64_t {f}_v = ({f} % {nv}) * {tv}, {f}_u = ({f} / {nv} % {nu}) * {tu};")
+        out.append(f"  for ({self.ix} {f} = blockIdx.x; {f} < {tiles}; {f} += gridDim.x) {{")
+        out.append(f"    const {self.ix} {f}_v = ({f} % {nv}) * {tv}, {f}_u = ({f} / {nv} % {nu}) * {tu};")
         if outer:
             self._decompose(f"({f} / {nu * nv})", outer, out, "    ")
         kl: List[str] = []  # the run's values, once a tile: the first tu threads, into shared memory
         if kept:
             kl.append(f"    for (int k = threadIdx.y * 32 + threadIdx.x; k < {tu}; k += {32 * R}) {{")
-            kl.append(f"      const int64_t i{u} = {f}_u + k, i{v} = {f}_v;")
+            kl.append(f"      const {self.ix} i{u} = {f}_u + k, i{v} = {f}_v;")
             kl.append(f"      if (i{u} < {U}) {{")
             if len(run) > 1:
                 self._decompose(f"i{u}", run, kl, "        ")
@@ -141,7 +141,7 @@ class TransposeTiles:
                 # 154 us for the [64, 128, 64, 64] group norm's tiles than by rows and columns)
                 out.append(f"    for (int k = 0; k < {tu * tv // (32 * R)}; ++k) {{")
                 out.append(f"      {{ const unsigned e = threadIdx.y * 32u + threadIdx.x + k * {32 * R}u;")
-            out.append(f"        const int64_t i{u} = {f}_u + {iu}, i{v} = {f}_v + {iv};")
+            out.append(f"        const {self.ix} i{u} = {f}_u + {iu}, i{v} = {f}_v + {iv};")
             out.append(f"        if (i{u} < {U} && i{v} < {V}) {{")
             if len(run) > 1:
                 self._decompose(f"i{u}", run, out, "          ")

@@ -130,15 +130,15 @@ class VectorLoads:
         t, f = f"tile{self.ntemp}", f"f{self.ntemp}"
         self.ntemp += 1
         per = BLOCK * self.vw * VEC_ILP
-        out.append(f"  for (int64_t {t} = blockIdx.x; {t} < {self._cdiv(n, per)}; {t} += gridDim.x) {{")
+        out.append(f"  for ({self.ix} {t} = blockIdx.x; {t} < {self._cdiv(n, per)}; {t} += gridDim.x) {{")
         out.append("    #pragma unroll")
         out.append(f"    for (int u = 0; u < {VEC_ILP}; ++u) {{")
-        out.append(f"      const int64_t {f} = ({t} * {BLOCK * VEC_ILP} + u * {BLOCK} + threadIdx.x) * {self.vw};")
+        out.append(f"      const {self.ix} {f} = ({t} * {BLOCK * VEC_ILP} + u * {BLOCK} + threadIdx.x) * {self.vw};")
         out.append(f"      if ({f} < {n}) {{")
         ind = "        "
         self._decompose(f, order, out, ind)
         base = {inner: f"ib{inner}"}
-        out.append(f"{ind}const int64_t ib{inner} = i{inner};")
+        out.append(f"{ind}const {self.ix} ib{inner} = i{inner};")
         self.vec = {}
         seen = {}
         for sc in self.nest_scopes:
@@ -163,7 +163,7 @@ class VectorLoads:
         self.vec_stores = stores
         out.append(f"{ind}#pragma unroll")
         out.append(f"{ind}for (int v = 0; v < {self.vw}; ++v) {{")
-        out.append(f"{ind}  const int64_t i{inner} = ib{inner} + v;")
+        out.append(f"{ind}  const {self.ix} i{inner} = ib{inner} + v;")
         for sc in self.nest_scopes:
             self._emit_items(sc, out, ind + "  ")
         out.append(f"{ind}}}")
