@@ -239,6 +239,51 @@ def test_calls_reading_views_of_pending_outputs_are_recorded_by_the_filter(devic
     close(z, (x * 2).diagonal() + 1)
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device"))])
+def test_cat_and_stack_calls_are_recorded_by_the_filter(device, seen):
+    """A ``cat`` or ``stack`` the mode records as ``accel.cat`` (of pending values, of
+    inputs, of chunks of either; a rotary embedding's ``rotate_half``; one input twice) is
+    keyed by ``accel.cat``'s arguments in C++ (stack's unsqueezed views among them) and,
+    from its second step, recorded there without reaching the mode; gradients flow through
+    it. A ``cat`` the mode does not take (one tensor) reaches it every time. Every result
+    is eager's."""
+    x = torch.randn(6, 8, device=device, requires_grad=True)
+    c = torch.randn(6, 8, device=device)
+
+    def program(x):
+        y = x * 2 + 1
+        x1, x2 = y.chunk(2, -1)
+        r = y * c + torch.cat([-x2, x1], -1) * 3  # rotate_half
+        s = torch.stack([c, y, c], -1) + 1  # an input twice, a pending value between
+        t = torch.cat([y, c], 0).sin()
+        return r, s, t, torch.stack([x, c], 0) * 2
+
+    def steps(n):
+        out = []
+        for _ in range(n):
+            with accel.eager():
+                res = program(x)
+                (g,) = torch.autograd.grad(sum(o.sum() for o in res), x)
+            out.append((*res, g))
+        return out
+
+    steps(2)
+    seen.clear()
+    got = steps(2)
+    assert torch.ops.aten.cat.default not in seen and torch.ops.aten.stack.default not in seen, seen
+    want = program(x)
+    want = (*want, torch.autograd.grad(sum(o.sum() for o in want), x)[0])
+    for g in got:
+        for a, b in zip(g, want):
+            close(a, b)
+    seen.clear()
+    with accel.eager():
+        z = torch.cat([x * 2], 0) + 1
+    assert torch.ops.aten.cat.default in seen
+    close(z, x * 2 + 1)
+
+
 def test_views_of_pending_outputs_stay_views(seen):
     x = torch.randn(8, 6)
     with accel.eager():

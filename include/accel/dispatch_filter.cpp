@@ -406,12 +406,16 @@ struct NoTorchFunction {
   ~NoTorchFunction() { at::impl::PythonTorchFunctionTLS::set_disabled_state(was); }
 };
 
-// Record the call through `e` (the GIL held). False: the region did not take it (nothing
-// changed; the mode's path decides).
-bool record_edge(const Edge& e, accel_region_view* v, torch::jit::Stack* stack, size_t n) {
-  size_t base = stack->size() - n;
+// Record the call through `e` (the GIL held): its arguments are the last `n` entries of
+// `args` (the stack itself, or accel.cat's arguments built from a cat or stack call:
+// cat_arguments()); on success they are replaced by the call's results on `stack`, which
+// holds `n_stack` arguments. False: the region did not take it (nothing changed; the
+// mode's path decides).
+bool record_edge(const Edge& e, accel_region_view* v, torch::jit::Stack* stack, size_t n_stack,
+                 const torch::jit::Stack& args, size_t n) {
+  size_t base = args.size() - n;
   for (const Check& c : e.constants) {
-    const c10::IValue& x = (*stack)[base + c.pos];
+    const c10::IValue& x = args[base + c.pos];
     if (x.isDouble() && x.toDouble() != x.toDouble()) continue;  // NaN: keyed by class
     if (!same_number(x, c)) return false;
   }
@@ -419,12 +423,12 @@ bool record_edge(const Edge& e, accel_region_view* v, torch::jit::Stack* stack, 
   PyObject* scalars = exts ? PyTuple_New(static_cast<Py_ssize_t>(e.runtime.size())) : nullptr;
   bool ok = scalars != nullptr;
   for (size_t k = 0; ok && k < e.new_ext.size(); ++k) {
-    PyObject* t = THPVariable_Wrap((*stack)[base + e.new_ext[k]].toTensor());
+    PyObject* t = THPVariable_Wrap(args[base + e.new_ext[k]].toTensor());
     ok = t != nullptr;
     if (ok) PyTuple_SET_ITEM(exts, k, t);
   }
   for (size_t k = 0; ok && k < e.runtime.size(); ++k) {
-    PyObject* s = number_object((*stack)[base + e.runtime[k]]);
+    PyObject* s = number_object(args[base + e.runtime[k]]);
     ok = s != nullptr;
     if (ok) PyTuple_SET_ITEM(scalars, k, s);
   }
@@ -454,7 +458,7 @@ bool record_edge(const Edge& e, accel_region_view* v, torch::jit::Stack* stack, 
     PyErr_Clear();  // the mode's path raises what there is to raise
     return false;
   }
-  torch::jit::drop(*stack, n);
+  torch::jit::drop(*stack, n_stack);
   if (PyTuple_Check(res)) {
     for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(res); ++k) {
       PyObject* r = PyTuple_GET_ITEM(res, k);
@@ -464,6 +468,54 @@ bool record_edge(const Edge& e, accel_region_view* v, torch::jit::Stack* stack, 
     stack->emplace_back(THPVariable_Unpack(res));
   }
   Py_DECREF(res);
+  return true;
+}
+
+// aten::cat, aten::stack and accel::cat (accel/library.py), found once.
+struct CatOps {
+  std::optional<OperatorHandle> cat, stack, accel_cat;
+};
+
+const CatOps& cat_ops() {
+  static const CatOps ops = [] {
+    auto& d = c10::Dispatcher::singleton();
+    return CatOps{d.findSchema({"aten::cat", ""}), d.findSchema({"aten::stack", ""}),
+                  d.findSchema({"accel::cat", ""})};
+  }();
+  return ops;
+}
+
+constexpr size_t kCatMax = 8;  // accel.library.CAT_MAX
+
+// accel.cat's arguments for a call of aten::cat or aten::stack (`is_stack`) on `stack`, as
+// the mode records it (accel/library.py: cat_call, cat_args): 2 to kCatMax tensors of one
+// rank (stack's unsqueezed at `dim`: views made as the mode makes them, below autograd and
+// past the mode), None for the slots left, `dim` in [0, rank). False where the mode would
+// not take the call for a reason its key does not show; the rest (sizes, empty tensors)
+// the key decides, as accel.cat's call was recorded from the same key before or not.
+bool cat_arguments(bool is_stack, const torch::jit::Stack& stack, torch::jit::Stack* out) {
+  const c10::IValue& list = stack[stack.size() - 2];
+  const c10::IValue& d = stack[stack.size() - 1];
+  if (!list.isTensorList() || !d.isInt()) return false;
+  c10::List<at::Tensor> tensors = list.toTensorList();
+  size_t k = tensors.size();
+  if (k < 2 || k > kCatMax) return false;
+  int64_t nd = -1;
+  for (size_t i = 0; i < k; ++i) {
+    const at::Tensor& t = tensors.get(i);
+    if (!t.defined() || (nd >= 0 && t.dim() != nd)) return false;
+    nd = t.dim();
+  }
+  int64_t rank = is_stack ? nd + 1 : nd, dim = d.toInt();
+  if (rank == 0 || dim < -rank || dim >= rank) return false;
+  if (dim < 0) dim += rank;
+  out->clear();
+  {
+    c10::impl::ExcludeDispatchKeyGuard guard(kBypass);
+    for (size_t i = 0; i < k; ++i) out->emplace_back(is_stack ? at::unsqueeze(tensors.get(i), dim) : tensors.get(i));
+  }
+  out->resize(kCatMax);  // None
+  out->emplace_back(dim);
   return true;
 }
 
@@ -482,18 +534,34 @@ void record(const OperatorHandle& op, DispatchKeySet ks, torch::jit::Stack* stac
   accel_region_view* v = t_view;
   thread_local std::vector<int64_t> key;
   thread_local std::vector<const c10::TensorImpl*> fresh;
-  if (!can_record(v) || !make_key(op, *stack, v, &key, &fresh)) {
+  size_t n = op.schema().arguments().size();
+  // a cat or stack call is keyed and recorded as the accel.cat call the mode records for it
+  const OperatorHandle* as = &op;
+  torch::jit::Stack cat_args;
+  bool ok = can_record(v);
+  if (ok) {
+    const CatOps& c = cat_ops();
+    bool is_cat = c.cat && op == *c.cat, is_stack = c.stack && op == *c.stack;
+    if ((is_cat || is_stack) && c.accel_cat) {
+      ok = cat_arguments(is_stack, *stack, &cat_args);
+      as = &*c.accel_cat;
+    }
+  }
+  const torch::jit::Stack& args = as == &op ? *stack : cat_args;
+  size_t n_args = as->schema().arguments().size();
+  if (!ok || !make_key(*as, args, v, &key, &fresh)) {
+    cat_args.clear();
     op.redispatchBoxed(ks, stack);
     return;
   }
   const Edge* e = find_edge(key);
-  size_t n = op.schema().arguments().size();
   if (e != nullptr && e->eager.load(std::memory_order_relaxed) &&
       g_small_on.load(std::memory_order_relaxed)) {
     // a small or idle region's first call (its region is empty) that route() did not
     // catch: eagerly, as the mode would
     ++t_counts[3];
     g_small.fetch_add(1, std::memory_order_relaxed);
+    cat_args.clear();
     c10::impl::ExcludeDispatchKeyGuard guard(kBypass);
     op.redispatchBoxed(ks - kPython, stack);
     return;
@@ -502,30 +570,32 @@ void record(const OperatorHandle& op, DispatchKeySet ks, torch::jit::Stack* stac
     bool done;
     {
       pybind11::gil_scoped_acquire gil;
-      done = record_edge(*e, v, stack, n);
+      done = record_edge(*e, v, stack, n, args, n_args);
     }
     if (done) {
       ++t_counts[2];
       g_recorded.fetch_add(1, std::memory_order_relaxed);
       return;
     }
+    cat_args.clear();
     op.redispatchBoxed(ks, stack);
     return;
   }
+  cat_args.clear();  // (its views would keep pending outputs alive through a flush)
   std::vector<int64_t> mine(key);
   const void* parent = v->node;
   int32_t before = v->n_calls;
   op.redispatchBoxed(ks, stack);
   if (v->n_calls == before + 1 && v->node != parent) {
     pybind11::gil_scoped_acquire gil;
-    learn(op, std::move(mine), parent, v);
+    learn(*as, std::move(mine), parent, v);
   } else if (e == nullptr && v->n_calls == before && v->node == parent) {
     // not recorded: where the mode ran it as a small or idle region's first call, the
     // edge is learnt to run it eagerly here, above autograd, from then on (a region whose
     // first call was marked before the filter was loaded is otherwise never learnt, and
     // its first call takes the mode's path at every step)
     pybind11::gil_scoped_acquire gil;
-    learn(op, std::move(mine), parent, v, /*eager=*/true);
+    learn(*as, std::move(mine), parent, v, /*eager=*/true);
   }
 }
 
