@@ -760,6 +760,21 @@ def test_cuda_index_divisions_take_32_bits_while_they_fit(rows):
     assert ("< 4294967296LL" in src) == (rows > 3000) and ("% 1023;" in src) == (rows > 3000)
 
 
+@pytest.mark.parametrize("rows,stride,ix", [(3000, 1023, "int"), (1_100_000, 1023, "int64_t"),
+                                            (4, 1 << 29, "int64_t")])
+def test_cuda_kernels_index_in_32_bits_where_every_index_fits(rows, stride, ix):
+    """A kernel's loop variables and flat indices (``x + b``, a row of 1023 broadcast) are
+    32-bit ints (Triton's int32 indexing) where its flat index and every element offset it
+    reads or writes stay below 2**30: not past 2**30 elements (1.1e9), nor for 4 rows
+    2**29 elements apart."""
+    x, b = torch.empty_strided((rows, 1023), (stride, 1), device="meta"), torch.empty(1023, device="meta")
+    ir = _lowered([(aten.add.Tensor, (("x", 0), ("x", 1)), {}, 1)], [x, b],
+                  [((rows, 1023), (1023, 1), torch.float32)], (0,))
+    src = CudaRenderer().render(ir, "k")
+    assert re.search(rf"for \({ix} tile\d+ = blockIdx.x;", src), src
+    assert re.search(rf"const {ix} i1 = u\d+ % 1023u;", src), src
+
+
 @cuda
 def test_indices_past_2_to_the_32_on_the_gpu():
     """4.3e9 elements (uint8): the flat index passes 2**32, its divisions take 64 bits there."""
