@@ -501,10 +501,8 @@ def _may_record_whole(region) -> bool:
 def _record_whole(mode, region, op, args, learnt=False):
     """Record ``op`` (an accel op: ``accel.library``) in ``region`` in place of the call of
     ``accel.ops.MODE_OPS`` being dispatched; its result, or None where the region could not
-    take it (then flushed: the call runs as usual). The dispatch filter learns no edge from
-    it (it would replay ``op``'s arguments as the dispatched call's), but where ``learnt``:
-    the filter keys and replays a call of ``cat`` or ``stack`` by ``accel.cat``'s arguments
-    (include/accel/dispatch_filter.cpp, cat_arguments)."""
+    take it (then flushed: the call runs as usual). The dispatch filter learns its edge only
+    where ``learnt`` (it keys such a call by ``op``'s arguments: cat_arguments in C++)."""
     out = _record(mode, region, op, op_spec(op), args, {})
     if out is _EAGER:
         return None
@@ -528,10 +526,8 @@ def _nll_of_log_softmax(mode, region, args, kwargs):
 def _cat(mode, region, func, args, kwargs):
     """Eager's ``cat`` or ``stack`` recorded as ``accel.cat`` where
     :func:`accel.library.cat_call` takes it: the result (pending), or None (the call then
-    runs as usual: a region flushed first, eager's call with its checks and errors). The
-    dispatch filter learns the call's edge (keyed by ``accel.cat``'s arguments) from
-    ``last_call`` or ``eager_call``, which name this call alone."""
-    region.last_call = region.eager_call = None
+    runs as usual: a region flushed first, eager's call with its checks and errors)."""
+    region.last_call = region.eager_call = None  # (what the filter learns from: this call's)
     op_args = library.cat_call(func is _STACK, args, kwargs)
     return None if op_args is None else _record_whole(mode, region, _ACCEL_CAT, op_args, learnt=True)
 
