@@ -193,7 +193,8 @@ def _compile(region: Region, live, key: str, store):
             shared, source, launches = store.get(gkey), None, None
             if shared is None:
                 try:
-                    renderer = (GenericCppRenderer if device == "cpu" else GenericCudaRenderer)(gen.loops)
+                    renderer = (GenericCppRenderer(gen.loops) if device == "cpu" else
+                                GenericCudaRenderer(gen.loops, gen.index_types))
                     source = renderer.render(ir, name)
                     launches = renderer.launches
                 except NotGeneric as e:

@@ -417,7 +417,7 @@ def test_cuda_renderer_shares_source_and_plans_each_regions_grid(generic, monkey
             ir = irs[0]
             gen = generic_layout(ir, "cuda")
             assert gen is not None and gen.sizes == [n * width if width == 1 else n]
-            r, s = GenericCudaRenderer(gen.loops), CudaRenderer()
+            r, s = GenericCudaRenderer(gen.loops, gen.index_types), CudaRenderer()
             sources.add(r.render(ir, "k"))
             s.render(ir, "k")
             assert launches_for(r.launches, gen.sizes) == s.launches, (name, n)
@@ -438,12 +438,40 @@ def test_cuda_renderer_shares_source_and_plans_each_regions_grid(generic, monkey
                 assert gen is None  # (one block, planned on the length)
                 continue
             assert gen.sizes == [n * c if first == 1 else n]
-            r, s = GenericCudaRenderer(gen.loops), CudaRenderer()
+            r, s = GenericCudaRenderer(gen.loops, gen.index_types), CudaRenderer()
             sources.add(r.render(irs[0], "k"))
             s.render(irs[0], "k")
             assert launches_for(r.launches, gen.sizes) == s.launches, (c, n)
             blocks.add(repr(s.launches))
         assert len(sources) == 1 and len(blocks) == plans, c
+
+
+def test_cuda_generic_kernels_index_in_32_bits_for_regions_whose_indices_fit():
+    """A GPU's shape-generic kernel indexes in 32 bits (its loops' variables, its flat
+    index split into rows and columns by 32-bit division) where the region it is built for
+    has every index below 2**30, in 64 bits where not; the index types are in the layout's
+    text, so regions of the two kinds never share a kernel (on the CPU they do)."""
+    from accel.codegen.generic import GenericCudaRenderer
+    from accel.loop_ir import Addr, BufferSpec, Expr, LoopIR, Nest, Store
+
+    f32 = torch.float32
+
+    def rows(n, d):  # y[i, j] = exp(x[i, j + 1] - x[i, j]): torch.diff's loop
+        bufs = [BufferSpec(f32, (n, d + 1), (d + 1, 1), False), BufferSpec(f32, (n, d), (d, 1), True)]
+        x = [Expr("load", f32, (0, Addr(((0, d + 1), (1, 1)), c))) for c in (1, 0)]
+        value = Expr("exp", f32, (Expr("sub", f32, tuple(x)),))
+        return LoopIR(bufs, [], [n, d], [Nest([0, 1], [Store(1, Addr(((0, d), (1, 1))), value)])])
+
+    small, other, large = (generic_layout(rows(n, 1024), "cuda") for n in (65536, 300, 1 << 20))
+    assert small.index_types == other.index_types == ["int"] and large.index_types == ["int64_t"]
+    assert small.text == other.text != large.text
+    assert generic_layout(rows(300, 1024)).text == generic_layout(rows(7, 1024)).text  # (CPU: no index types)
+    assert generic_layout(rows(300, 1024)).index_types == []
+    narrow = GenericCudaRenderer(small.loops, small.index_types).render(rows(65536, 1024), "k")
+    wide = GenericCudaRenderer(large.loops, large.index_types).render(rows(1 << 20, 1024), "k")
+    assert "int64_t i" not in narrow and "const int i0" in narrow and "4294967296LL" not in narrow
+    assert "const int64_t i0" in wide or "int64_t i0" in wide
+    assert "4294967296LL" in wide  # (its rows split in 32 bits only below 2**32)
 
 
 def test_launches_for_evaluates_grid_formulas():

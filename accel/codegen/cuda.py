@@ -67,7 +67,9 @@ def index_type(nest: Nest, ir: LoopIR) -> str:
     """The C type of ``nest``'s kernel's loop variables and flat indices: ``int`` where
     every flat index (over the nest's loops, or over a reduction's) and every load's,
     store's and index's element offset stays below :data:`INDEX_32_LIMIT`, else
-    ``int64_t`` (so too a shape-generic kernel's, of run-time lengths)."""
+    ``int64_t``. A shape-generic kernel's is chosen for the lengths of the region it is
+    built for and is part of its store key (:func:`accel.codegen.generic.generic_layout`):
+    regions whose lengths fit share one kernel in 32 bits, the others one in 64."""
     if any(type(n) is not int for n in ir.sizes):
         return "int64_t"
     # a flat index runs over some of the nest's loops, or over one reduction's
@@ -128,10 +130,11 @@ class CudaRenderer(VectorLoads, ColumnTiles, TransposeTiles, CppRenderer):
         self.launches: List[dict] = []
         kernels: List[str] = []
         written = {st.buf for nest in ir.nests for st in nest.stores}
+        index_types = self._index_types(ir)
         for k, nest in enumerate(ir.nests):
             if self._empty(nest, ir):
                 continue
-            kname = f"{name}_k{k}"
+            kname, self.ix = f"{name}_k{k}", index_types[k]
             text, grid, block = self._kernel(kname, nest, ir, written, None)
             kernels += text
             launch = {"kernel": kname, "grid": _dim3(grid), "block": _dim3(block)}
@@ -145,11 +148,14 @@ class CudaRenderer(VectorLoads, ColumnTiles, TransposeTiles, CppRenderer):
             self.launches.append(launch)
         return "\n".join([self.prefix, *kernels])
 
+    def _index_types(self, ir: LoopIR) -> List[str]:
+        """Each nest's kernel's index type (:func:`index_type`)."""
+        return [index_type(nest, ir) for nest in ir.nests]
+
     def _kernel(self, kname, nest, ir, written, vbufs):
         """``nest``'s ``__global__`` function (lines), grid and block; with ``vbufs``, the
         variant that moves those buffers 16 bytes at a time."""
         nb, ns = max(1, len(ir.buffers)), max(1, self._n_scalars(ir))
-        self.ix = index_type(nest, ir)
         self.scalar_decls: Dict[tuple, str] = {}
         self.kname, self.globals = kname, []
         body, grid, block = self.render_kernel(nest, ir, vbufs)
@@ -555,7 +561,7 @@ class CudaRenderer(VectorLoads, ColumnTiles, TransposeTiles, CppRenderer):
         u = f"u{self.ntemp}"
         self.ntemp += 1
         short = [f"{ind}const uint32_t {u} = (uint32_t)({flat});"]
-        if all(type(n) is int for n in sizes) and math.prod(sizes) < 1 << 31:  # (and a tile past the end)
+        if self.ix == "int" or all(type(n) is int for n in sizes) and math.prod(sizes) < 1 << 31:  # (and a tile past the end)
             out += short + [f"{ind}const {self.ix} i{v} = {e};" for v, e in self._divisions(u, vars_, "u")]
             return
         out.append(f"{ind}{self.ix} {', '.join(f'i{v}' for v in vars_)};")

@@ -48,7 +48,7 @@ from . import machine_threads
 from .columns import SPLIT_ROWS
 from .cpp import CHUNK, CppRenderer, stream_min_bytes
 from .cpp_groups import PARALLEL_MIN
-from .cuda import CudaRenderer
+from .cuda import CudaRenderer, index_type
 from .cuda_columns import col_rows, col_split
 from .cuda_shapes import BLOCK_UNROLL, COL_BLOCKS, GRID_MIN, MAX_GRID, VEC16
 
@@ -94,11 +94,14 @@ class GenericLayout:
     """A region's shape-generic description. ``loops``: the outer loops' variables, in
     nest order (the k-th takes run-time scalar ``len(ir.scalar_types) + k``); ``sizes``:
     their lengths in this region; ``text``: the IR with those lengths left out (what the
-    shared kernel's store key hashes)."""
+    shared kernel's store key hashes); ``index_types``: on a GPU, each nest's kernel's
+    index type for this region's lengths (:func:`accel.codegen.cuda.index_type`), in
+    ``text`` too."""
 
     loops: List[int]
     sizes: List[int]
     text: str
+    index_types: List[str] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,7 +178,9 @@ def generic_layout(ir: LoopIR, device: str = "cpu") -> Optional[GenericLayout]:
     grid-wide reduction; a shorter one runs in one block planned on its length and keeps
     its lengths in the text, so the two never share a kernel). None where it has no such
     loop or an empty one, or (on "cpu") a nest's stores reach the streaming-store size
-    (its static kernel streams them)."""
+    (its static kernel streams them). On a GPU each nest's index type for this region's
+    lengths is part of the text: 32-bit where every index fits, as in the static kernel,
+    and so the kernel of regions whose indices do is not the one of those whose do not."""
     loops: List[int] = []
     rows: List[int] = []  # reduction loops of run-time length
     for nest in ir.nests:
@@ -200,7 +205,10 @@ def generic_layout(ir: LoopIR, device: str = "cpu") -> Optional[GenericLayout]:
         return None  # (a run-time length only as an outer loop's: see RunTimeLength)
     counts = _counts(ir, loops)
     text = _text(ir, ["n" if v in loops else s for v, s in enumerate(ir.sizes)], counts)
-    return GenericLayout(loops, [ir.sizes[v] for v in loops], text)
+    index_types = [] if device == "cpu" else [index_type(nest, ir) for nest in ir.nests]
+    if index_types:  # (regions whose every index fits in 32 bits share a kernel indexing in them)
+        text += "\nindex types: " + " ".join(index_types)
+    return GenericLayout(loops, [ir.sizes[v] for v in loops], text, index_types)
 
 
 def _column_rows(nest) -> Optional[List[int]]:
@@ -460,9 +468,20 @@ class GenericCudaRenderer(_RunTimeLengths, CudaRenderer):
     (16-byte vectors included: a vector never straddles rows, whose length is static) and
     row kernels do not.
 
+    Each nest's kernel indexes in ``index_types[k]`` (:attr:`GenericLayout.index_types`:
+    ``int`` only where every region it serves has every index below 2**30; None: 64 bits
+    throughout).
+
     Raises:
         NotGeneric: a decision of the renderer depends on a run-time length.
     """
+
+    def __init__(self, loops: List[int], index_types: Optional[List[str]] = None):
+        super().__init__(loops)
+        self.index_types = index_types
+
+    def _index_types(self, ir: LoopIR) -> List[str]:
+        return self.index_types or ["int64_t"] * len(ir.nests)
 
     def preamble(self, ir: LoopIR) -> List[str]:
         first = len(ir.scalar_types)
