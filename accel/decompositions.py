@@ -47,6 +47,7 @@ def decomposition_table():
                     (aten._softmax_backward_data.default, _softmax_backward_data),
                     (aten.logsumexp.default, _logsumexp),
                     (aten.relu.default, _relu),
+                    (aten.glu.default, _glu), (aten.glu_backward.default, _glu_backward),
                     (aten.fmax.default, _fmax_fmin), (aten.fmin.default, _fmax_fmin),
                     (aten.std.correction, functools.partial(_std, aten.var.correction)),
                     (aten.std_mean.correction, functools.partial(_std, aten.var_mean.correction)),
@@ -237,6 +238,38 @@ def _cpu_16_bit(a) -> bool:
 
 def _gpu_16_bit(a) -> bool:
     return _16_bit(a) and a.device.type == "cuda"
+
+
+def _glu(decomposition, x, dim=-1):
+    """``aten.glu`` of 16-bit tensors as eager's kernels compute it (``glu_kernel``, CPU and
+    CUDA): ``a * (1 / (1 + exp(-b)))`` of the halves ``a``, ``b`` of ``x`` along ``dim``, in
+    float32, rounded once; torch's decomposition rounds the sigmoid to the dtype first.
+    Elsewhere ``decomposition`` itself."""
+    if not _16_bit(x):
+        return decomposition(x, dim)
+    a, b = x.float().chunk(2, dim)
+    return (a * (1 / (1 + torch.exp(-b)))).to(x.dtype)
+
+
+def _glu_backward(decomposition, grad, x, dim):
+    """``aten.glu_backward`` of 16-bit tensors as eager's kernels compute it: of the halves
+    ``a``, ``b`` of ``x`` along ``dim``, ``s = 1 / (1 + exp(-b))``, then the gradients ``s *
+    grad`` and ``(1 - s) * s * a * grad`` (CUDA's ``glu_backward_kernel``: in float32, each
+    rounded once; ``(1 - s) * s * grad * a``), on the CPU from ``s`` rounded to the dtype
+    (``glu_backward_cpu_out``: ``sigmoid_out``, then its fused kernel in float32). torch's
+    decomposition rounds every step (bfloat16: 8 % of [64, 48]'s gradients outside
+    ``assert_close``'s tolerance). Elsewhere ``decomposition`` itself."""
+    if not (_16_bit(x) and grad.dtype == x.dtype):
+        return decomposition(grad, x, dim)
+    a, b = x.float().chunk(2, dim)
+    g = grad.float()
+    s = 1 / (1 + torch.exp(-b))
+    if x.device.type == "cuda":
+        second = (1 - s) * s * g * a
+    else:
+        s = s.to(x.dtype).float()
+        second = (1 - s) * s * a * g
+    return torch.cat([(s * g).to(x.dtype), second.to(x.dtype)], dim)
 
 
 def _mse_loss(decomposition, a, target, reduction=1):

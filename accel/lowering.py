@@ -470,17 +470,20 @@ def _split_spans(lw: _Lowerer, job) -> list:
     its store (:class:`accel.lower_expr.ConcatSpans`: a ``torch.cat`` written out, or
     read by pointwise ops: ``x * cos + cat(-x2, x1) * sin``), the jobs that store it
     piece by piece: each over the dim's range within one piece (:attr:`BufferSpec.origin`),
-    their loops reading each input at its own index, with no select between them.
+    their loops reading each input at its own index, with no select between them. An
+    input's write (a gradient accumulated in place from ``glu``'s backward) is written so
+    too: its pieces fit one nest (all of an iteration's reads come before its writes) or
+    the write runs eagerly (:func:`_check_hazards`: one nest writes an input).
 
     Raises:
-        LoweringError: the pieces run along a reduction's loop or an input's write.
+        LoweringError: the pieces run along a reduction's loop.
     """
     buf, node, spec, mutation = job
     dims = tuple(lw.new_var(s) for s in spec.shape)
     try:
         _store(lw, (tuple(spec.shape), dims), buf, spec, node)
     except ConcatSpans as e:
-        if mutation or e.var not in dims:
+        if e.var not in dims:
             raise LoweringError(f"a concatenation read across its pieces: {node.format_node()}") from e
         d = dims.index(e.var)
         origin = spec.origin or (0,) * len(spec.shape)
@@ -489,7 +492,7 @@ def _split_spans(lw: _Lowerer, job) -> list:
         for lo, hi in zip(bounds, bounds[1:]):
             piece = dataclasses.replace(spec, shape=spec.shape[:d] + (hi - lo,) + spec.shape[d + 1:],
                                         origin=origin[:d] + (origin[d] + lo,) + origin[d + 1:])
-            pieces += _split_spans(lw, (buf, node, piece, False))
+            pieces += _split_spans(lw, (buf, node, piece, mutation))
         return pieces
     return [job]
 
@@ -595,8 +598,10 @@ def _prod(shape) -> int:
 def _check_hazards(ir: LoopIR, n_ext: int, new_values_after: bool = False) -> None:
     """Reject in-place writes that a read of the old values could miss.
 
-    One nest writes each written input. Nests before it read the input as it was (nests
-    run one after another); the nest itself reads it at the element it writes, or inside a
+    One nest writes each written input (with one store, or one a piece of a concatenation:
+    each element by one store of one iteration). Nests before it read the input as it was
+    (nests run one after another); the nest itself reads it at an element its iteration
+    writes (all of an iteration's reads come before its writes), or inside a
     reduction that reads only the elements its own iteration writes (:func:`_row_local`:
     ``x.div_(x.sum(-1, keepdim=True))``, a row's sum before the row's writes); no later
     nest reads it, unless ``new_values_after``: the lowering placed every read of the new
@@ -625,10 +630,11 @@ def _check_hazards(ir: LoopIR, n_ext: int, new_values_after: bool = False) -> No
         if len(set(ks)) > 1:
             raise LoweringError("an input is written by two nests")
         k = ks[0]
-        addr = next(s.addr for s in ir.nests[k].stores if s.buf == buf)
+        addrs = [s.addr for s in ir.nests[k].stores if s.buf == buf]  # (a concatenation's pieces)
         for j, acc in enumerate(reads[k:k + 1] if new_values_after else reads[k:], k):
             for b, a, r in acc:
-                if b == buf and (j != k or (a != addr if r is None else not _row_local(ir, k, r, a, addr))):
+                if b == buf and (j != k or (a not in addrs if r is None else
+                                            not any(_row_local(ir, k, r, a, w) for w in addrs))):
                     raise _WriteHazard("in-place write overlaps a read of another element")
 
 

@@ -84,7 +84,14 @@ COMPOSITES = ("_softmax", "_log_softmax", "_softmax_backward_data", "_log_softma
               "gelu_backward", "silu_backward", "sigmoid_backward", "tanh_backward",
               "threshold_backward", "mse_loss", "mse_loss_backward", "smooth_l1_loss",
               "smooth_l1_loss_backward", "binary_cross_entropy", "binary_cross_entropy_backward",
-              "binary_cross_entropy_with_logits", "linalg_cross")
+              "binary_cross_entropy_with_logits", "linalg_cross", "glu", "glu_backward")
+#: ops whose tensor arguments' sizes relate otherwise than by equality (``glu``'s gradient
+#: is half its input along ``dim``): their probe (:meth:`accel.region.Region._probe`) runs on
+#: stand-ins of the real sizes, not of at most 2 a dim, whose broken relation eager's CPU
+#: kernel warns of (resizing its output) before it raises. Inside ``backward`` that warning
+#: reached the user: the autograd engine collects C++ warnings and replays them at its end,
+#: past the probe's ``catch_warnings``.
+REAL_SIZE_PROBES = frozenset({"glu_backward"})
 # nll_loss_forward/backward stay eager: they gather/scatter at data-dependent class indices,
 # and eager raises at the call on an index out of range, which a kernel cannot do.
 #: ops the interceptor does not defer but must see while a region is pending, which the

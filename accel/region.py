@@ -19,8 +19,8 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from . import config
-from .ops import (DTYPES, EMPTY_RESULTS, HALF, INTEGER_DIVISION, NOT_DEFERRABLE, ROUNDED_RESULTS,
-                  RUNS_EAGERLY, Deferred, written_refs)
+from .ops import (DTYPES, EMPTY_RESULTS, HALF, INTEGER_DIVISION, NOT_DEFERRABLE, REAL_SIZE_PROBES,
+                  ROUNDED_RESULTS, RUNS_EAGERLY, Deferred, written_refs)
 
 if config.flag("ACCEL_PURE_PYTHON"):
     from . import _core_py as native
@@ -315,7 +315,8 @@ class Region(RegionCore):
         real scalars), so that checks only eager's CPU kernel makes (``abs`` of a bool
         tensor, a float ``alpha`` with bool tensors) raise here, at the call, as in eager.
         The stand-ins have at most 2 elements per dim; where the op checks sizes (layer
-        norm's ``normalized_shape``) a second try uses the real sizes and strides.
+        norm's ``normalized_shape``) a second try uses the real sizes and strides, as the
+        only try does for ops of ``REAL_SIZE_PROBES``.
 
         Returns:
             eager's result on the stand-ins (its dtypes are checked against the meta
@@ -324,10 +325,12 @@ class Region(RegionCore):
         Raises:
             Exception: whatever eager raises.
         """
-        try:
-            return self._run_probe(func, targs, tkw, small=True)
-        except Exception:  # noqa: BLE001 - maybe only the small sizes: try the real ones
-            return self._run_probe(func, targs, tkw, small=False)
+        if func._opname not in REAL_SIZE_PROBES:
+            try:
+                return self._run_probe(func, targs, tkw, small=True)
+            except Exception:  # noqa: BLE001 - maybe only the small sizes: try the real ones
+                pass
+        return self._run_probe(func, targs, tkw, small=False)
 
     def _run_probe(self, func, targs, tkw, small: bool):
         device = self.device or "cpu"

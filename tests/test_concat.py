@@ -4,6 +4,8 @@ reads one across its pieces piece by piece (``accel.lowering._split_spans``). Re
 layouts and gradients are eager's; what a kernel cannot take (a reduction along the
 concatenated dim, an ``out=`` tensor, more tensors, an empty one, other ranks) runs as
 eager runs it, with eager's errors."""
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -113,6 +115,65 @@ def test_gradients_through_chunks_and_concatenations(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dim", [-1, 0])
+def test_glu_and_its_gradient_accumulated_in_place_run_in_regions(device, dtype, dim):
+    """``F.glu`` and its backward (``glu_backward``: a ``cat`` of the halves' gradients)
+    run in regions, the second backward accumulating into ``x.grad`` in place piece by
+    piece; no warning reaches the user (the backward's probe runs at the real sizes:
+    ``accel.ops.REAL_SIZE_PROBES``), and no region fails its build."""
+    torch.manual_seed(0)
+    x = torch.randn(64, 48, device=device, dtype=dtype, requires_grad=True)
+
+    def step():
+        x.grad = None
+        for _ in range(2):
+            out = F.glu(x * 2 + 1, dim).tanh() * 3
+            out.backward(torch.ones_like(out))
+        return out, x.grad
+
+    want = step()
+    accel.reset_stats()
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            with accel.eager():
+                got = step()
+            for g, r in zip(got, want):
+                close(g, r)
+    assert not [str(w.message) for w in warned]
+    st = accel.stats()
+    assert st["kernel_runs"] > 0 and st["compile_failures"] == st["eager_replays"] == 0, st
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", ["swap", "halves", "add", "add_self", "rows", "read_after", "scaled"])
+def test_an_input_written_in_place_from_a_concatenation(device, case):
+    """An input written in place (``copy_``, ``add_``) with a value read across the pieces
+    of a concatenation: written piece by piece where no read of another element sees a new
+    value, else eagerly (the halves of ``x`` swapped); its values are eager's either way."""
+    f = {"swap": lambda x, a, b: x.copy_(torch.cat([x[:, 24:], x[:, :24]], 1)),
+         "halves": lambda x, a, b: x.copy_(torch.cat([x[:, :24] * 2, x[:, :24] * 3], 1)),
+         "add": lambda x, a, b: x.add_(torch.cat([a * 2, b.exp()], 1)),
+         "add_self": lambda x, a, b: x.add_(torch.cat([x[:, 24:], a], 1)),
+         "rows": lambda x, a, b: x.copy_(torch.cat([x[:32] * 2, x[:32] + 1], 0)),
+         "read_after": lambda x, a, b: (x.copy_(torch.cat([a, b], 1)), (x * 2).sum(1))[1],
+         "scaled": lambda x, a, b: x.copy_(torch.cat([a, b], 1) / ((x * x).sum(1, keepdim=True) + 1)),
+         }[case]
+    g = torch.Generator().manual_seed(0)
+    x0, a, b = (torch.randn(64, n, generator=g).to(device) for n in (48, 24, 24))
+    want_x = x0.clone()
+    want = f(want_x, a, b)
+    x = x0.clone()
+    for _ in range(2):
+        with accel.eager():
+            x.copy_(x0)
+            got = f(x, a, b)
+        close(x, want_x)
+        close(got, want)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case", ["nine", "empty", "out", "ranks", "sizes", "scalar"])
 def test_other_concatenations_run_as_eager(device, case):
     """More than CAT_MAX tensors, an empty one, an ``out=`` tensor: eager's call, the region
@@ -148,8 +209,10 @@ def test_other_concatenations_run_as_eager(device, case):
 
 
 #: OpInfos whose samples reach eager's ``cat``, ``stack`` or ``linalg_cross`` (directly or
-#: through a composite op: ``hstack``, ``vstack``, ``column_stack``, ``cross``)
-SAMPLED = ("cat", "stack", "hstack", "vstack", "dstack", "column_stack", "linalg.cross", "cross")
+#: through a composite op: ``hstack``, ``vstack``, ``column_stack``, ``cross``), and ``glu``
+#: (its halves; its backward a ``cat``)
+SAMPLED = ("cat", "stack", "hstack", "vstack", "dstack", "column_stack", "linalg.cross", "cross",
+           "nn.functional.glu")
 
 
 def _sampled_cases():
