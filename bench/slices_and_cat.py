@@ -21,7 +21,9 @@ Workloads:
 - ``stack3``: ``torch.stack([p, p * 2, p * 3], -1)`` of [N] (three coordinates into
   points [N, 3]);
 - ``cross3``: ``torch.linalg.cross(p, p * 2)`` of [N, 3] (runs eagerly under accel: its
-  own op).
+  own op);
+- ``glu``: ``F.glu(p * 2, -1)`` of [R, 1024] (eighty-ninth round: ``glu`` joins the
+  region; before, it ran eagerly and flushed it).
 
 Until this round a call reading a view of a pending value other than a split of its dims
 (a slice at an offset, a chunk, a transpose) flushed the region first, and ``cat`` /
@@ -73,6 +75,7 @@ WORKLOADS = {
     "cat_exp_sin": (lambda n: (n // 1024, 1024), lambda p: torch.cat([p.exp(), p.sin()], -1)),
     "stack3": (lambda n: (n,), lambda p: torch.stack([p, p * 2, p * 3], -1)),
     "cross3": (lambda n: (n // 3, 3), lambda p: torch.linalg.cross(p, p * 2)),
+    "glu": (lambda n: (n // 1024, 1024), lambda p: F.glu(p * 2, -1)),
 }
 
 
