@@ -48,6 +48,7 @@ def decomposition_table():
                     (aten.logsumexp.default, _logsumexp),
                     (aten.relu.default, _relu),
                     (aten.glu.default, _glu), (aten.glu_backward.default, _glu_backward),
+                    (aten.constant_pad_nd.default, _constant_pad_nd),
                     (aten.fmax.default, _fmax_fmin), (aten.fmin.default, _fmax_fmin),
                     (aten.std.correction, functools.partial(_std, aten.var.correction)),
                     (aten.std_mean.correction, functools.partial(_std, aten.var_mean.correction)),
@@ -80,6 +81,24 @@ def _cat(decomposition, tensors, dim=0):
     if 2 <= len(tensors) <= library.CAT_MAX and len({t.dim() for t in tensors}) == 1 and tensors[0].dim():
         return torch.ops.accel.cat(*library.cat_args(tensors, dim))
     return decomposition(tensors, dim)
+
+
+def _constant_pad_nd(decomposition, x, pad, value=0):
+    """``constant_pad_nd`` (``F.pad``'s constant mode) as views and a concatenation: each
+    dim cropped where its pad is negative (``narrow``), then ``x`` between two blocks of
+    ``value`` (in ``x``'s dtype, as eager fills them) where it is positive, concatenated
+    along the dim (``accel.cat``, which the lowering stores piece by piece). torch's
+    decomposition writes ``x`` into a slice of a filled tensor (``prims.copy_to``), which
+    the loop IR does not express (:func:`accel.lowering.lower` rejects such a write).
+    ``decomposition`` is not used: the call's meta function has checked ``pad``."""
+    for k in range(len(pad) // 2):
+        d, (lo, hi) = x.dim() - 1 - k, pad[2 * k: 2 * k + 2]
+        x = x.narrow(d, max(-lo, 0), x.shape[d] - max(-lo, 0) - max(-hi, 0))
+        blocks = [x.new_full(x.shape[:d] + (max(n, 0),) + x.shape[d + 1:], value) for n in (lo, hi)]
+        pieces = [t for t in (blocks[0], x, blocks[1]) if t.shape[d]]
+        if len(pieces) > 1:
+            x = torch.cat(pieces, d)
+    return x
 
 
 def _linalg_cross(a, b, *, dim=-1):

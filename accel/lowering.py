@@ -18,6 +18,7 @@ import torch.fx as fx
 from . import library  # noqa: F401 - registers torch.ops.accel.cat
 from .loop_ir import Addr, BufferSpec, Expr, LoopIR, Nest, Store, forget_free_vars, free_vars, reductions, walk
 from .lower_expr import CONTIGUOUS_RUN, ONE, ConcatSpans, LoweringError, _addr, _affine, _Lowerer
+from .passes import writes_argument
 
 prims = torch.ops.prims
 aten = torch.ops.aten
@@ -176,6 +177,9 @@ def _lower(gm, ext, outs, scalar_types, writes: str) -> LoopIR:
             writes more than one input or reads an old value other than in the write.
     """
     forget_free_vars()
+    for n in gm.graph.nodes:  # (a decomposition's write into a fresh tensor: prims.copy_to)
+        if writes_argument(n) and n.target is not aten.copy_.default:
+            raise LoweringError(f"a write the loop IR does not express: {n.format_node()}")
     lw = _Lowerer(gm, ext, scalar_types)
     buffers = lw.buffers
     buffers += list(outs)

@@ -18,7 +18,12 @@ log = logging.getLogger("accel.passes")
 prims = torch.ops.prims
 aten = torch.ops.aten
 
-_IMPURE = {aten.copy_.default}
+def writes_argument(n: fx.Node) -> bool:
+    """Whether graph node ``n`` writes one of its arguments (an op overload with a mutable
+    schema: ``aten.copy_`` into an input, ``prims.copy_to`` into a fresh tensor's slice):
+    never dropped or merged as a pure node would be."""
+    return (n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
+            and n.target._schema.is_mutable)
 
 
 def _same_value(n: fx.Node, src) -> bool:
@@ -96,7 +101,7 @@ def cse(gm: fx.GraphModule) -> int:
     seen = {}
     n_merged = 0
     for n in list(gm.graph.nodes):
-        if n.op != "call_function" or n.target in _IMPURE:
+        if n.op != "call_function" or writes_argument(n):
             continue
         try:
             key = (n.target, _freeze(n.args), _freeze(n.kwargs))
@@ -124,10 +129,13 @@ def _freeze(a):
 
 
 def dce(gm: fx.GraphModule) -> int:
-    """Dead code elimination: remove pure nodes whose values nobody uses."""
+    """Dead code elimination: remove pure nodes whose values nobody uses. A node writing an
+    argument (a mutable schema: ``aten.copy_`` into an input, or ``prims.copy_to`` into a
+    slice of a fresh tensor, as torch's ``constant_pad_nd`` decomposition writes, which the
+    lowering does not express) stays: dropped, its write was silently lost."""
     before = len(gm.graph.nodes)
     for n in reversed(list(gm.graph.nodes)):
-        if n.op == "call_function" and not n.users and n.target not in _IMPURE:
+        if n.op == "call_function" and not n.users and not writes_argument(n):
             gm.graph.erase_node(n)
     return before - len(gm.graph.nodes)
 
@@ -238,7 +246,7 @@ _CONST_SOURCES = {prims.full.default, prims.scalar_tensor.default, aten.scalar_t
 
 def _foldable(n: fx.Node) -> bool:
     t = n.target
-    if n.op != "call_function" or t in _IMPURE:
+    if n.op != "call_function" or writes_argument(n):
         return False
     if torch.Tag.nondeterministic_seeded in getattr(t, "tags", ()):
         return False
@@ -448,6 +456,27 @@ def _as_collapse(g: fx.Graph, n: fx.Node) -> Optional[fx.Node]:
     return None
 
 
+def compose_strided_views(gm: fx.GraphModule) -> int:
+    """``as_strided(as_strided(x, ...), size, stride, offset)`` as ``as_strided(x, size,
+    stride, offset)``: an ``as_strided``'s geometry is its storage's (``offset`` from the
+    storage's start; none given, its input's own), and a view shares its input's storage.
+    A crop in two dims (``F.pad`` with negative pads: a ``narrow`` of a ``narrow``) reads
+    its base directly then, which the lowering indexes (it maps a view of a dense tensor
+    only: :func:`accel.ops.dense_view_map`). Returns the views rewritten."""
+    n_done = 0
+    for n in gm.graph.nodes:  # (in order: an inner view already reads its base)
+        inner = n.args[0] if n.op == "call_function" and n.target is aten.as_strided.default else None
+        if not (isinstance(inner, fx.Node) and inner.op == "call_function"
+                and inner.target is aten.as_strided.default and _tensor_val(inner) is not None):
+            continue
+        off = n.args[3] if len(n.args) > 3 else n.kwargs.get("storage_offset")
+        n.args = (inner.args[0], n.args[1], n.args[2],
+                  inner.meta["val"].storage_offset() if off is None else off)
+        n.kwargs = {}
+        n_done += 1
+    return n_done
+
+
 def _tensor_val(a):
     """The tensor a node's metadata holds, or None (a runtime scalar's placeholder, a number)."""
     v = a.meta.get("val") if isinstance(a, fx.Node) else None
@@ -587,6 +616,7 @@ PASSES: List[Tuple[str, Callable[[fx.GraphModule], int]]] = [
     ("constant_folding", constant_folding),
     ("remove_identities", remove_identities),
     ("cse", cse),
+    ("compose_strided_views", compose_strided_views),
     ("dce", dce),
     ("sink_collapse_views", sink_collapse_views),
     ("patterns", patterns),

@@ -146,6 +146,62 @@ def test_glu_and_its_gradient_accumulated_in_place_run_in_regions(device, dtype,
     assert st["kernel_runs"] > 0 and st["compile_failures"] == st["eager_replays"] == 0, st
 
 
+PADS = {  # name -> (program, input shape, dtype); F.pad's constant mode: constant_pad_nd
+    "right": (lambda x: F.pad(x * 2, (1, 2)) + 1, (6, 10), torch.float32),
+    "two_dims": (lambda x: F.pad(x.exp(), (0, 3, 2, 0), value=-1.5).sin(), (6, 10), torch.float32),
+    "three_dims": (lambda x: F.pad(x * 2, (1, 1, 1, 1, 1, 1), value=2.0), (3, 4, 5), torch.float32),
+    "crop": (lambda x: F.pad(x * 2, (-1, 2)), (6, 10), torch.float32),
+    "crop_both": (lambda x: F.pad(x * 2, (-2, -3, 1, -1)), (6, 10), torch.float32),
+    "int": (lambda x: F.pad(x * 3, (1, 1), value=7.9) - 1, (6, 10), torch.int32),
+    "bool": (lambda x: F.pad(~x, (2, 0), value=True), (6, 10), torch.bool),
+    "half": (lambda x: F.pad(x * 3, (4, 4), value=0.1), (6, 10), torch.bfloat16),
+    "channels_last": (lambda x: F.pad(x.relu(), (1, 1, 2, 2)), (2, 3, 5, 5), torch.float32),
+    # a reduction along the padded dim: the region runs eagerly
+    "summed_along": (lambda x: F.pad(x * 2, (2, 2)).sum(-1), (6, 10), torch.float32),
+}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", list(PADS))
+def test_constant_padding_runs_in_the_region_as_eager(device, case):
+    """``F.pad`` of a pending value (``constant_pad_nd``: crops as views, pads as a
+    concatenation with blocks of the value, :func:`accel.decompositions._constant_pad_nd`):
+    eager's values, exactly for integers and booleans, its layout, one kernel."""
+    f, shape, dtype = PADS[case]
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(shape, generator=g) * 4).to(dtype).to(device)
+    if case == "channels_last":
+        x = x.to(memory_format=torch.channels_last)
+    want = f(x)
+    accel.reset_stats()
+    with accel.eager():
+        got = f(x)
+    exact = {} if dtype.is_floating_point else {"rtol": 0, "atol": 0}
+    close(got, want, **exact)
+    assert got.stride() == want.stride()
+    st = accel.stats()
+    assert (st["kernel_runs"], st["eager_replays"]) == ((0, 1) if case.endswith("_along") else (1, 0)), st
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gradient_through_constant_padding(device):
+    """The gradient of a padded value (``constant_pad_nd`` of the gradient by the negated
+    pads: a crop) in the backward's region."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 8, device=device, requires_grad=True)
+    dy = torch.randn(6, 12, device=device)
+
+    def grad():
+        return torch.autograd.grad(F.pad(x * 2, (1, 3, 0, 2), value=0.5) ** 2, x, dy)[0]
+
+    want = grad()
+    accel.reset_stats()
+    with accel.eager():
+        got = grad()
+    close(got, want)
+    assert accel.stats()["kernel_runs"] >= 1 and accel.stats()["eager_replays"] == 0
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case", ["swap", "halves", "add", "add_self", "rows", "read_after", "scaled"])
 def test_an_input_written_in_place_from_a_concatenation(device, case):

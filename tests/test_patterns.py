@@ -550,3 +550,28 @@ def test_group_norm_training_step_runs_as_kernels(shape, dtype, device):
     else:
         assert s["kernel_runs"] == (2 if device == "cpu" else 3) and s["eager_replays"] == 0, s
     torch.testing.assert_close(got, want)
+
+
+def test_a_write_into_a_fresh_tensor_is_kept_and_runs_eagerly(monkeypatch):
+    """torch's ``constant_pad_nd`` decomposition writes ``x`` into a slice of a filled
+    tensor (``prims.copy_to``, nobody using its result): dce and cse keep such a write
+    (dropped, the region returned the fill alone), and the lowering refuses it (the region
+    runs eagerly)."""
+    from torch._decomp import decomposition_table
+
+    from accel.decompositions import decomposition_table as accels
+    from accel.lowering import lower
+    from accel.lower_expr import LoweringError
+    from accel.loop_ir import BufferSpec
+
+    pad = torch.ops.aten.constant_pad_nd.default
+    monkeypatch.setitem(accels(), pad, decomposition_table[pad])  # (accel's own is a cat)
+    tr = trace_region([(lambda x: pad(x * 2, [-1, 2], 0.0), (("x", 0),), {}, 1)], [torch.empty(6, 10)],
+                      1, (0,), [])
+    assert "prims.copy_to.default" in targets(tr.gm)
+    for _, p in PASSES:
+        p(tr.gm)
+    assert "prims.copy_to.default" in targets(tr.gm)
+    with pytest.raises(LoweringError, match="a write the loop IR does not express"):
+        lower(tr.gm, [BufferSpec(torch.float32, (6, 10), (10, 1), False)],
+              [BufferSpec(torch.float32, (6, 11), (11, 1), True)], [])
