@@ -22,8 +22,9 @@ Workloads:
   points [N, 3]);
 - ``cross3``: ``torch.linalg.cross(p, p * 2)`` of [N, 3] (runs eagerly under accel: its
   own op);
-- ``glu``: ``F.glu(p * 2, -1)`` of [R, 1024] (eighty-ninth round: ``glu`` joins the
-  region; before, it ran eagerly and flushed it).
+- ``glu``: ``F.glu(p * 2, -1)`` of [R, 1024], and ``pad``: ``F.pad(p * 2, (0, 8),
+  value=1.0)`` (eighty-ninth round: ``glu`` and ``constant_pad_nd`` join the region;
+  before, each ran eagerly and flushed it).
 
 Until this round a call reading a view of a pending value other than a split of its dims
 (a slice at an offset, a chunk, a transpose) flushed the region first, and ``cat`` /
@@ -76,6 +77,7 @@ WORKLOADS = {
     "stack3": (lambda n: (n,), lambda p: torch.stack([p, p * 2, p * 3], -1)),
     "cross3": (lambda n: (n // 3, 3), lambda p: torch.linalg.cross(p, p * 2)),
     "glu": (lambda n: (n // 1024, 1024), lambda p: F.glu(p * 2, -1)),
+    "pad": (lambda n: (n // 1024, 1024), lambda p: F.pad(p * 2, (0, 8), value=1.0)),
 }
 
 
