@@ -141,6 +141,9 @@ def lower(gm: fx.GraphModule, ext: Sequence[BufferSpec], outs: Sequence[BufferSp
         LoweringError: an op or aliasing pattern the IR does not express (two inputs
             written in place, each from the other's old values at other elements).
     """
+    for n in gm.graph.nodes:  # (a decomposition's write into a fresh tensor: prims.copy_to)
+        if writes_argument(n) and n.target is not aten.copy_.default:
+            raise LoweringError(f"a write the loop IR does not express: {n.format_node()}")
     try:
         ir = _lower(gm, ext, outs, scalar_types, "fit")
     except _WriteHazard:
@@ -177,9 +180,6 @@ def _lower(gm, ext, outs, scalar_types, writes: str) -> LoopIR:
             writes more than one input or reads an old value other than in the write.
     """
     forget_free_vars()
-    for n in gm.graph.nodes:  # (a decomposition's write into a fresh tensor: prims.copy_to)
-        if writes_argument(n) and n.target is not aten.copy_.default:
-            raise LoweringError(f"a write the loop IR does not express: {n.format_node()}")
     lw = _Lowerer(gm, ext, scalar_types)
     buffers = lw.buffers
     buffers += list(outs)

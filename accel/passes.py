@@ -18,6 +18,7 @@ log = logging.getLogger("accel.passes")
 prims = torch.ops.prims
 aten = torch.ops.aten
 
+
 def writes_argument(n: fx.Node) -> bool:
     """Whether graph node ``n`` writes one of its arguments (an op overload with a mutable
     schema: ``aten.copy_`` into an input, ``prims.copy_to`` into a fresh tensor's slice):

@@ -469,19 +469,18 @@ class GenericCudaRenderer(_RunTimeLengths, CudaRenderer):
     row kernels do not.
 
     Each nest's kernel indexes in ``index_types[k]`` (:attr:`GenericLayout.index_types`:
-    ``int`` only where every region it serves has every index below 2**30; None: 64 bits
-    throughout).
+    ``int`` only where every region it serves has every index below 2**30).
 
     Raises:
         NotGeneric: a decision of the renderer depends on a run-time length.
     """
 
-    def __init__(self, loops: List[int], index_types: Optional[List[str]] = None):
+    def __init__(self, loops: List[int], index_types: List[str]):
         super().__init__(loops)
         self.index_types = index_types
 
     def _index_types(self, ir: LoopIR) -> List[str]:
-        return self.index_types or ["int64_t"] * len(ir.nests)
+        return self.index_types
 
     def preamble(self, ir: LoopIR) -> List[str]:
         first = len(ir.scalar_types)
