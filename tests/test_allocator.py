@@ -206,9 +206,10 @@ def test_tensor_sent_to_another_process_stays_intact(x):
 
 @pytest.mark.suite
 def test_suites_with_every_output_pooled():
-    """The interceptor suite and the random chains with every region output taken from the
-    pool (the pure-Python core; tests/pool_everything.py): views, in-place writes,
-    autograd and reads of pending outputs over reused blocks. Not the tests of codegen alone
+    """The interceptor suite and the random chains on the region core's pure-Python twin
+    (accel/_core_py.py: the twin's one run of the interceptor suite), with every region
+    output taken from the pool (tests/pool_everything.py): views, in-place writes, autograd
+    and reads of pending outputs over reused blocks. Not the tests of codegen alone
     (``codegen``-marked: the same kernels, whatever core or allocator runs them)."""
     run_under("pool_everything", ["test_interceptor.py", "test_chains.py"], "-m", "not codegen",
               ACCEL_PURE_PYTHON="1")

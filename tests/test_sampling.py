@@ -515,7 +515,10 @@ def test_programs_switching_interception_at_every_step_match_eager():
     """tests/test_programs.py (LSTM and GRU, every optimizer, checkpointing, DDP, hooks,
     torch.func, ...) with step sampling switching interception off and on without trials,
     at every backward call and outermost block (tests/sample_everything.py): each program's
-    results still equal eager's."""
-    out = run_under("sample_everything", ["test_programs.py"], "-k", "not cuda")
+    results still equal eager's. Not the four transformers architectures (about 40 s of the
+    run on the dev VM): models trained step by step as llama's and the convnet's are, whose
+    switches are the same."""
+    out = run_under("sample_everything", ["test_programs.py"], "-k",
+                    "not cuda and not transformers_architectures")
     off = re.search(r"sample_everything: (\d+) steps without interception", out)
     assert off and int(off.group(1)) >= 10, out[-3000:]

@@ -1,5 +1,7 @@
-"""The pure-Python twin of the Cython core runs the interceptor suite (and the tests of
-memory shared outside the dispatcher) too."""
+"""The pure-Python twin of the Cython core runs the tests of memory shared outside the
+dispatcher too; the interceptor suite runs on it in tests/test_allocator.py, every output
+pooled (the twin's outputs otherwise come from ``torch.empty_strided``, as the pool's
+fresh blocks do)."""
 import os
 import subprocess
 import sys
@@ -10,11 +12,11 @@ from plugin_runs import run_under  # tests/plugin_runs.py
 
 
 @pytest.mark.suite
-def test_interceptor_suite_on_pure_python_core():
-    """The interceptor's and the shared-memory suites on the region core's pure-Python twin
-    (accel/_core_py.py), but for the tests of codegen alone (``codegen``-marked: the same
-    kernels, whatever core runs them)."""
-    run_under(None, ["test_interceptor.py", "test_shared.py"], "-m", "not codegen", ACCEL_PURE_PYTHON="1")
+def test_shared_memory_suite_on_pure_python_core():
+    """The shared-memory suite on the region core's pure-Python twin (accel/_core_py.py),
+    but for the tests of codegen alone (``codegen``-marked: the same kernels, whatever core
+    runs them)."""
+    run_under(None, ["test_shared.py"], "-m", "not codegen", ACCEL_PURE_PYTHON="1")
 
 
 def test_twin_is_selected_by_env():
