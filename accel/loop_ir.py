@@ -89,7 +89,10 @@ class BufferSpec:
     temporary the runtime provides (contiguous, contents undefined), after the outputs.
     ``origin``: for the lowering only, a piece of a buffer a store writes (``shape`` the
     piece's), the index its first element has in the buffer (a concatenation stored piece
-    by piece: :func:`accel.lowering._split_spans`); empty for a whole buffer."""
+    by piece: :func:`accel.lowering._split_spans`); empty for a whole buffer. ``merged``:
+    for the lowering only, how many of the store's dims each dim of the stored value spans
+    (a dim split where the value reads a ``collapse_view`` of it:
+    :class:`accel.lower_expr.SplitLoop`); empty: one each."""
 
     dtype: torch.dtype
     shape: Tuple[int, ...]
@@ -97,6 +100,7 @@ class BufferSpec:
     output: bool
     scratch: bool = False
     origin: Tuple[int, ...] = field(default=(), repr=False)
+    merged: Tuple[int, ...] = field(default=(), repr=False)
 
 
 @dataclass

@@ -43,15 +43,38 @@ class LoweringError(Exception):
     """The graph uses an op or pattern the loop IR does not express (region runs eagerly)."""
 
 
-class ConcatSpans(LoweringError):
-    """A concatenation (``accel.cat``) read at an index that runs across its pieces along
-    loop ``var`` (coefficient 1), a new piece starting where ``var`` reaches each of
-    ``cuts``: :func:`accel.lowering._split_spans` stores such a value piece by piece, each
-    piece's loop within one input (as Inductor's ``ConcatKernel`` has each input write its
-    slice of the output). Uncaught (the loop a reduction's), the region runs eagerly."""
+class ConcatRead(LoweringError):
+    """A concatenation (``accel.cat`` node ``node``) read at an index that reaches more than
+    one of its pieces: :func:`accel.lowering._split_concats` stores it first and has the
+    value read it from memory."""
 
-    def __init__(self, var: int, cuts: List[int]):
-        super().__init__(f"loop {var} runs across a concatenation's pieces at {cuts}")
+    def __init__(self, node: fx.Node, message: str):
+        super().__init__(message)
+        self.node = node
+
+
+class SplitLoop(LoweringError):
+    """A ``collapse_view`` read at an index whose merged dim is loop ``var`` (coefficient 1,
+    maybe at an offset), whose digits are not affine in it:
+    :func:`accel.lowering._split_spans` splits the store's loop into ``var // inner`` and
+    ``var % inner`` (``inner`` the merged dims' innermost size: a GroupNorm's gradient
+    ``[N, G, C/G, H, W]`` merged to ``[N, C, H, W]`` and sliced by channel, a U-Net's
+    skip connection), where ``var`` is one of the store's loops."""
+
+    def __init__(self, var: int, inner: int, message: str):
+        super().__init__(message)
+        self.var, self.inner = var, inner
+
+
+class ConcatSpans(ConcatRead):
+    """A concatenation read at an index that runs across its pieces along loop ``var``
+    (coefficient 1), a new piece starting where ``var`` reaches each of ``cuts``:
+    :func:`accel.lowering._split_spans` stores such a value piece by piece, each piece's
+    loop within one input (as Inductor's ``ConcatKernel`` has each input write its slice
+    of the output), where ``var`` is one of the store's loops (else a reduction's)."""
+
+    def __init__(self, node: fx.Node, var: int, cuts: List[int]):
+        super().__init__(node, f"loop {var} runs across a concatenation's pieces at {cuts}")
         self.var, self.cuts = var, cuts
 
 
@@ -335,10 +358,13 @@ class _Lowerer:
             inner = n.meta["val"].shape[dim + 1]
             merged = _affine((idx[dim], inner), (idx[dim + 1], 1))
             return self.value(x, idx[:dim] + (merged,) + idx[dim + 2:])
-        if t is prims.collapse_view.default and _merges_ones(n):  # a squeeze, in effect
+        if t is prims.collapse_view.default:
             x, start, end = n.args
             xs = x.meta["val"].shape
-            inner = tuple(idx[start] if xs[d] != 1 else () for d in range(start, end + 1))
+            if _merges_ones(n):  # a squeeze, in effect
+                inner = tuple(idx[start] if xs[d] != 1 else () for d in range(start, end + 1))
+            else:
+                inner = self.unmerge(idx[start], xs[start:end + 1], n)
             return self.value(x, idx[:start] + inner + idx[start + 1:])
         if t is aten.as_strided.default:  # a view: a split of dims, a slice, a transpose
             return self.value(n.args[0], _strided_index(n, idx))
@@ -392,13 +418,37 @@ class _Lowerer:
             return self.mk(name, dtype, *args)
         raise LoweringError(f"no lowering for {t}")
 
+    def unmerge(self, a: tuple, sizes, n: fx.Node) -> tuple:
+        """The atoms of the dims of ``sizes`` (row-major) that ``collapse_view`` ``n`` merges,
+        read at its merged atom ``a``: digit by digit from the innermost, each the terms of
+        ``a`` whose multipliers the digit's size does not divide, which must stay within
+        it over their loops (``4 * i + j + 8`` over ``j < 4``: ``j`` and ``i + 2``).
+
+        Raises:
+            SplitLoop: a digit is not affine in a lone loop variable (multiplier 1).
+            LoweringError: any other index.
+        """
+        digits = []
+        for z in reversed(sizes[1:]):
+            off = dict(a).get(ONE, 0)
+            terms = [(v, m) for v, m in a if v != ONE]
+            low = tuple(sorted([(v, m) for v, m in terms if m % z] + ([(ONE, off % z)] if off % z else [])))
+            lo, hi = _addr(low).extent(self.sizes)
+            if lo < 0 or hi >= z:
+                if len(terms) == 1 and terms[0][1] == 1:
+                    raise SplitLoop(terms[0][0], z, f"a merge of dims read at {a}: {n.format_node()}")
+                raise LoweringError(f"a merge of dims read at {a}: {n.format_node()}")
+            digits.append(low)
+            a = tuple(sorted([(v, m // z) for v, m in terms if m % z == 0] + ([(ONE, off // z)] if off // z else [])))
+        return (a, *reversed(digits))
+
     def concat(self, n: fx.Node, idx: tuple) -> Expr:
         """``accel.cat`` at ``idx``: the input whose piece holds every element the index
         reaches, at the index less the piece's start.
 
         Raises:
             ConcatSpans: the index reaches more than one piece along a loop.
-            LoweringError: along anything else.
+            ConcatRead: along anything else (a group norm's group and channel in it).
         """
         *parts, dim = n.args
         parts = [p for p in parts if p is not None]
@@ -415,8 +465,8 @@ class _Lowerer:
                 cuts.append(start - at.offset)
             start += size
         if len(at.terms) != 1 or at.terms[0][1] != 1:
-            raise LoweringError(f"a concatenation read at {a}: {n.format_node()}")
-        raise ConcatSpans(at.terms[0][0], cuts)
+            raise ConcatRead(n, f"a concatenation read at {a}: {n.format_node()}")
+        raise ConcatSpans(n, at.terms[0][0], cuts)
 
     def variance(self, x, dims, correction, idx, welford=False) -> Tuple[Expr, Expr]:
         """(var, mean) of ``x`` over ``dims`` in float64: one Welford pass, or two passes

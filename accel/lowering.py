@@ -17,7 +17,8 @@ import torch.fx as fx
 
 from . import library  # noqa: F401 - registers torch.ops.accel.cat
 from .loop_ir import Addr, BufferSpec, Expr, LoopIR, Nest, Store, forget_free_vars, free_vars, reductions, walk
-from .lower_expr import CONTIGUOUS_RUN, ONE, ConcatSpans, LoweringError, _addr, _affine, _Lowerer
+from .lower_expr import (CONTIGUOUS_RUN, ONE, ConcatRead, ConcatSpans, LoweringError, SplitLoop, _addr, _affine,
+                         _Lowerer)
 from .passes import writes_argument
 
 prims = torch.ops.prims
@@ -195,8 +196,9 @@ def _lower(gm, ext, outs, scalar_types, writes: str) -> LoopIR:
             if dst not in lw.tensor_ph:
                 raise LoweringError("copy_ into a non-input")
             jobs.append((lw.tensor_ph[dst], *_peel_views(src, ext[lw.tensor_ph[dst]]), True))
-    if any(n.target is _CAT for n in gm.graph.nodes):
-        jobs = [piece for job in jobs for piece in _split_spans(lw, job)]
+    concats = []  # (concatenation, its pieces): stored first, read from memory
+    if any(n.target in (_CAT, prims.collapse_view.default) for n in gm.graph.nodes):
+        jobs, concats = _split_concats(lw, jobs)
     first = writes == "first"
     if first and not _reads_new_values(jobs, lw):
         raise _WriteHazard("the outputs read the old values of an input written in place")
@@ -277,6 +279,19 @@ def _lower(gm, ext, outs, scalar_types, writes: str) -> LoopIR:
             lw.in_memory[r] = (len(buffers) - 1, spec)
         lw.memo.clear()
 
+    for cat, pieces in concats:  # first, in the order they were met (one may read another)
+        kept = lw.in_memory.pop(cat)  # (each piece's value read from the concatenated inputs)
+        lw.memo.clear()
+        made = []
+        for job in pieces:
+            if (nest := place(job, fresh_only=True, among=made)) is None:
+                raise LoweringError(f"cannot schedule {cat.format_node()}")
+            if nest not in made:
+                made.append(nest)
+                forced += 1
+        home[cat] = made[-1]  # (the last to run: readers are placed after it)
+        lw.in_memory[cat] = kept
+        lw.memo.clear()
     inputs_written = {job[0] for job in jobs if job[3]}
     for job in jobs:
         write_first, write_last = job[3] and first, job[3] and writes == "last"
@@ -294,10 +309,13 @@ def _lower(gm, ext, outs, scalar_types, writes: str) -> LoopIR:
         if write_first:
             forced += 1
             home[job[1]] = nest
-            lw.in_memory[job[1]] = (job[0], job[2])  # the new values, read back
+            lw.in_memory[job[1]] = (job[0], _whole(job[2]))  # the new values, read back
             lw.memo.clear()
     if len(nests) > 1:
-        _reuse_memory(lw, gm, buffers, nests, placed, shapes, first)
+        stored: Dict[int, list] = {}
+        for cat, _ in concats:
+            stored.setdefault(id(home[cat]), []).append((cat, lw.in_memory[cat]))
+        _reuse_memory(lw, gm, buffers, nests, placed, shapes, first, stored)
     ir = LoopIR(buffers, list(scalar_types), lw.sizes, nests)
     for nest in nests:
         _coalesce(ir, nest)
@@ -433,7 +451,7 @@ def _reads_new_values(jobs, lw: _Lowerer) -> bool:
         return False
     buf, node, spec, _ = writes[0]
     val = node.meta.get("val")
-    if not isinstance(val, torch.Tensor) or val.dtype != spec.dtype or tuple(val.shape) != tuple(spec.shape):
+    if not isinstance(val, torch.Tensor) or val.dtype != spec.dtype or tuple(val.shape) != _whole(spec).shape:
         return False
     old = next(ph for ph, k in lw.tensor_ph.items() if k == buf)
     seen, todo = {node}, [j[1] for j in jobs if not j[3]]
@@ -464,7 +482,15 @@ def _store(lw: _Lowerer, domain, buf: int, b: BufferSpec, node: fx.Node):
     origin = b.origin or (0,) * len(b.shape)
     idx = tuple(_affine((((v, 1),) if s != 1 else (), 1), (((ONE, 1),), o))
                 for v, s, o in zip(loop_vars, b.shape, origin))
-    value = lw.cast(lw.at(node, idx, b.shape), b.dtype)
+    at, at_shape = idx, b.shape
+    if b.merged:  # the value's index: each group of split dims merged back, row-major
+        at, at_shape, k = [], [], 0
+        for n in b.merged:
+            group, sizes = idx[k:k + n], b.shape[k:k + n]
+            at.append(_affine(*((a, _prod(sizes[j + 1:])) for j, a in enumerate(group))))
+            at_shape.append(_prod(sizes))
+            k += n
+    value = lw.cast(lw.at(node, tuple(at), tuple(at_shape)), b.dtype)
     terms = _affine(*((a, st) for a, st in zip(idx, b.stride) if a))
     return Store(buf, _addr(terms), value)
 
@@ -480,15 +506,18 @@ def _split_spans(lw: _Lowerer, job) -> list:
     the write runs eagerly (:func:`_check_hazards`: one nest writes an input).
 
     Raises:
-        LoweringError: the pieces run along a reduction's loop.
+        ConcatRead: the pieces run along a reduction's loop, or a concatenation is read at
+            an index that mixes a loop with others.
     """
     buf, node, spec, mutation = job
     dims = tuple(lw.new_var(s) for s in spec.shape)
     try:
         _store(lw, (tuple(spec.shape), dims), buf, spec, node)
+    except SplitLoop as e:
+        return _split_spans(lw, (buf, node, _split_dim(spec, dims, e), mutation))
     except ConcatSpans as e:
         if e.var not in dims:
-            raise LoweringError(f"a concatenation read across its pieces: {node.format_node()}") from e
+            raise ConcatRead(e.node, f"a concatenation read across its pieces: {node.format_node()}") from e
         d = dims.index(e.var)
         origin = spec.origin or (0,) * len(spec.shape)
         bounds = [0, *e.cuts, spec.shape[d]]
@@ -501,11 +530,84 @@ def _split_spans(lw: _Lowerer, job) -> list:
     return [job]
 
 
-def _reuse_memory(lw: _Lowerer, gm, buffers, nests, placed, shapes, new_values: bool = False) -> None:
+def _split_dim(spec: BufferSpec, dims, e: SplitLoop) -> BufferSpec:
+    """``spec`` with its dim of loop ``e.var`` (one of ``dims``) split in two, the inner of
+    size ``e.inner``, its stride and origin split to match (:attr:`BufferSpec.merged`).
+
+    Raises:
+        LoweringError: the loop is a reduction's, or the dim or its origin is not a
+            multiple of ``e.inner``.
+    """
+    origin = spec.origin or (0,) * len(spec.shape)
+    d = dims.index(e.var) if e.var in dims else -1
+    if d < 0 or spec.shape[d] % e.inner or origin[d] % e.inner:
+        raise LoweringError(str(e)) from e
+    merged = list(spec.merged or (1,) * len(spec.shape))
+    g, k = 0, merged[0]
+    while k <= d:
+        g += 1
+        k += merged[g]
+    merged[g] += 1
+    return dataclasses.replace(
+        spec, shape=spec.shape[:d] + (spec.shape[d] // e.inner, e.inner) + spec.shape[d + 1:],
+        stride=spec.stride[:d] + (spec.stride[d] * e.inner, spec.stride[d]) + spec.stride[d + 1:],
+        origin=origin[:d] + (origin[d] // e.inner, 0) + origin[d + 1:] if spec.origin else (),
+        merged=tuple(merged))
+
+
+def _whole(spec: BufferSpec) -> BufferSpec:
+    """``spec`` as its stored value sees it: the dims :func:`_split_dim` split merged back."""
+    if not spec.merged:
+        return spec
+    shape, stride, k = [], [], 0
+    for n in spec.merged:
+        shape.append(_prod(spec.shape[k:k + n]))
+        stride.append(spec.stride[k + n - 1])
+        k += n
+    return dataclasses.replace(spec, shape=tuple(shape), stride=tuple(stride), merged=())
+
+
+def _split_concats(lw: _Lowerer, jobs) -> Tuple[list, list]:
+    """``jobs`` split piece by piece where they store a concatenation (:func:`_split_spans`),
+    and the concatenations read across their pieces other than along a store's loop (along a
+    reduction's: a GroupNorm of ``torch.cat([h, skip], 1)``, a U-Net decoder's; at a
+    group's and a channel's index in one dim) stored first: each into the output that holds
+    it (its job taken from ``jobs``) or a scratch buffer, piece by piece, and read from
+    memory (``lw.in_memory``), as eager reads ``torch.cat``'s result. Returns (the jobs, the
+    concatenations stored first and their pieces' jobs, in the order they were met).
+
+    Raises:
+        LoweringError: a concatenation's own pieces cannot be stored.
+    """
+    concats = []
+    while True:
+        try:
+            return [piece for job in jobs for piece in _split_spans(lw, job)], concats
+        except ConcatRead as e:
+            cat = e.node
+            if cat in lw.in_memory:
+                raise LoweringError(f"a concatenation read across its pieces: {cat.format_node()}") from e
+            own = next((j for j in jobs if j[1] is cat and not j[3]), None)
+            if own is not None:  # an output
+                jobs = [j for j in jobs if j is not own]
+            else:
+                val = cat.meta["val"]
+                spec = BufferSpec(val.dtype, tuple(val.shape), _contiguous(val.shape), True, scratch=True)
+                lw.buffers.append(spec)
+                own = (len(lw.buffers) - 1, cat, spec, False)
+            concats.append((cat, _split_spans(lw, own)))
+            lw.in_memory[cat] = (own[0], own[2])
+            lw.memo.clear()
+
+
+def _reuse_memory(lw: _Lowerer, gm, buffers, nests, placed, shapes, new_values: bool = False,
+                  concats=None) -> None:
     """Let later nests read what earlier ones write (their outputs, and the intermediates
     :func:`accel.partition.choose_materialized` picks, stored to scratch buffers) instead of
     recomputing it, when that moves fewer bytes; re-evaluates every nest's stores.
-    ``new_values``: the inputs written in place are read back too."""
+    ``new_values``: the inputs written in place are read back too. ``concats``: by ``id``
+    of the nest that stores a concatenation's last piece (:func:`_split_concats`), each
+    such concatenation and where later nests read it ((buffer, spec))."""
     from .partition import choose_materialized
 
     groups = [[node for _, node, _, _ in jobs] for jobs in placed]
@@ -535,8 +637,9 @@ def _reuse_memory(lw: _Lowerer, gm, buffers, nests, placed, shapes, new_values: 
         base = _memory_order(list(shapes[id(nest)][1]), placed[k][0][2])
         order = _chain_order(base, [e for s in stores for e in walk(s.value, set())])
         nest.vars, nest.stores = order or nest.vars, stores
-        lw.in_memory.update({node: (buf, spec) for buf, node, spec, mutation in placed[k]
+        lw.in_memory.update({node: (buf, _whole(spec)) for buf, node, spec, mutation in placed[k]
                              if (new_values or not mutation) and not spec.origin})
+        lw.in_memory.update(concats.get(id(nest), ()) if concats else ())
 
 
 def _peel_views(node: fx.Node, b: BufferSpec) -> Tuple[fx.Node, BufferSpec]:

@@ -24,7 +24,12 @@ Workloads:
   own op);
 - ``glu``: ``F.glu(p * 2, -1)`` of [R, 1024], and ``pad``: ``F.pad(p * 2, (0, 8),
   value=1.0)`` (eighty-ninth round: ``glu`` and ``constant_pad_nd`` join the region;
-  before, each ran eagerly and flushed it).
+  before, each ran eagerly and flushed it);
+- ``cat_groupnorm``: a U-Net decoder's ``silu(group_norm(cat([h * 2, skip], 1), 32))`` of
+  [B, 64, 32, 32] (``h`` and ``skip`` its channels' halves: groups of 2 channels), and
+  ``cat_softmax`` / ``cat_layernorm``: a softmax / LayerNorm over the last dim of ``cat([a
+  * 2, b], -1)`` of [R, 1024] (ninetieth round: the concatenation stored first, then read
+  by the reduction's nest; before, each region ran eagerly).
 
 Until this round a call reading a view of a pending value other than a split of its dims
 (a slice at an offset, a chunk, a transpose) flushed the region first, and ``cat`` /
@@ -78,6 +83,11 @@ WORKLOADS = {
     "cross3": (lambda n: (n // 3, 3), lambda p: torch.linalg.cross(p, p * 2)),
     "glu": (lambda n: (n // 1024, 1024), lambda p: F.glu(p * 2, -1)),
     "pad": (lambda n: (n // 1024, 1024), lambda p: F.pad(p * 2, (0, 8), value=1.0)),
+    "cat_groupnorm": (lambda n: (n // 65536, 64, 32, 32),
+                      lambda p: F.silu(F.group_norm(torch.cat([p[:, :32] * 2, p[:, 32:]], 1), 32))),
+    "cat_softmax": (lambda n: (n // 1024, 1024), lambda p: torch.cat([p[:, :512] * 2, p[:, 512:]], -1).softmax(-1)),
+    "cat_layernorm": (lambda n: (n // 1024, 1024),
+                      lambda p: F.layer_norm(torch.cat([p[:, :512] * 2, p[:, 512:]], -1), (1024,))),
 }
 
 
