@@ -54,16 +54,16 @@ class ConcatRead(LoweringError):
 
 
 class SplitLoop(LoweringError):
-    """A ``collapse_view`` read at an index whose merged dim is loop ``var`` (coefficient 1,
-    maybe at an offset), whose digits are not affine in it:
-    :func:`accel.lowering._split_spans` splits the store's loop into ``var // inner`` and
-    ``var % inner`` (``inner`` the merged dims' innermost size: a GroupNorm's gradient
-    ``[N, G, C/G, H, W]`` merged to ``[N, C, H, W]`` and sliced by channel, a U-Net's
-    skip connection), where ``var`` is one of the store's loops."""
+    """A ``collapse_view`` read at an index whose merged dim is ``var + offset`` (``var`` a
+    loop), whose digits are not affine in it: :func:`accel.lowering._split_spans` splits
+    the store's loop into ``(var + offset) // inner`` and ``(var + offset) % inner``
+    (``inner`` the size of the digit: a GroupNorm's gradient ``[N, G, C/G, H, W]`` merged
+    to ``[N, C, H, W]`` and sliced by channel, a U-Net's skip connection), where ``var``
+    is one of the store's loops."""
 
-    def __init__(self, var: int, inner: int, message: str):
+    def __init__(self, var: int, offset: int, inner: int, message: str):
         super().__init__(message)
-        self.var, self.inner = var, inner
+        self.var, self.offset, self.inner = var, offset, inner
 
 
 class ConcatSpans(ConcatRead):
@@ -436,7 +436,7 @@ class _Lowerer:
             lo, hi = _addr(low).extent(self.sizes)
             if lo < 0 or hi >= z:
                 if len(terms) == 1 and terms[0][1] == 1:
-                    raise SplitLoop(terms[0][0], z, f"a merge of dims read at {a}: {n.format_node()}")
+                    raise SplitLoop(terms[0][0], off, z, f"a merge of dims read at {a}: {n.format_node()}")
                 raise LoweringError(f"a merge of dims read at {a}: {n.format_node()}")
             digits.append(low)
             a = tuple(sorted([(v, m // z) for v, m in terms if m % z == 0] + ([(ONE, off // z)] if off // z else [])))

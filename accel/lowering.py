@@ -500,7 +500,11 @@ def _split_spans(lw: _Lowerer, job) -> list:
     its store (:class:`accel.lower_expr.ConcatSpans`: a ``torch.cat`` written out, or
     read by pointwise ops: ``x * cos + cat(-x2, x1) * sin``), the jobs that store it
     piece by piece: each over the dim's range within one piece (:attr:`BufferSpec.origin`),
-    their loops reading each input at its own index, with no select between them. An
+    their loops reading each input at its own index, with no select between them. Where
+    it reads a merge of dims (:class:`accel.lower_expr.SplitLoop`), the store's dim is cut
+    where a group of the merged dims' digits begins, and its whole groups split in two
+    (:attr:`BufferSpec.merged`): 22 channels from channel 10 in groups of 4 as channels
+    10-11, then 5 groups of 4. An
     input's write (a gradient accumulated in place from ``glu``'s backward) is written so
     too: its pieces fit one nest (all of an iteration's reads come before its writes) or
     the write runs eagerly (:func:`_check_hazards`: one nest writes an input).
@@ -514,34 +518,43 @@ def _split_spans(lw: _Lowerer, job) -> list:
     try:
         _store(lw, (tuple(spec.shape), dims), buf, spec, node)
     except SplitLoop as e:
-        return _split_spans(lw, (buf, node, _split_dim(spec, dims, e), mutation))
+        if e.var not in dims:
+            raise LoweringError(str(e)) from e
+        d = dims.index(e.var)
+        size = spec.shape[d]
+        head = -e.offset % e.inner  # where the loop's first whole group of digits starts
+        if head == 0 and size % e.inner == 0:
+            return _split_spans(lw, (buf, node, _split_dim(spec, d, e.inner), mutation))
+        # the part groups at either end apart, then the whole groups between split
+        cuts = sorted({c for c in (head, head + (size - head) // e.inner * e.inner) if 0 < c < size})
+        if not cuts:
+            raise LoweringError(str(e)) from e
+        return _pieces(lw, job, d, cuts)
     except ConcatSpans as e:
         if e.var not in dims:
             raise ConcatRead(e.node, f"a concatenation read across its pieces: {node.format_node()}") from e
-        d = dims.index(e.var)
-        origin = spec.origin or (0,) * len(spec.shape)
-        bounds = [0, *e.cuts, spec.shape[d]]
-        pieces = []
-        for lo, hi in zip(bounds, bounds[1:]):
-            piece = dataclasses.replace(spec, shape=spec.shape[:d] + (hi - lo,) + spec.shape[d + 1:],
-                                        origin=origin[:d] + (origin[d] + lo,) + origin[d + 1:])
-            pieces += _split_spans(lw, (buf, node, piece, mutation))
-        return pieces
+        return _pieces(lw, job, dims.index(e.var), e.cuts)
     return [job]
 
 
-def _split_dim(spec: BufferSpec, dims, e: SplitLoop) -> BufferSpec:
-    """``spec`` with its dim of loop ``e.var`` (one of ``dims``) split in two, the inner of
-    size ``e.inner``, its stride and origin split to match (:attr:`BufferSpec.merged`).
-
-    Raises:
-        LoweringError: the loop is a reduction's, or the dim or its origin is not a
-            multiple of ``e.inner``.
-    """
+def _pieces(lw: _Lowerer, job, d: int, cuts) -> list:
+    """``job``'s store cut along its dim ``d`` at ``cuts`` (ascending, within the dim), each
+    piece split again where it needs (:func:`_split_spans`)."""
+    buf, node, spec, mutation = job
     origin = spec.origin or (0,) * len(spec.shape)
-    d = dims.index(e.var) if e.var in dims else -1
-    if d < 0 or spec.shape[d] % e.inner or origin[d] % e.inner:
-        raise LoweringError(str(e)) from e
+    bounds = [0, *cuts, spec.shape[d]]
+    pieces = []
+    for lo, hi in zip(bounds, bounds[1:]):
+        piece = dataclasses.replace(spec, shape=spec.shape[:d] + (hi - lo,) + spec.shape[d + 1:],
+                                    origin=origin[:d] + (origin[d] + lo,) + origin[d + 1:])
+        pieces += _split_spans(lw, (buf, node, piece, mutation))
+    return pieces
+
+
+def _split_dim(spec: BufferSpec, d: int, inner: int) -> BufferSpec:
+    """``spec`` with its dim ``d`` (a multiple of ``inner``) split in two, the inner of size
+    ``inner``, its stride and origin split to match (:attr:`BufferSpec.merged`)."""
+    origin = spec.origin or (0,) * len(spec.shape)
     merged = list(spec.merged or (1,) * len(spec.shape))
     g, k = 0, merged[0]
     while k <= d:
@@ -549,9 +562,9 @@ def _split_dim(spec: BufferSpec, dims, e: SplitLoop) -> BufferSpec:
         k += merged[g]
     merged[g] += 1
     return dataclasses.replace(
-        spec, shape=spec.shape[:d] + (spec.shape[d] // e.inner, e.inner) + spec.shape[d + 1:],
-        stride=spec.stride[:d] + (spec.stride[d] * e.inner, spec.stride[d]) + spec.stride[d + 1:],
-        origin=origin[:d] + (origin[d] // e.inner, 0) + origin[d + 1:] if spec.origin else (),
+        spec, shape=spec.shape[:d] + (spec.shape[d] // inner, inner) + spec.shape[d + 1:],
+        stride=spec.stride[:d] + (spec.stride[d] * inner, spec.stride[d]) + spec.stride[d + 1:],
+        origin=origin[:d] + divmod(origin[d], inner) + origin[d + 1:] if spec.origin else (),
         merged=tuple(merged))
 
 
