@@ -90,9 +90,10 @@ class BufferSpec:
     ``origin``: for the lowering only, a piece of a buffer a store writes (``shape`` the
     piece's), the index its first element has in the buffer (a concatenation stored piece
     by piece: :func:`accel.lowering._split_spans`); empty for a whole buffer. ``merged``:
-    for the lowering only, how many of the store's dims each dim of the stored value spans
-    (a dim split where the value reads a ``collapse_view`` of it:
-    :class:`accel.lower_expr.SplitLoop`); empty: one each."""
+    for the lowering only, for each dim of the stored value, the multipliers of the
+    store's dims it spans in its index (a dim of 12 split in 3 by 4: ``(4, 1)``, where the
+    value reads a ``collapse_view`` of it: :class:`accel.lower_expr.SplitLoop`); the
+    pieces of a split dim keep them; empty: one dim each."""
 
     dtype: torch.dtype
     shape: Tuple[int, ...]
@@ -100,7 +101,7 @@ class BufferSpec:
     output: bool
     scratch: bool = False
     origin: Tuple[int, ...] = field(default=(), repr=False)
-    merged: Tuple[int, ...] = field(default=(), repr=False)
+    merged: Tuple[Tuple[int, ...], ...] = field(default=(), repr=False)
 
 
 @dataclass

@@ -483,13 +483,12 @@ def _store(lw: _Lowerer, domain, buf: int, b: BufferSpec, node: fx.Node):
     idx = tuple(_affine((((v, 1),) if s != 1 else (), 1), (((ONE, 1),), o))
                 for v, s, o in zip(loop_vars, b.shape, origin))
     at, at_shape = idx, b.shape
-    if b.merged:  # the value's index: each group of split dims merged back, row-major
+    if b.merged:  # the value's index: each group of split dims merged back
         at, at_shape, k = [], [], 0
-        for n in b.merged:
-            group, sizes = idx[k:k + n], b.shape[k:k + n]
-            at.append(_affine(*((a, _prod(sizes[j + 1:])) for j, a in enumerate(group))))
-            at_shape.append(_prod(sizes))
-            k += n
+        for ms in b.merged:
+            at.append(_affine(*zip(idx[k:k + len(ms)], ms)))
+            at_shape.append(b.shape[k] * ms[0])
+            k += len(ms)
     value = lw.cast(lw.at(node, tuple(at), tuple(at_shape)), b.dtype)
     terms = _affine(*((a, st) for a, st in zip(idx, b.stride) if a))
     return Store(buf, _addr(terms), value)
@@ -555,12 +554,14 @@ def _split_dim(spec: BufferSpec, d: int, inner: int) -> BufferSpec:
     """``spec`` with its dim ``d`` (a multiple of ``inner``) split in two, the inner of size
     ``inner``, its stride and origin split to match (:attr:`BufferSpec.merged`)."""
     origin = spec.origin or (0,) * len(spec.shape)
-    merged = list(spec.merged or (1,) * len(spec.shape))
-    g, k = 0, merged[0]
+    merged = list(spec.merged or ((1,),) * len(spec.shape))
+    g, k = 0, len(merged[0])
     while k <= d:
         g += 1
-        k += merged[g]
-    merged[g] += 1
+        k += len(merged[g])
+    j = d - (k - len(merged[g]))  # (d's place in its group)
+    m = merged[g][j]
+    merged[g] = merged[g][:j] + (m * inner, m) + merged[g][j + 1:]
     return dataclasses.replace(
         spec, shape=spec.shape[:d] + (spec.shape[d] // inner, inner) + spec.shape[d + 1:],
         stride=spec.stride[:d] + (spec.stride[d] * inner, spec.stride[d]) + spec.stride[d + 1:],
@@ -573,10 +574,10 @@ def _whole(spec: BufferSpec) -> BufferSpec:
     if not spec.merged:
         return spec
     shape, stride, k = [], [], 0
-    for n in spec.merged:
-        shape.append(_prod(spec.shape[k:k + n]))
-        stride.append(spec.stride[k + n - 1])
-        k += n
+    for ms in spec.merged:
+        shape.append(spec.shape[k] * ms[0])
+        stride.append(spec.stride[k + len(ms) - 1])
+        k += len(ms)
     return dataclasses.replace(spec, shape=tuple(shape), stride=tuple(stride), merged=())
 
 

@@ -84,7 +84,8 @@ COMPOSITES = ("_softmax", "_log_softmax", "_softmax_backward_data", "_log_softma
               "gelu_backward", "silu_backward", "sigmoid_backward", "tanh_backward",
               "threshold_backward", "mse_loss", "mse_loss_backward", "smooth_l1_loss",
               "smooth_l1_loss_backward", "binary_cross_entropy", "binary_cross_entropy_backward",
-              "binary_cross_entropy_with_logits", "linalg_cross", "glu", "glu_backward", "constant_pad_nd")
+              "binary_cross_entropy_with_logits", "linalg_cross", "glu", "glu_backward", "constant_pad_nd",
+              "slice_backward")
 #: ops whose tensor arguments' sizes relate otherwise than by equality (``glu``'s gradient
 #: is half its input along ``dim``): their probe (:meth:`accel.region.Region._probe`) runs on
 #: stand-ins of the real sizes, not of at most 2 a dim, whose broken relation eager's CPU

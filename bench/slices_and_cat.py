@@ -29,7 +29,10 @@ Workloads:
   [B, 64, 32, 32] (``h`` and ``skip`` its channels' halves: groups of 2 channels), and
   ``cat_softmax`` / ``cat_layernorm``: a softmax / LayerNorm over the last dim of ``cat([a
   * 2, b], -1)`` of [R, 1024] (ninetieth round: the concatenation stored first, then read
-  by the reduction's nest; before, each region ran eagerly).
+  by the reduction's nest; before, each region ran eagerly); ``cat_groupnorm_train``: the
+  first with a shortcut (``y = silu(norm(x)) + x``), forward and backward
+  (``torch.autograd.grad`` of ``(y * y).sum()`` for the input and the norm's weight): the backward splits the gradient of ``x``, merged from ``[B, G, C/G, H, W]``,
+  between ``h`` and ``skip`` (``accel.lower_expr.SplitLoop``).
 
 Until this round a call reading a view of a pending value other than a split of its dims
 (a slice at an offset, a chunk, a transpose) flushed the region first, and ``cat`` /
@@ -56,6 +59,18 @@ def rotate_half(x):
 def _swiglu(p):
     a, b = p.chunk(2, -1)
     return F.silu(a) * b
+
+
+_NORM = {}
+
+
+def _cat_groupnorm_train(p):
+    """(``p`` requires grad: torch.compile compiles the forward with its backward, and
+    runs ``torch.autograd.grad`` past a graph break, as a training step's ``backward``.)"""
+    norm = _NORM[p.device.type]
+    x = torch.cat([p[:, :32] * 2, p[:, 32:]], 1)
+    y = F.silu(norm(x)) + x
+    return torch.autograd.grad((y * y).sum(), [p, norm.weight])
 
 
 def _slice_add(p):
@@ -85,6 +100,7 @@ WORKLOADS = {
     "pad": (lambda n: (n // 1024, 1024), lambda p: F.pad(p * 2, (0, 8), value=1.0)),
     "cat_groupnorm": (lambda n: (n // 65536, 64, 32, 32),
                       lambda p: F.silu(F.group_norm(torch.cat([p[:, :32] * 2, p[:, 32:]], 1), 32))),
+    "cat_groupnorm_train": (lambda n: (n // 65536, 64, 32, 32), _cat_groupnorm_train),
     "cat_softmax": (lambda n: (n // 1024, 1024), lambda p: torch.cat([p[:, :512] * 2, p[:, 512:]], -1).softmax(-1)),
     "cat_layernorm": (lambda n: (n // 1024, 1024),
                       lambda p: F.layer_norm(torch.cat([p[:, :512] * 2, p[:, 512:]], -1), (1024,))),
@@ -106,6 +122,9 @@ def main() -> None:
         if not wanted(name):
             continue
         p = torch.randn(*shape_of(n), generator=g).to(dev)
+        if name.endswith("_train"):
+            _NORM[p.device.type] = torch.nn.GroupNorm(32, 64).to(dev)
+            p.requires_grad_()
         rows.append(compare_on(name, fn, p, sync, runs))
     print(table(KERNELS_HEAD, rows))
 

@@ -150,6 +150,38 @@ def test_a_unet_skip_connection_normalized_across_its_pieces(device, dtype, spli
     assert st["kernel_runs"] >= 2 and st["compile_failures"] == st["eager_replays"] == 0, st
 
 
+SLICED = {
+    "halves": lambda x: (x[:, :16] * 2).sum() + x[:, 16:].sin().sum(),
+    "rows": lambda x: (x[1:5] * 2).sum() + x[2:].tanh().sum(),
+    "whole": lambda x: (x[:, 0:40] * 2).sum(),
+    "step2": lambda x: ((x[:, ::2] * x[:, 1::2]) ** 2).sum(),
+    "step3": lambda x: x[:, 1:30:3].exp().sum(),
+    # GPT-J's rotary embedding: the even and odd channels, interleaved again
+    "interleaved": lambda x: (torch.stack([-x[:, 1::2], x[:, ::2]], -1).flatten(-2) * x).pow(2).sum(),
+    # a step above accel.library.CAT_MAX: torch's decomposition (a gather): eagerly
+    "step9": lambda x: (x[:, ::9] * 3).sum(),
+}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", list(SLICED))
+def test_gradients_of_slices_run_in_regions(device, case):
+    """``slice_backward`` (a slice's gradient: zeros but at the slice's elements) as padding
+    (``accel.decompositions._slice_backward``), a step's elements each followed by its
+    zeros (a stack merged), fused with the gradients around it: eager's values; one
+    kernel a step, or (a step of 9) the region run eagerly."""
+    torch.manual_seed(0)
+    x = torch.randn(6, 40, device=device, requires_grad=True)
+    f = SLICED[case]
+    want = torch.autograd.grad(f(x), x)[0]
+    accel.reset_stats()
+    with accel.eager():
+        got = torch.autograd.grad(f(x), x)[0]
+    close(got, want)
+    st = accel.stats()
+    assert st["eager_replays"] == (case == "step9") and st["kernel_runs"] >= 1, st
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("dim", [-1, 0, 1])
