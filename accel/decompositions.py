@@ -106,17 +106,17 @@ def _slice_backward(decomposition, grad, input_sizes, dim, start, end, step):
     """``slice_backward`` (the gradient of ``x[..., start:end:step, ...]``: ``grad`` at
     every ``step``-th position of a tensor of zeros of ``input_sizes``) as padding
     (:func:`_constant_pad_nd`): of ``grad`` itself for a step of 1, else of ``grad``
-    stacked with ``step - 1`` blocks of zeros along a new dim after ``dim`` and the two
-    merged (each element followed by its zeros), for a step of at most
-    ``accel.library.CAT_MAX``; torch's decomposition (a masked gather the loop IR does not
-    express) otherwise. ``start`` and ``end`` are in range (autograd's
-    ``slice_backward_wrapper`` clamps them)."""
+    concatenated with ``step - 1`` zeros along a new dim after ``dim``, the two dims
+    merged (each element followed by its zeros). torch's decomposition (a masked gather
+    the loop IR does not express) for an empty ``grad``. ``start`` and ``end`` are in
+    range (autograd's ``slice_backward_wrapper`` clamps them)."""
     d = dim % len(input_sizes)
-    n = grad.shape[d]
     if step != 1:
-        if not 1 < step <= library.CAT_MAX or n == 0:
+        if grad.numel() == 0:
             return decomposition(grad, input_sizes, dim, start, end, step)
-        grad = torch.stack([grad] + [grad.new_zeros(grad.shape)] * (step - 1), d + 1).flatten(d, d + 1)
+        g = grad.unsqueeze(d + 1)
+        zeros = g.new_zeros(g.shape[:d + 1] + (step - 1,) + g.shape[d + 2:])
+        grad = torch.cat([g, zeros], d + 1).flatten(d, d + 1)
     pad = [0, 0] * (len(input_sizes) - 1 - d) + [start, input_sizes[d] - start - grad.shape[d]]
     return _constant_pad_nd(None, grad, pad)
 
