@@ -31,8 +31,9 @@ Workloads:
   * 2, b], -1)`` of [R, 1024] (ninetieth round: the concatenation stored first, then read
   by the reduction's nest; before, each region ran eagerly); ``cat_groupnorm_train``: the
   first with a shortcut (``y = silu(norm(x)) + x``), forward and backward
-  (``torch.autograd.grad`` of ``(y * y).sum()`` for the input and the norm's weight): the backward splits the gradient of ``x``, merged from ``[B, G, C/G, H, W]``,
-  between ``h`` and ``skip`` (``accel.lower_expr.SplitLoop``).
+  (``torch.autograd.grad`` of ``(y * y).sum()`` for the input and the norm's weight):
+  the backward splits the gradient of ``x``, merged from ``[B, G, C/G, H, W]``, between
+  ``h`` and ``skip`` (``accel.lower_expr.SplitLoop``).
 
 Until this round a call reading a view of a pending value other than a split of its dims
 (a slice at an offset, a chunk, a transpose) flushed the region first, and ``cat`` /
