@@ -11,7 +11,7 @@ import functools
 
 import torch
 
-from . import library  # noqa: F401 - registers torch.ops.accel.*, which the corrections use
+from . import cat_decompositions, library  # (library registers torch.ops.accel.*)
 from .operands import _cpu_vector_loop
 from .ops import HALF
 
@@ -25,8 +25,8 @@ def decomposition_table():
     :func:`_batch_norm`) or computes otherwise (:func:`_gelu`, :func:`_gelu_backward`), and
     the accel ops that the interceptor records whole, decomposed by their references
     (:func:`accel.library.nll_of_log_softmax`, :func:`accel.library.nll_loss_backward`);
-    a ``cat`` inside a decomposition as ``accel.cat`` (:func:`_cat`), and ``linalg_cross``
-    as eager's kernel computes it (:func:`_linalg_cross`)."""
+    and the ops :mod:`accel.cat_decompositions` writes as views and concatenations (``cat``
+    inside a decomposition, ``constant_pad_nd``, ``slice_backward``, ``linalg_cross``)."""
     from torch._decomp import decomposition_table
 
     aten = torch.ops.aten
@@ -48,8 +48,6 @@ def decomposition_table():
                     (aten.logsumexp.default, _logsumexp),
                     (aten.relu.default, _relu),
                     (aten.glu.default, _glu), (aten.glu_backward.default, _glu_backward),
-                    (aten.constant_pad_nd.default, _constant_pad_nd),
-                    (aten.slice_backward.default, _slice_backward),
                     (aten.fmax.default, _fmax_fmin), (aten.fmin.default, _fmax_fmin),
                     (aten.std.correction, functools.partial(_std, aten.var.correction)),
                     (aten.std_mean.correction, functools.partial(_std, aten.var_mean.correction)),
@@ -68,71 +66,10 @@ def decomposition_table():
                         aten._native_batch_norm_legit_functional.default,
                         aten._native_batch_norm_legit_no_training.default))):
         table[op] = functools.partial(fix, table[op])
-    table[aten.cat.default] = functools.partial(_cat, table[aten.cat.default])
-    table[aten.linalg_cross.default] = _linalg_cross
+    cat_decompositions.install(table)
     table[torch.ops.accel.nll_of_log_softmax.default] = library.nll_of_log_softmax  # (recorded whole)
     table[torch.ops.accel.nll_loss_backward.default] = library.nll_loss_backward
     return table
-
-
-def _cat(decomposition, tensors, dim=0):
-    """``cat`` inside another op's decomposition (``stack``'s: ``linalg_cross``'s) as
-    ``accel.cat``, which the lowering reads (torch._decomp's ``prims.cat`` it does not), for
-    2 to ``accel.library.CAT_MAX`` tensors of one rank; else torch._decomp's."""
-    if 2 <= len(tensors) <= library.CAT_MAX and len({t.dim() for t in tensors}) == 1 and tensors[0].dim():
-        return torch.ops.accel.cat(*library.cat_args(tensors, dim))
-    return decomposition(tensors, dim)
-
-
-def _constant_pad_nd(decomposition, x, pad, value=0):
-    """``constant_pad_nd`` (``F.pad``'s constant mode) as views and a concatenation: each
-    dim cropped where its pad is negative (``narrow``), then ``x`` between two blocks of
-    ``value`` (in ``x``'s dtype, as eager fills them) where it is positive, concatenated
-    along the dim (``accel.cat``, which the lowering stores piece by piece). torch's
-    decomposition writes ``x`` into a slice of a filled tensor (``prims.copy_to``), which
-    the loop IR does not express (:func:`accel.lowering.lower` rejects such a write).
-    ``decomposition`` is not used: the call's meta function has checked ``pad``."""
-    for k in range(len(pad) // 2):
-        d, (lo, hi) = x.dim() - 1 - k, pad[2 * k: 2 * k + 2]
-        x = x.narrow(d, max(-lo, 0), x.shape[d] - max(-lo, 0) - max(-hi, 0))
-        blocks = [x.new_full(x.shape[:d] + (max(n, 0),) + x.shape[d + 1:], value) for n in (lo, hi)]
-        pieces = [t for t in (blocks[0], x, blocks[1]) if t.shape[d]]
-        if len(pieces) > 1:
-            x = torch.cat(pieces, d)
-    return x
-
-
-def _slice_backward(decomposition, grad, input_sizes, dim, start, end, step):
-    """``slice_backward`` (the gradient of ``x[..., start:end:step, ...]``: ``grad`` at
-    every ``step``-th position of a tensor of zeros of ``input_sizes``) as padding
-    (:func:`_constant_pad_nd`): of ``grad`` itself for a step of 1, else of ``grad``
-    concatenated with ``step - 1`` zeros along a new dim after ``dim``, the two dims
-    merged (each element followed by its zeros). torch's decomposition (a masked gather
-    the loop IR does not express) for an empty ``grad``. ``start`` and ``end`` are in
-    range (autograd's ``slice_backward_wrapper`` clamps them)."""
-    d = dim % len(input_sizes)
-    if step != 1:
-        if grad.numel() == 0:
-            return decomposition(grad, input_sizes, dim, start, end, step)
-        g = grad.unsqueeze(d + 1)
-        zeros = g.new_zeros(g.shape[:d + 1] + (step - 1,) + g.shape[d + 2:])
-        grad = torch.cat([g, zeros], d + 1).flatten(d, d + 1)
-    pad = [0, 0] * (len(input_sizes) - 1 - d) + [start, input_sizes[d] - start - grad.shape[d]]
-    return _constant_pad_nd(None, grad, pad)
-
-
-def _linalg_cross(a, b, *, dim=-1):
-    """``torch.linalg.cross`` as eager's kernel computes each component (``a1 * b2 - a2 *
-    b1``, ``a2 * b0 - a0 * b2``, ``a0 * b1 - a1 * b0``: ATen's ``cross_kernel``), the three
-    values of each vector selected along ``dim`` and the components stacked: views and
-    pointwise ops the loop IR reads (torch._decomp's gathers them with ``index_select``).
-    ``a`` and ``b`` broadcast; their size along ``dim`` is 3 (the call's meta function
-    checks it before the call is deferred)."""
-    a, b = torch.broadcast_tensors(a, b)
-    d = dim % a.dim()
-    a0, a1, a2 = a.unbind(d)
-    b0, b1, b2 = b.unbind(d)
-    return torch.stack([a1 * b2 - a2 * b1, a2 * b0 - a0 * b2, a0 * b1 - a1 * b0], d)
 
 
 _SQRT1_2 = 0.70710678118654752440  # M_SQRT1_2, as torch._decomp's GELU

@@ -431,15 +431,15 @@ class _Lowerer:
         digits = []
         for z in reversed(sizes[1:]):
             off = dict(a).get(ONE, 0)
-            terms = [(v, m) for v, m in a if v != ONE]
-            low = tuple(sorted([(v, m) for v, m in terms if m % z] + ([(ONE, off % z)] if off % z else [])))
+            terms = tuple((v, m) for v, m in a if v != ONE)
+            low = _affine((tuple(t for t in terms if t[1] % z), 1), (((ONE, 1),), off % z))
             lo, hi = _addr(low).extent(self.sizes)
             if lo < 0 or hi >= z:
                 if len(terms) == 1 and terms[0][1] == 1:
                     raise SplitLoop(terms[0][0], off, z, f"a merge of dims read at {a}: {n.format_node()}")
                 raise LoweringError(f"a merge of dims read at {a}: {n.format_node()}")
             digits.append(low)
-            a = tuple(sorted([(v, m // z) for v, m in terms if m % z == 0] + ([(ONE, off // z)] if off // z else [])))
+            a = _affine((tuple((v, m // z) for v, m in terms if m % z == 0), 1), (((ONE, 1),), off // z))
         return (a, *reversed(digits))
 
     def concat(self, n: fx.Node, idx: tuple) -> Expr:

@@ -555,11 +555,10 @@ def _split_dim(spec: BufferSpec, d: int, inner: int) -> BufferSpec:
     ``inner``, its stride and origin split to match (:attr:`BufferSpec.merged`)."""
     origin = spec.origin or (0,) * len(spec.shape)
     merged = list(spec.merged or ((1,),) * len(spec.shape))
-    g, k = 0, len(merged[0])
-    while k <= d:
+    g, j = 0, d  # (d's group, and its place in it)
+    while j >= len(merged[g]):
+        j -= len(merged[g])
         g += 1
-        k += len(merged[g])
-    j = d - (k - len(merged[g]))  # (d's place in its group)
     m = merged[g][j]
     merged[g] = merged[g][:j] + (m * inner, m) + merged[g][j + 1:]
     return dataclasses.replace(

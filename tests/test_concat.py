@@ -167,7 +167,7 @@ SLICED = {
 @pytest.mark.parametrize("case", list(SLICED))
 def test_gradients_of_slices_run_in_regions(device, case):
     """``slice_backward`` (a slice's gradient: zeros but at the slice's elements) as padding
-    (``accel.decompositions._slice_backward``), a step's elements each followed by its
+    (``accel.cat_decompositions.slice_backward``), a step's elements each followed by its
     zeros (a concatenation merged), fused with the gradients around it: eager's values,
     each step's in one kernel."""
     torch.manual_seed(0)
@@ -233,7 +233,7 @@ PADS = {  # name -> (program, input shape, dtype); F.pad's constant mode: consta
 @pytest.mark.parametrize("case", list(PADS))
 def test_constant_padding_runs_in_the_region_as_eager(device, case):
     """``F.pad`` of a pending value (``constant_pad_nd``: crops as views, pads as a
-    concatenation with blocks of the value, :func:`accel.decompositions._constant_pad_nd`):
+    concatenation with blocks of the value, :func:`accel.cat_decompositions.constant_pad_nd`):
     eager's values, exactly for integers and booleans, its layout, one kernel."""
     f, shape, dtype = PADS[case]
     g = torch.Generator().manual_seed(0)
