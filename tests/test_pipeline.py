@@ -973,6 +973,8 @@ def test_streaming_stores_only_for_large_memory_bound_stores(monkeypatch):
     src = _kernel_source(add, [x, b], meta, (0,))
     assert "accel::stream_store<64>(&b2[" in src and "stream_fence" in src
     assert "nt0[i" in src and "b2[1000 * i0 + i1] = " in src  # whole blocks; the rest plainly
+    # the values before the output row's first whole cache line plainly, then the blocks
+    assert "accel::line_head(&b2[1000 * i0 + i1]);" in src, src
     tanh = [(aten.tanh.default, (("x", 0),), {}, 1)]
     assert "stream_store" not in _kernel_source(tanh, [x], meta, (0,))
     t = [(aten.t.default, (("x", 0),), {}, 1), (aten.mul.Tensor, (("o", 0), ("c", 2.0)), {}, 1)]
@@ -1017,8 +1019,9 @@ def test_streamed_outputs_match_eager(fresh_store, monkeypatch):
     """Streamed stores with every size the kernel meets: rows whose length is not a
     multiple of the block (the plain tail), rows not aligned to a vector (the general
     path's plain head), a one-loop nest in parallel chunks, float64, int32 and bool
-    outputs, a row reduction with its epilogue, two outputs of one loop. Results as eager's,
-    integers and booleans exactly."""
+    outputs, a row reduction with its epilogue, two outputs of one loop, rows of 1023 values
+    (each starting 4 bytes past the last's line offset: the plain values before its first
+    whole line) beside a bool output. Results as eager's, integers and booleans exactly."""
     import accel
     import accel.codegen.cpp as cpp
 
@@ -1034,6 +1037,10 @@ def test_streamed_outputs_match_eager(fresh_store, monkeypatch):
         lambda: (lambda x, w: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w,
                  (torch.randn(130, 515, generator=g), torch.randn(515, generator=g))),
         lambda: (lambda x: (x + 1.0, x * x), (torch.randn(65, 129, generator=g),)),
+        # rows starting at every 4-byte offset in a cache line (the slices bench's diff),
+        # and a bool output beside them whose blocks' lines are partial (accel::copy_small
+        # of 1 to 63 bytes)
+        lambda: (lambda x: (x[:, 1:] - x[:, :-1], x[:, 1:] > 0), (torch.randn(67, 1024, generator=g),)),
     ]
     for make in cases:
         fn, args = make()

@@ -523,14 +523,28 @@ class CppRenderer(GroupLoops, ColumnLoops, TiledLoops, CStyle):
         return f"b{st.buf}[{self._addr(st.addr)}] = {self._name(st.value, scope)};"
 
     def _simd_loop(self, j: int, lo: str, hi: str, out: List[str], ind: str, nest: Nest) -> None:
-        """The innermost loop, ``i{v}`` from ``lo`` to ``hi``, vectorized: plain, or in
-        whole blocks of :data:`STREAM_BLOCK` values whose streamed stores go to stack
-        arrays, then to memory (``accel::stream_store``), and the rest plainly."""
+        """The innermost loop, ``i{v}`` from ``lo`` to ``hi``, vectorized: plain, or the
+        values up to the first streamed store's next cache line plainly, then whole blocks
+        of :data:`STREAM_BLOCK` values whose streamed stores go to stack arrays, then to
+        memory (``accel::stream_store``), and the rest plainly."""
         v = nest.vars[j]
         if self.streamed:  # whole blocks (a constant trip count gcc vectorizes fully) first
             b, B = f"i{v}_b", STREAM_BLOCK
             stores = [st for k, st in self.nest_scopes[j + 1].items if k == "store" and id(st) in self.streamed]
+            # the values before the first streamed store's next cache line plainly: its
+            # blocks then write whole lines (a row starting mid-line otherwise streams part
+            # of each block's lines and stores the rest plainly)
             out.append(f"{ind}int64_t {b} = {lo};")
+            out.append(f"{ind}{{")
+            out.append(f"{ind}  const int64_t i{v} = {lo};")
+            first = f"&b{stores[0].buf}[{self._addr(stores[0].addr)}]"
+            out.append(f"{ind}  const int64_t head = {lo} + accel::line_head({first});")
+            out.append(f"{ind}  {b} = head < {hi} ? head : {hi};")
+            out.append(f"{ind}}}")
+            out.append(f"{ind}#pragma omp simd")
+            out.append(f"{ind}for (int64_t i{v} = {lo}; i{v} < {b}; ++i{v}) {{")
+            self._emit_nest(j + 1, out, ind + "  ", nest)
+            out.append(f"{ind}}}")
             out.append(f"{ind}for (; {b} + {B} <= {hi}; {b} += {B}) {{")
             for st in stores:
                 t = self.buffer_ctype(self.ir.buffers[st.buf].dtype)

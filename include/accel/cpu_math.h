@@ -524,7 +524,7 @@ namespace accel {
 /* Streaming stores write whole cache lines: a line streamed in part and stored plainly in
  * part (a head aligned to a 32-byte vector only, mid-line) took torch.diff's [8192, 1023]
  * rows 12.2 ms against 4.0 ms eager on a Zen 3 EPYC (bench/README.md, eighty-ninth round). */
-#define ACCEL_STREAM_LINE 64
+#define ACCEL_STREAM_LINE 64  /* copy_small copies the partial lines: at most 64 */
 
 /* one vector of ACCEL_STREAM_VEC bytes from s (any alignment) to d (aligned to it), through
  * the compiler's builtins: <immintrin.h> would add 0.4 s to every kernel's build */
@@ -547,6 +547,26 @@ static inline void stream_vec(char* d, const char* s) {
 #endif
 }
 
+/* n < 64 bytes from s to d by plain stores: two copies of the largest power of two not over n,
+ * overlapping (glibc's memcpy for small sizes). gcc writes a memcpy of a variable size as
+ * `rep movs`, whose start-up took a third of stream_store's time in a row kernel with rows
+ * starting mid-line on a Zen 3 EPYC (bench/README.md, ninety-first round). */
+static inline void copy_small(char* __restrict__ d, const char* __restrict__ s, int64_t n) {
+  if (n >= 32) {
+    memcpy(d, s, 32), memcpy(d + n - 32, s + n - 32, 32);
+  } else if (n >= 16) {
+    memcpy(d, s, 16), memcpy(d + n - 16, s + n - 16, 16);
+  } else if (n >= 8) {
+    memcpy(d, s, 8), memcpy(d + n - 8, s + n - 8, 8);
+  } else if (n >= 4) {
+    memcpy(d, s, 4), memcpy(d + n - 4, s + n - 4, 4);
+  } else if (n >= 2) {
+    memcpy(d, s, 2), memcpy(d + n - 2, s + n - 2, 2);
+  } else if (n == 1) {
+    *d = *s;
+  }
+}
+
 template <int N, typename T> static inline void stream_store(T* __restrict__ dst, const T* __restrict__ src) {
   char* d = (char*)dst;
   const char* s = (const char*)src;
@@ -560,11 +580,22 @@ template <int N, typename T> static inline void stream_store(T* __restrict__ dst
   if (V > 0) {  /* plain head up to the first whole cache line, whole lines streamed, plain tail */
     i = (L - (int64_t)((uintptr_t)d % L)) % L;
     if (i > bytes) i = bytes;
-    memcpy(d, s, i);
+    copy_small(d, s, i);
     for (; i + L <= bytes; i += L)
       for (int64_t j = 0; j < L; j += V) stream_vec(d + i + j, s + i + j);
+    copy_small(d + i, s + i, bytes - i);
+    return;
   }
-  memcpy(d + i, s + i, bytes - i);
+  memcpy(d, s, bytes);
+}
+
+/* Elements of T from p to the next cache line's start (0 where p starts one): a row's first
+ * values stored plainly, so that its streamed blocks cover whole lines. A [8192, 1023]
+ * float32 row kernel's blocks, each starting 4 bytes past the last, streamed three lines
+ * of five and stored two plainly: 2.2-2.7 ms against 1.2-1.4 ms peeled on the Zen 3 VM
+ * (bench/README.md, ninety-first round). */
+template <typename T> static inline int64_t line_head(const T* p) {
+  return (int64_t)((ACCEL_STREAM_LINE - (uintptr_t)p % ACCEL_STREAM_LINE) % ACCEL_STREAM_LINE / sizeof(T));
 }
 
 static inline void stream_fence() {
