@@ -36,6 +36,8 @@ def decomposition_table():
                     (aten.gelu.default, _gelu), (aten.gelu_backward.default, _gelu_backward),
                     (aten.softshrink.default, _softshrink), (aten.round.decimals, _round_decimals),
                     (aten.mse_loss.default, _mse_loss), (aten.div.Tensor_mode, _div_mode),
+                    (aten.div.Scalar_mode, _div_mode), (aten.floor_divide.default, _floor_divide),
+                    (aten.floor_divide.Scalar, _floor_divide),
                     (aten.hardshrink.default, _hardshrink), (aten.logit.default, _logit),
                     (aten.sigmoid_backward.default, _sigmoid_backward), (aten.xlogy.Tensor, _xlogy),
                     (aten.tanh_backward.default, _tanh_backward), (aten.threshold.default, _threshold),
@@ -263,8 +265,34 @@ def _mse_loss(decomposition, a, target, reduction=1):
     return loss.mean() if reduction == 1 else loss.sum() if reduction == 2 else loss
 
 
+def _div_floor(a, b):
+    """Floating floor division of float32 or float64 CPU operands (``a`` a tensor, ``b`` a
+    tensor or a number, rounded to the result's dtype as eager's kernel takes it) as one
+    :func:`accel.library.div_floor` (c10's ``div_floor_floating``, in one division where
+    the quotient is small); None for other operands. torch's decomposition (``torch._refs``'
+    ``_floor_divide_float``, the same formula op by op) takes an fmod and two divisions."""
+    if not (isinstance(a, torch.Tensor) and a.device.type == "cpu"
+            and (not isinstance(b, torch.Tensor) or b.device.type == "cpu")):
+        return None
+    dtype = torch.result_type(a, b)
+    if dtype not in (torch.float32, torch.float64):
+        return None
+    x = a.to(dtype)
+    y = b.to(dtype) if isinstance(b, torch.Tensor) else x.new_full((), b)
+    return torch.ops.accel.div_floor(*torch.broadcast_tensors(x, y))
+
+
+def _floor_divide(decomposition, a, b):
+    """``aten.floor_divide`` (``.default``, ``.Scalar``): :func:`_div_floor` where it applies,
+    else ``decomposition``."""
+    out = _div_floor(a, b)
+    return decomposition(a, b) if out is None else out
+
+
 def _div_mode(decomposition, a, b, *, rounding_mode=None):
-    """``aten.div.Tensor_mode`` with ``rounding_mode="trunc"`` of 16-bit tensors as eager's
+    """``aten.div.Tensor_mode`` and ``.Scalar_mode`` with ``rounding_mode="floor"`` of
+    float32 and float64 CPU operands: :func:`_div_floor`.
+    ``rounding_mode="trunc"`` of 16-bit tensors as eager's
     kernels compute it: the quotient rounded to the dtype, then truncated (the CPU's
     ``div_trunc_kernel``, CUDA's ``div_trunc_kernel_cuda``); torch's decomposition truncates
     the float32 quotient (1-6 % of results were off, by up to 1, on both devices).
@@ -274,6 +302,8 @@ def _div_mode(decomposition, a, b, *, rounding_mode=None):
     floored and rounded up past a half; torch's decomposition computes it in float32 (up to
     1 % of float16 results were outside ``assert_close``'s tolerance). Elsewhere
     ``decomposition`` itself."""
+    if rounding_mode == "floor" and (out := _div_floor(a, b)) is not None:
+        return out
     if not (_16_bit(a) and isinstance(b, torch.Tensor) and b.dtype == a.dtype):
         return decomposition(a, b, rounding_mode=rounding_mode)
     if rounding_mode == "trunc":

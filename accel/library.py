@@ -248,6 +248,17 @@ def div_rn(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return a / b
 
 
+@_define("div_floor(Tensor a, Tensor b) -> Tensor", _fake_binary("div_floor"))
+def div_floor(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a`` divided by ``b`` rounded toward negative infinity (``torch.div(a, b,
+    rounding_mode="floor")``), elementwise: two float32 or float64 tensors of one shape and
+    dtype; the bits of c10's ``div_floor_floating`` (eager's kernels), ``a / b`` where ``b``
+    is 0. Generated CPU kernels take one division where ``|a / b|`` is small and c10's formula
+    (an fmod and two divisions) elsewhere (``include/accel/vector_fmod.h``). Only
+    :func:`accel.decompositions._div_mode` emits it (float32 and float64 on the CPU)."""
+    return torch.div(a, b, rounding_mode="floor")
+
+
 def _fake_nll_of_log_softmax(x, rows, target, reduction, ignore_index):
     n = x.shape[0] if x.dim() == 2 else -1
     if not (x.is_floating_point() and tuple(rows.shape) == tuple(target.shape) == (n,)):

@@ -135,7 +135,8 @@ where gcd
 """.split())
 
 #: accel's own elementwise operators (accel/library.py), rendered by name.
-ACCEL_ELEMENTWISE = frozenset({"silu", "gelu_tanh", "vec_erf", "log_libm", "fma", "mul_rn", "div_rn"})
+ACCEL_ELEMENTWISE = frozenset({"silu", "gelu_tanh", "vec_erf", "log_libm", "fma", "mul_rn", "div_rn",
+                               "div_floor"})
 
 def walk(e: Expr, seen: set, into_reduce: bool = True):
     """Yield every Expr reachable from ``e`` once, operands before users."""

@@ -598,7 +598,8 @@ def test_hypot_is_correctly_rounded_as_eagers_cpu_kernel(dtype):
 def _fmod_operands(dtype, device, n=60000):
     """Pairs for fmod-like ops: random finite bits (any exponent ratio), exponents close
     together and far apart, divisors near and under the subnormal range, small integers
-    and quarters (exact multiples, zero results of both signs), then every pair of zeros,
+    and quarters (exact multiples, zero results of both signs), quotients within 2 ulps of
+    integers up to 2^24, then every pair of zeros,
     infinities, NaN, ones and extremes, alone and each among ordinary pairs."""
     g = torch.Generator().manual_seed(0)
     fin = torch.finfo(dtype)
@@ -615,6 +616,16 @@ def _fmod_operands(dtype, device, n=60000):
     b[m:2 * m] = torch.randn(m, dtype=dtype, generator=g) * fin.tiny * 2.0 ** torch.randint(-20, 4, (m,), generator=g)
     a[2 * m:3 * m] = torch.randint(-1000, 1001, (m,), generator=g).to(dtype) + torch.randint(0, 4, (m,), generator=g) * 0.25
     b[2 * m:3 * m] = torch.randint(-10, 11, (m,), generator=g).to(dtype) + torch.randint(0, 2, (m,), generator=g) * 0.5
+    # quotients next to integers up to 2^24 (k b, stepped by up to 2 ulps either way: a
+    # rounded quotient on an integer the exact one is just under; around floor division's
+    # one-division bound, 2^22 for float32)
+    k = torch.randint(-2 ** 24, 2 ** 24, (m,), generator=g).to(dtype)
+    k[: m // 2] = torch.randint(-2 ** 12, 2 ** 12, (m // 2,), generator=g).to(dtype)
+    a3 = k * b[3 * m:4 * m]
+    for _ in range(2):
+        step = torch.randint(-1, 2, (m,), generator=g)
+        a3 = torch.where(step == 0, a3, torch.nextafter(a3, step.to(dtype) * float("inf")))
+    a[3 * m:4 * m] = a3
     special = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), 1.0, -3.0, fin.max, fin.tiny],
                            dtype=dtype)
     sa, sb = special.repeat_interleave(len(special)), special.repeat(len(special))

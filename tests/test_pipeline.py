@@ -992,6 +992,20 @@ def test_streaming_stores_only_for_large_memory_bound_stores(monkeypatch):
     assert "stream_store" not in _kernel_source(add, [x, b], meta, (0,))
 
 
+def test_floating_floor_division_is_one_op_with_vector_variants():
+    """Floor division of float32 and float64 CPU tensors (``div`` with ``rounding_mode="floor"``,
+    ``floor_divide``) lowers to one ``accel::div_floor`` (accel.library.div_floor: one
+    division where the quotient is small, c10's formula elsewhere), whose vector variants the
+    kernel includes; torch's decomposition took an fmod and two divisions."""
+    for dt in (torch.float32, torch.float64):
+        x = torch.empty(64, 1000, dtype=dt)
+        for call in [(aten.div.Tensor_mode, (("x", 0), ("x", 1)), {"rounding_mode": ("c", "floor")}, 1),
+                     (aten.floor_divide.default, (("x", 0), ("x", 1)), {}, 1)]:
+            src = _kernel_source([call], [x, x], [((64, 1000), (1000, 1), dt)], (0,))
+            assert '#include "accel/vector_fmod_variants.h"' in src, src
+            assert src.count("accel::div_floor(") == 1 and "accel::fmod(" not in src and " / " not in src, src
+
+
 def test_last_level_cache_size_is_read_and_keyed():
     """The last-level cache size (sysfs, or 32 MiB where Linux lists none) is positive, a
     whole number of KiB, and part of the CPU store key."""

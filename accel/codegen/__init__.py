@@ -59,6 +59,7 @@ class CStyle:
         "fma": {"float": "$fma({0}, {1}, {2})"},  # accel/decompositions.py: lerp (CPU), add's alpha
         "mul_rn": {"float": "$mul_rn({0}, {1})"},  # GPU addcmul; products other kernels add
         "div_rn": {"float": "$div_rn({0}, {1})"},  # accel/decompositions.py: true divisions
+        "div_floor": {"float": "$div_floor({0}, {1})"},  # CPU only (accel/decompositions.py)
         "pow": {"float": "$pow({0}, {1})", "int": "$powi({0}, {1})"},
         "gcd": {"int": "$gcd({0}, {1})"},
     }

@@ -147,8 +147,9 @@ class CppRenderer(GroupLoops, ColumnLoops, TiledLoops, CStyle):
         exprs = [x for nest in ir.nests for st in nest.stores for x in walk(st.value, seen)]
         self.sin_args = {x.args[0] for x in exprs if x.op == "sin"}
         prefix = self.prefix
-        if any(x.op in ("fmod", "remainder") for x in exprs):
-            # a float fmod's vector variants (not in every kernel: 0.03 s of a build)
+        if any(x.op in ("fmod", "remainder", "div_floor") for x in exprs):
+            # a float fmod's and floor division's vector variants (not in every kernel: 0.03 s
+            # of a build)
             prefix += '#include "accel/vector_fmod_variants.h"\n'
         if int_round_trip(ir):
             # gcc 12 folds (float)(int)x into trunc(x) under -fno-trapping-math, which is

@@ -29,7 +29,19 @@
  * / fmod, as before (their NaN bits included).
  * Checked against glibc on 1.6e8 float32 and 8e7 float64 pairs (random bits; exponents
  * close together and up to 2^120 apart; divisors near and under the subnormal range;
- * small integers and quarters; special values among ordinary lanes): all the same bits. */
+ * small integers and quarters; special values among ordinary lanes): all the same bits.
+ *
+ * `accel_div_floorf` and `accel_div_floor` (accel.library.div_floor: floating floor
+ * division, c10::div_floor_floating's bits) are declared and defined alike. c10's formula
+ * takes an fmod and two divisions; where every lane of a vector has b finite and not
+ * zero and |q| < 2^22 (float32; 2^30 float64), q = a / b rounded, its result is the exact
+ * floor of a / b (mod is exact, (a - mod) / b is within a few ulps of the integer n it
+ * stands for, and floor-then-round-past-a-half gives n), with the sign of q where that is
+ * 0. There the variants take f = floor(q), which is that floor or one more (q rounded up
+ * to an integer), and less 1 where r = fma(-f, b, a), a - f b rounded once (its sign
+ * exact), differs in sign from b: one division ([8192, 1024] float32, 7.5 -> ... ms on the
+ * 2-core Zen 3 VM; bench/README.md, ninety-first round). Other vectors take c10's formula
+ * lane by lane. */
 #ifndef ACCEL_VECTOR_FMOD_H
 #define ACCEL_VECTOR_FMOD_H
 #include <math.h>
@@ -47,16 +59,46 @@ __attribute__((const, nothrow)) float accel_fmodf(float a, float b);
 #pragma omp declare simd simdlen(8) notinbranch
 #endif
 __attribute__((const, nothrow)) double accel_fmod(double a, double b);
+#pragma omp declare simd simdlen(8) notinbranch
+#ifdef __AVX512F__
+#pragma omp declare simd simdlen(16) notinbranch
+#endif
+__attribute__((const, nothrow)) float accel_div_floorf(float a, float b);
+#pragma omp declare simd simdlen(4) notinbranch
+#ifdef __AVX512F__
+#pragma omp declare simd simdlen(8) notinbranch
+#endif
+__attribute__((const, nothrow)) double accel_div_floor(double a, double b);
 }
 #endif
 
 namespace accel {
+/* Floating floor division as c10::div_floor_floating computes it (eager's CPU and CUDA
+ * kernels, and torch._refs' _floor_divide_float): mod = fmod(a, b) (exact), (a - mod) / b,
+ * less 1 where mod and b differ in sign, floored and rounded up past a half; copysign(0,
+ * a / b) where that is 0; a / b where b is 0. ``fmod_fn`` is the C library's fmod. */
+template <class T, class Fmod>
+static inline T div_floor_c10(T a, T b, Fmod fmod_fn) {
+  if (b == 0) return a / b;
+  const T mod = fmod_fn(a, b);
+  T div = (a - mod) / b;
+  if (mod != 0 && (b < 0) != (mod < 0)) div -= T(1);
+  if (div == 0) return __builtin_copysign(T(0), a / b);
+  T fl = __builtin_floor(div);
+  if (div - fl > T(0.5)) fl += T(1);
+  return fl;
+}
 #ifdef ACCEL_VECTOR_FMOD
 static inline float fmod(float a, float b) { return ::accel_fmodf(a, b); }
 static inline double fmod(double a, double b) { return ::accel_fmod(a, b); }
+/* (accel.library.div_floor) */
+static inline float div_floor(float a, float b) { return ::accel_div_floorf(a, b); }
+static inline double div_floor(double a, double b) { return ::accel_div_floor(a, b); }
 #else
 static inline float fmod(float a, float b) { return ::fmodf(a, b); }
 static inline double fmod(double a, double b) { return ::fmod(a, b); }
+static inline float div_floor(float a, float b) { return div_floor_c10(a, b, ::fmodf); }
+static inline double div_floor(double a, double b) { return div_floor_c10(a, b, [](double x, double y) { return ::fmod(x, y); }); }
 #endif
 }  // namespace accel
 #endif /* ACCEL_VECTOR_FMOD_H */
