@@ -39,7 +39,7 @@
  * stands for, and floor-then-round-past-a-half gives n), with the sign of q where that is
  * 0. There the variants take f = floor(q), which is that floor or one more (q rounded up
  * to an integer), and less 1 where r = fma(-f, b, a), a - f b rounded once (its sign
- * exact), differs in sign from b: one division ([8192, 1024] float32, 7.5 -> ... ms on the
+ * exact), differs in sign from b: one division ([8192, 1024] float32, 7.45 -> 3.40 ms on the
  * 2-core Zen 3 VM; bench/README.md, ninety-first round). Other vectors take c10's formula
  * lane by lane. */
 #ifndef ACCEL_VECTOR_FMOD_H
