@@ -35,6 +35,10 @@ Workloads (float32; CPU sizes, GPU ones in brackets):
   ``nll_loss_backward`` deferred, so the log-softmax backward reads the log-softmax alone
   and its incoming [N, C] gradient is never written (fifty-ninth round;
   ``accel.losses.nll_loss_backward``).
+- ``softmax_odd``, ``rmsnorm_odd``, ``layernorm_odd``: ``softmax(x * 0.5, -1)``, a
+  hand-written RMSNorm and ``F.layer_norm(x * 2, ...)`` over rows of 1023 (4095): on the
+  CPU each output row starts at another offset in a cache line, and its streamed stores
+  (outputs past the cache) start at the row's first whole line (ninety-first round).
 """
 import os
 import sys
@@ -65,6 +69,12 @@ def main() -> None:
             loss = F.cross_entropy(t, target)
             return loss.detach(), torch.autograd.grad(loss, t)[0]
 
+    odd = torch.randn(shape[0], shape[1] - 1, generator=g).to(dev)
+    w_odd = torch.randn(shape[1] - 1, generator=g).to(dev)
+
+    def rmsnorm(t):
+        return t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + 1e-6) * w_odd
+
     workloads = {
         "argmax0": (lambda t: t.argmax(0), x, None),
         "max0": (lambda t: t.max(0), x, None),
@@ -82,6 +92,9 @@ def main() -> None:
         "cross_entropy": (lambda t: F.cross_entropy(t, target), logits,
                           lambda: F.cross_entropy(logits.double(), target)),
         "cross_entropy_train": (ce_train, logits, lambda: ce_train(logits.double())),
+        "softmax_odd": (lambda t: torch.softmax(t * 0.5, -1), odd, None),
+        "rmsnorm_odd": (rmsnorm, odd, None),
+        "layernorm_odd": (lambda t: F.layer_norm(t * 2, [t.shape[-1]]), odd, None),
     }
     rows = []
     with torch.no_grad():
