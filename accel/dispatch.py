@@ -490,7 +490,7 @@ def recorded() -> int:
 
 def small_region_calls() -> int:
     """Small regions' first calls the filter ran eagerly, on every thread of the process
-    (see ``accel.interceptor.SMALL_REGION_CALLS``)."""
+    (see ``accel.eager_regions.SMALL_REGION_CALLS``)."""
     return 0 if _lib is None else _lib.accel_filter_small()
 
 

@@ -39,7 +39,7 @@ def stats() -> dict:
     """Counters of this process: flushes, kernel runs, eager replays, in-memory and store
     hits, compiles (and their total time in seconds), kernels launched ahead (at a region's
     first call) and how many of those were kept or run again, small or idle regions'
-    first calls run eagerly (``accel.interceptor.SMALL_REGION_CALLS``, ``IDLE_FLUSHES``; by
+    first calls run eagerly (``accel.eager_regions.SMALL_REGION_CALLS``, ``IDLE_FLUSHES``; by
     the mode or the dispatch filter), steps that step sampling ran without interception
     (``bypassed_steps``; accel/sampling.py), and values autograd saved from a region that
     its kernel did not write, to be recomputed in the backward (``recomputed_saves``;
@@ -637,7 +637,7 @@ def run_eagerly(region: Region) -> None:
 
 
 def run_small(region: Region) -> None:
-    """As :func:`run_eagerly`, for a small region (``accel.interceptor.SMALL_REGION_CALLS``):
+    """As :func:`run_eagerly`, for a small region (``accel.eager_regions.SMALL_REGION_CALLS``):
     its calls count as ``small_region_calls``, not as an eager replay."""
     _count_flush()
     STATS["small_region_calls"] += len(region.calls)

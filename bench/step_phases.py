@@ -38,7 +38,7 @@ _common.intercept_every_step()  # it times interception itself
 import torch
 
 import accel
-from accel import dispatch, interceptor
+from accel import dispatch, eager_regions, interceptor
 
 
 @contextlib.contextmanager
@@ -121,8 +121,8 @@ def main(argv=None) -> int:
     base, ids, labels = _common.gpt2(dev, args.tiny)
     dispatch.wait()
     if args.all_eager:
-        interceptor.SMALL_REGION_CALLS = 1 << 30
-        interceptor.SMALL_REGION_BYTES = dict.fromkeys(interceptor.SMALL_REGION_BYTES, 1 << 62)
+        eager_regions.SMALL_REGION_CALLS = 1 << 30
+        eager_regions.SMALL_REGION_BYTES = dict.fromkeys(eager_regions.SMALL_REGION_BYTES, 1 << 62)
     if args.nothing_deferred and dispatch.loaded():
         dispatch.set_deferrable([])
     variants = {"eager": contextlib.nullcontext, "accel": accel.eager,

@@ -9,7 +9,7 @@ import pytest
 # Tests that count compiles or read the store's counters use stores of their own.
 os.environ.setdefault("ACCEL_CACHE_DIR", os.path.join(tempfile.mkdtemp(prefix="accel-test-"), "store"))
 
-# Small regions (accel.interceptor.SMALL_REGION_CALLS): once seen, a region of a few calls on
+# Small regions (accel.eager_regions.SMALL_REGION_CALLS): once seen, a region of a few calls on
 # tiny tensors runs eagerly. The suite's tensors are tiny and what it tests is regions and
 # their kernels, so it fuses every region; the small-region tests turn the default back on.
 # The idle-region rule (on a GPU) shares the mechanism and is off with it (tests/test_idle.py).

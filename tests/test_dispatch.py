@@ -16,7 +16,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import accel
-from accel import dispatch, interceptor
+from accel import dispatch, eager_regions, interceptor
 from accel.interceptor import AccelMode, _state
 
 close = torch.testing.assert_close
@@ -1257,7 +1257,7 @@ def test_an_engine_thread_records_through_its_worker(backward_case, monkeypatch)
         assert steps[-1][0] > 0, [s[0] for s in steps]
 
 
-# -- small regions: their first call runs eagerly (accel.interceptor.SMALL_REGION_CALLS) ----
+# -- small regions: their first call runs eagerly (accel.eager_regions.SMALL_REGION_CALLS) ----
 CUDA = pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
                                                      reason="no CUDA device"))
 
@@ -1353,7 +1353,7 @@ def test_small_regions_need_small_tensors_and_few_calls(device, monkeypatch):
     monkeypatch.setenv("ACCEL_EAGER_SMALL_REGIONS", "1")
     monkeypatch.setenv("ACCEL_EAGER_IDLE_REGIONS", "0")  # the small-region rule alone
     torch.manual_seed(0)
-    big = torch.randn(interceptor.SMALL_REGION_BYTES[device] // 4, device=device)
+    big = torch.randn(eager_regions.SMALL_REGION_BYTES[device] // 4, device=device)
     tiny = torch.randn(4, 11, device=device)
     programs = {
         "big": lambda s: (torch.sin(big) * s).sum(0, keepdim=True),

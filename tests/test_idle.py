@@ -1,13 +1,13 @@
-"""The idle-region rule (accel.interceptor.IDLE_FLUSHES): on a GPU, regions whose flushes
+"""The idle-region rule (accel.eager_regions.IDLE_FLUSHES): on a GPU, regions whose flushes
 find the device idle run eagerly, decided call by call; a busy flush keeps them fused.
 
-The rule's GPU probe (``interceptor._device_idle``) is replaced by a scripted one on the
+The rule's GPU probe (``eager_regions.device_idle``) is replaced by a scripted one on the
 CPU, where it otherwise never applies; the last test uses a real GPU where there is one."""
 import pytest
 import torch
 
 import accel
-from accel import interceptor
+from accel import eager_regions
 
 close = torch.testing.assert_close
 
@@ -28,7 +28,7 @@ def rule(monkeypatch, fresh_store):
             asked.append(device)
             return answers[min(len(asked), len(answers)) - 1]
 
-        monkeypatch.setattr(interceptor, "_device_idle", probe)
+        monkeypatch.setattr(eager_regions, "device_idle", probe)
         return asked
 
     return script
@@ -69,7 +69,7 @@ def test_idle_regions_run_eagerly_and_build_nothing(rule):
     asked = rule([True])
     program = _program(513)
     accel.reset_stats()
-    n, k = 24, interceptor.IDLE_FLUSHES
+    n, k = 24, eager_regions.IDLE_FLUSHES
     _run(program, n)
     compiles, runs, replays, eager_calls = _counts()
     assert (compiles, runs) == (0, 0)
@@ -97,7 +97,7 @@ def test_regions_the_rule_leaves_alone(rule, monkeypatch, how):
     if how == "flag off":
         monkeypatch.setenv("ACCEL_EAGER_IDLE_REGIONS", "0")
     else:
-        monkeypatch.setattr(interceptor, "IDLE_REGION_BYTES", 64 << 10)
+        monkeypatch.setattr(eager_regions, "IDLE_REGION_BYTES", 64 << 10)
     asked = rule([True])
     program = _program({"flag off": 515, "too big": 516}[how])
     accel.reset_stats()
@@ -117,7 +117,7 @@ def test_idle_regions_train_as_eager_does(rule, train_as_eager):
                                torch.nn.LayerNorm(700), torch.nn.Linear(700, 5))
     x, t = torch.randn(32, 24), torch.randint(0, 5, (32,))
     accel.reset_stats()
-    steps, counts = 6 * interceptor.IDLE_FLUSHES, []
+    steps, counts = 6 * eager_regions.IDLE_FLUSHES, []
     train_as_eager(base, x, t, steps, before=lambda step: counts.append(_counts()))
     compiles, runs, replays, eager_calls = _counts()
     assert runs == compiles and replays > 0 and eager_calls > 0
@@ -128,8 +128,8 @@ def test_the_probe(monkeypatch):
     """The GPU probe: None on a CPU, while a CUDA graph is captured (not queried), and where
     the stream's query raises (a CUDA error of earlier work, which the region's launch then
     reports); the query's answer otherwise."""
-    assert interceptor._device_idle(None) is None
-    assert interceptor._device_idle(torch.device("cpu")) is None
+    assert eager_regions.device_idle(None) is None
+    assert eager_regions.device_idle(torch.device("cpu")) is None
 
     class Stream:
         def __init__(self, answer):
@@ -145,10 +145,10 @@ def test_the_probe(monkeypatch):
     for answer, want in ((True, True), (False, False),
                          (RuntimeError("CUDA error: an illegal memory access"), None)):
         monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None, a=answer: Stream(a))
-        assert interceptor._device_idle(torch.device("cuda", 0)) is want
+        assert eager_regions.device_idle(torch.device("cuda", 0)) is want
     capturing = True  # a CUDA graph is being captured: a query would end the capture
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: 1 / 0)
-    assert interceptor._device_idle(torch.device("cuda", 0)) is None
+    assert eager_regions.device_idle(torch.device("cuda", 0)) is None
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
@@ -160,7 +160,7 @@ def test_idle_and_busy_regions_on_cuda(monkeypatch, fresh_store):
     monkeypatch.setenv("ACCEL_EAGER_SMALL_REGIONS", "1")
     monkeypatch.setenv("ACCEL_EAGER_IDLE_REGIONS", "1")
     torch.manual_seed(0)
-    n = 8 * interceptor.IDLE_FLUSHES
+    n = 8 * eager_regions.IDLE_FLUSHES
     for busy, cols in ((False, 517), (True, 518)):
         x, w = torch.randn(64, cols, device="cuda"), torch.rand(cols, 3, device="cuda")
         accel.reset_stats()
