@@ -48,27 +48,22 @@
 
 #if !defined(__CUDACC__) && defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__)
 #define ACCEL_VECTOR_FMOD 1
+/* the `omp declare simd` variants of a float and a double function: AVX2's widths, and
+ * AVX-512's too where it is on */
+#ifdef __AVX512F__
+#define ACCEL_SIMD_F32 _Pragma("omp declare simd simdlen(8) notinbranch") _Pragma("omp declare simd simdlen(16) notinbranch")
+#define ACCEL_SIMD_F64 _Pragma("omp declare simd simdlen(4) notinbranch") _Pragma("omp declare simd simdlen(8) notinbranch")
+#else
+#define ACCEL_SIMD_F32 _Pragma("omp declare simd simdlen(8) notinbranch")
+#define ACCEL_SIMD_F64 _Pragma("omp declare simd simdlen(4) notinbranch")
+#endif
+/* a binary float function f32 and its double twin f64, vectorized (vector_fmod_variants.h) */
+#define ACCEL_DECLARE_VECTOR_PAIR(f32, f64)                                    \
+  ACCEL_SIMD_F32 __attribute__((const, nothrow)) float f32(float a, float b); \
+  ACCEL_SIMD_F64 __attribute__((const, nothrow)) double f64(double a, double b);
 extern "C" {
-#pragma omp declare simd simdlen(8) notinbranch
-#ifdef __AVX512F__
-#pragma omp declare simd simdlen(16) notinbranch
-#endif
-__attribute__((const, nothrow)) float accel_fmodf(float a, float b);
-#pragma omp declare simd simdlen(4) notinbranch
-#ifdef __AVX512F__
-#pragma omp declare simd simdlen(8) notinbranch
-#endif
-__attribute__((const, nothrow)) double accel_fmod(double a, double b);
-#pragma omp declare simd simdlen(8) notinbranch
-#ifdef __AVX512F__
-#pragma omp declare simd simdlen(16) notinbranch
-#endif
-__attribute__((const, nothrow)) float accel_div_floorf(float a, float b);
-#pragma omp declare simd simdlen(4) notinbranch
-#ifdef __AVX512F__
-#pragma omp declare simd simdlen(8) notinbranch
-#endif
-__attribute__((const, nothrow)) double accel_div_floor(double a, double b);
+ACCEL_DECLARE_VECTOR_PAIR(accel_fmodf, accel_fmod)
+ACCEL_DECLARE_VECTOR_PAIR(accel_div_floorf, accel_div_floor)
 }
 #endif
 

@@ -186,37 +186,31 @@ static inline fmod_vec<T, W> div_floor_lanes_of(fmod_vec<T, W> a, fmod_vec<T, W>
 }  // namespace accel
 
 extern "C" {
-#define ACCEL_FMOD_VARIANT(name, T, W) \
+/* f32 / f64's vector variants (float and double lanes, computed by impl<T, W>): AVX2's, their
+ * AVX-512 names, and AVX-512's widths where it is on */
+#define ACCEL_VARIANT(name, T, W, impl)                                                                               \
   __attribute__((visibility("hidden"))) accel::fmod_vec<T, W> name(accel::fmod_vec<T, W> a, accel::fmod_vec<T, W> b) { \
-    return accel::fmod_lanes_of<T, W>(a, b);                                                                       \
+    return impl<T, W>(a, b);                                                                                          \
   }
-ACCEL_FMOD_VARIANT(_ZGVdN8vv_accel_fmodf, float, 8)
-ACCEL_FMOD_VARIANT(_ZGVdN4vv_accel_fmod, double, 4)
-/* the AVX-512 names of the same variants */
-__attribute__((visibility("hidden"), alias("_ZGVdN8vv_accel_fmodf")))
-accel::fmod_vec<float, 8> _ZGVeN8vv_accel_fmodf(accel::fmod_vec<float, 8> a, accel::fmod_vec<float, 8> b);
-__attribute__((visibility("hidden"), alias("_ZGVdN4vv_accel_fmod")))
-accel::fmod_vec<double, 4> _ZGVeN4vv_accel_fmod(accel::fmod_vec<double, 4> a, accel::fmod_vec<double, 4> b);
 #ifdef __AVX512F__
-ACCEL_FMOD_VARIANT(_ZGVeN16vv_accel_fmodf, float, 16)
-ACCEL_FMOD_VARIANT(_ZGVeN8vv_accel_fmod, double, 8)
+#define ACCEL_WIDE_VARIANTS(f32, f64, impl) \
+  ACCEL_VARIANT(_ZGVeN16vv_##f32, float, 16, impl) ACCEL_VARIANT(_ZGVeN8vv_##f64, double, 8, impl)
+#else
+#define ACCEL_WIDE_VARIANTS(f32, f64, impl)
 #endif
-#undef ACCEL_FMOD_VARIANT
-#define ACCEL_DIV_FLOOR_VARIANT(name, T, W) \
-  __attribute__((visibility("hidden"))) accel::fmod_vec<T, W> name(accel::fmod_vec<T, W> a, accel::fmod_vec<T, W> b) { \
-    return accel::div_floor_lanes_of<T, W>(a, b);                                                                  \
-  }
-ACCEL_DIV_FLOOR_VARIANT(_ZGVdN8vv_accel_div_floorf, float, 8)
-ACCEL_DIV_FLOOR_VARIANT(_ZGVdN4vv_accel_div_floor, double, 4)
-__attribute__((visibility("hidden"), alias("_ZGVdN8vv_accel_div_floorf")))
-accel::fmod_vec<float, 8> _ZGVeN8vv_accel_div_floorf(accel::fmod_vec<float, 8> a, accel::fmod_vec<float, 8> b);
-__attribute__((visibility("hidden"), alias("_ZGVdN4vv_accel_div_floor")))
-accel::fmod_vec<double, 4> _ZGVeN4vv_accel_div_floor(accel::fmod_vec<double, 4> a, accel::fmod_vec<double, 4> b);
-#ifdef __AVX512F__
-ACCEL_DIV_FLOOR_VARIANT(_ZGVeN16vv_accel_div_floorf, float, 16)
-ACCEL_DIV_FLOOR_VARIANT(_ZGVeN8vv_accel_div_floor, double, 8)
-#endif
-#undef ACCEL_DIV_FLOOR_VARIANT
+#define ACCEL_VARIANTS(f32, f64, impl)                                                                          \
+  ACCEL_VARIANT(_ZGVdN8vv_##f32, float, 8, impl)                                                               \
+  ACCEL_VARIANT(_ZGVdN4vv_##f64, double, 4, impl)                                                              \
+  __attribute__((visibility("hidden"), alias("_ZGVdN8vv_" #f32)))                                             \
+  accel::fmod_vec<float, 8> _ZGVeN8vv_##f32(accel::fmod_vec<float, 8> a, accel::fmod_vec<float, 8> b);        \
+  __attribute__((visibility("hidden"), alias("_ZGVdN4vv_" #f64)))                                             \
+  accel::fmod_vec<double, 4> _ZGVeN4vv_##f64(accel::fmod_vec<double, 4> a, accel::fmod_vec<double, 4> b);     \
+  ACCEL_WIDE_VARIANTS(f32, f64, impl)
+ACCEL_VARIANTS(accel_fmodf, accel_fmod, accel::fmod_lanes_of)
+ACCEL_VARIANTS(accel_div_floorf, accel_div_floor, accel::div_floor_lanes_of)
+#undef ACCEL_VARIANTS
+#undef ACCEL_WIDE_VARIANTS
+#undef ACCEL_VARIANT
 __attribute__((visibility("hidden"), used)) float accel_fmodf_1(float a, float b) { return ::fmodf(a, b); }
 __attribute__((visibility("hidden"), used)) double accel_fmod_1(double a, double b) { return ::fmod(a, b); }
 __attribute__((visibility("hidden"), used)) float accel_div_floorf_1(float a, float b) {
