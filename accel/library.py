@@ -255,7 +255,7 @@ def div_floor(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     dtype; the bits of c10's ``div_floor_floating`` (eager's kernels), ``a / b`` where ``b``
     is 0. Generated CPU kernels take one division where ``|a / b|`` is small and c10's formula
     (an fmod and two divisions) elsewhere (``include/accel/vector_fmod.h``). Only
-    :func:`accel.decompositions._div_mode` emits it (float32 and float64 on the CPU)."""
+    :func:`accel.decompositions._div_floor` emits it (float32 and float64 on the CPU)."""
     return torch.div(a, b, rounding_mode="floor")
 
 

@@ -549,8 +549,8 @@ static inline void stream_vec(char* d, const char* s) {
 
 /* n < 64 bytes from s to d by plain stores: two copies of the largest power of two not over n,
  * overlapping (glibc's memcpy for small sizes). gcc writes a memcpy of a variable size as
- * `rep movs`, whose start-up took a third of stream_store's time in a row kernel with rows
- * starting mid-line on a Zen 3 EPYC (bench/README.md, ninety-first round). */
+ * `rep movs`, whose start-up took a fifth of a row kernel's samples (rows starting mid-line)
+ * on a Zen 3 EPYC (bench/README.md, ninety-first round). */
 static inline void copy_small(char* __restrict__ d, const char* __restrict__ s, int64_t n) {
   if (n >= 32) {
     memcpy(d, s, 32), memcpy(d + n - 32, s + n - 32, 32);

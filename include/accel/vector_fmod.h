@@ -68,14 +68,18 @@ ACCEL_DECLARE_VECTOR_PAIR(accel_div_floorf, accel_div_floor)
 #endif
 
 namespace accel {
+/* the C library's fmod (exact; scalar) */
+static inline float c_fmod(float a, float b) { return ::fmodf(a, b); }
+static inline double c_fmod(double a, double b) { return ::fmod(a, b); }
+
 /* Floating floor division as c10::div_floor_floating computes it (eager's CPU and CUDA
  * kernels, and torch._refs' _floor_divide_float): mod = fmod(a, b) (exact), (a - mod) / b,
  * less 1 where mod and b differ in sign, floored and rounded up past a half; copysign(0,
- * a / b) where that is 0; a / b where b is 0. ``fmod_fn`` is the C library's fmod. */
-template <class T, class Fmod>
-static inline T div_floor_c10(T a, T b, Fmod fmod_fn) {
+ * a / b) where that is 0; a / b where b is 0. */
+template <class T>
+static inline T div_floor_c10(T a, T b) {
   if (b == 0) return a / b;
-  const T mod = fmod_fn(a, b);
+  const T mod = c_fmod(a, b);
   T div = (a - mod) / b;
   if (mod != 0 && (b < 0) != (mod < 0)) div -= T(1);
   if (div == 0) return __builtin_copysign(T(0), a / b);
@@ -90,10 +94,10 @@ static inline double fmod(double a, double b) { return ::accel_fmod(a, b); }
 static inline float div_floor(float a, float b) { return ::accel_div_floorf(a, b); }
 static inline double div_floor(double a, double b) { return ::accel_div_floor(a, b); }
 #else
-static inline float fmod(float a, float b) { return ::fmodf(a, b); }
-static inline double fmod(double a, double b) { return ::fmod(a, b); }
-static inline float div_floor(float a, float b) { return div_floor_c10(a, b, ::fmodf); }
-static inline double div_floor(double a, double b) { return div_floor_c10(a, b, [](double x, double y) { return ::fmod(x, y); }); }
+static inline float fmod(float a, float b) { return c_fmod(a, b); }
+static inline double fmod(double a, double b) { return c_fmod(a, b); }
+static inline float div_floor(float a, float b) { return div_floor_c10(a, b); }
+static inline double div_floor(double a, double b) { return div_floor_c10(a, b); }
 #endif
 }  // namespace accel
 #endif /* ACCEL_VECTOR_FMOD_H */
