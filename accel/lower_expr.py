@@ -15,6 +15,8 @@ Expressions are hash-consed: equal subexpressions are one object (CSE across a n
 """
 from __future__ import annotations
 
+import math
+import functools
 import operator
 from typing import Dict, List, Sequence, Tuple
 
@@ -68,7 +70,8 @@ class SplitLoop(LoweringError):
 
 class ConcatSpans(ConcatRead):
     """A concatenation read at an index that runs across its pieces along loop ``var``
-    (coefficient 1), a new piece starting where ``var`` reaches each of ``cuts``:
+    (the rest of the index within one of ``var``'s steps), a new piece starting where
+    ``var`` reaches each of ``cuts``:
     :func:`accel.lowering._split_spans` stores such a value piece by piece, each piece's
     loop within one input (as Inductor's ``ConcatKernel`` has each input write its slice
     of the output), where ``var`` is one of the store's loops (else a reduction's)."""
@@ -79,6 +82,14 @@ class ConcatSpans(ConcatRead):
 
 
 _PRIM_REDUCTIONS = {"sum": "sum", "prod": "prod", "amax": "amax", "amin": "amin"}
+
+#: how the results of a reduction's parts merge (:meth:`_Lowerer.reduce`), by kind (the
+#: others: ``welford``, ``online_softmax``, merged there; arg reductions are not split)
+_MERGE = {"sum": "add", "prod": "mul", "amax": "maximum", "amin": "minimum"}
+
+#: the most parts a reduction over a concatenation's pieces is split into
+#: (:meth:`_Lowerer.reduce_domains`); more: the concatenation is stored first
+MAX_SEGMENTS = 8
 
 
 def _wrap_dims(dims, shape) -> list:
@@ -259,27 +270,74 @@ class _Lowerer:
         return e
 
     # -- reductions ------------------------------------------------------------------------
-    def reduce_vars(self, x: fx.Node, dims, idx, dim_order=False) -> Tuple[tuple, Tuple[int, ...]]:
-        """The index of ``x`` for a reduction over ``dims`` at output index ``idx`` (the
-        kept dims), and the reduction variables (shared by reductions of one domain), in
-        memory order (:meth:`_memory_order`), or with ``dim_order`` in dim order (an
-        argmax's iteration order is its tie-break: the first index, row-major)."""
+    def reduce_domains(self, x: fx.Node, dims, idx, dim_order=False) -> List[Tuple[tuple, tuple]]:
+        """The domains of a reduction of ``x`` over ``dims`` at output index ``idx`` (the
+        kept dims): ``[(x's index, the reduction variables)]``, the variables shared by
+        reductions of one domain and in memory order (:meth:`_memory_order`), or with
+        ``dim_order`` in dim order (an argmax's iteration order is its tie-break: the first
+        index, row-major). One domain, but where ``x`` reads a concatenation across its
+        pieces along a reduction variable (a softmax or a LayerNorm over ``torch.cat``'s
+        dim): a domain per piece, its variable over the piece's span (:meth:`_segments`), so
+        that the reduction reads each input where it is, as Inductor's masked loads of a
+        ``ConcatKernel``'s inputs do, instead of the concatenation stored first; the caller
+        merges the pieces' results (:meth:`reduce`).
+
+        Raises:
+            ConcatRead: an arg reduction's pieces, or more than :data:`MAX_SEGMENTS`.
+        """
         xs = tuple(x.meta["val"].shape)
         dims = _wrap_dims(dims, xs)
         key = (xs, tuple(dims), idx, dim_order)
         known = self.rvars.get(key)
-        rv = known[0] if known else tuple(self.new_var(xs[d]) for d in dims)
-        it, rit, xi = iter(idx), iter(rv), []
-        for d in range(len(xs)):
-            if d in dims:
-                v = next(rit)
-                xi.append(((v, 1),) if xs[d] != 1 else ())
-            else:
-                xi.append(next(it))
-        xi = tuple(xi)
-        if not known:
-            known = self.rvars[key] = (rv, rv if dim_order else self._memory_order(rv, self.value(x, xi)))
-        return xi, known[1]
+        if known is None:
+            rv = tuple(self.new_var(xs[d]) for d in dims)
+            it, rit, xi = iter(idx), iter(rv), []
+            for d in range(len(xs)):
+                if d in dims:
+                    v = next(rit)
+                    xi.append(((v, 1),) if xs[d] != 1 else ())
+                else:
+                    xi.append(next(it))
+            known = [(tuple(xi), rv, None)]
+        # (a domain shared with an earlier reduction may be split for this one's pieces)
+        known = [d for xi, rv, order in known for d in self._segments(x, xi, rv, order, dim_order)]
+        self.rvars[key] = known
+        return [(xi, order) for xi, _, order in known]
+
+    def _segments(self, x: fx.Node, xi: tuple, rv: tuple, order, dim_order) -> list:
+        """The domain ``(xi, rv, order)`` (``order``: ``rv`` in loop order, None before it
+        is known) of a reduction of ``x``, or where ``x`` at ``xi`` reads a concatenation's
+        pieces along a variable of ``rv`` (:class:`ConcatSpans`), its parts, that variable
+        cut at the pieces' starts, each part split again where it needs."""
+        try:
+            body = self.value(x, xi)
+        except ConcatSpans as e:
+            if e.var not in rv:
+                raise
+            if dim_order or len(e.cuts) >= MAX_SEGMENTS:
+                raise ConcatRead(e.node, f"a reduction across {len(e.cuts) + 1} pieces") from e
+            bounds = [0, *e.cuts, self.sizes[e.var]]
+            parts = []
+            for lo, hi in zip(bounds, bounds[1:]):
+                w = self.new_var(hi - lo)
+                at = tuple(_affine(*(((((w if u == e.var else u), m),), 1) for u, m in a),
+                                   *((((ONE, m * lo),), 1) for u, m in a if u == e.var)) for a in xi)
+                parts += self._segments(x, at, tuple(w if v == e.var else v for v in rv), None, dim_order)
+            if len(parts) > MAX_SEGMENTS:
+                raise ConcatRead(e.node, f"a reduction across {len(parts)} pieces") from e
+            return parts
+        return [(xi, rv, order or (rv if dim_order else self._memory_order(rv, body)))]
+
+    def reduce_vars(self, x: fx.Node, dims, idx, dim_order=False) -> Tuple[tuple, Tuple[int, ...]]:
+        """The one domain of a reduction (:meth:`reduce_domains`).
+
+        Raises:
+            LoweringError: ``x`` reads a concatenation's pieces along the reduction.
+        """
+        doms = self.reduce_domains(x, dims, idx, dim_order)
+        if len(doms) != 1:
+            raise LoweringError(f"a reduction across {len(doms)} pieces of {x.format_node()}")
+        return doms[0]
 
     def _memory_order(self, rv: tuple, body: Expr) -> tuple:
         """Reduction variables ``rv`` (in dim order) in the order ``body``'s loads lay them
@@ -290,9 +348,49 @@ class _Lowerer:
         return tuple(sorted(rv, key=lambda v: -stride.get(v, 0)))
 
     def reduce(self, kind, x, dims, idx, acc_dtype, which=0, index=False) -> Expr:
+        """``kind`` (:data:`accel.loop_ir.REDUCTIONS`) of ``x`` over ``dims`` at ``idx``, its
+        result ``which``, accumulated in ``acc_dtype``; over a concatenation's pieces
+        (:meth:`reduce_domains`), each piece's result merged: sums added, maxima taken,
+        Welford moments by Chan et al.'s pairwise formula ("Updating formulae and a pairwise
+        algorithm for computing sample variances", 1979); an online softmax's maximum and
+        sum of exponentials in two passes, the pieces' maxima, then each piece's sum of
+        ``exp(x - max)`` (as a row kernel computes one).
+        """
         if acc_dtype in HALF:  # a max, min or arg reduction of 16-bit floats: compared in float32
             acc_dtype = _F32
-        xi, rv = self.reduce_vars(x, dims, idx, dim_order=index)
+        doms = self.reduce_domains(x, dims, idx, dim_order=index)
+        if len(doms) == 1:
+            return self._reduce_over(kind, x, dims, doms[0], acc_dtype, which, index)
+        if kind in _MERGE:
+            return functools.reduce(lambda a, b: self.mk(_MERGE[kind], acc_dtype, a, b),
+                                    (self._reduce_over(kind, x, dims, d, acc_dtype, which, index) for d in doms))
+        t = acc_dtype
+        if kind == "online_softmax":  # the two passes' form: max of the maxima, then the sums
+            top = functools.reduce(lambda a, b: self.mk("maximum", t, a, b),
+                                   (self._reduce_over("amax", x, dims, d, t, 0, index) for d in doms))
+            if which == 0:
+                return top
+            return functools.reduce(lambda a, b: self.mk("add", t, a, b), (
+                self.mk("reduce", t, "sum", (self.mk("exp", t, self.mk("sub", t, self.cast(self.value(x, xi), t), top)),),
+                        rv, 0) for xi, rv in doms))
+        assert kind == "welford", kind
+        parts = [(self._reduce_over(kind, x, dims, d, t, 0, index),  # (m2, mean) per piece
+                  self._reduce_over(kind, x, dims, d, t, 1, index)) for d in doms]
+        m2, mean = parts[0]
+        n = math.prod(self.sizes[v] for v in doms[0][1])
+        for (m2_b, mean_b), (_, rv_b) in zip(parts[1:], doms[1:]):
+            n_b = math.prod(self.sizes[v] for v in rv_b)
+            delta = self.mk("sub", t, mean_b, mean)
+            mean = self.mk("add", t, mean, self.mk("mul", t, delta, self.const(n_b / (n + n_b), t)))
+            spread = self.mk("mul", t, self.mk("mul", t, delta, delta), self.const(n * n_b / (n + n_b), t))
+            m2 = self.mk("add", t, self.mk("add", t, m2, m2_b), spread)
+            n += n_b
+        return (m2, mean)[which]
+
+    def _reduce_over(self, kind, x, dims, dom, acc_dtype, which, index) -> Expr:
+        """``kind`` of ``x`` over one domain ``dom`` ((x's index, the reduction variables in
+        loop order): :meth:`reduce_domains`)."""
+        xi, rv = dom
         body = self.cast(self.value(x, xi), acc_dtype)
         n = 1
         for v in rv:
@@ -456,17 +554,23 @@ class _Lowerer:
         a = idx[d]
         at = _addr(a)
         lo, hi = at.extent(self.sizes)
-        start, cuts = 0, []
+        start, starts = 0, []
         for p in parts:
             size = p.meta["val"].shape[dim]
             if start <= lo and hi < start + size:
                 return self.value(p, idx[:d] + (_affine((a, 1), (((ONE, 1),), -start)),) + idx[d + 1:])
             if start and lo < start <= hi:
-                cuts.append(start - at.offset)
+                starts.append(start)
             start += size
-        if len(at.terms) != 1 or at.terms[0][1] != 1:
-            raise ConcatRead(n, f"a concatenation read at {a}: {n.format_node()}")
-        raise ConcatSpans(n, at.terms[0][0], cuts)
+        # a loop ``v`` whose steps the pieces start between: the rest of the index stays
+        # within a step (a group norm's channel ``2 * g + c`` of groups of 2: ``g`` cut at
+        # the group each piece starts with)
+        for v, m in sorted(at.terms, key=lambda t: -t[1]):
+            rlo, rhi = Addr(tuple(t for t in at.terms if t[0] != v), at.offset).extent(self.sizes)
+            cuts = [-(-(c - rlo) // m) for c in starts] if m > 0 else []
+            if cuts and all(m * (k - 1) + rhi < c and 0 < k < self.sizes[v] for k, c in zip(cuts, starts)):
+                raise ConcatSpans(n, v, cuts)
+        raise ConcatRead(n, f"a concatenation read at {a}: {n.format_node()}")
 
     def variance(self, x, dims, correction, idx, welford=False) -> Tuple[Expr, Expr]:
         """(var, mean) of ``x`` over ``dims`` in float64: one Welford pass, or two passes
@@ -492,9 +596,11 @@ class _Lowerer:
             m2 = self.reduce("welford", x, dims, idx, f64, which=0)
         else:
             mean = self.mk("div", f64, self.reduce("sum", x, dims, idx, f64), self.const(n, f64))
-            xi, rv = self.reduce_vars(x, dims, idx)
-            dev = self.mk("sub", f64, self.cast(self.value(x, xi), f64), mean)
-            m2 = self.mk("reduce", f64, "sum", (self.mk("mul", f64, dev, dev),), rv, 0)
+            m2 = None
+            for xi, rv in self.reduce_domains(x, dims, idx):  # (a concatenation's pieces: summed)
+                dev = self.mk("sub", f64, self.cast(self.value(x, xi), f64), mean)
+                part = self.mk("reduce", f64, "sum", (self.mk("mul", f64, dev, dev),), rv, 0)
+                m2 = part if m2 is None else self.mk("add", f64, m2, part)
         if not isinstance(correction, (int, float)):
             raise LoweringError("correction must be a constant")
         var = self.mk("div", f64, m2, self.const(max(0, n - correction), f64))
@@ -512,7 +618,10 @@ class _Lowerer:
         xv = x.meta["val"]
         xs = tuple(xv.shape)
         dims = _wrap_dims(dims, xs)
-        xi, rv = self.reduce_vars(x, dims, idx)
+        doms = self.reduce_domains(x, dims, idx)
+        if len(doms) != 1:  # (a concatenation's pieces)
+            return None
+        xi, rv = doms[0]
         if len(rv) < 2 or any(self.sizes[v] == 1 for v in rv):
             return None
         stride = _load_strides(self.value(x, xi))

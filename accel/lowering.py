@@ -174,12 +174,26 @@ def _traffic(ir: LoopIR) -> int:
 def _lower(gm, ext, outs, scalar_types, writes: str) -> LoopIR:
     """:func:`lower`, with the in-place writes placed where they fit (``writes="fit"``),
     first, with the new values read back from the input ("first"), or in nests of their
-    own after every other ("last").
+    own after every other ("last"). A concatenation that a store cannot read piece by
+    piece where it is placed (:class:`accel.lower_expr.ConcatRead` after
+    :func:`_split_concats`) is stored first, and the region lowered again.
 
     Raises:
         _WriteHazard: a read that would see the wrong values, or ("first") a region that
             writes more than one input or reads an old value other than in the write.
     """
+    first: Tuple[fx.Node, ...] = ()
+    while True:
+        try:
+            return _lower_with(gm, ext, outs, scalar_types, writes, first)
+        except ConcatRead as e:
+            if e.node in first:
+                raise LoweringError(str(e)) from e
+            first += (e.node,)
+
+
+def _lower_with(gm, ext, outs, scalar_types, writes: str, stored_first) -> LoopIR:
+    """:func:`_lower`, with the concatenations ``stored_first`` stored first."""
     forget_free_vars()
     lw = _Lowerer(gm, ext, scalar_types)
     buffers = lw.buffers
@@ -198,7 +212,7 @@ def _lower(gm, ext, outs, scalar_types, writes: str) -> LoopIR:
             jobs.append((lw.tensor_ph[dst], *_peel_views(src, ext[lw.tensor_ph[dst]]), True))
     concats = []  # (concatenation, its pieces): stored first, read from memory
     if any(n.target in (_CAT, prims.collapse_view.default) for n in gm.graph.nodes):
-        jobs, concats = _split_concats(lw, jobs)
+        jobs, concats = _split_concats(lw, jobs, stored_first)
     first = writes == "first"
     if first and not _reads_new_values(jobs, lw):
         raise _WriteHazard("the outputs read the old values of an input written in place")
@@ -251,6 +265,7 @@ def _lower(gm, ext, outs, scalar_types, writes: str) -> LoopIR:
         return None
 
     position = {n: k for k, n in enumerate(gm.graph.nodes)}
+    pieced: List[fx.Node] = []  # reductions to_memory stores piece by piece
 
     def to_memory(inner: List[fx.Node]) -> None:
         """Store reductions ``inner`` to scratch buffers in nests of their own, which run
@@ -266,17 +281,23 @@ def _lower(gm, ext, outs, scalar_types, writes: str) -> LoopIR:
             val = r.meta["val"]
             spec = BufferSpec(val.dtype, tuple(val.shape), _contiguous(val.shape), True, scratch=True)
             buffers.append(spec)
-            job = (len(buffers) - 1, r, spec, False)
-            while (nest := place(job, fresh_only=True, among=made)) is None:
-                deeper = _conflicting(lw, job)
-                if not deeper:
-                    raise LoweringError(f"cannot schedule {r.format_node()}")
-                to_memory(deeper)  # (their nests run after made's: place keeps r after them)
-            if nest not in made:
-                made.append(nest)
-                forced += 1
-            home[r] = nest
-            lw.in_memory[r] = (len(buffers) - 1, spec)
+            buf = len(buffers) - 1
+            # (piece by piece where it reads a concatenation's pieces: a group norm's
+            # statistics of ``torch.cat([h, skip], 1)``, for its backward)
+            pieces = _split_spans(lw, (buf, r, spec, False))
+            if len(pieces) > 1:
+                pieced.append(r)
+            for job in pieces:
+                while (nest := place(job, fresh_only=True, among=made)) is None:
+                    deeper = _conflicting(lw, job)
+                    if not deeper:
+                        raise LoweringError(f"cannot schedule {r.format_node()}")
+                    to_memory(deeper)  # (their nests run after made's: place keeps r after them)
+                if nest not in made:
+                    made.append(nest)
+                    forced += 1
+                home[r] = nest if r not in home or nests.index(nest) > nests.index(home[r]) else home[r]
+            lw.in_memory[r] = (buf, spec)
         lw.memo.clear()
 
     for cat, pieces in concats:  # first, in the order they were met (one may read another)
@@ -313,7 +334,7 @@ def _lower(gm, ext, outs, scalar_types, writes: str) -> LoopIR:
             lw.memo.clear()
     if len(nests) > 1:
         stored: Dict[int, list] = {}
-        for cat, _ in concats:
+        for cat in [cat for cat, _ in concats] + pieced:  # (read whole after the last piece's nest)
             stored.setdefault(id(home[cat]), []).append((cat, lw.in_memory[cat]))
         _reuse_memory(lw, gm, buffers, nests, placed, shapes, first, stored)
     ir = LoopIR(buffers, list(scalar_types), lw.sizes, nests)
@@ -580,37 +601,40 @@ def _whole(spec: BufferSpec) -> BufferSpec:
     return dataclasses.replace(spec, shape=tuple(shape), stride=tuple(stride), merged=())
 
 
-def _split_concats(lw: _Lowerer, jobs) -> Tuple[list, list]:
+def _split_concats(lw: _Lowerer, jobs, first=()) -> Tuple[list, list]:
     """``jobs`` split piece by piece where they store a concatenation (:func:`_split_spans`),
-    and the concatenations read across their pieces other than along a store's loop (along a
-    reduction's: a GroupNorm of ``torch.cat([h, skip], 1)``, a U-Net decoder's; at a
-    group's and a channel's index in one dim) stored first: each into the output that holds
-    it (its job taken from ``jobs``) or a scratch buffer, piece by piece, and read from
-    memory (``lw.in_memory``), as eager reads ``torch.cat``'s result. Returns (the jobs, the
-    concatenations stored first and their pieces' jobs, in the order they were met).
+    and the concatenations ``first`` and those read across their pieces other than along a
+    store's or a reduction's loop (a channel at ``2 * g + c`` where a piece starts inside a
+    group) stored first: each into the output that holds it (its job taken from ``jobs``)
+    or a scratch buffer, piece by piece, and read from memory (``lw.in_memory``), as eager
+    reads ``torch.cat``'s result. Returns (the jobs, the concatenations stored first and
+    their pieces' jobs, in the order they were met).
 
     Raises:
         LoweringError: a concatenation's own pieces cannot be stored.
     """
-    concats = []
+    concats, first = [], list(first)
     while True:
-        try:
-            return [piece for job in jobs for piece in _split_spans(lw, job)], concats
-        except ConcatRead as e:
-            cat = e.node
-            if cat in lw.in_memory:
-                raise LoweringError(f"a concatenation read across its pieces: {cat.format_node()}") from e
-            own = next((j for j in jobs if j[1] is cat and not j[3]), None)
-            if own is not None:  # an output
-                jobs = [j for j in jobs if j is not own]
-            else:
-                val = cat.meta["val"]
-                spec = BufferSpec(val.dtype, tuple(val.shape), _contiguous(val.shape), True, scratch=True)
-                lw.buffers.append(spec)
-                own = (len(lw.buffers) - 1, cat, spec, False)
-            concats.append((cat, _split_spans(lw, own)))
-            lw.in_memory[cat] = (own[0], own[2])
-            lw.memo.clear()
+        if first:
+            cat = first.pop(0)
+        else:
+            try:
+                return [piece for job in jobs for piece in _split_spans(lw, job)], concats
+            except ConcatRead as e:
+                cat = e.node
+                if cat in lw.in_memory:
+                    raise LoweringError(f"a concatenation read across its pieces: {cat.format_node()}") from e
+        own = next((j for j in jobs if j[1] is cat and not j[3]), None)
+        if own is not None:  # an output
+            jobs = [j for j in jobs if j is not own]
+        else:
+            val = cat.meta["val"]
+            spec = BufferSpec(val.dtype, tuple(val.shape), _contiguous(val.shape), True, scratch=True)
+            lw.buffers.append(spec)
+            own = (len(lw.buffers) - 1, cat, spec, False)
+        concats.append((cat, _split_spans(lw, own)))
+        lw.in_memory[cat] = (own[0], own[2])
+        lw.memo.clear()
 
 
 def _reuse_memory(lw: _Lowerer, gm, buffers, nests, placed, shapes, new_values: bool = False,

@@ -119,6 +119,61 @@ def test_gradients_through_chunks_and_concatenations(device):
             close(g, r)
 
 
+ALONG = {  # name -> (program, whether each piece is read where it is, no copy of the concatenation)
+    "softmax": (lambda x, w: torch.cat([x * 2, w + 1], -1).softmax(-1), True),
+    "bfloat16_softmax": (lambda x, w: torch.cat([x.bfloat16() * 2, w.bfloat16()], -1).softmax(-1), True),
+    "uneven_log_softmax": (lambda x, w: torch.cat([x * 2, w[:, :16]], -1).log_softmax(-1), True),
+    "layer_norm": (lambda x, w: F.layer_norm(torch.cat([x, w * 2], -1), (96,)) * 3, True),
+    "rms_norm": (lambda x, w: F.rms_norm(torch.cat([x, w * 2, x[:, :5]], -1), (101,)), True),
+    "var_mean": (lambda x, w: torch.var_mean(torch.cat([x.exp(), w], -1), -1, correction=1), True),
+    "var": (lambda x, w: torch.cat([x.exp(), w], -1).var(-1), True),
+    "sum_amax_amin_prod": (lambda x, w: (lambda c: (c.sum(-1), c.amax(-1), c.amin(-1), c[:, 40:60].prod(-1)))(
+        torch.cat([x * 2, w], -1)), True),
+    "int_sum": (lambda x, w: torch.cat([(x * 9).int(), (w * 9).int() * 3], -1).sum(-1), True),
+    "nan_amax": (lambda x, w: torch.cat([x, (w - 2.5).sqrt()], -1).amax(-1), True),  # (some rows' NaN)
+    "minus_inf_piece": (lambda x, w: torch.cat([torch.full_like(x, float("-inf")), w], -1).softmax(-1), True),
+    "all_minus_inf": (lambda x, w: torch.cat([x * 0 - torch.inf, w.abs() * -torch.inf], -1).softmax(-1), True),
+    # groups of 2 channels, the pieces' boundary between groups: each group's statistics of one input
+    "group_norm": (lambda x, w: F.silu(F.group_norm(torch.cat([x.view(6, 4, 12), (w.view(6, 4, 12) * 2)[:, :2]], 1), 3)),
+                   True),
+    "two_concatenations": (lambda x, w: (torch.cat([x, w], -1) * torch.cat([w[:, :8], x, w[:, 8:]], -1)).softmax(-1),
+                           True),
+    # read back: an arg reduction's first index is its order's; more pieces than MAX_SEGMENTS
+    "argmax": (lambda x, w: torch.cat([x * 2, w], -1).argmax(-1), False),
+    "many_pieces": (lambda x, w: (torch.cat([x[:, 6 * k:6 * k + 6] for k in range(8)], -1)
+                                  + torch.cat([w[:, :3]] + [w[:, 3 + 6 * k:9 + 6 * k] for k in range(6)] + [w[:, 39:]],
+                                              -1)).softmax(-1), False),
+}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", list(ALONG))
+def test_a_reduction_along_a_concatenation_reads_each_piece(device, name, fresh_store, monkeypatch):
+    """A reduction along a concatenation's dim (a softmax, a norm over ``torch.cat``'s last
+    dim; a group norm whose groups each lie in one piece) runs over each piece where it is
+    and merges the pieces' results (``accel.lower_expr._Lowerer.reduce``): no copy of the
+    concatenation in memory. Where it cannot (an argmax, whose tie-break is its order; more
+    than ``MAX_SEGMENTS`` pieces), the concatenation is stored first. Eager's results:
+    integer sums bit for bit, NaN and ``-inf`` pieces as eager."""
+    import accel.lowering as lowering
+
+    irs, lower = [], lowering.lower
+    monkeypatch.setattr(lowering, "lower", lambda *a: irs.append(lower(*a)) or irs[-1])
+    torch.manual_seed(0)
+    x, w = torch.randn(6, 48, device=device), torch.randn(6, 48, device=device)
+    f, in_place = ALONG[name]
+    want = f(x, w)
+    accel.reset_stats()
+    with accel.eager():
+        got = f(x, w)
+    close(got, want, equal_nan=True)
+    st = accel.stats()
+    assert (st["kernel_runs"], st["eager_replays"]) == (1, 0), st
+    (ir,) = irs
+    copies = [b.shape for b in ir.buffers if b.scratch]
+    assert (not copies) == in_place, (copies, ir.describe())
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype, split", [(torch.float32, 12), (torch.bfloat16, 12), (torch.float32, 10)])
 def test_a_unet_skip_connection_normalized_across_its_pieces(device, dtype, split):

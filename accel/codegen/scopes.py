@@ -45,7 +45,19 @@ def reciprocal_divisor(b: Expr, numbers: bool) -> bool:
     b = _uncast(b)
     if b.op == "reduce":
         return b.args[0] == "online_softmax" and b.args[3] == 1
+    if b.op == "add" and all(_exp_sum(a) for a in b.args):  # a softmax's over a concatenation's pieces
+        return True
     return numbers and _number(b)
+
+
+def _exp_sum(e: Expr) -> bool:
+    """``e`` is a sum of ``exp(x - max)`` over a concatenation's pieces or one of them (a
+    softmax's: :meth:`accel.lower_expr._Lowerer.reduce`)."""
+    e = _uncast(e)
+    if e.op == "add":
+        return all(_exp_sum(a) for a in e.args)
+    return (e.op == "reduce" and e.args[0] == "sum" and _uncast(e.args[1][0]).op == "exp"
+            and _uncast(e.args[1][0]).args[0].op == "sub")
 
 
 def _uncast(e: Expr) -> Expr:
