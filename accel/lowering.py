@@ -18,6 +18,7 @@ import torch.fx as fx
 from . import library  # noqa: F401 - registers torch.ops.accel.cat
 from .loop_ir import Addr, BufferSpec, Expr, LoopIR, Nest, Store, forget_free_vars, free_vars, reductions, walk
 from .lower_expr import (CONTIGUOUS_RUN, ONE, ConcatRead, ConcatSpans, LoweringError, SplitLoop, _addr, _affine,
+                         even_cuts,
                          _Lowerer)
 from .passes import writes_argument
 
@@ -553,7 +554,8 @@ def _split_spans(lw: _Lowerer, job) -> list:
     except ConcatSpans as e:
         if e.var not in dims:
             raise ConcatRead(e.node, f"a concatenation read across its pieces: {node.format_node()}") from e
-        return _pieces(lw, job, dims.index(e.var), e.cuts)
+        d = dims.index(e.var)
+        return _pieces(lw, job, d, even_cuts(e.cuts, spec.shape[d]))
     return [job]
 
 

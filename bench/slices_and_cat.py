@@ -29,7 +29,9 @@ Workloads:
   [B, 64, 32, 32] (``h`` and ``skip`` its channels' halves: groups of 2 channels), and
   ``cat_softmax`` / ``cat_layernorm``: a softmax / LayerNorm over the last dim of ``cat([a
   * 2, b], -1)`` of [R, 1024] (ninetieth round: the concatenation stored first, then read
-  by the reduction's nest; before, each region ran eagerly); ``cat_groupnorm_train``: the
+  by the reduction's nest; before, each region ran eagerly; ninety-second round: each
+  piece reduced where it is, the results merged, no copy of the concatenation:
+  ``accel.lower_expr._Lowerer.reduce_domains``); ``cat_groupnorm_train``: the
   first with a shortcut (``y = silu(norm(x)) + x``), forward and backward
   (``torch.autograd.grad`` of ``(y * y).sum()`` for the input and the norm's weight):
   the backward splits the gradient of ``x``, merged from ``[B, G, C/G, H, W]``, between

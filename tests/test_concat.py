@@ -1,8 +1,9 @@
 """Concatenations in regions (``accel.library.cat``): eager's ``cat`` and ``stack`` of 2 to
 ``CAT_MAX`` tensors are recorded as ``accel.cat``, and the lowering stores a value that
-reads one across its pieces piece by piece (``accel.lowering._split_spans``), or, where a
-reduction runs along the concatenated dim, stores the concatenation first and reads it back
-(``accel.lowering._split_concats``). Results, layouts and gradients are eager's; what a
+reads one across its pieces piece by piece (``accel.lowering._split_spans``); a reduction
+along the concatenated dim reduces each piece and merges the results
+(``accel.lower_expr._Lowerer.reduce_domains``), or, where it cannot, the concatenation is
+stored first and read back (``accel.lowering._split_concats``). Results, layouts and gradients are eager's; what a
 kernel cannot take (an ``out=`` tensor, more tensors, an empty one, other ranks) runs as
 eager runs it, with eager's errors."""
 import warnings
@@ -39,7 +40,7 @@ PROGRAMS = {
     "promoted": lambda x, w: torch.cat([x * 2, (w > 0).to(torch.int32), w.double()], -1) * 3,
     "eight": lambda x, w: torch.cat([x * k for k in range(8)], -1) + w[:, :1],
     "reduced_across": lambda x, w: torch.cat([x * 2, w + 1], 0).sum(-1),  # rows of pieces
-    # reductions along the concatenated dim: the concatenation stored first, read back
+    # reductions along the concatenated dim: each piece reduced, the results merged
     "summed_along": lambda x, w: torch.cat([x * 2, w + 1], 0).sum(0),
     "amax_along": lambda x, w: torch.cat([x * 2, w.view(48, 6)[:5].t() + 1], -1).amax(-1),
     "softmax_along": lambda x, w: torch.cat([x * 2, w + 1], -1).softmax(-1),
@@ -172,6 +173,32 @@ def test_a_reduction_along_a_concatenation_reads_each_piece(device, name, fresh_
     (ir,) = irs
     copies = [b.shape for b in ir.buffers if b.scratch]
     assert (not copies) == in_place, (copies, ir.describe())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_pieces_of_unequal_sizes_share_a_nest(device, fresh_store, monkeypatch):
+    """A softmax and a LayerNorm over ``torch.cat`` of 192 and 64 columns: the stores and
+    the reductions are cut into spans of 64 (``accel.lower_expr.even_cuts``), one nest
+    whose row statistics are computed once for the four spans, no copy of the
+    concatenation. Eager's results."""
+    import accel.lowering as lowering
+
+    irs, lower = [], lowering.lower
+    monkeypatch.setattr(lowering, "lower", lambda *a: irs.append(lower(*a)) or irs[-1])
+    torch.manual_seed(0)
+    a, b = torch.randn(5, 192, device=device), torch.randn(5, 64, device=device)
+
+    def f():
+        c = torch.cat([a * 2, b], -1)
+        return c.softmax(-1), F.layer_norm(c, (256,))
+
+    want = f()
+    with accel.eager():
+        got = f()
+    close(got, want)
+    (ir,) = irs
+    assert len(ir.nests) == 1 and not any(b.scratch for b in ir.buffers), ir.describe()
+    assert [ir.sizes[v] for v in ir.nests[0].vars] == [5, 64] and len(ir.nests[0].stores) == 8, ir.describe()
 
 
 @pytest.mark.parametrize("device", DEVICES)
