@@ -18,8 +18,7 @@ import torch.fx as fx
 from . import library  # noqa: F401 - registers torch.ops.accel.cat
 from .loop_ir import Addr, BufferSpec, Expr, LoopIR, Nest, Store, forget_free_vars, free_vars, reductions, walk
 from .lower_expr import (CONTIGUOUS_RUN, ONE, ConcatRead, ConcatSpans, LoweringError, SplitLoop, _addr, _affine,
-                         even_cuts,
-                         _Lowerer)
+                         _Lowerer, even_cuts)
 from .passes import writes_argument
 
 prims = torch.ops.prims
@@ -288,6 +287,7 @@ def _lower_with(gm, ext, outs, scalar_types, writes: str, stored_first) -> LoopI
             pieces = _split_spans(lw, (buf, r, spec, False))
             if len(pieces) > 1:
                 pieced.append(r)
+            homes = []
             for job in pieces:
                 while (nest := place(job, fresh_only=True, among=made)) is None:
                     deeper = _conflicting(lw, job)
@@ -297,7 +297,8 @@ def _lower_with(gm, ext, outs, scalar_types, writes: str, stored_first) -> LoopI
                 if nest not in made:
                     made.append(nest)
                     forced += 1
-                home[r] = nest if r not in home or nests.index(nest) > nests.index(home[r]) else home[r]
+                homes.append(nest)
+            home[r] = max(homes, key=nests.index)  # (the last to run: readers are placed after it)
             lw.in_memory[r] = (buf, spec)
         lw.memo.clear()
 
