@@ -130,6 +130,7 @@ ALONG = {  # name -> (program, whether each piece is read where it is, no copy o
     "var": (lambda x, w: torch.cat([x.exp(), w], -1).var(-1), True),
     "sum_amax_amin_prod": (lambda x, w: (lambda c: (c.sum(-1), c.amax(-1), c.amin(-1), c[:, 40:60].prod(-1)))(
         torch.cat([x * 2, w], -1)), True),
+    "viewed_sum": (lambda x, w: torch.cat([x, w * 2], 1).view(6, 48, 2).sum((1, 2)), True),  # (at 2 * i + j)
     "int_sum": (lambda x, w: torch.cat([(x * 9).int(), (w * 9).int() * 3], -1).sum(-1), True),
     "nan_amax": (lambda x, w: torch.cat([x, (w - 2.5).sqrt()], -1).amax(-1), True),  # (some rows' NaN)
     "minus_inf_piece": (lambda x, w: torch.cat([torch.full_like(x, float("-inf")), w], -1).softmax(-1), True),
