@@ -338,6 +338,8 @@ def _lower_with(gm, ext, outs, scalar_types, writes: str, stored_first) -> LoopI
         stored: Dict[int, list] = {}
         for cat in [cat for cat, _ in concats] + pieced:  # (read whole after the last piece's nest)
             stored.setdefault(id(home[cat]), []).append((cat, lw.in_memory[cat]))
+        for node, (k, buf, spec) in _outputs_in_pieces(placed).items():  # (likewise)
+            stored.setdefault(id(nests[k]), []).append((node, (buf, spec)))
         _reuse_memory(lw, gm, buffers, nests, placed, shapes, first, stored)
     ir = LoopIR(buffers, list(scalar_types), lw.sizes, nests)
     for nest in nests:
@@ -345,6 +347,20 @@ def _lower_with(gm, ext, outs, scalar_types, writes: str, stored_first) -> LoopI
     _check_hazards(ir, len(ext), new_values_after=first)
     _check_bounds(ir)
     return ir
+
+
+def _outputs_in_pieces(placed) -> Dict[fx.Node, tuple]:
+    """The values stored piece by piece into outputs (:func:`_split_spans`; not inputs
+    written in place), by node: (the nest that stores its last piece, the buffer, the
+    value's spec whole), so that later nests read it whole (a U-Net block's output, stored
+    piece by piece, read by the loss's sum) rather than compute it again."""
+    last: Dict[fx.Node, tuple] = {}
+    for k, jobs in enumerate(placed):
+        for buf, node, spec, mutation in jobs:
+            if spec.origin and not mutation:
+                last[node] = (k, buf, dataclasses.replace(_whole(spec), shape=tuple(node.meta["val"].shape),
+                                                          origin=()))
+    return {n: v for n, v in last.items() if len(v[2].shape) == len(v[2].stride)}
 
 
 def _check_bounds(ir: LoopIR) -> None:

@@ -204,6 +204,34 @@ def test_pieces_of_unequal_sizes_share_a_nest(device, fresh_store, monkeypatch):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_an_output_stored_piece_by_piece_is_read_back_whole(device, fresh_store, monkeypatch):
+    """A rotary embedding's output (stored piece by piece) and its sum of squares, a loss's:
+    the sum's nest, after the output's, reads the output back
+    (``accel.lowering._outputs_in_pieces``) instead of computing it again from ``q``."""
+    import accel.lowering as lowering
+    from accel.loop_ir import walk
+
+    irs, lower = [], lowering.lower
+    monkeypatch.setattr(lowering, "lower", lambda *a: irs.append(lower(*a)) or irs[-1])
+    torch.manual_seed(0)
+    q, cos = torch.randn(3, 9, 32, device=device), torch.randn(9, 32, device=device)
+
+    def f():
+        y = _rope(q * 2, cos, cos * 0.5)
+        return y, (y * y).sum()
+
+    want = f()
+    with accel.eager():
+        got = f()
+    close(got, want)
+    (ir,) = irs
+    out = next(i for i, b in enumerate(ir.buffers) if b.output and b.shape == (3, 9, 32))
+    (total,) = [n for n in ir.nests if not n.vars]
+    loads = {e.args[0] for st in total.stores for e in walk(st.value, set()) if e.op == "load"}
+    assert loads == {out}, (loads, ir.describe())
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype, split", [(torch.float32, 12), (torch.bfloat16, 12), (torch.float32, 10)])
 def test_a_unet_skip_connection_normalized_across_its_pieces(device, dtype, split):
     """A U-Net decoder block's start, forward and backward: the upsampled features and the
