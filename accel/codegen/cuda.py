@@ -193,6 +193,7 @@ class CudaRenderer(VectorLoads, ColumnTiles, TransposeTiles, CppRenderer):
         self.elems = None  # set for a row kernel; block mode without it runs block loops
         self.vec = None
         self.row_vec = frozenset()
+        self.row_vec_regs: Dict[tuple, str] = {}  # (buffer, address) -> a row kernel's store vector
         self.unroll = BLOCK_UNROLL  # block loops' (scalar) unrolling
         self.row_regs, self.row_decls = {}, []  # row kernels' vector registers (_rhs)
         self.load_hints = {}  # block loops: (scope id, buffer) -> L2 priority (_plan_load_hints)
@@ -247,8 +248,12 @@ class CudaRenderer(VectorLoads, ColumnTiles, TransposeTiles, CppRenderer):
         self.block_lvl, self.block_outer = lvl, outer
         if vbufs:  # vw neighbouring elements a thread at a time
             self.row_vec = vbufs
-            for b in sorted({st.buf for st in nest.stores} & vbufs):
-                out.append(f"  {self._vec(b)} w{b};")
+            # a vector a store (a concatenation's pieces are stores into one buffer)
+            for st in nest.stores:
+                if st.buf in vbufs and (st.buf, st.addr) not in self.row_vec_regs:
+                    k = sum(1 for b, _ in self.row_vec_regs if b == st.buf)
+                    self.row_vec_regs[st.buf, st.addr] = name = f"w{st.buf}_{k}" if k else f"w{st.buf}"
+                    out.append(f"  {self._vec(st.buf)} {name};")
         row = self._row(inner, lvl)
         if elems <= self.row_limit and row is not None:  # a row kernel: the row in registers
             v, groups, loop = row
@@ -629,10 +634,10 @@ class CudaRenderer(VectorLoads, ColumnTiles, TransposeTiles, CppRenderer):
         if self.vec is not None and (st.buf, st.addr) in self.vec_stores:
             return f"{self.vec_stores[st.buf, st.addr]} = {self._name(st.value, scope)};"
         if self.row_vec and st.buf in self.row_vec:  # the vector is written with its last element
-            m = self.vw - 1
-            return (f"accel::lane_ref(w{st.buf}, j & {m}) = {self._name(st.value, scope)}; "
+            m, w = self.vw - 1, self.row_vec_regs[st.buf, st.addr]
+            return (f"accel::lane_ref({w}, j & {m}) = {self._name(st.value, scope)}; "
                     f"if ((j & {m}) == {m}) *reinterpret_cast<{self._vec(st.buf)}*>(b{st.buf} + "
-                    f"{self._addr(st.addr)} - {m}) = w{st.buf};")
+                    f"{self._addr(st.addr)} - {m}) = {w};")
         guard = {"block": "if (threadIdx.x == 0) ", "grid": "if (threadIdx.x == 0) ",
                  "col": "if (threadIdx.y == 0) "}.get(self.mode, "")
         if self.tile_vars and self.mode == "thread":
