@@ -45,7 +45,7 @@ def reciprocal_divisor(b: Expr, numbers: bool) -> bool:
     b = _uncast(b)
     if b.op == "reduce":
         return b.args[0] == "online_softmax" and b.args[3] == 1
-    if b.op == "add" and all(_exp_sum(a) for a in b.args):  # a softmax's over a concatenation's pieces
+    if b.op == "add" and _exp_sum(b):  # a softmax's over a concatenation's pieces
         return True
     return numbers and _number(b)
 
