@@ -360,7 +360,9 @@ def compare(name, eager, accelerated, compiled, runs, floor_ms=None, exact=None)
 def device_workloads_args(doc: str):
     """The command line of a script timing memory-bound workloads on one device
     (``[cpu|cuda] [--runs N]``), parsed, with accel intercepting every call
-    (:func:`intercept_every_step`) and the machine printed. Returns (device, shape:
+    (:func:`intercept_every_step`), the machine printed and the dispatch filter built or
+    loaded (:func:`accel.dispatch.wait`: accel's steady state has it; a run that times
+    accel while it builds times the dispatch mode's path). Returns (device, shape:
     [8192, 1024] on the CPU and [16384, 4096] on a GPU, a synchronize for the device, runs,
     a test of a workload's name: ``--only a,b`` keeps those)."""
     import argparse
@@ -376,6 +378,9 @@ def device_workloads_args(doc: str):
     sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
     only = set(filter(None, args.only.split(",")))
     print(machine())
+    t0 = time.perf_counter()
+    filtered = accel.dispatch.wait()  # before any timing: the steady state has it
+    print(f"dispatch filter built or loaded in {time.perf_counter() - t0:.1f} s (loaded: {filtered})")
     return dev, shape, sync, args.runs, lambda name: not only or name in only
 
 

@@ -519,3 +519,46 @@ def test_opinfo_samples_of_concatenations_and_cross_products(op, dtype, device):
         close(got, want, equal_nan=True, rtol=0 if not dtype.is_floating_point else None,
               atol=0 if not dtype.is_floating_point else None)
         assert got.stride() == want.stride() or got.numel() <= 1
+
+
+_MERGED = {  # program of x, w [3, 40]: (block reductions a row, the merged partials rendered)
+    "softmax": (lambda x, w: torch.cat([x * 2, w + 1], -1).softmax(-1), 2,
+                [r"accel::maximum\(a\d+_0, a\d+_0\), accel::Max\(\)", r"\(a\d+_0 \+ a\d+_0\), accel::Sum\(\)"]),
+    "sum3": (lambda x, w: torch.cat([x, w * 2, x - w], -1).sum(-1, keepdim=True) * x, 1,
+             [r"\(\(a\d+_0 \+ a\d+_0\) \+ a\d+_0\), accel::Sum\(\)"]),
+    "amin": (lambda x, w: x - torch.cat([x, w.exp()], -1).amin(-1, keepdim=True), 1,
+             [r"accel::minimum\(a\d+_0, a\d+_0\), accel::Min\(\)"]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_MERGED))
+def test_a_reduction_along_pieces_reduces_across_the_block_once(name, fresh_store, monkeypatch):
+    """A CUDA block reducing along a concatenation's pieces merges the pieces' values a
+    thread at a time, then reduces across the block once (``accel.codegen.cuda_merges``):
+    a softmax over two pieces runs two block reductions a row (its maximum and its sum),
+    not four. Rendered here, without a GPU; eager's results on the CPU."""
+    import re
+
+    import accel.lowering as lowering
+    from accel.codegen.cuda import CudaRenderer
+
+    program, reductions, merged = _MERGED[name]
+    irs, lower = [], lowering.lower
+    monkeypatch.setattr(lowering, "lower", lambda *a: irs.append(lower(*a)) or irs[-1])
+    x, w = torch.randn(3, 40), torch.randn(3, 40)  # (3 rows of 40: shapes no other test traces)
+    want = program(x, w)
+    with accel.eager():
+        got = program(x, w)
+    close(got, want)
+    (ir,) = irs
+    r = CudaRenderer()
+    src = r.render(ir, "k")
+    assert [d["block"][0] % 32 for d in r.launches] == [0], r.launches  # block mode
+    for k in ("k_k0(", "k_k0v("):
+        if k not in src:
+            continue
+        body = src[src.index(k):]
+        body = body[:body.find("extern", 1)] if "extern" in body[1:] else body
+        assert body.count("accel::block_reduce(") == reductions, body
+        for m in merged:
+            assert re.search(r"accel::block_reduce\(" + m, body), (m, body)

@@ -721,7 +721,7 @@ def _rotate_half(x):
     # transformers' rotary embedding: a store per piece of the cat, each a vector
     ("rope", lambda x: x * 0.5 + _rotate_half(x) * 0.25, 6, 0),
     ("stack_rows", lambda x: torch.stack([x.exp(), x.sin()]), 3, 0)])
-def test_cuda_vector_variants_of_offsets_and_pieces(monkeypatch, name, program, vectors, scalar):
+def test_cuda_vector_variants_of_offsets_and_pieces(monkeypatch, fresh_store, name, program, vectors, scalar):
     """Loads and stores at a constant offset (a slice, a cat's piece) move 16 bytes at a time
     where the offset is a multiple of 4 elements, and one element at a time where it is not
     (a vector at an odd offset would fault: misaligned address); a nest storing several
@@ -730,7 +730,6 @@ def test_cuda_vector_variants_of_offsets_and_pieces(monkeypatch, name, program, 
 
     irs, lower = [], lowering.lower
     monkeypatch.setattr(lowering, "lower", lambda *a: irs.append(lower(*a)) or irs[-1])
-    monkeypatch.setenv("ACCEL_CACHE_DIR", str(__import__("tempfile").mkdtemp()))
     x = torch.randn(8, 512, 128)
     with accel.eager():
         got = program(x)

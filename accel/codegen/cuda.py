@@ -37,6 +37,7 @@ from ..ops import HALF
 from . import CodegenError
 from .cpp import CppRenderer
 from .cuda_columns import ColumnTiles
+from .cuda_merges import PartialMerges
 from .cuda_tiles import TransposeTiles
 from .cuda_vectors import VectorLoads
 from .cuda_shapes import (BLOCK, BLOCK_UNROLL, BLOCK_VEC_UNROLL, GRID_MIN, ILP, MAX_GRID,
@@ -95,7 +96,7 @@ _COMBINE = {"sum": "accel::Sum()", "prod": "accel::Prod()", "amax": "accel::Max(
             "amin": "accel::Min()"}
 
 
-class CudaRenderer(VectorLoads, ColumnTiles, TransposeTiles, CppRenderer):
+class CudaRenderer(VectorLoads, ColumnTiles, TransposeTiles, PartialMerges, CppRenderer):
     """Renders a :class:`LoopIR` as CUDA C++ for ``nvcc -cubin``: the kernels, and their
     launch plan in :attr:`launches` (see :meth:`render`)."""
 
@@ -198,6 +199,7 @@ class CudaRenderer(VectorLoads, ColumnTiles, TransposeTiles, CppRenderer):
         self.row_regs, self.row_decls = {}, []  # row kernels' vector registers (_rhs)
         self.load_hints = {}  # block loops: (scope id, buffer) -> L2 priority (_plan_load_hints)
         self.transposing = False
+        self.merge_leaves, self.merge_roots = {}, {}  # (block mode: _plan_merges)
         if not levels:  # elementwise
             n = self._size(order)
             self.mode = "thread"
@@ -223,7 +225,8 @@ class CudaRenderer(VectorLoads, ColumnTiles, TransposeTiles, CppRenderer):
         rsize = max(self._size(g.rvars) for sc in self.nest_scopes for k, g in sc.items if k == "group")
         if self._grid_fits(order, rsize):
             return self._grid_reduction(rsize, out)
-        longest = max(self._size(inner), rsize, 1)
+        span = max(self._size(inner), rsize, 1)  # a loop of the row's
+        longest = max(span, self._row_length(lvl))  # its values in all its pieces' loops
         moments = any(k == "group" and g.members[0].args[0] == "welford"
                       for sc in self.nest_scopes for k, g in sc.items)
         scale = ROW_HALF_SCALE if self._half_row(nest, ir) else 1
@@ -242,7 +245,7 @@ class CudaRenderer(VectorLoads, ColumnTiles, TransposeTiles, CppRenderer):
         if (moments and -(-longest // ROW_THREADS) > ROW_ELEMS_MOMENTS
                 and self._row_bytes_read(ir, n_out, longest) <= MOMENTS_HALF_BLOCK_BYTES):
             self.threads = MOMENTS_HALF_BLOCK_THREADS
-        elems = -(-longest // self.threads)
+        elems = -(-span // self.threads)
         if self.threads == 32:  # a row a warp, several a block (see ROW_WARPS)
             self.rows = ROW_WARPS
         self.block_lvl, self.block_outer = lvl, outer
@@ -255,7 +258,7 @@ class CudaRenderer(VectorLoads, ColumnTiles, TransposeTiles, CppRenderer):
                     self.row_vec_regs[st.buf, st.addr] = name = f"w{st.buf}_{k}" if k else f"w{st.buf}"
                     out.append(f"  {self._vec(st.buf)} {name};")
         row = self._row(inner, lvl)
-        if elems <= self.row_limit and row is not None:  # a row kernel: the row in registers
+        if -(-longest // self.threads) <= self.row_limit and row is not None:  # a row kernel: the row in registers
             v, groups, loop = row
             if vbufs:
                 self.row_vars = {v} | {g.rvars[0] for k, g in groups.items if k == "group"}
@@ -268,6 +271,7 @@ class CudaRenderer(VectorLoads, ColumnTiles, TransposeTiles, CppRenderer):
             self._plan_online(nest, ir, lambda: max(self._levels()) == lvl)
             if vbufs:
                 self._plan_load_hints()
+        self._plan_merges()
         at = len(out)
         self._block_loop(order, n_out, lvl, out)
         out[at:at] = self.row_decls
@@ -290,6 +294,20 @@ class CudaRenderer(VectorLoads, ColumnTiles, TransposeTiles, CppRenderer):
             self.online_softmax = False
         if not (self._levels() and keeps()):
             self._plan(nest, ir)
+
+    def _row_length(self, lvl: int) -> int:
+        """Values a row of the reductions at ``lvl`` holds in registers: for each kind of
+        reduction, the sizes of its variables, each once; the most of any kind. A
+        reduction along a concatenation has a variable a piece, the pieces' loops side by
+        side, each keeping its values (a softmax's maxima over ``cat([a, b], -1)``: the
+        two pieces' sizes); a two-pass reduction's passes read the same values through
+        variables of their own (a logsumexp's maximum, then its sum: the row once)."""
+        by_kind: Dict[str, set] = {}
+        for k, g in self.nest_scopes[lvl].items:
+            if k == "group" and len(g.rvars) == 1:
+                for e in g.members:
+                    by_kind.setdefault(e.args[0], set()).add(g.rvars[0])
+        return max((sum(self.ir.sizes[v] for v in vs) for vs in by_kind.values()), default=0)
 
     def _row(self, inner, lvl: int):
         """A row kernel's row: (its variable, the scope of its reductions, the scope of the
@@ -435,6 +453,8 @@ class CudaRenderer(VectorLoads, ColumnTiles, TransposeTiles, CppRenderer):
                 hint = self.load_hints.get((id(scope), e.args[0]))
                 return f"accel::lane(accel::load_once{f'<{hint}>' if hint else ''}({reg}, {ptr}, j == 0), j)"
             return f"accel::lane(accel::load_once({reg}[j >> {sh}], {ptr}, (j & {m}) == 0), j & {m})"
+        if e in self.merge_roots:  # pieces' reductions merged a thread at a time (cuda_merges)
+            return self._merged(e, scope)
         return super()._rhs(e, scope)
 
     def _narrow_moments(self, red: Expr, coop: bool) -> bool:
@@ -675,7 +695,7 @@ class CudaRenderer(VectorLoads, ColumnTiles, TransposeTiles, CppRenderer):
                                      f"__device__ unsigned int {count} = 0;"]
                     finish.append(f"if (!accel::grid_reduce({a}, {_COMBINE[k]}, {t}({init}), "
                                   f"{part}, &{count}, smem)) return;")
-                elif coop:
+                elif coop and not self._merge_partial([m for m in g.members if m.args[:2] == (k, bodies)], a):
                     finish.append(f"{a} = accel::block_reduce({a}, {_COMBINE[k]}, smem);")
                 elif col:
                     finish.append(f"{a} = accel::col_reduce({a}, {_COMBINE[k]});")
