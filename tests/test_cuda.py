@@ -1195,3 +1195,34 @@ def test_a_region_with_a_factory_builds_in_the_background(fresh_store, monkeypat
         torch.testing.assert_close(y, fn(x))
         assert accel.wait_for_compiles(timeout=600) == 0
     assert st["compile_failures"] == 0 and st["kernel_runs"] >= 1 and st["eager_replays"] == 0, st
+
+
+def test_cuda_block_loops_reduce_a_few_values_in_every_thread(fresh_store, monkeypatch, tmp_path):
+    """A block loops kernel's reduction over a few values (at most ``ALONE_MAX``: a group
+    norm backward's per-group sums over groups of 2 channels, beside its loop over the
+    group's 2048 values) is reduced by each thread alone, a plain loop, not across the
+    block (``CudaRenderer._alone``: the block reductions' barriers cost more than the
+    loads). Rendered without a GPU (built with nvcc where it is installed); eager's
+    gradients on the CPU."""
+    import accel.lowering as lowering
+
+    irs, lower = [], lowering.lower
+    monkeypatch.setattr(lowering, "lower", lambda *a: irs.append(lower(*a)) or irs[-1])
+    x = torch.randn(3, 8, 32, 32, requires_grad=True)  # (3 samples: shapes no other test traces)
+    w, y = torch.randn(8, requires_grad=True), torch.randn(3, 8, 32, 32)
+
+    def program():
+        return torch.autograd.grad((F.group_norm(x, 4, w) * y).sum(), [x, w])
+
+    want = program()
+    with accel.eager():
+        got = program()
+    torch.testing.assert_close(got, want)
+    kernels = []
+    for ir in irs:
+        src = CudaRenderer().render(ir, "accel_region_t")
+        kernels += ['extern "C"' + k for k in src.split('extern "C"')[1:]]
+        if shutil.which("nvcc"):
+            _nvcc(src, tmp_path / f"m{len(kernels)}.cubin")
+    alone = [k for k in kernels if re.search(r"for \(int (r\d+) = 0; \1 < 2; \1 \+= 1\)", k)]
+    assert alone and all("for (int f" in k and "block_reduce" not in k for k in alone), alone

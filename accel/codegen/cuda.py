@@ -40,7 +40,7 @@ from .cuda_columns import ColumnTiles
 from .cuda_merges import PartialMerges
 from .cuda_tiles import TransposeTiles
 from .cuda_vectors import VectorLoads
-from .cuda_shapes import (BLOCK, BLOCK_UNROLL, BLOCK_VEC_UNROLL, GRID_MIN, ILP, MAX_GRID,
+from .cuda_shapes import (ALONE_MAX, BLOCK, BLOCK_UNROLL, BLOCK_VEC_UNROLL, GRID_MIN, ILP, MAX_GRID,
                           MOMENTS_HALF_BLOCK_BYTES, MOMENTS_HALF_BLOCK_THREADS, NARROW_MOMENTS_MAX,
                           ROW_ELEMS, ROW_ELEMS_MOMENTS, ROW_HALF_SCALE, ROW_REGISTERS, ROW_REGISTERS_32,
                           ROW_THREADS, ROW_WARPS, STATS_ROW_THREADS, STATS_ROW_UNROLL, VEC_ILP)
@@ -457,6 +457,17 @@ class CudaRenderer(VectorLoads, ColumnTiles, TransposeTiles, PartialMerges, CppR
             return self._merged(e, scope)
         return super()._rhs(e, scope)
 
+    def _alone(self, g: Group) -> bool:
+        """Block loops' reduction group ``g`` over at most :data:`ALONE_MAX` values, which
+        each thread of the block reduces alone (the same values in every thread, no block
+        reduction: its barriers and shuffles cost more than the few loads, which the
+        block's threads share in cache). A group norm's backward over groups of 2
+        channels: the per-group sums of the channels' sums, four block reductions a row
+        before."""
+        n = self._size(g.rvars)
+        return (self.mode == "block" and self.elems is None and not self.row_vec and type(n) is int
+                and n <= ALONE_MAX and g.members[0].args[0] != "online_softmax")
+
     def _narrow_moments(self, red: Expr, coop: bool) -> bool:
         """Block loops' mean and variance (``red``, a ``welford`` reduction) of float32 or
         16-bit values accumulated in float64, where a thread sums at most
@@ -674,7 +685,7 @@ class CudaRenderer(VectorLoads, ColumnTiles, TransposeTiles, PartialMerges, CppR
         rv, first = list(g.rvars), g.members[0]
         kind = first.args[0]
         grid = self.mode == "grid"
-        coop = self.mode in ("block", "grid")
+        coop = self.mode in ("block", "grid") and not self._alone(g)
         col = self.mode == "col"
         tag = f"a{self.ntemp}"
         self.ntemp += 1

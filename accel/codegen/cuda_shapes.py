@@ -119,3 +119,6 @@ TRANSPOSE_MIN_RUN = 8
 #: TRANSPOSE_LONG_SMEM (two float32 loads' tiles, one float64's)
 TRANSPOSE_SMEM = 44 << 10
 TRANSPOSE_LONG_SMEM = 24 << 10
+#: most values a block loops' reduction has for each thread of the block to reduce it alone
+#: (accel.codegen.cuda.CudaRenderer._alone): a group norm's groups of 16 channels (its C / G up to 512 / 32)
+ALONE_MAX = 16
