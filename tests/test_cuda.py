@@ -1202,7 +1202,8 @@ def test_cuda_block_loops_reduce_a_few_values_in_every_thread(fresh_store, monke
     norm backward's per-group sums over groups of 2 channels, beside its loop over the
     group's 2048 values) is reduced by each thread alone, a plain loop, not across the
     block (``CudaRenderer._alone``: the block reductions' barriers cost more than the
-    loads). Rendered without a GPU (built with nvcc where it is installed); eager's
+    loads), and is no thread loop that keeps the kernel from its vector variant. Rendered
+    without a GPU (built with nvcc where it is installed); eager's
     gradients on the CPU."""
     import accel.lowering as lowering
 
@@ -1226,3 +1227,5 @@ def test_cuda_block_loops_reduce_a_few_values_in_every_thread(fresh_store, monke
             _nvcc(src, tmp_path / f"m{len(kernels)}.cubin")
     alone = [k for k in kernels if re.search(r"for \(int (r\d+) = 0; \1 < 2; \1 \+= 1\)", k)]
     assert alone and all("for (int f" in k and "block_reduce" not in k for k in alone), alone
+    # no thread loop over 2 values: the block loops move the rows' values as 16-byte vectors
+    assert any("v(" in k.split("\n")[0] and "accel::vec_t<float, 4>" in k for k in alone), alone

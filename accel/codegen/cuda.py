@@ -348,12 +348,13 @@ class CudaRenderer(VectorLoads, ColumnTiles, TransposeTiles, PartialMerges, CppR
         thread loop's scope moves vectors along (a reduction's own variable; the last of
         the loops after the block's, for their scopes), by scope id; None where some thread
         loop cannot step a vector at a time (a reduction over several variables, or a
-        size, or the last loop's, not a multiple of :attr:`vw`)."""
+        size, or the last loop's, not a multiple of :attr:`vw`). A group each thread reduces
+        alone (:meth:`_alone`) is no thread loop: its loads stay scalar."""
         w, lvl = self.vw, self.block_lvl
         loop_var = {}
         for sc in self.nest_scopes[:lvl + 1]:
             for k, g in sc.items:
-                if k == "group":
+                if k == "group" and not self._alone(g):
                     if len(g.rvars) != 1 or ir.sizes[g.rvars[0]] % w:
                         return None
                     loop_var[id(self.group_scope[id(g)])] = g.rvars[0]
@@ -463,10 +464,13 @@ class CudaRenderer(VectorLoads, ColumnTiles, TransposeTiles, PartialMerges, CppR
         reduction: its barriers and shuffles cost more than the few loads, which the
         block's threads share in cache). A group norm's backward over groups of 2
         channels: the per-group sums of the channels' sums, four block reductions a row
-        before."""
+        before, and its loads of the channels' values scalar (:meth:`_block_loop_vars`:
+        a loop over 2 values takes no vector of 4). The group's loads are of no vector
+        buffer (no thread loop reads them: :meth:`_row_vector_buffers`), so the vector
+        variant reduces it alike."""
         n = self._size(g.rvars)
-        return (self.mode == "block" and self.elems is None and not self.row_vec and type(n) is int
-                and n <= ALONE_MAX and g.members[0].args[0] != "online_softmax")
+        return (self.mode == "block" and self.elems is None and type(n) is int and n <= ALONE_MAX
+                and g.members[0].args[0] != "online_softmax")
 
     def _narrow_moments(self, red: Expr, coop: bool) -> bool:
         """Block loops' mean and variance (``red``, a ``welford`` reduction) of float32 or
