@@ -84,8 +84,9 @@ class ConcatSpans(ConcatRead):
 _PRIM_REDUCTIONS = {"sum": "sum", "prod": "prod", "amax": "amax", "amin": "amin"}
 
 #: how the results of a reduction's parts merge (:meth:`_Lowerer.reduce`), by kind (the
-#: others: ``welford``, ``online_softmax``, merged there; arg reductions are not split)
-_MERGE = {"sum": "add", "prod": "mul", "amax": "maximum", "amin": "minimum"}
+#: others: ``welford``, ``online_softmax``, merged there; arg reductions are not split; a
+#: CUDA block merges them a thread at a time: accel.codegen.cuda_merges)
+MERGE_OPS = {"sum": "add", "prod": "mul", "amax": "maximum", "amin": "minimum"}
 
 #: pieces of a store cut at a concatenation's pieces are cut again into spans of one
 #: size, the sizes' greatest common divisor, where it is at least this many elements
@@ -384,8 +385,8 @@ class _Lowerer:
         doms = self.reduce_domains(x, dims, idx, dim_order=index)
         if len(doms) == 1:
             return self._reduce_over(kind, x, dims, doms[0], acc_dtype, which, index)
-        if kind in _MERGE:
-            return functools.reduce(lambda a, b: self.mk(_MERGE[kind], acc_dtype, a, b),
+        if kind in MERGE_OPS:
+            return functools.reduce(lambda a, b: self.mk(MERGE_OPS[kind], acc_dtype, a, b),
                                     (self._reduce_over(kind, x, dims, d, acc_dtype, which, index) for d in doms))
         t = acc_dtype
         if kind == "online_softmax":  # the two passes' form: max of the maxima, then the sums

@@ -37,7 +37,7 @@ from ..ops import HALF
 from . import CodegenError
 from .cpp import CppRenderer
 from .cuda_columns import ColumnTiles
-from .cuda_merges import PartialMerges
+from .cuda_merges import COMBINE, PartialMerges
 from .cuda_tiles import TransposeTiles
 from .cuda_vectors import VectorLoads
 from .cuda_shapes import (ALONE_MAX, BLOCK, BLOCK_UNROLL, BLOCK_VEC_UNROLL, GRID_MIN, ILP, MAX_GRID,
@@ -90,10 +90,6 @@ def index_type(nest: Nest, ir: LoopIR) -> str:
         if lo <= -INDEX_32_LIMIT or hi >= INDEX_32_LIMIT:
             return "int64_t"
     return "int"
-
-
-_COMBINE = {"sum": "accel::Sum()", "prod": "accel::Prod()", "amax": "accel::Max()",
-            "amin": "accel::Min()"}
 
 
 class CudaRenderer(VectorLoads, ColumnTiles, TransposeTiles, PartialMerges, CppRenderer):
@@ -199,7 +195,7 @@ class CudaRenderer(VectorLoads, ColumnTiles, TransposeTiles, PartialMerges, CppR
         self.row_regs, self.row_decls = {}, []  # row kernels' vector registers (_rhs)
         self.load_hints = {}  # block loops: (scope id, buffer) -> L2 priority (_plan_load_hints)
         self.transposing = False
-        self.merge_leaves, self.merge_roots = {}, {}  # (block mode: _plan_merges)
+        self.merge_leaves, self.merge_roots = frozenset(), {}  # (block mode: _plan_merges)
         if not levels:  # elementwise
             n = self._size(order)
             self.mode = "thread"
@@ -708,14 +704,14 @@ class CudaRenderer(VectorLoads, ColumnTiles, TransposeTiles, PartialMerges, CppR
                     part, count = f"{self.kname}_part", f"{self.kname}_count"
                     self.globals += [f"__device__ {t} {part}[{ROW_THREADS}];",  # (the most blocks)
                                      f"__device__ unsigned int {count} = 0;"]
-                    finish.append(f"if (!accel::grid_reduce({a}, {_COMBINE[k]}, {t}({init}), "
+                    finish.append(f"if (!accel::grid_reduce({a}, {COMBINE[k]}, {t}({init}), "
                                   f"{part}, &{count}, smem)) return;")
                 elif coop and not self._merge_partial([m for m in g.members if m.args[:2] == (k, bodies)], a):
-                    finish.append(f"{a} = accel::block_reduce({a}, {_COMBINE[k]}, smem);")
+                    finish.append(f"{a} = accel::block_reduce({a}, {COMBINE[k]}, smem);")
                 elif col:
-                    finish.append(f"{a} = accel::col_reduce({a}, {_COMBINE[k]});")
+                    finish.append(f"{a} = accel::col_reduce({a}, {COMBINE[k]});")
             if col:  # the rows split among blocks: partials, a ticket
-                self._col_split_finish([(a, self.ctype(e.dtype), _COMBINE[k]) for (k, _), (a, _, e)
+                self._col_split_finish([(a, self.ctype(e.dtype), COMBINE[k]) for (k, _), (a, _, e)
                                         in accs.items()], finish)
             for e in g.members:
                 scope.names[e] = accs[(e.args[0], e.args[1])][0]

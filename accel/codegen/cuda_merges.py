@@ -16,32 +16,37 @@ from __future__ import annotations
 from typing import Dict, List
 
 from ..loop_ir import Expr, walk
+from ..lower_expr import MERGE_OPS
 
-#: a merging op -> (the reduction kind it merges, its block combiner, the C++ of a pair)
-MERGES = {"add": ("sum", "accel::Sum()", "({a} + {b})"),
-          "mul": ("prod", "accel::Prod()", "({a} * {b})"),
-          "maximum": ("amax", "accel::Max()", "accel::maximum({a}, {b})"),
-          "minimum": ("amin", "accel::Min()", "accel::minimum({a}, {b})")}
+#: a plain reduction's combiner across threads (``accel::block_reduce`` and the grid's and
+#: columns' reductions), by kind
+COMBINE = {"sum": "accel::Sum()", "prod": "accel::Prod()", "amax": "accel::Max()",
+           "amin": "accel::Min()"}
+#: a merging op (:data:`accel.lower_expr.MERGE_OPS`) -> the reduction kind it merges
+KIND = {op: kind for kind, op in MERGE_OPS.items()}
+#: a merging op -> the C++ of a pair of thread values
+PAIR = {"add": "({a} + {b})", "mul": "({a} * {b})", "maximum": "accel::maximum({a}, {b})",
+        "minimum": "accel::minimum({a}, {b})"}
 
 
 class PartialMerges:
     """Plans (:meth:`_plan_merges`) and renders the merges of a block mode nest's
-    reductions a thread at a time: :attr:`merge_leaves` (a merged reduction -> its merge),
-    whose groups skip their block reduction (:meth:`_merge_partial`), and
+    reductions a thread at a time: :attr:`merge_leaves` (the merged reductions), whose
+    groups skip their block reduction (:meth:`_merge_partial`), and
     :attr:`merge_roots` (a merge -> its reductions), one block reduction of their threads'
     values combined (:meth:`_merged`)."""
 
-    merge_leaves: Dict[Expr, Expr] = {}
+    merge_leaves: frozenset = frozenset()
     merge_roots: Dict[Expr, List[Expr]] = {}
     partials: Dict[Expr, str] = {}  # a merged reduction -> its thread's value
 
     def _plan_merges(self) -> None:
         """The merges of the nest just planned: a value ``op(x, y, ...)`` (nested in one op,
-        ``add(add(x, y), z)``) of :data:`MERGES` whose leaves are each a reduction of that
+        ``add(add(x, y), z)``) of :data:`KIND` whose leaves are each a reduction of that
         op's kind and dtype, reduced by a group of the block (the outermost scope's loops
         are the block's rows), read by nothing else; the nested ops are no longer computed
         (:attr:`dead`). Called once the nest is planned, in block mode only."""
-        self.merge_leaves, self.merge_roots, self.partials = {}, {}, {}
+        self.merge_roots, self.partials = {}, {}
         parents: Dict[Expr, set] = {}
         stored, items = set(), []
         rows = self.nest_scopes[:self.block_lvl + 1]  # run by the whole block (a merge's barriers)
@@ -53,12 +58,12 @@ class PartialMerges:
                         for a in (e.args[1] if e.op == "reduce" else e.args):
                             if isinstance(a, Expr):
                                 parents.setdefault(a, set()).add(e)
-                elif k == "expr" and x.op in MERGES and sc in rows:
+                elif k == "expr" and x.op in KIND and sc in rows:
                     items.append(x)
         blocked = {e for sc in rows for k, g in sc.items if k == "group" for e in g.members}
 
         def leaves(x: Expr, inner: list):
-            kind = MERGES[x.op][0]
+            kind = KIND[x.op]
             out = []
             for a in x.args:
                 if a in stored or parents.get(a) != {x} or a.dtype != x.dtype:
@@ -75,19 +80,16 @@ class PartialMerges:
                     return None
             return out
 
-        found, nested = {}, set()
+        found, nested = {}, set()  # (a merge nested in another is in its root's nested ops)
         for x in items:
             inner: list = []
             got = leaves(x, inner)
             if got:
-                found[x] = (got, inner)
+                found[x] = got
                 nested.update(inner)
-        for x, (got, inner) in found.items():
-            if x not in nested:
-                self.merge_roots[x] = got
-                self.merge_leaves.update((e, x) for e in got)
-        dead = {e for x in self.merge_roots for e in found[x][1]}
-        self.dead |= {(id(sc), x) for sc in self.nest_scopes for k, x in sc.items if k == "expr" and x in dead}
+        self.merge_roots = {x: got for x, got in found.items() if x not in nested}
+        self.merge_leaves = frozenset(e for got in self.merge_roots.values() for e in got)
+        self.dead |= {(id(sc), x) for sc in self.nest_scopes for k, x in sc.items if k == "expr" and x in nested}
 
     def _merge_partial(self, members: List[Expr], acc: str) -> bool:
         """Whether the accumulator ``acc`` of ``members`` keeps its thread's value for a
@@ -101,7 +103,7 @@ class PartialMerges:
         """The C++ of merge ``x``: its reductions' thread values combined, then reduced
         across the block once (a reduction whose group reduced it across the block, one
         sharing its accumulator with a value read elsewhere: merged after)."""
-        _, combine, pair = MERGES[x.op]
+        combine, pair = COMBINE[KIND[x.op]], PAIR[x.op]
         parts = [self.partials[e] for e in self.merge_roots[x] if e in self.partials]
         whole = [self._name(e, scope) for e in self.merge_roots[x] if e not in self.partials]
         vals = ([f"accel::block_reduce({self._fold(pair, parts)}, {combine}, smem)"] if parts else []) + whole
