@@ -35,6 +35,9 @@ Workloads (float32; CPU sizes, GPU ones in brackets):
   ``nll_loss_backward`` deferred, so the log-softmax backward reads the log-softmax alone
   and its incoming [N, C] gradient is never written (fifty-ninth round;
   ``accel.losses.nll_loss_backward``).
+- ``sum_sq``: ``(x * x).sum()``, a whole reduction (a loss's): on a GPU over many
+  blocks (grid mode), 16-byte vectors and 4 of them in flight a thread since the
+  ninety-fourth round (one value at a time read at 1.9 TB/s on the H100).
 - ``softmax_odd``, ``rmsnorm_odd``, ``layernorm_odd``: ``softmax(x * 0.5, -1)``, a
   hand-written RMSNorm and ``F.layer_norm(x * 2, ...)`` over rows of 1023 (4095): on the
   CPU each output row starts at another offset in a cache line, and its streamed stores
@@ -83,6 +86,7 @@ def main() -> None:
         "layernorm256": (lambda t: F.layer_norm(t, [t.shape[-1]]), seq,
                          lambda: F.layer_norm(seq.double(), [seq.shape[-1]])),
         "mean0": (lambda t: t.mean(0), x, lambda: x.double().mean(0)),
+        "sum_sq": (lambda t: (t * t).sum(), x, lambda: (x.double() * x.double()).sum()),
         "var_mean0": (lambda t: torch.var_mean(t, 0), x, lambda: torch.var_mean(x.double(), 0)),
         "t_add": (lambda t: t.t() + y, x, None),
         "t_contiguous": (lambda t: t.t().contiguous(), x, None),

@@ -87,6 +87,9 @@ BLOCK_UNROLL = 8
 BLOCK_VEC_UNROLL = 4
 #: full reductions at least this long run over many blocks (grid mode).
 GRID_MIN = 1 << 16
+#: iterations of a full reduction's grid-strided loop (grid mode) unrolled: loads in flight
+#: a thread (see ``CudaRenderer._grid_loop``).
+GRID_UNROLL = 4
 #: column mode (reductions along a strided dimension): results per block, and most rows of
 #: threads splitting each reduction.
 COL_TILE = 32

@@ -7,7 +7,7 @@ the launch plan taking the vector variant where they are all aligned (and
 """
 from __future__ import annotations
 
-from ..loop_ir import LoopIR, Nest
+from ..loop_ir import LoopIR, Nest, free_vars
 from ..ops import HALF
 from .cuda_shapes import BLOCK, VEC, VEC16, VEC_ILP, VEC_TYPES
 
@@ -42,9 +42,10 @@ class VectorLoads:
         (:data:`VEC_TYPES`): those with an access :meth:`_aligned` along the innermost loop
         (its size a multiple of ``vw``). Each such access is one aligned vector a thread;
         the buffer's other loads stay scalar (a slice at an odd offset, a load that does not
-        vary along the loop), as do a buffer's stores where one is not aligned.
+        vary along the loop), as do a buffer's stores where one is not aligned, and a store
+        of one value along the loop (:meth:`_broadcast_store`).
         Empty where any access strays from that: a reduction, another stride along the
-        innermost loop, a store that does not run contiguously along it, a buffer both read
+        innermost loop, another store that does not run contiguously along it, a buffer both read
         and written at different addresses (another thread's elements)."""
         self._plan(nest, ir)
         if any(k == "group" for sc in self.nest_scopes for k, _ in sc.items):
@@ -52,7 +53,8 @@ class VectorLoads:
         if not nest.vars:
             return frozenset()
         inner = nest.vars[-1]
-        if ir.sizes[inner] % self.vw or any(st.addr.coeff(inner) != 1 for st in nest.stores):
+        if ir.sizes[inner] % self.vw or any(st.addr.coeff(inner) != 1 and not self._broadcast_store(st, inner)
+                                            for st in nest.stores):
             return frozenset()
         loads = [x for sc in self.nest_scopes for k, x in sc.items if k == "expr" and x.op == "load"]
         stored, loaded = {}, {x.args[0] for x in loads}
@@ -66,6 +68,13 @@ class VectorLoads:
                 vbufs.add(buf)
         return frozenset(vbufs - {b for b, addrs in stored.items()
                                   if not all(self._aligned(b, a, inner, ir) for a in addrs)})
+
+    @staticmethod
+    def _broadcast_store(st, inner: int) -> bool:
+        """Whether store ``st`` writes one value along loop ``inner`` (a group norm's mean
+        and rstd beside its output): a scalar store, by the lane at ``inner`` = 0 alone
+        (the tiles' guards: ``CudaRenderer._store``)."""
+        return st.addr.coeff(inner) == 0 and inner not in free_vars(st.value)
 
     def _aligned(self, buf: int, addr, inner: int, ir: LoopIR) -> bool:
         """Whether ``addr`` into ``buf`` reads (or writes) one aligned vector of :attr:`vw`
@@ -82,11 +91,17 @@ class VectorLoads:
         loop over the row, contiguously; every other stride a multiple of ``vw``. Empty where
         the row's length is not a multiple of ``vw`` or a reduction runs over another domain.
         Block loops (:meth:`_block_loop_vars`) take the same rule, each loop along its own
+        variable, and a full reduction over many blocks (grid mode) along its last
         variable."""
-        if self.mode != "block":
-            return frozenset()
         w = self.vw
-        if self.elems is None:  # block loops
+        if self.mode == "grid":  # a full reduction: its loop over vectors (_grid_loop)
+            g = next(g for sc in self.nest_scopes for k, g in sc.items if k == "group")
+            if any(type(ir.sizes[r]) is not int for r in g.rvars) or ir.sizes[g.rvars[-1]] % w:
+                return frozenset()
+            loop_var = {id(self.group_scope[id(g)]): g.rvars[-1]}
+        elif self.mode != "block":
+            return frozenset()
+        elif self.elems is None:  # block loops
             loop_var = self._block_loop_vars(nest, ir)
             if loop_var is None:
                 return frozenset()
@@ -164,8 +179,10 @@ class VectorLoads:
         out.append(f"{ind}#pragma unroll")
         out.append(f"{ind}for (int v = 0; v < {self.vw}; ++v) {{")
         out.append(f"{ind}  const {self.ix} i{inner} = ib{inner} + v;")
+        self.tile_vars = tuple(order)  # (a store along fewer loops: by the lanes at their 0s)
         for sc in self.nest_scopes:
             self._emit_items(sc, out, ind + "  ")
+        self.tile_vars = ()
         out.append(f"{ind}}}")
         for buf, addr, w in writes:
             out.append(f"{ind}*reinterpret_cast<{self._vec(buf)}*>(b{buf} + {self._addr(addr, base)}) = {w};")

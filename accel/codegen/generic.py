@@ -489,15 +489,25 @@ class GenericCudaRenderer(_RunTimeLengths, CudaRenderer):
     def _n_scalars(self, ir: LoopIR) -> int:
         return len(ir.scalar_types) + len(self.loops)
 
-    def _flat(self, nest, ir: LoopIR) -> bool:
-        """Whether the innermost loop of elementwise ``nest`` is of run-time length (one
-        loop: a flat nest)."""
-        return bool(nest.vars) and isinstance(ir.sizes[nest.vars[-1]], RunTimeLength) and not reductions(nest)
+    def _flat_var(self, nest, ir: LoopIR):
+        """The loop of run-time length whose every vector a vector variant moves whole (the
+        launch's ``multiple``): the innermost loop of elementwise ``nest`` (one loop: a flat
+        nest), or the one loop of a whole reduction (a loss's sum, grid mode); else None."""
+        reds = reductions(nest)
+        if nest.vars and not reds:
+            v = nest.vars[-1]
+        elif not nest.vars and reds and all(list(e.args[2]) == list(reds[0].args[2]) for e in reds) \
+                and len(reds[0].args[2]) == 1:
+            v = reds[0].args[2][0]
+        else:
+            return None
+        return v if isinstance(ir.sizes[v], RunTimeLength) else None
 
     def _vector_width(self, nest, ir: LoopIR) -> frozenset:
-        if not self._flat(nest, ir):
+        v = self._flat_var(nest, ir)
+        if v is None:
             return super()._vector_width(nest, ir)
-        sizes, v = ir.sizes, nest.vars[-1]  # vectors where the length is a multiple of 8
+        sizes = ir.sizes  # vectors where the length is a multiple of 8
         ir.sizes = [VEC16 if u == v else s for u, s in enumerate(sizes)]
         try:
             return super()._vector_width(nest, ir)
@@ -505,9 +515,8 @@ class GenericCudaRenderer(_RunTimeLengths, CudaRenderer):
             ir.sizes = sizes
 
     def _vector_condition(self, nest, ir: LoopIR) -> dict:
-        if not self._flat(nest, ir):
-            return {}
-        return {"multiple": [self.loops.index(nest.vars[-1]), self.vw]}
+        v = self._flat_var(nest, ir)
+        return {} if v is None else {"multiple": [self.loops.index(v), self.vw]}
 
     def _cdiv(self, n, k: int):
         return f"(({n} + {k - 1}) / {k})" if isinstance(n, RunTimeLength) else super()._cdiv(n, k)
