@@ -36,6 +36,7 @@ PROGRAMS = {
     "middle": lambda x, w: torch.cat([x.view(6, 4, 12) * 2, w.view(6, 4, 12)[:, :1]], 1).abs().sqrt(),
     "stack": lambda x, w: torch.stack([x, x * 2, w], -1) + 1,
     "stack0": lambda x, w: torch.stack([x.sin(), w.cos()]) * x,
+    "stack_pairs": lambda x, w: torch.stack([x[:, :24] * 2, w[:, 24:]], -1),  # (pairs from offsets)
     "nested": lambda x, w: torch.cat([torch.cat([x, w], 0) * 2, torch.cat([w, x], 0)], -1).tanh(),
     "promoted": lambda x, w: torch.cat([x * 2, (w > 0).to(torch.int32), w.double()], -1) * 3,
     "eight": lambda x, w: torch.cat([x * k for k in range(8)], -1) + w[:, :1],

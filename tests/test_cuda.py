@@ -721,12 +721,17 @@ def _rotate_half(x):
     ("slices", lambda x: (lambda y: y[..., 1:-3] + y[..., :-4])(x * 2), 2, 1),
     # transformers' rotary embedding: a store per piece of the cat, each a vector
     ("rope", lambda x: x * 0.5 + _rotate_half(x) * 0.25, 6, 0),
-    ("stack_rows", lambda x: torch.stack([x.exp(), x.sin()]), 3, 0)])
+    ("stack_rows", lambda x: torch.stack([x.exp(), x.sin()]), 3, 0),
+    # a stack along the last dim: its values interleaved, the lanes' values fill vectors
+    # that the warp writes in order from shared memory (one store, in a loop)
+    ("stack_last", lambda x: torch.stack([x.exp(), x.sin(), x * 2], -1), 2, 0),
+    ("stack_halves", lambda x: torch.stack([x[..., :64], x[..., 64:] * 2], -1), 3, 0)])
 def test_cuda_vector_variants_of_offsets_and_pieces(monkeypatch, fresh_store, name, program, vectors, scalar):
     """Loads and stores at a constant offset (a slice, a cat's piece) move 16 bytes at a time
     where the offset is a multiple of 4 elements, and one element at a time where it is not
     (a vector at an odd offset would fault: misaligned address); a nest storing several
-    pieces of one output stores each as a vector."""
+    pieces of one output stores each as a vector, and values interleaved along the last
+    dim (a stack there) fill whole vectors (``VectorLoads._interleaved``)."""
     import accel.lowering as lowering
 
     irs, lower = [], lowering.lower
@@ -744,6 +749,7 @@ def test_cuda_vector_variants_of_offsets_and_pieces(monkeypatch, fresh_store, na
     moves = re.findall(r"reinterpret_cast<(?:const )?accel::vec_t<float, 4>\*>\(b\d+ \+ ([^;]*)\)", body)
     assert len(moves) == vectors and not any(m.endswith("+ 1") for m in moves), moves
     assert len(re.findall(r"= b\d+\[[^\]]*\+ 1\];", body)) == scalar, body
+    assert ("__syncwarp();" in body) == (name in ("stack_last", "stack_halves"))
 
 
 @pytest.mark.parametrize("rows", [3000, 4_200_000])

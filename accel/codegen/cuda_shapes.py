@@ -13,6 +13,9 @@ VEC_TYPES = (torch.float32, torch.int32, torch.float16, torch.bfloat16)
 VEC = 4
 VEC16 = 8
 VEC_ILP = 2
+#: the most values a vector tile's stores interleave (``torch.stack`` of that many along the
+#: last dim): as many vectors a thread kept in registers (``VectorLoads._interleaved``).
+WEAVE_MAX = 8
 #: most threads per block of a row kernel, and most values of a row one thread keeps in
 #: registers between the row's loops (longer rows are read again: block loops, 16-byte
 #: vectors where they apply). Rows of float32 (and narrower) values keep up to 32. H200,
