@@ -3,8 +3,10 @@ hypothesis suites (test_opinfo*.py, test_chains.py) also run on "cuda". Every te
 skips cleanly on a machine without a GPU; tests/gpu.sh runs them on one."""
 import contextlib
 import math
+import os
 import re
 import shutil
+import sys
 
 import pytest
 import torch
@@ -22,12 +24,11 @@ def _x(*shape, device="cuda", seed=0):
     return torch.randn(shape, generator=g).to(device)
 
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # (the other test modules' helpers)
+
+
 def _lowered(*args):
     """The loop IR of recorded calls (tests/test_pipeline.py's helper: trace, passes, lower)."""
-    import os
-    import sys
-
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from test_pipeline import _lowered as lowered
 
     return lowered(*args)
@@ -1220,6 +1221,9 @@ def test_cuda_block_loops_reduce_a_few_values_in_every_thread(fresh_store, monke
     gradients on the CPU."""
     import accel.lowering as lowering
 
+    from test_generic import _forget_kernels
+
+    _forget_kernels()  # (a GPU run's worker had built the backward's region: not lowered here)
     irs, lower = [], lowering.lower
     monkeypatch.setattr(lowering, "lower", lambda *a: irs.append(lower(*a)) or irs[-1])
     g = torch.Generator().manual_seed(0)
