@@ -345,12 +345,14 @@ class _EngineThread:
         grad = getattr(torch.autograd.grad, "__wrapped__", torch.autograd.grad)
 
         def job():
-            dispatch.set_included(key)
+            if key:  # (the filter loaded: ACCEL_DISPATCH_FILTER=0 loads none)
+                dispatch.set_included(True)
             try:
                 with mode:
                     return list(grad(loss, leaves, allow_unused=True))
             finally:
-                dispatch.set_included(False)
+                if key:
+                    dispatch.set_included(False)
 
         interceptor.flush()
         self.job = job
