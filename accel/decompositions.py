@@ -71,6 +71,7 @@ def decomposition_table():
     cat_decompositions.install(table)
     table[torch.ops.accel.nll_of_log_softmax.default] = library.nll_of_log_softmax  # (recorded whole)
     table[torch.ops.accel.nll_loss_backward.default] = library.nll_loss_backward
+    table[torch.ops.accel.group_norm_apply.default] = library.group_norm_apply  # (accel.remat's)
     return table
 
 
@@ -761,14 +762,7 @@ def _native_group_norm(decomposition, input, weight, bias, N, C, HxW, group, eps
     dims = list(range(2, x.ndim))
     var, mean = torch.var_mean(x, dim=dims, correction=0, keepdim=True)
     rstd = torch.rsqrt(var + eps)
-    param = (1, group, C // group) + (1,) * (input.ndim - 2)
-    # eager's CPU kernel folds the statistics and the affine parameters into a per-channel
-    # scale and shift
-    w = rstd * weight.reshape(param) if weight is not None else rstd
-    b = -mean * w
-    if bias is not None:
-        b = b + bias.reshape(param)
-    out = x * w + b
+    out = library.group_norm_affine(x, mean, rstd, weight, bias, group)
     return (out.to(input.dtype).reshape(shape), mean.to(input.dtype).squeeze(dims),
             rstd.to(input.dtype).squeeze(dims))
 

@@ -359,6 +359,51 @@ def nll_loss_backward(grad_output: torch.Tensor, target: torch.Tensor, total_wei
     return torch.where(hit, -g, grad_output.new_zeros(()))
 
 
+def group_norm_affine(x: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor, weight, bias,
+                      group: int) -> torch.Tensor:
+    """A group norm's output from its statistics, as eager's CPU and CUDA kernels compute it
+    (``x * (rstd * w) + (b - mean * rstd * w)``: ATen's ``group_norm_kernel.cpp``,
+    ``group_norm_kernel.cu`` fold the statistics and the affine parameters into a per-channel
+    scale and shift), on ``x`` already split as ``[N, group, C / group, *spatial]`` in the
+    computing dtype; ``mean`` and ``rstd`` of shape ``[N, group, 1, ...]`` (``x``'s rank),
+    ``weight`` and ``bias`` of shape ``[C]`` or None. Returns ``x``'s split shape and dtype.
+    (:func:`accel.decompositions._native_group_norm` and :func:`group_norm_apply`.)"""
+    param = (1, group, x.shape[2]) + (1,) * (x.ndim - 3)
+    w = rstd * weight.reshape(param) if weight is not None else rstd
+    b = -mean * w
+    if bias is not None:
+        b = b + bias.reshape(param)
+    return x * w + b
+
+
+def _fake_group_norm_apply(input, mean, rstd, weight, bias, group):
+    return torch.empty_like(input)
+
+
+@_define("group_norm_apply(Tensor input, Tensor mean, Tensor rstd, Tensor? weight, Tensor? bias,"
+         " int group) -> Tensor", _fake_group_norm_apply)
+def group_norm_apply(input, mean, rstd, weight, bias, group: int) -> torch.Tensor:
+    """``native_group_norm(input, weight, bias, N, C, HxW, group, eps)[0]`` given that call's
+    other results, ``mean`` and ``rstd``: the normalization without its reductions, which a
+    backward's region recomputes from the saved input and statistics in place of the output
+    the forward would have written (:mod:`accel.remat`). Elementwise over ``input`` given
+    the per-group statistics; traced, it decomposes through this reference.
+
+    Shapes/dtypes: ``input`` ``[N, C, *spatial]`` floating, ``C`` a multiple of ``group``;
+    ``mean``, ``rstd`` ``[N, group]``; ``weight``, ``bias`` ``[C]`` or None; the result
+    ``input``'s shape and dtype (16-bit inputs computed in float32, as eager's kernels).
+    """
+    shape = tuple(input.shape)
+    n, c = shape[:2]
+    acc = torch.float32 if input.dtype in (torch.float16, torch.bfloat16) else input.dtype
+    # the spatial dims as one, as the backward's decomposition reads them (a merge of dims
+    # computed in the region, its digits read by a reduction's loop, is not lowered)
+    x = input.to(acc).reshape(n, group, c // group, -1)
+    stat = (n, group, 1, 1)
+    out = group_norm_affine(x, mean.to(acc).reshape(stat), rstd.to(acc).reshape(stat), weight, bias, group)
+    return out.to(input.dtype).reshape(shape)
+
+
 #: the most tensors ``accel.cat`` takes (a longer ``torch.cat`` runs eagerly)
 CAT_MAX = 8
 

@@ -132,6 +132,15 @@ def _affine(*parts) -> tuple:
     return tuple(sorted((v, m) for v, m in acc.items() if m))
 
 
+def _substitute(a: tuple, var: int, terms: tuple) -> tuple:
+    """Atom ``a`` with loop variable ``var`` replaced by the affine ``terms`` ((variable,
+    multiplier) pairs)."""
+    m = dict(a).get(var, 0)
+    if not m:
+        return a
+    return _affine((tuple(t for t in a if t[0] != var), 1), (terms, m))
+
+
 def _merges_ones(n: fx.Node) -> bool:
     """Whether ``collapse_view(x, start, end)`` merges at most one dim of size above 1
     (``passes._fold_reshapes`` folds two squeezes so): its index is that dim's."""
@@ -350,6 +359,19 @@ class _Lowerer:
             if len(parts) > MAX_SEGMENTS:
                 raise ConcatRead(e.node, f"a reduction across {len(parts)} pieces") from e
             return parts
+        except SplitLoop as e:
+            size = self.sizes[e.var] if e.var in rv else 0
+            if dim_order or not size or e.offset % e.inner or size % e.inner:
+                raise
+            # a merge of dims read along a reduction variable (a group norm's gradient
+            # summed over the spatial positions, of a value computed in the group's
+            # [..., H, W] form): the variable as the merge's digits, (outer, inner), row-major
+            # (the values in the same order)
+            outer, inner = self.new_var(size // e.inner), self.new_var(e.inner)
+            digits = ((outer, e.inner), (inner, 1))
+            at = tuple(_substitute(a, e.var, digits) for a in xi)
+            split = tuple(w for v in rv for w in ((outer, inner) if v == e.var else (v,)))
+            return self._segments(x, at, split, None, dim_order)
         return [(xi, rv, order or (rv if dim_order else self._memory_order(rv, body)))]
 
     def reduce_vars(self, x: fx.Node, dims, idx, dim_order=False) -> Tuple[tuple, Tuple[int, ...]]:
@@ -607,13 +629,13 @@ class _Lowerer:
         split = self._column_split(x, dims, idx) if welford else None
         if split is not None:  # each column's moments, then the columns' merged (Chan et al.)
             cvar_n, cmean_n, pos, k = split
-            ci, (c,) = self.reduce_vars(cmean_n, [pos], idx)
+            ci, c = self.reduce_vars(cmean_n, [pos], idx)  # (c: the column variables)
             cmean, cvar = self.value(cmean_n, ci), self.value(cvar_n, ci)
             rows = n // k
-            mean = self.mk("div", f64, self.mk("reduce", f64, "sum", (cmean,), (c,), 0), self.const(k, f64))
+            mean = self.mk("div", f64, self.mk("reduce", f64, "sum", (cmean,), c, 0), self.const(k, f64))
             dev = self.mk("sub", f64, cmean, mean)
-            spread = self.mk("reduce", f64, "sum", (self.mk("mul", f64, dev, dev),), (c,), 0)
-            within = self.mk("reduce", f64, "sum", (cvar,), (c,), 0)
+            spread = self.mk("reduce", f64, "sum", (self.mk("mul", f64, dev, dev),), c, 0)
+            within = self.mk("reduce", f64, "sum", (cvar,), c, 0)
             m2 = self.mk("mul", f64, self.mk("add", f64, within, spread), self.const(rows, f64))
         elif welford:
             mean = self.reduce("welford", x, dims, idx, f64, which=1)

@@ -55,6 +55,10 @@ VIEW_OPS = frozenset({
 #: pointwise ops not tagged as such in torch, or whose decomposition accel relies on.
 _EXTRA = (aten._to_copy.default, aten.copy_.default, aten.fill_.Scalar, aten.zero_.default,
           aten.fill.Scalar, aten.scalar_tensor.default)
+#: accel's own ops that a program's calls make (the recipes of :mod:`accel.remat`), deferred
+#: as aten's are: names in ``torch.ops.accel`` (:mod:`accel.library`), decomposed by their
+#: references when a region is traced (:func:`accel.decompositions.decomposition_table`)
+_ACCEL_DEFERRED = ("group_norm_apply",)
 
 #: scalar arguments whose *value* eager specializes on (e.g. pow(x, 2) is x*x, pow(x, 0.5)
 #: is sqrt, a vector norm's order picks its formula, a variance's correction its divisor):
@@ -403,7 +407,9 @@ def fusible_ops() -> Dict[object, OpSpec]:
         spec = _spec(op)
         if spec is not None:
             table[op] = spec
-    for op in _EXTRA:
+    from . import library  # noqa: F401 - registers torch.ops.accel.*
+
+    for op in (*_EXTRA, *(getattr(torch.ops.accel, n).default for n in _ACCEL_DEFERRED)):
         spec = _spec(op)
         if spec is not None:
             table[op] = spec

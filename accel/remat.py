@@ -35,6 +35,7 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
+from . import library  # noqa: F401 - registers torch.ops.accel.* (accel.group_norm_apply)
 from .ops import resolver
 from .runtime import STATS
 
@@ -208,14 +209,19 @@ def _plan(region) -> tuple:
         k += n_new
     if k != len(outs):
         return _NONE
+    derived = {}  # output index -> the call that computes it from its call's other results
+    for ci, (func, targs, tkw, n_new) in enumerate(calls):
+        rule = _DERIVED.get(func)
+        if rule is not None and outs[first_out[ci]].dtype in (torch.float32, torch.float64):
+            derived[first_out[ci]] = rule(first_out[ci], targs)
     saved: Dict[tuple, List[tuple]] = {}  # ("o", j) / ("x", k) -> [(i, node class, name)]
     viewed = set()  # ("o", j) of outputs a saved view keeps
     any_node = False
     for ci, (func, targs, tkw, n_new) in enumerate(calls):
         i = first_out[ci]
-        if n_new != 1:
+        if i is None:
             continue
-        node = outs[i].grad_fn
+        node = outs[i].grad_fn  # a multi-output call's outputs share their node
         if node is None:
             continue
         any_node = True
@@ -224,8 +230,12 @@ def _plan(region) -> tuple:
             continue  # not this call's node (the call ran inside another op's kernel)
         args = func._schema.arguments
         for name in _names(cls):
-            if name == "result":
+            if name == "result" and n_new == 1:
                 ref = ("o", i)
+            elif name[:6] == "result" and name[6:].isdigit():  # resultK: output K of several
+                if int(name[6:]) >= n_new:
+                    continue
+                ref = ("o", i + int(name[6:]))
             else:
                 pos = next((p for p, a in enumerate(args) if a.name == name), None)
                 if pos is None:
@@ -241,9 +251,12 @@ def _plan(region) -> tuple:
         return None
     anchors = {r for r in saved if r[0] == "x"} | viewed
     anchors.update(("x", j) for j, t in enumerate(ext) if t.is_leaf and t.requires_grad)
+    # saved outputs that no recipe computes (a reduction's, a statistic a normalization
+    # returns beside its output): anchors before any recipe is made
+    anchors.update(r for r in saved if r[0] == "o" and r[1] not in producer and r[1] not in derived)
     entries, calls_of, needs, leaves = [], {}, {}, set()
     for ref in sorted((r for r in saved if r[0] == "o"), key=lambda r: r[1]):
-        recipe = _recipe(ref[1], calls, producer, anchors)
+        recipe = _recipe(ref[1], calls, producer, derived, anchors)
         if recipe is None:
             anchors.add(ref)
             continue
@@ -262,22 +275,26 @@ def _plan(region) -> tuple:
             tuple(sorted(j for t, j in leaves if t == "s")))
 
 
-def _recipe(j, calls, producer, anchors):
+def _recipe(j, calls, producer, derived, anchors):
     """The pointwise calls that compute output ``j`` from ``anchors``, in call order, as
     (output index, func, arg templates, kwarg templates); None where there are none (or
-    more than MAX_RECIPE_CALLS)."""
+    more than MAX_RECIPE_CALLS). ``derived``: outputs of several-output calls that a call
+    of their own computes (:data:`_DERIVED`)."""
     need: Dict[int, tuple] = {}
     todo = [j]
     while todo:
         o = todo.pop()
         if o in need or ("o", o) in anchors and o != j:
             continue
-        ci = producer.get(o)
-        if ci is None:
-            return None
-        func, targs, tkw, _ = calls[ci]
-        if _pointwise not in func.tags:
-            return None
+        if o in derived:
+            func, targs, tkw = derived[o]
+        else:
+            ci = producer.get(o)
+            if ci is None:
+                return None
+            func, targs, tkw, _ = calls[ci]
+            if _pointwise not in func.tags:
+                return None
         for r in (*targs, *tkw.values()):
             tag = r[0]
             if tag == "o":
@@ -295,6 +312,23 @@ def _recipe(j, calls, producer, anchors):
         if len(need) > MAX_RECIPE_CALLS:
             return None
     return [need[o] for o in sorted(need)]
+
+
+def _group_norm_output(i, targs) -> tuple:
+    """``native_group_norm``'s output (index ``i``) from its input and the call's mean and
+    rstd (outputs ``i + 1``, ``i + 2``): ``accel.group_norm_apply``'s call, as (func, arg
+    templates, kwarg templates)."""
+    inp, weight, bias, group = targs[0], targs[1], targs[2], targs[6]
+    return torch.ops.accel.group_norm_apply.default, (inp, ("o", i + 1), ("o", i + 2), weight, bias, group), {}
+
+
+#: several-output calls whose first output a call of accel's computes from the call's
+#: inputs and other outputs, elementwise: OpOverload -> rule(first output's index, arg
+#: templates) -> (func, arg templates, kwarg templates). A normalization's output, which
+#: a SiLU after a group norm saves, recomputed from the saved input and statistics.
+#: float32 and float64 outputs only (16-bit statistics are rounded: the output recomputed
+#: from them is not the one the forward computed).
+_DERIVED = {torch.ops.aten.native_group_norm.default: _group_norm_output}
 
 
 def prepare(region) -> None:

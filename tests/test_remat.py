@@ -308,6 +308,69 @@ def test_a_region_with_an_in_place_call_is_left_alone(monkeypatch):
     assert accel.stats()["recomputed_saves"] == before
 
 
+def group_norm_silu(device, dtype=torch.float32):
+    """``silu(group_norm(p * 2))`` over [4, 8, 6, 6] in groups of 2 channels, and a function
+    returning its loss's gradients for ``p``, the weight and the bias (as a U-Net block's)."""
+    g = torch.Generator().manual_seed(0)
+    p = torch.randn(4, 8, 6, 6, generator=g).to(device, dtype).requires_grad_()
+    norm = torch.nn.GroupNorm(4, 8).to(device, dtype)
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(8, generator=g) + 0.5)
+        norm.bias.copy_(torch.rand(8, generator=g) - 0.5)
+
+    def run():
+        y = torch.nn.functional.silu(norm(p * 2))
+        return torch.autograd.grad((y * y).sum(), [p, norm.weight, norm.bias])
+
+    return run
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_group_norms_output_is_recomputed_from_its_input_and_statistics(device, monkeypatch):
+    """The SiLU saves the norm's output, a result of a call with three (``native_group_norm``:
+    output, mean, rstd), which accel.group_norm_apply recomputes from the norm's saved input
+    (itself recomputed from ``p``) and statistics. The backward's region reads the recomputed
+    output's spatial dims merged (the norm's backward sums over them) along its reduction
+    loop: it is lowered, not run eagerly."""
+    monkeypatch.setenv("ACCEL_REMAT", "on")
+    monkeypatch.setenv("ACCEL_EAGER_SMALL_REGIONS", "0")  # (every region through its kernel)
+    run = group_norm_silu(device)
+    ref = run()
+    for _ in range(2):
+        before = accel.stats()
+        with accel.eager():
+            got = run()
+        after = accel.stats()
+        close(got, ref)
+        assert after["recomputed_saves"] - before["recomputed_saves"] == 2  # p * 2, the output
+        assert after["eager_replays"] == before["eager_replays"]
+        assert after["compile_failures"] == before["compile_failures"]
+
+
+def test_a_16_bit_group_norms_output_is_saved(monkeypatch):
+    """Its statistics are rounded to bfloat16: the output recomputed from them is not the
+    one the forward computed (``remat._DERIVED`` takes float32 and float64 alone)."""
+    monkeypatch.setenv("ACCEL_REMAT", "on")
+    run = group_norm_silu("cpu", torch.bfloat16)
+    ref = run()
+    before = accel.stats()["recomputed_saves"]
+    with accel.eager():
+        got = run()
+    close(got, ref)
+    assert accel.stats()["recomputed_saves"] - before == 1  # p * 2 alone
+
+
+def test_group_norm_apply_is_the_norms_output():
+    g = torch.Generator().manual_seed(1)
+    for shape, groups in (((3, 6, 5, 4), 3), ((2, 8, 7), 2), ((2, 4), 4)):
+        x = torch.randn(shape, generator=g, dtype=torch.float64)
+        w, b = torch.randn(shape[1], generator=g, dtype=torch.float64), torch.randn(shape[1], generator=g, dtype=torch.float64)
+        for weight, bias in ((w, b), (None, None), (w, None)):
+            out, mean, rstd = torch.ops.aten.native_group_norm(
+                x, weight, bias, shape[0], shape[1], math.prod(shape[2:]), groups, 1e-5)
+            close(torch.ops.accel.group_norm_apply(x, mean, rstd, weight, bias, groups), out)
+
+
 def test_node_names_follow_autograds_codegen():
     assert remat._prefix(torch.ops.aten.pow.Tensor_Scalar) == "PowBackward"
     assert remat._prefix(torch.ops.aten._softmax.default) == "SoftmaxBackward"
