@@ -282,7 +282,11 @@ def _side_by_side(steps, block=accel.eager, device="cpu"):
 @pytest.mark.parametrize("device", DEVICES)
 def test_training_steps_run_without_interception_once_that_is_faster(sampled, device):
     sampled(off=0.5)
-    seen = _side_by_side(OFF_END + 12, device=device)
+    # (room for one more warm-up: on the CPU the model's GELU output, which the LayerNorm
+    # saves, is recomputed in the backward (accel.remat); the first trial step whose
+    # interception resumes at its backward records the backward of an eager forward, a path
+    # met for the first time: a step that is not quiet, and the sampler starts again)
+    seen = _side_by_side(OFF_END + TRIAL_END + 12, device=device)
     # a step that began without interception ran no region and passed no call to the filter
     assert all(not moved for on, moved in seen[-8:]) and not any(on for on, _ in seen[-8:])
     assert any(on and moved for on, moved in seen[:sampling.QUIET_STEPS])
