@@ -3,7 +3,9 @@
 ``nll_of_log_softmax`` and ``nll_loss_backward`` (:func:`accel.losses.nll_of_log_softmax`,
 :func:`accel.losses.nll_loss_backward`), which :func:`accel.decompositions.decomposition_table`
 decomposes through their references when a region is traced, and ``cat`` (eager's ``cat``
-and ``stack``), which the lowering reads whole.
+and ``stack``), which the lowering reads whole; and ``group_norm_apply``, a group norm's
+output from its statistics, which :mod:`accel.remat`'s recipes call in the backward
+(deferred like aten's ops, decomposed through its reference).
 
 Each op has a reference implementation written with torch ops (``CompositeExplicitAutograd``:
 any device; it defines the semantics the generated kernels must reproduce, and tests compare

@@ -14,7 +14,10 @@ through autograd's own per-tensor hooks (``SavedTensor.register_hooks``, the API
   is the call's argument ``<arg>`` or its ``result``). A saved output that pointwise calls
   of the region compute from *anchors* (outputs or inputs autograd saves as themselves, or
   leaves that require grad: kept alive anyway) is packed as a recipe, not a tensor. Nothing
-  else holds it, so the region's kernel no longer writes it.
+  else holds it, so the region's kernel no longer writes it. A call with several results
+  counts too (a normalization saves its input; ``resultK`` is its output K), and a group
+  norm's output is rebuilt from its input and statistics by a call of accel's
+  (:data:`_DERIVED`: ``accel.group_norm_apply``), which a SiLU after the norm saves.
 - In the backward, unpacking it runs the recipe's calls on the anchors (under
   ``no_grad``). Under ``accel.eager()`` those calls are recorded into the backward's region
   and fused with the formula that reads the value (CSE merges the recipes' shared calls).
