@@ -72,6 +72,7 @@ def decomposition_table():
     table[torch.ops.accel.nll_of_log_softmax.default] = library.nll_of_log_softmax  # (recorded whole)
     table[torch.ops.accel.nll_loss_backward.default] = library.nll_loss_backward
     table[torch.ops.accel.group_norm_apply.default] = library.group_norm_apply  # (accel.remat's)
+    table[torch.ops.accel.batch_norm_apply.default] = library.batch_norm_apply
     return table
 
 

@@ -3,9 +3,10 @@
 ``nll_of_log_softmax`` and ``nll_loss_backward`` (:func:`accel.losses.nll_of_log_softmax`,
 :func:`accel.losses.nll_loss_backward`), which :func:`accel.decompositions.decomposition_table`
 decomposes through their references when a region is traced, and ``cat`` (eager's ``cat``
-and ``stack``), which the lowering reads whole; and ``group_norm_apply``, a group norm's
-output from its statistics, which :mod:`accel.remat`'s recipes call in the backward
-(deferred like aten's ops, decomposed through its reference).
+and ``stack``), which the lowering reads whole; and ``group_norm_apply`` and
+``batch_norm_apply``, a normalization's output from its statistics, which
+:mod:`accel.remat`'s recipes call in the backward (deferred like aten's ops, decomposed
+through their references).
 
 Each op has a reference implementation written with torch ops (``CompositeExplicitAutograd``:
 any device; it defines the semantics the generated kernels must reproduce, and tests compare
@@ -404,6 +405,33 @@ def group_norm_apply(input, mean, rstd, weight, bias, group: int) -> torch.Tenso
     stat = (n, group, 1, 1)
     out = group_norm_affine(x, mean.to(acc).reshape(stat), rstd.to(acc).reshape(stat), weight, bias, group)
     return out.to(input.dtype).reshape(shape)
+
+
+def _fake_batch_norm_apply(input, mean, invstd, weight, bias):
+    return torch.empty_like(input)
+
+
+@_define("batch_norm_apply(Tensor input, Tensor mean, Tensor invstd, Tensor? weight, Tensor? bias)"
+         " -> Tensor", _fake_batch_norm_apply)
+def batch_norm_apply(input, mean, invstd, weight, bias) -> torch.Tensor:
+    """A training batch norm's output (``native_batch_norm(input, weight, bias, running_mean,
+    running_var, True, momentum, eps)[0]``) given that call's saved mean and inverse standard
+    deviation: ``(input - mean) * invstd * weight + bias`` per channel, as torch._decomp's
+    ``native_batch_norm`` (accel's forward) computes it; rebuilt in a backward's region
+    by :mod:`accel.remat`, like :func:`group_norm_apply`.
+
+    Shapes/dtypes: ``input`` ``[N, C, *spatial]`` floating; ``mean``, ``invstd``,
+    ``weight``, ``bias`` ``[C]`` (the last two may be None); the result ``input``'s shape and
+    dtype (16-bit inputs computed in float32).
+    """
+    param = (1, input.shape[1]) + (1,) * (input.dim() - 2)
+    acc = torch.float32 if input.dtype in (torch.float16, torch.bfloat16) else input.dtype
+    out = (input.to(acc) - mean.to(acc).reshape(param)) * invstd.to(acc).reshape(param)
+    if weight is not None:
+        out = out * weight.reshape(param)
+    if bias is not None:
+        out = out + bias.reshape(param)
+    return out.to(input.dtype)
 
 
 #: the most tensors ``accel.cat`` takes (a longer ``torch.cat`` runs eagerly)

@@ -58,7 +58,7 @@ _EXTRA = (aten._to_copy.default, aten.copy_.default, aten.fill_.Scalar, aten.zer
 #: accel's own ops that a program's calls make (the recipes of :mod:`accel.remat`), deferred
 #: as aten's are: names in ``torch.ops.accel`` (:mod:`accel.library`), decomposed by their
 #: references when a region is traced (:func:`accel.decompositions.decomposition_table`)
-_ACCEL_DEFERRED = ("group_norm_apply",)
+_ACCEL_DEFERRED = ("group_norm_apply", "batch_norm_apply")
 
 #: scalar arguments whose *value* eager specializes on (e.g. pow(x, 2) is x*x, pow(x, 0.5)
 #: is sqrt, a vector norm's order picks its formula, a variance's correction its divisor):

@@ -27,9 +27,10 @@ through autograd's own per-tensor hooks (``SavedTensor.register_hooks``, the API
 A plan per trie node (``TrieNode.remat``) says which (node, saved name) pairs to hook; it is
 built at the node's first flush with autograd nodes, from the calls' schemas, without
 unpacking anything (a saved value may carry a program's own hooks: ``register_hooks``
-then refuses, and the value is saved as before). Regions with an in-place call are left
-alone. ``ACCEL_REMAT``: ``auto`` (CPU regions: on a GPU the step is bound by the host, which
-the hooks cost), ``on``, ``off``.
+then refuses, and the value is saved as before). Regions writing an output in place are
+left alone; a call writing an input (a batch norm's running statistics) leaves the rest
+planned, unless a recipe reads that input or its storage. ``ACCEL_REMAT``: ``auto`` (CPU
+regions: on a GPU the step is bound by the host, which the hooks cost), ``on``, ``off``.
 """
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 from . import library  # noqa: F401 - registers torch.ops.accel.* (accel.group_norm_apply)
-from .ops import resolver
+from .ops import _data_ptr, op_spec, resolver, written_refs
 from .runtime import STATS
 
 log = logging.getLogger("accel.remat")
@@ -202,10 +203,14 @@ def _plan(region) -> tuple:
     calls, outs, ext = region.calls, region.outs, region.ext
     producer: Dict[int, int] = {}  # output index -> call index (single-output calls)
     first_out: List[Optional[int]] = []
+    written = []  # the inputs calls write (a batch norm's running statistics)
     k = 0
-    for ci, (func, _targs, _tkw, n_new) in enumerate(calls):
+    for ci, (func, targs, tkw, n_new) in enumerate(calls):
         if func._schema.is_mutable:
-            return _NONE
+            refs = written_refs(op_spec(func), targs, tkw)
+            if any(r[0] != "x" for r in refs if r != ("c", None)):
+                return _NONE  # an output written in place: left alone
+            written.extend(ext[r[1]] for r in refs if r[0] == "x")
         first_out.append(k if n_new else None)
         if n_new == 1:
             producer[k] = ci
@@ -216,7 +221,9 @@ def _plan(region) -> tuple:
     for ci, (func, targs, tkw, n_new) in enumerate(calls):
         rule = _DERIVED.get(func)
         if rule is not None and outs[first_out[ci]].dtype in (torch.float32, torch.float64):
-            derived[first_out[ci]] = rule(first_out[ci], targs)
+            call = rule(first_out[ci], targs)
+            if call is not None:
+                derived[first_out[ci]] = call
     saved: Dict[tuple, List[tuple]] = {}  # ("o", j) / ("x", k) -> [(i, node class, name)]
     viewed = set()  # ("o", j) of outputs a saved view keeps
     any_node = False
@@ -272,10 +279,19 @@ def _plan(region) -> tuple:
         entries.extend((i, cls, name, ref[1]) for i, cls, name in saved[ref])
     if not entries:
         return _NONE
+    if written:  # a recipe reading an input the region writes, or one sharing its storage
+        bases = {_storage_base(t) for t in written}
+        if any(_storage_base(ext[j]) in bases for t, j in leaves if t == "x"):
+            return _NONE
     return (tuple(entries), calls_of, needs,
             tuple(sorted(j for t, j in leaves if t == "o" and ("o", j) in anchors)),
             tuple(sorted(j for t, j in leaves if t == "x")),
             tuple(sorted(j for t, j in leaves if t == "s")))
+
+
+def _storage_base(t) -> int:
+    """The address of ``t``'s storage (not ``Tensor.data_ptr``: accel's hook flushes)."""
+    return _data_ptr(t) - t.storage_offset() * t.element_size()
 
 
 def _recipe(j, calls, producer, derived, anchors):
@@ -325,13 +341,25 @@ def _group_norm_output(i, targs) -> tuple:
     return torch.ops.accel.group_norm_apply.default, (inp, ("o", i + 1), ("o", i + 2), weight, bias, group), {}
 
 
+def _batch_norm_output(i, targs) -> Optional[tuple]:
+    """A training batch norm's output (index ``i``) from its input and the call's saved mean
+    and inverse standard deviation (outputs ``i + 1``, ``i + 2``): ``accel.batch_norm_apply``'s
+    call; None in eval mode (those outputs are then empty or the running statistics')."""
+    if targs[5] != ("c", True):
+        return None
+    inp, weight, bias = targs[0], targs[1], targs[2]
+    return torch.ops.accel.batch_norm_apply.default, (inp, ("o", i + 1), ("o", i + 2), weight, bias), {}
+
+
 #: several-output calls whose first output a call of accel's computes from the call's
 #: inputs and other outputs, elementwise: OpOverload -> rule(first output's index, arg
 #: templates) -> (func, arg templates, kwarg templates). A normalization's output, which
 #: a SiLU after a group norm saves, recomputed from the saved input and statistics.
 #: float32 and float64 outputs only (16-bit statistics are rounded: the output recomputed
 #: from them is not the one the forward computed).
-_DERIVED = {torch.ops.aten.native_group_norm.default: _group_norm_output}
+_DERIVED = {torch.ops.aten.native_group_norm.default: _group_norm_output,
+            torch.ops.aten.native_batch_norm.default: _batch_norm_output,
+            torch.ops.aten._native_batch_norm_legit.default: _batch_norm_output}
 
 
 def prepare(region) -> None:

@@ -38,11 +38,19 @@ Workloads (float32; CPU sizes, GPU ones in brackets):
 - ``sum_sq``: ``(x * x).sum()``, a whole reduction (a loss's): on a GPU over many
   blocks (grid mode), 16-byte vectors and 4 of them in flight a thread since the
   ninety-fourth round (one value at a time read at 1.9 TB/s on the H100).
+- ``gn_silu_train``, ``bn_silu_train``: ``silu(norm(x * 2))`` with the GroupNorm above and a
+  ``BatchNorm2d`` in training mode on the contiguous image, and the gradients of
+  ``(y * y).sum()`` for ``x``, the weight and the bias (grad enabled inside the workload):
+  the SiLU saves the norm's output, which accel rebuilds in the backward from the norm's
+  input and statistics instead of writing it (``accel.remat``, ``ACCEL_REMAT``: on the CPU
+  by default; ninety-fifth round). (On a GPU eager's batch norm is cuDNN's op, which runs
+  eagerly under accel too.)
 - ``softmax_odd``, ``rmsnorm_odd``, ``layernorm_odd``: ``softmax(x * 0.5, -1)``, a
   hand-written RMSNorm and ``F.layer_norm(x * 2, ...)`` over rows of 1023 (4095): on the
   CPU each output row starts at another offset in a cache line, and its streamed stores
   (outputs past the cache) start at the row's first whole line (ninety-first round).
 """
+import copy
 import os
 import sys
 
@@ -75,6 +83,16 @@ def main() -> None:
     odd = torch.randn(shape[0], shape[1] - 1, generator=g).to(dev)
     w_odd = torch.randn(shape[1] - 1, generator=g).to(dev)
 
+    bn = torch.nn.BatchNorm2d(img.shape[1]).to(dev)
+
+    def norm_silu_train(norm):
+        def f(t):
+            with torch.enable_grad():
+                t = t.detach().requires_grad_()
+                out = F.silu(norm(t * 2))
+                return torch.autograd.grad((out * out).sum(), [t, norm.weight, norm.bias])
+        return f
+
     def rmsnorm(t):
         return t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + 1e-6) * w_odd
 
@@ -96,6 +114,9 @@ def main() -> None:
         "cross_entropy": (lambda t: F.cross_entropy(t, target), logits,
                           lambda: F.cross_entropy(logits.double(), target)),
         "cross_entropy_train": (ce_train, logits, lambda: ce_train(logits.double())),
+        "gn_silu_train": (norm_silu_train(gn), img, lambda: norm_silu_train(gn64)(img.double())),
+        "bn_silu_train": (norm_silu_train(bn), img,
+                          lambda: norm_silu_train(copy.deepcopy(bn).double())(img.double())),
         "softmax_odd": (lambda t: torch.softmax(t * 0.5, -1), odd, None),
         "rmsnorm_odd": (rmsnorm, odd, None),
         "layernorm_odd": (lambda t: F.layer_norm(t * 2, [t.shape[-1]]), odd, None),

@@ -360,6 +360,69 @@ def test_a_16_bit_group_norms_output_is_saved(monkeypatch):
     assert accel.stats()["recomputed_saves"] - before == 1  # p * 2 alone
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_training_batch_norms_output_is_recomputed_and_its_running_statistics_are_eagers(device, monkeypatch):
+    """``silu(batch_norm(p * 2))`` in training mode, two steps: the batch norm writes its
+    running statistics in place (and ``num_batches_tracked``), inputs no recipe reads, so
+    the region is planned; the SiLU's saved input, the norm's output, is rebuilt by
+    accel.batch_norm_apply from the norm's input and saved statistics. (On a GPU eager's
+    batch norm is cuDNN's op, which no region records: there only the results are checked.)"""
+    monkeypatch.setenv("ACCEL_REMAT", "on")
+    monkeypatch.setenv("ACCEL_EAGER_SMALL_REGIONS", "0")
+    g = torch.Generator().manual_seed(0)
+    p = torch.randn(4, 8, 5, 3, generator=g).to(device).requires_grad_()
+    norms = []
+    for _ in range(2):
+        norm = torch.nn.BatchNorm2d(8).to(device)
+        with torch.no_grad():
+            norm.weight.copy_(torch.linspace(0.5, 1.5, 8))
+            norm.bias.copy_(torch.linspace(-0.5, 0.5, 8))
+        norms.append(norm)
+
+    def run(norm):
+        y = torch.nn.functional.silu(norm(p * 2))
+        return torch.autograd.grad((y * y).sum(), [p, norm.weight, norm.bias])
+
+    for _ in range(2):
+        ref = run(norms[0])
+        before = accel.stats()
+        with accel.eager():
+            got = run(norms[1])
+        after = accel.stats()
+        close(got, ref)
+        for name, buf in norms[0].named_buffers():
+            close(dict(norms[1].named_buffers())[name], buf, msg=name)
+        if device == "cpu":
+            assert after["recomputed_saves"] - before["recomputed_saves"] == 2  # p * 2, the output
+            assert after["eager_replays"] == before["eager_replays"]
+
+
+def test_an_input_written_in_the_region_is_read_by_no_recipe(monkeypatch):
+    """A region that computes a saved value from a leaf, then writes the leaf in place under
+    ``no_grad`` (nothing saved it: eager's backward is fine), is not planned: the recipe
+    would read the written values in the backward, at the version the flush saw."""
+    monkeypatch.setenv("ACCEL_REMAT", "on")
+    monkeypatch.setenv("ACCEL_EAGER_SMALL_REGIONS", "0")
+
+    def run(w):
+        loss = (torch.tanh(w * 2) * 3).sum()  # tanh saves its result: a recipe from w
+        with torch.no_grad():
+            w.add_(1)
+        loss.backward()
+        return loss.detach()
+
+    w0 = torch.randn(6, 5)
+    we, wa = w0.clone().requires_grad_(), w0.clone().requires_grad_()
+    ref = run(we)
+    before = accel.stats()["recomputed_saves"]
+    with accel.eager():
+        got = run(wa)
+    close(got, ref)
+    close(wa.grad, we.grad)
+    close(wa, we)
+    assert accel.stats()["recomputed_saves"] == before
+
+
 def test_group_norm_apply_is_the_norms_output():
     g = torch.Generator().manual_seed(1)
     for shape, groups in (((3, 6, 5, 4), 3), ((2, 8, 7), 2), ((2, 4), 4)):
