@@ -16,8 +16,9 @@ through autograd's own per-tensor hooks (``SavedTensor.register_hooks``, the API
   leaves that require grad: kept alive anyway) is packed as a recipe, not a tensor. Nothing
   else holds it, so the region's kernel no longer writes it. A call with several results
   counts too (a normalization saves its input; ``resultK`` is its output K), and a group
-  norm's output is rebuilt from its input and statistics by a call of accel's
-  (:data:`_DERIVED`: ``accel.group_norm_apply``), which a SiLU after the norm saves.
+  norm's or a training batch norm's output is rebuilt from its input and statistics by a
+  call of accel's (:data:`_DERIVED`: ``accel.group_norm_apply``, ``accel.batch_norm_apply``),
+  which a SiLU after the norm saves.
 - In the backward, unpacking it runs the recipe's calls on the anchors (under
   ``no_grad``). Under ``accel.eager()`` those calls are recorded into the backward's region
   and fused with the formula that reads the value (CSE merges the recipes' shared calls).
@@ -353,8 +354,9 @@ def _batch_norm_output(i, targs) -> Optional[tuple]:
 
 #: several-output calls whose first output a call of accel's computes from the call's
 #: inputs and other outputs, elementwise: OpOverload -> rule(first output's index, arg
-#: templates) -> (func, arg templates, kwarg templates). A normalization's output, which
-#: a SiLU after a group norm saves, recomputed from the saved input and statistics.
+#: templates) -> (func, arg templates, kwarg templates), or None where it does not apply.
+#: A normalization's output, which a SiLU after a group norm or a batch norm saves,
+#: recomputed from the saved input and statistics.
 #: float32 and float64 outputs only (16-bit statistics are rounded: the output recomputed
 #: from them is not the one the forward computed).
 _DERIVED = {torch.ops.aten.native_group_norm.default: _group_norm_output,
