@@ -1148,6 +1148,44 @@ def test_every_kernel_mode_builds_a_cubin_with_its_planned_kernels(name, dtype, 
         assert any("vector" in l for _, launches in modules for l in launches)
 
 
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc")
+def test_a_rebuilt_group_norm_output_builds_a_cubin(fresh_store, monkeypatch, tmp_path):
+    """A GroupNorm -> SiLU training step with ``ACCEL_REMAT=on``: the backward's region
+    rebuilds the norm's output (``accel.group_norm_apply``) and sums it over the spatial
+    positions along a reduction loop split into the merge's digits. Its CUDA module (the
+    loop IR the CPU pipeline lowers) compiles with accel's nvcc flags for Hopper, every
+    planned kernel in the cubin; the rebuilt output is not among the forward's outputs."""
+    from accel.codegen.cpp import CppRenderer
+
+    monkeypatch.setenv("ACCEL_REMAT", "on")
+    monkeypatch.setenv("ACCEL_EAGER_SMALL_REGIONS", "0")
+    monkeypatch.setenv("ACCEL_GENERIC_KERNELS", "0")  # (static IR, which CudaRenderer renders)
+    modules = []
+    cpu_render = CppRenderer.render
+
+    def render(self, ir, kname):
+        r = CudaRenderer()
+        modules.append((r.render(ir, kname), r.launches))
+        return cpu_render(self, ir, kname)
+
+    monkeypatch.setattr(CppRenderer, "render", render)
+    p = torch.randn(4, 8, 16, 16, requires_grad=True)
+    norm = torch.nn.GroupNorm(4, 8)
+    before = accel.stats()["recomputed_saves"]
+    with accel.eager():
+        y = torch.nn.functional.silu(norm(p * 2))
+        grads = torch.autograd.grad((y * y).sum(), [p, norm.weight])  # (held: computed)
+    assert accel.stats()["recomputed_saves"] - before == 2 and len(modules) == 2
+    y = torch.nn.functional.silu(norm(p * 2))
+    for got, ref in zip(grads, torch.autograd.grad((y * y).sum(), [p, norm.weight])):
+        torch.testing.assert_close(got, ref)
+    for k, (src, launches) in enumerate(modules):
+        _nvcc(src, tmp_path / f"m{k}.cubin")
+        image = (tmp_path / f"m{k}.cubin").read_bytes()
+        names = [l["kernel"] for l in launches] + [l["vector"]["kernel"] for l in launches if "vector" in l]
+        assert names and all(n.encode() + b"\0" in image for n in names)
+
+
 @pytest.mark.parametrize("pure", [False, True], ids=["cython", "python"])
 def test_cuda_kernel_without_a_driver_raises_load_error(pure):
     """No libcuda.so.1 (this CI machine): loading a CUDA module raises LoadError (the runtime
