@@ -347,6 +347,31 @@ def test_a_group_norms_output_is_recomputed_from_its_input_and_statistics(device
         assert after["compile_failures"] == before["compile_failures"]
 
 
+@pytest.mark.parametrize("affine", [True, False])
+def test_a_channels_last_group_norms_output_is_recomputed(affine, monkeypatch):
+    """The rebuilt output on a channels-last input, with and without weight and bias (the
+    rebuild's reshape reads the input through its strides; a missing weight and bias pass
+    as None): eager's gradients, and no region runs eagerly."""
+    monkeypatch.setenv("ACCEL_REMAT", "on")
+    monkeypatch.setenv("ACCEL_EAGER_SMALL_REGIONS", "0")
+    g = torch.Generator().manual_seed(2)
+    p = torch.randn(4, 8, 5, 3, generator=g).to(memory_format=torch.channels_last).requires_grad_()
+    norm = torch.nn.GroupNorm(2, 8, affine=affine)
+
+    def run():
+        y = torch.nn.functional.silu(norm(p * 2)) * 3
+        return torch.autograd.grad(y.square().sum(), [p, *norm.parameters()])
+
+    ref = run()
+    before = accel.stats()
+    with accel.eager():
+        got = run()
+    after = accel.stats()
+    close(got, ref)
+    assert after["recomputed_saves"] - before["recomputed_saves"] == 2
+    assert after["eager_replays"] == before["eager_replays"]
+
+
 def test_a_16_bit_group_norms_output_is_saved(monkeypatch):
     """Its statistics are rounded to bfloat16: the output recomputed from them is not the
     one the forward computed (``remat._DERIVED`` takes float32 and float64 alone)."""
