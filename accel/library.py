@@ -379,12 +379,12 @@ def group_norm_affine(x: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor, w
     return x * w + b
 
 
-def _fake_group_norm_apply(input, mean, rstd, weight, bias, group):
+def _fake_like_input(input, *_rest):
     return torch.empty_like(input)
 
 
 @_define("group_norm_apply(Tensor input, Tensor mean, Tensor rstd, Tensor? weight, Tensor? bias,"
-         " int group) -> Tensor", _fake_group_norm_apply)
+         " int group) -> Tensor", _fake_like_input)
 def group_norm_apply(input, mean, rstd, weight, bias, group: int) -> torch.Tensor:
     """``native_group_norm(input, weight, bias, N, C, HxW, group, eps)[0]`` given that call's
     other results, ``mean`` and ``rstd``: the normalization without its reductions, which a
@@ -407,12 +407,8 @@ def group_norm_apply(input, mean, rstd, weight, bias, group: int) -> torch.Tenso
     return out.to(input.dtype).reshape(shape)
 
 
-def _fake_batch_norm_apply(input, mean, invstd, weight, bias):
-    return torch.empty_like(input)
-
-
 @_define("batch_norm_apply(Tensor input, Tensor mean, Tensor invstd, Tensor? weight, Tensor? bias)"
-         " -> Tensor", _fake_batch_norm_apply)
+         " -> Tensor", _fake_like_input)
 def batch_norm_apply(input, mean, invstd, weight, bias) -> torch.Tensor:
     """A training batch norm's output (``native_batch_norm(input, weight, bias, running_mean,
     running_var, True, momentum, eps)[0]``) given that call's saved mean and inverse standard
