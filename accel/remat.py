@@ -30,8 +30,8 @@ built at the node's first flush with autograd nodes, from the calls' schemas, wi
 unpacking anything (a saved value may carry a program's own hooks: ``register_hooks``
 then refuses, and the value is saved as before). Regions writing an output in place are
 left alone; a call writing an input (a batch norm's running statistics) leaves the rest
-planned, unless a recipe reads that input or its storage. ``ACCEL_REMAT``: ``auto`` (CPU
-regions: on a GPU the step is bound by the host, which the hooks cost), ``on``, ``off``.
+planned, unless a recipe reads that input or its storage. ``ACCEL_REMAT``: ``auto`` (values
+of at least :data:`AUTO_MIN_BYTES` on the CPU), ``on`` (every value, every device), ``off``.
 """
 from __future__ import annotations
 
@@ -46,12 +46,23 @@ from .runtime import STATS
 
 log = logging.getLogger("accel.remat")
 
-__all__ = ["prepare", "set_mode", "RecomputeGroup", "RecomputedValue", "MAX_RECIPE_CALLS", "PLAN_TRIES"]
+__all__ = ["prepare", "set_mode", "RecomputeGroup", "RecomputedValue", "MAX_RECIPE_CALLS", "PLAN_TRIES",
+           "AUTO_MIN_BYTES"]
 
 #: the most calls one recomputed value's recipe may take (its cost in the backward)
 MAX_RECIPE_CALLS = 12
 #: flushes of a trie node whose calls had no autograd node before it is planned as nothing
 PLAN_TRIES = 3
+
+#: ``ACCEL_REMAT=auto``: the bytes a saved value must have, by device type, to be recomputed
+#: (None: none is). Recomputing a value saves its write in the forward and its read in the
+#: backward, and costs the host its hooks and its recipe's calls in the backward: 90 us a
+#: GroupNorm -> SiLU step recomputing two values on the 2-core dev VM. There the step broke
+#: even at 2 MiB a value ([16, 32, 32, 32] float32: 770 us off, 798 on) and gained from
+#: there (3 MiB: 1181 -> 962 us; 4 MiB: 1530 -> 1108; below 1 MiB it lost 80-95 us:
+#: ``scratch``'s ``hook_cost.py``, the ninety-sixth round). A GPU's regions are left
+#: alone: not measured there yet.
+AUTO_MIN_BYTES: Dict[str, Optional[int]] = {"cpu": 2 << 20}
 
 _NONE: tuple = ()
 _mode = "auto"  # ACCEL_REMAT, read at each enable
@@ -68,7 +79,8 @@ _PYTHON_KEYS = (torch._C.DispatchKeySet(torch._C.DispatchKey.Python)
 
 
 def set_mode(mode: str) -> None:
-    """``ACCEL_REMAT``: ``auto`` (CPU regions), ``on`` (every device) or ``off``."""
+    """``ACCEL_REMAT``: ``auto`` (values of :data:`AUTO_MIN_BYTES`), ``on`` (every value on
+    every device) or ``off``."""
     global _mode
     _mode = mode
 
@@ -194,13 +206,14 @@ def _modified(t, expected) -> None:
         "backward; ACCEL_REMAT=off saves it as eager does.)")
 
 
-def _plan(region) -> tuple:
+def _plan(region, min_bytes: int = 0) -> tuple:
     """The plan for ``region``'s trie node: ``(entries, calls, needs, anchor outputs,
     anchor inputs, scalar indices)``; ``entries`` the saved values to hook, as (index of
     the output whose autograd node saved it, the node's class, the saved name, the saved
     output's index); ``calls`` the recipes' calls by output index; ``needs`` each target's
-    recipe (output indices, call order). ``()`` where there is nothing to recompute,
-    ``None`` where no call of the region has an autograd node yet (decided later)."""
+    recipe (output indices, call order). Saved values of fewer than ``min_bytes`` bytes
+    are saved as themselves. ``()`` where there is nothing to recompute, ``None`` where no
+    call of the region has an autograd node yet (decided later)."""
     calls, outs, ext = region.calls, region.outs, region.ext
     producer: Dict[int, int] = {}  # output index -> call index (single-output calls)
     first_out: List[Optional[int]] = []
@@ -267,7 +280,10 @@ def _plan(region) -> tuple:
     anchors.update(r for r in saved if r[0] == "o" and r[1] not in producer and r[1] not in derived)
     entries, calls_of, needs, leaves = [], {}, {}, set()
     for ref in sorted((r for r in saved if r[0] == "o"), key=lambda r: r[1]):
-        recipe = _recipe(ref[1], calls, producer, derived, anchors)
+        t = outs[ref[1]]
+        recipe = None
+        if t.numel() * t.element_size() >= min_bytes:
+            recipe = _recipe(ref[1], calls, producer, derived, anchors)
         if recipe is None:
             anchors.add(ref)
             continue
@@ -374,11 +390,14 @@ def prepare(region) -> None:
     node = region.node
     plan = node.remat
     if plan is None or type(plan) is int:
-        if _mode == "auto" and (region.device is None or region.device.type != "cpu"):
-            node.remat = _NONE
-            return
+        limit = 0
+        if _mode == "auto":
+            limit = AUTO_MIN_BYTES.get("cpu" if region.device is None else region.device.type)
+            if limit is None:
+                node.remat = _NONE
+                return
         try:
-            new = _plan(region)
+            new = _plan(region, limit)
         except Exception as e:  # noqa: BLE001 - a schema or node accel did not expect
             log.debug("accel: no rematerialization plan (%s: %s)", type(e).__name__, e)
             new = _NONE

@@ -282,8 +282,8 @@ def _side_by_side(steps, block=accel.eager, device="cpu"):
 @pytest.mark.parametrize("device", DEVICES)
 def test_training_steps_run_without_interception_once_that_is_faster(sampled, device):
     sampled(off=0.5)
-    # (room for one more warm-up: on the CPU the model's GELU output, which the LayerNorm
-    # saves, is recomputed in the backward (accel.remat); the first trial step whose
+    # (room for one more warm-up: where accel.remat recomputes the model's GELU output,
+    # which the LayerNorm saves (ACCEL_REMAT=on; under auto, not at this size), the first trial step whose
     # interception resumes at its backward records the backward of an eager forward, a path
     # met for the first time: a step that is not quiet, and the sampler starts again)
     seen = _side_by_side(OFF_END + TRIAL_END + 12, device=device)
