@@ -31,7 +31,8 @@ unpacking anything (a saved value may carry a program's own hooks: ``register_ho
 then refuses, and the value is saved as before). Regions writing an output in place are
 left alone; a call writing an input (a batch norm's running statistics) leaves the rest
 planned, unless a recipe reads that input or its storage. ``ACCEL_REMAT``: ``auto`` (values
-of at least :data:`AUTO_MIN_BYTES` on the CPU), ``on`` (every value, every device), ``off``.
+of at least :data:`AUTO_MIN_BYTES`: 2 MiB on the CPU, 128 MiB on a GPU), ``on`` (every value,
+every device), ``off``.
 """
 from __future__ import annotations
 
@@ -55,17 +56,20 @@ MAX_RECIPE_CALLS = 12
 PLAN_TRIES = 3
 
 #: ``ACCEL_REMAT=auto``: the bytes a saved value must have, by device type, to be recomputed
-#: (None: none is). Recomputing a value saves its write in the forward and its read in the
-#: backward, and costs the host its hooks and its recipe's calls in the backward: 90 us a
-#: GroupNorm -> SiLU step recomputing two values on the 2-core dev VM. There the step broke
-#: even at 2 MiB a value ([16, 32, 32, 32] float32: 770 us off, 798 on) and gained from
-#: there (3 MiB: 1181 -> 962 us; 4 MiB: 1530 -> 1108; below 1 MiB it lost 80-95 us:
-#: ``scratch``'s ``hook_cost.py``, the ninety-sixth round). A GPU's regions are left
-#: alone: not measured there yet.
-AUTO_MIN_BYTES: Dict[str, Optional[int]] = {"cpu": 2 << 20}
+#: (None or no entry: none is). Recomputing a value saves its write in the forward and its
+#: read in the backward, and costs the host its hooks and its recipe's calls in the
+#: backward: 90-100 us a GroupNorm -> SiLU step recomputing two values, on the 2-core dev
+#: VM and on the H100's host alike (``scratch``'s ``hook_cost.py``, off and on alternated
+#: call by call, each call synchronized; the ninety-sixth round). On the dev VM the step
+#: broke even at 2 MiB a value (770 us off, 798 on) and gained from there (3 MiB: 1181 ->
+#: 962 us; 4 MiB: 1530 -> 1108). On the H100 it lost 100 us up to 32 MiB a value (1026 ->
+#: 1127) and gained at 128 MiB (1349 -> 1308); cat_groupnorm_train's 256 MiB value: 1.88 ->
+#: 1.62 ms a step. A GPU step bound by its host (the demo's: 4 MiB values) is left alone.
+AUTO_MIN_BYTES: Dict[str, Optional[int]] = {"cpu": 2 << 20, "cuda": 128 << 20}
 
 _NONE: tuple = ()
 _mode = "auto"  # ACCEL_REMAT, read at each enable
+_planned: Optional[str] = None  # the mode the trie's plans were made under (auto or on)
 _SavedTensor = torch._C._autograd.SavedTensor
 _pointwise = torch.Tag.pointwise
 _saved_names: Dict[type, Tuple[str, ...]] = {}  # autograd node class -> its saved tensors' names
@@ -80,9 +84,20 @@ _PYTHON_KEYS = (torch._C.DispatchKeySet(torch._C.DispatchKey.Python)
 
 def set_mode(mode: str) -> None:
     """``ACCEL_REMAT``: ``auto`` (values of :data:`AUTO_MIN_BYTES`), ``on`` (every value on
-    every device) or ``off``."""
-    global _mode
+    every device) or ``off``. A trie node keeps the plan its first flush made; switching
+    between ``auto`` and ``on`` forgets every plan, to be made again under the new mode
+    (``off`` plans nothing and forgets nothing)."""
+    global _mode, _planned
     _mode = mode
+    if mode != "off" and mode != _planned:
+        if _planned is not None:
+            from .region import ROOT
+            stack = [ROOT]
+            while stack:
+                node = stack.pop()
+                node.remat = None
+                stack.extend(node.children.values())
+        _planned = mode
 
 
 def _names(cls) -> Tuple[str, ...]:
