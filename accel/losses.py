@@ -11,7 +11,7 @@ from typing import Optional
 import torch
 
 from . import library  # noqa: F401 - registers torch.ops.accel.*
-from .region import _data_ptr
+from .region import storage_base
 
 _aten = torch.ops.aten
 _NLL_FORWARD = _aten.nll_loss_forward.default
@@ -21,7 +21,7 @@ _current_node = torch._C._current_autograd_node
 
 def _pending(region, t) -> bool:
     """Whether ``t`` is a pending output of ``region`` or a view of one."""
-    return id(t) in region.out_ids or _data_ptr(t) - t.storage_offset() * t.element_size() in region.out_bases
+    return id(t) in region.out_ids or storage_base(t) in region.out_bases
 
 
 def nll_of_log_softmax(region, args, kwargs) -> Optional[tuple]:

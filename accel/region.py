@@ -37,6 +37,12 @@ set_small_regions = native.set_small_regions
 log = logging.getLogger("accel")
 
 _data_ptr = torch._C.TensorBase.data_ptr  # the real one: Tensor.data_ptr is an escape hook
+
+
+def storage_base(t: torch.Tensor) -> int:
+    """The address of ``t``'s storage: its data pointer less its offset in bytes (through
+    the real ``data_ptr``: accel's ``Tensor.data_ptr`` hook flushes the region)."""
+    return _data_ptr(t) - t.storage_offset() * t.element_size()
 _untyped_storage = torch._C.TensorBase.untyped_storage  # likewise
 
 

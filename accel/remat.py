@@ -42,7 +42,8 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 from . import library  # noqa: F401 - registers torch.ops.accel.* (accel.group_norm_apply)
-from .ops import _data_ptr, op_spec, resolver, written_refs
+from .ops import op_spec, resolver, written_refs
+from .region import ROOT, storage_base
 from .runtime import STATS
 
 log = logging.getLogger("accel.remat")
@@ -91,7 +92,6 @@ def set_mode(mode: str) -> None:
     _mode = mode
     if mode != "off" and mode != _planned:
         if _planned is not None:
-            from .region import ROOT
             stack = [ROOT]
             while stack:
                 node = stack.pop()
@@ -312,18 +312,13 @@ def _plan(region, min_bytes: int = 0) -> tuple:
     if not entries:
         return _NONE
     if written:  # a recipe reading an input the region writes, or one sharing its storage
-        bases = {_storage_base(t) for t in written}
-        if any(_storage_base(ext[j]) in bases for t, j in leaves if t == "x"):
+        bases = {storage_base(t) for t in written}
+        if any(storage_base(ext[j]) in bases for t, j in leaves if t == "x"):
             return _NONE
     return (tuple(entries), calls_of, needs,
             tuple(sorted(j for t, j in leaves if t == "o" and ("o", j) in anchors)),
             tuple(sorted(j for t, j in leaves if t == "x")),
             tuple(sorted(j for t, j in leaves if t == "s")))
-
-
-def _storage_base(t) -> int:
-    """The address of ``t``'s storage (not ``Tensor.data_ptr``: accel's hook flushes)."""
-    return _data_ptr(t) - t.storage_offset() * t.element_size()
 
 
 def _recipe(j, calls, producer, derived, anchors):
