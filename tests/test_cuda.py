@@ -1156,10 +1156,14 @@ def test_a_rebuilt_group_norm_output_builds_a_cubin(fresh_store, monkeypatch, tm
     loop IR the CPU pipeline lowers) compiles with accel's nvcc flags for Hopper, every
     planned kernel in the cubin; the rebuilt output is not among the forward's outputs."""
     from accel.codegen.cpp import CppRenderer
+    from test_generic import _forget_kernels
 
     monkeypatch.setenv("ACCEL_REMAT", "on")
     monkeypatch.setenv("ACCEL_EAGER_SMALL_REGIONS", "0")
     monkeypatch.setenv("ACCEL_GENERIC_KERNELS", "0")  # (static IR, which CudaRenderer renders)
+    # the trie keeps the kernels of earlier tests in this process (a GPU run's worker had
+    # built the backward's region, a kernel its fresh store does not hold: not lowered here)
+    _forget_kernels()
     modules = []
     cpu_render = CppRenderer.render
 
@@ -1175,7 +1179,7 @@ def test_a_rebuilt_group_norm_output_builds_a_cubin(fresh_store, monkeypatch, tm
     with accel.eager():
         y = torch.nn.functional.silu(norm(p * 2))
         grads = torch.autograd.grad((y * y).sum(), [p, norm.weight])  # (held: computed)
-    assert accel.stats()["recomputed_saves"] - before == 2 and len(modules) == 2
+    assert accel.stats()["recomputed_saves"] - before == 2 and len(modules) == 2, (len(modules), accel.stats())
     y = torch.nn.functional.silu(norm(p * 2))
     for got, ref in zip(grads, torch.autograd.grad((y * y).sum(), [p, norm.weight])):
         torch.testing.assert_close(got, ref)
