@@ -216,6 +216,7 @@ def _lower_with(gm, ext, outs, scalar_types, writes: str, stored_first) -> LoopI
     first = writes == "first"
     if first and not _reads_new_values(jobs, lw):
         raise _WriteHazard("the outputs read the old values of an input written in place")
+    jobs = _common_loops(jobs)
     jobs.sort(key=lambda j: (j[3] != first, -_prod(j[2].shape)))  # biggest first, mutations last (first)
     nests: List[Nest] = []
     placed: List[List[tuple]] = []  # per nest: its jobs (buffer, node, spec, is mutation)
@@ -606,6 +607,48 @@ def _split_dim(spec: BufferSpec, d: int, inner: int) -> BufferSpec:
         stride=spec.stride[:d] + (spec.stride[d] * inner, spec.stride[d]) + spec.stride[d + 1:],
         origin=origin[:d] + divmod(origin[d], inner) + origin[d + 1:] if spec.origin else (),
         merged=tuple(merged))
+
+
+def _common_loops(jobs) -> list:
+    """``jobs`` whose stores would need nests of different shapes over the same number of
+    elements (a group norm's input ``[N, C, H, W]`` and its output, peeled to
+    ``[N, G, C/G, H * W]``: :func:`_peel_views`), their dims split (:func:`_split_dim`) to
+    the coarsest shape that refines both (``[N, G, C/G, H, W]``), so that one nest can
+    store them all and read their common inputs once; a store over fewer elements that
+    fits one such shape (each dim equal or 1: the group norm's mean, ``[N, G, 1, 1]``) is
+    split alike. Shapes are refined by their dims' suffix products (row-major logical
+    index); where those do not divide one another (``[6, 4]`` and ``[4, 6]``), or in a
+    concatenation's pieces, the jobs are left as they are."""
+    if len(jobs) < 2 or any(j[2].origin for j in jobs):
+        return jobs
+    big = max(_prod(j[2].shape) for j in jobs)
+    shapes = {tuple(j[2].shape) for j in jobs if _prod(j[2].shape) == big}
+    if big == 0 or len(shapes) < 2:
+        return jobs
+    cuts = sorted({1} | {_prod(s[k:]) for s in shapes for k in range(len(s))})
+    if any(b % a for a, b in zip(cuts, cuts[1:])):
+        return jobs
+
+    def parts(shape) -> list:  # per dim, the sizes it splits into (innermost last)
+        out, inner = [], 1
+        for n in reversed(shape):
+            sizes = [c // p for p, c in zip(cuts, cuts[1:]) if inner <= p and c <= inner * n] if n > 1 else [1]
+            out.append(sizes[::-1])  # (outermost first)
+            inner *= n
+        return out[::-1]
+
+    splits = {s: parts(s) for s in shapes}
+    out = []
+    for buf, node, spec, mutation in jobs:
+        plan = splits.get(tuple(spec.shape)) or next(
+            ([[1] * len(p) if n == 1 else p for n, p in zip(spec.shape, ps)] for s, ps in splits.items()
+             if len(s) == len(spec.shape) and all(n in (1, m) for n, m in zip(spec.shape, s))), None)
+        if plan is not None and not spec.merged:
+            for d in reversed(range(len(plan))):
+                for inner in reversed(plan[d][1:]):  # (the innermost piece first)
+                    spec = _split_dim(spec, d, inner)
+        out.append((buf, node, spec, mutation))
+    return out
 
 
 def _whole(spec: BufferSpec) -> BufferSpec:
