@@ -329,9 +329,12 @@ class AccelMode(TorchDispatchMode):
         if spec is not None and not region.busy:
             out = _record(self, region, func, spec, args, kwargs)
             return func(*args, **kwargs) if out is _EAGER else out
-        whole = _RECORDED_WHOLE.get(func)
-        if whole is not None and _may_record_whole(region):
-            out = whole(self, region, func, args, kwargs)
+        if func is _NLL_BACKWARD and _may_record_whole(region):
+            out = _nll_loss_backward(self, region, args, kwargs)
+            if out is not None:
+                return out
+        if (func is _CAT or func is _STACK) and _may_record_whole(region):
+            out = _cat(self, region, func, args, kwargs)
             if out is not None:
                 return out
         if id(func) not in self.views and region.calls:
@@ -359,9 +362,13 @@ class AccelMode(TorchDispatchMode):
                 out = _record(self, region, func, spec, args, kwargs)
                 if out is not _EAGER:
                     return out
-            elif ((whole := _RECORDED_WHOLE.get(func)) is not None and _may_record_whole(region)
-                  and (w.queued or w.queue_final_callback())):  # (a split's gradient: a cat)
-                out = whole(self, region, func, args, kwargs)
+            elif func is _NLL_BACKWARD and _may_record_whole(region) and (w.queued or w.queue_final_callback()):
+                out = _nll_loss_backward(self, region, args, kwargs)
+                if out is not None:
+                    return out
+            elif ((func is _CAT or func is _STACK) and _may_record_whole(region)
+                  and (w.queued or w.queue_final_callback())):  # a split's or chunk's gradient
+                out = _cat(self, region, func, args, kwargs)
                 if out is not None:
                     return out
             if spec is None and id(func) not in self.views and region.calls:
@@ -418,74 +425,11 @@ def _cat(mode, region, func, args, kwargs):
     return None if op_args is None else _record_whole(mode, region, _ACCEL_CAT, op_args, learnt=True)
 
 
-def _nll_loss_backward(mode, region, func, args, kwargs):
+def _nll_loss_backward(mode, region, args, kwargs):
     """Autograd's ``nll_loss_backward`` (:func:`accel.losses.nll_loss_backward`), recorded as
     ``accel.nll_loss_backward``: the gradient (pending), or None (the call runs as usual)."""
     op_args = losses.nll_loss_backward(region, args, kwargs)
     return None if op_args is None else _record_whole(mode, region, _NLL_BACKWARD_DENSE, op_args)
-
-
-_CUDNN_BN = torch.ops.aten.cudnn_batch_norm.default
-_CUDNN_BN_BACKWARD = torch.ops.aten.cudnn_batch_norm_backward.default
-_BN = torch.ops.aten.native_batch_norm.default
-_BN_BACKWARD = torch.ops.aten.native_batch_norm_backward.default
-#: torch 2.3 on: the bytes cuDNN's training batch norm keeps for its backward, for an input
-#: (as torch._decomp's ``_get_batch_norm_reserve_tensor`` asks)
-_cudnn_reserve_bytes = getattr(torch._C, "_get_cudnn_batch_norm_reserve_space_size", None)
-_CUDNN_BN_INPUTS = (torch.float32, torch.float16, torch.bfloat16)
-
-
-def _cudnn_batch_norm(mode, region, func, args, kwargs):
-    """cuDNN's batch norm (eager's on a GPU for most float inputs: ATen's
-    ``_select_batch_norm_backend``), recorded as ``native_batch_norm`` with the same
-    arguments, as torch._decomp's ``cudnn_batch_norm`` computes it: ``(output, save_mean,
-    save_invstd, reserve)`` as eager's call returns them (in eval mode, cuDNN's empty
-    statistics), the reserve a new empty uint8 tensor, as cuDNN's is where it keeps no bytes
-    for the backward at these sizes (``_get_cudnn_batch_norm_reserve_space_size``: 0).
-    None where cuDNN keeps some, or for a weight other than float32 (cuDNN's statistics then
-    come in the weight's dtype, ``native_batch_norm``'s in float32): the call runs as usual.
-    Its gradient, autograd's ``CudnnBatchNormBackward``, comes to
-    :func:`_cudnn_batch_norm_backward`."""
-    if kwargs or len(args) != 8 or _cudnn_reserve_bytes is None:
-        return None
-    x, weight, training = args[0], args[1], bool(args[5])
-    if x.dtype not in _CUDNN_BN_INPUTS or weight is None or weight.dtype != torch.float32:
-        return None
-    try:
-        if _cudnn_reserve_bytes(x, training) != 0:
-            return None
-    except RuntimeError:  # (no cuDNN handle, say): eager's call decides
-        return None
-    out = _record_whole(mode, region, _BN, args)
-    if out is None:
-        return None
-    reserve = torch.empty(0, dtype=torch.uint8, device=x.device)
-    if not training:  # (cuDNN returns no statistics in eval mode; the recorded ones die unread)
-        return out[0], weight.new_empty(0), weight.new_empty(0), reserve
-    return out[0], out[1], out[2], reserve
-
-
-def _cudnn_batch_norm_backward(mode, region, func, args, kwargs):
-    """Autograd's ``cudnn_batch_norm_backward`` (a training batch norm's gradient: input,
-    weight, bias), recorded as ``native_batch_norm_backward`` from the saved mean and
-    inverse standard deviation, as torch._decomp's ``cudnn_batch_norm_backward`` computes
-    it; the reserve is not read (cuDNN's state, whatever it holds, is not needed for the
-    values). None for a weight other than float32: the call runs as usual."""
-    if kwargs or len(args) != 9:
-        return None
-    x, grad, weight, running_mean, running_var, save_mean, save_invstd, eps, _ = args
-    if weight.dtype != torch.float32:
-        return None
-    return _record_whole(mode, region, _BN_BACKWARD, (grad, x, weight, running_mean, running_var,
-                                                      save_mean, save_invstd, True, eps,
-                                                      [True, True, True]))
-
-
-#: the calls the mode records as another op, whole, whether or not a region is pending:
-#: op -> handler(mode, region, func, args, kwargs), which returns the call's result, or None
-#: where the call runs as usual
-_RECORDED_WHOLE = {_NLL_BACKWARD: _nll_loss_backward, _CAT: _cat, _STACK: _cat,
-                   _CUDNN_BN: _cudnn_batch_norm, _CUDNN_BN_BACKWARD: _cudnn_batch_norm_backward}
 
 
 _stack_at = torch._C._get_dispatch_stack_at

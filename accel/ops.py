@@ -104,11 +104,9 @@ REAL_SIZE_PROBES = frozenset({"glu_backward"})
 #: calls past the mode, flushing the region first): ``nll_loss_forward`` of a pending
 #: ``log_softmax`` (``accel.losses.nll_of_log_softmax``), ``nll_loss_backward`` in
 #: autograd's ``NllLossBackward0`` (``accel.losses.nll_loss_backward``), ``cat`` and
-#: ``stack`` (recorded as ``accel.cat``: ``accel.library.cat_call``), cuDNN's batch norm and
-#: its gradient (recorded as ``native_batch_norm`` and its backward:
-#: ``accel.interceptor._cudnn_batch_norm``).
+#: ``stack`` (recorded as ``accel.cat``: ``accel.library.cat_call``).
 MODE_OPS = (aten.nll_loss_forward.default, aten.nll_loss_backward.default, aten.cat.default,
-            aten.stack.default, aten.cudnn_batch_norm.default, aten.cudnn_batch_norm_backward.default)
+            aten.stack.default)
 #: ops without a decomposition that the lowering handles itself.
 _LOWERED = ("argmax", "argmin", "max.dim", "min.dim", "max", "min")
 #: pointwise ops that torch tags ``pointwise`` only from 2.13 on (torch 2.11's tags lack it):

@@ -2194,8 +2194,7 @@ def test_transposed_reads_match_eager(device, dtype):
 
 def _spy_on(monkeypatch, name):
     """A list to which each call of ``accel.interceptor.<name>`` appends whether it returned
-    a result (took the call) rather than None (also where the mode calls it through its
-    table of calls recorded whole, ``_RECORDED_WHOLE``)."""
+    a result (took the call) rather than None."""
     from accel import interceptor
 
     done = []
@@ -2207,9 +2206,6 @@ def _spy_on(monkeypatch, name):
         return out
 
     monkeypatch.setattr(interceptor, name, spy)
-    for op, handler in list(interceptor._RECORDED_WHOLE.items()):
-        if handler is original:
-            monkeypatch.setitem(interceptor._RECORDED_WHOLE, op, spy)
     return done
 
 
