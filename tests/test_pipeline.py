@@ -1338,3 +1338,36 @@ def test_cpu_loops_gcc_left_scalar_vectorize(name, fresh_store):
     assert len(srcs) == 1, srcs
     with tempfile.TemporaryDirectory() as tmp:
         assert wide_instructions(srcs[0], tmp) > 0, srcs[0]
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["contiguous", "channels_last"])
+def test_group_norm_input_and_output_share_one_nest(fresh_store, monkeypatch, channels_last):
+    """A group norm's input (``x * 2``, which autograd saves), its output (stored as
+    ``[N, G, C/G, H * W]``: ``lowering._peel_views``) and the SiLU of it, all held: stored
+    by one nest with the statistics, its loops those of ``[N, G, C/G, H, W]``, which both
+    shapes refine (``lowering._common_loops``; else ``x * 2`` took a nest of its own, one
+    more pass over the input). Channels-last: the values match eager's (the nests as they
+    fit)."""
+    import accel.lowering as lowering
+
+    monkeypatch.setenv("ACCEL_EAGER_SMALL_REGIONS", "0")
+    irs, lower_ = [], lowering.lower
+    monkeypatch.setattr(lowering, "lower", lambda *a: irs.append(lower_(*a)) or irs[-1])
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 8, 12, 10, generator=g)  # (shapes no other test lowers)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    w, b = torch.randn(8, generator=g), torch.randn(8, generator=g)
+
+    def program(x):
+        h = x * 2
+        y = F.group_norm(h, 4, w, b)
+        return h, y, F.silu(y)
+
+    with accel.eager():
+        got = program(x)
+    for a, e in zip(got, program(x)):
+        torch.testing.assert_close(a, e)
+    assert len(irs) == 1, accel.stats()
+    if not channels_last:
+        assert len(irs[0].nests) == 1, irs[0].nests
