@@ -45,7 +45,9 @@ Workloads (float32; CPU sizes, GPU ones in brackets):
   input and statistics instead of writing it (``accel.remat``, ninety-fifth round;
   ``ACCEL_REMAT=auto``: on the CPU for values of 2 MiB or more, as these, and on a GPU for
   values of 128 MiB or more, which these 25 MiB ones are not: ``ACCEL_REMAT=on`` there).
-  (On a GPU eager's batch norm is cuDNN's op, which runs eagerly under accel too.)
+  (On a GPU eager's batch norm is cuDNN's op, ``cudnn_batch_norm``, which runs eagerly
+  under accel too: recorded as ``native_batch_norm`` the step was slower on the H100,
+  ninety-eighth round.)
 - ``softmax_odd``, ``rmsnorm_odd``, ``layernorm_odd``: ``softmax(x * 0.5, -1)``, a
   hand-written RMSNorm and ``F.layer_norm(x * 2, ...)`` over rows of 1023 (4095): on the
   CPU each output row starts at another offset in a cache line, and its streamed stores
