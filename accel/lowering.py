@@ -10,7 +10,7 @@ intermediates go to memory first, and where in-place writes of inputs may run.
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Sequence, Set, Tuple
 
 import torch
 import torch.fx as fx
@@ -217,7 +217,11 @@ def _lower_with(gm, ext, outs, scalar_types, writes: str, stored_first) -> LoopI
     if first and not _reads_new_values(jobs, lw):
         raise _WriteHazard("the outputs read the old values of an input written in place")
     jobs = _common_loops(jobs)
-    jobs.sort(key=lambda j: (j[3] != first, -_prod(j[2].shape)))  # biggest first, mutations last (first)
+    apart_jobs, shared = _statistics_apart(lw, jobs)
+    apart = {id(j) for j in apart_jobs}
+    # biggest first, mutations last (first); statistics that cannot share the biggest's
+    # nest before it
+    jobs.sort(key=lambda j: (j[3] != first, id(j) not in apart, -_prod(j[2].shape)))
     nests: List[Nest] = []
     placed: List[List[tuple]] = []  # per nest: its jobs (buffer, node, spec, is mutation)
     shapes: Dict[int, tuple] = {}  # nest -> (shape, variables in dim order)
@@ -341,13 +345,42 @@ def _lower_with(gm, ext, outs, scalar_types, writes: str, stored_first) -> LoopI
             stored.setdefault(id(home[cat]), []).append((cat, lw.in_memory[cat]))
         for node, (k, buf, spec) in _outputs_in_pieces(placed).items():  # (likewise)
             stored.setdefault(id(nests[k]), []).append((node, (buf, spec)))
-        _reuse_memory(lw, gm, buffers, nests, placed, shapes, first, stored)
+        _reuse_memory(lw, gm, buffers, nests, placed, shapes, first, stored, shared)
     ir = LoopIR(buffers, list(scalar_types), lw.sizes, nests)
     for nest in nests:
         _coalesce(ir, nest)
     _check_hazards(ir, len(ext), new_values_after=first)
     _check_bounds(ir)
     return ir
+
+
+def _statistics_apart(lw: _Lowerer, jobs) -> Tuple[List[tuple], Set[fx.Node]]:
+    """The jobs (not in-place writes) whose values take reductions the biggest job's value
+    takes too, and whose stores cannot join a nest over the biggest job's shape (another
+    rank: a batch norm's gradients of its weight and bias, ``[C]``, beside its input's,
+    ``[N, C, H, W]``, all three from the per-channel sums of the incoming gradient and of
+    its product with the normalized input); and those shared reductions' graph nodes. The
+    jobs go first and store the reductions too, which the nests after them read
+    (:func:`_reuse_memory`): placed after, the biggest nest would run each reduction and a
+    nest of theirs run it again, reading the reductions' inputs once more (where the
+    biggest job needs no reduction of theirs, as a bias gradient's column sum of the
+    biggest output, they stay after it and read that output)."""
+    if len(jobs) < 2:
+        return [], set()
+    big = max(jobs, key=lambda j: _prod(j[2].shape))
+    shape = tuple(big[2].shape)
+    needed = set(_not_in_memory(lw, _reductions(lw, big)[1]))
+    out, shared = [], set()
+    for job in jobs:
+        spec = job[2]
+        if not needed or job[3] or spec.origin or (
+                len(spec.shape) == len(shape) and all(s in (1, t) for s, t in zip(spec.shape, shape))):
+            continue
+        common = needed & set(_not_in_memory(lw, _reductions(lw, job)[1]))
+        if common:
+            out.append(job)
+            shared |= common
+    return out, shared
 
 
 def _outputs_in_pieces(placed) -> Dict[fx.Node, tuple]:
@@ -700,17 +733,19 @@ def _split_concats(lw: _Lowerer, jobs, first=()) -> Tuple[list, list]:
 
 
 def _reuse_memory(lw: _Lowerer, gm, buffers, nests, placed, shapes, new_values: bool = False,
-                  concats=None) -> None:
+                  concats=None, reductions=frozenset()) -> None:
     """Let later nests read what earlier ones write (their outputs, and the intermediates
     :func:`accel.partition.choose_materialized` picks, stored to scratch buffers) instead of
     recomputing it, when that moves fewer bytes; re-evaluates every nest's stores.
     ``new_values``: the inputs written in place are read back too. ``concats``: by ``id``
     of the nest that stores a concatenation's last piece (:func:`_split_concats`), each
-    such concatenation and where later nests read it ((buffer, spec))."""
+    such concatenation and where later nests read it ((buffer, spec)). ``reductions``:
+    graph nodes stored as the chosen ones are, by the first nest that computes them and
+    can (:func:`_statistics_apart`)."""
     from .partition import choose_materialized
 
     groups = [[node for _, node, _, _ in jobs] for jobs in placed]
-    materialized = choose_materialized(gm, groups)  # once: not in the comprehension's test
+    materialized = choose_materialized(gm, groups) | set(reductions)  # once: not in the comprehension's test
     chosen = [m for m in gm.graph.nodes if m in materialized]
     lw.in_memory = {}  # refilled nest by nest: what earlier nests wrote
     for k, nest in enumerate(nests):
@@ -723,7 +758,10 @@ def _reuse_memory(lw: _Lowerer, gm, buffers, nests, placed, shapes, new_values: 
         # and read again by the loss's sum was written twice)
         outputs = {node for _, node, spec, mutation in placed[k]
                    if (new_values or not mutation) and not spec.origin}  # (not a piece of one)
-        for m in [m for m in chosen if m in reach and m not in lw.in_memory and m not in outputs]:
+        # (and none that no later nest reads: chosen for an earlier nest that could not
+        # store it, its readers recompute it)
+        later = _reach([n for g in groups[k + 1:] for n in g])
+        for m in [m for m in chosen if m in reach and m in later and m not in lw.in_memory and m not in outputs]:
             val = m.meta["val"]
             spec = BufferSpec(val.dtype, tuple(val.shape), _contiguous(val.shape), True, scratch=True)
             st = _store(lw, shapes[id(nest)], len(buffers), spec, m)

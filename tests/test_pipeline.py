@@ -1371,3 +1371,39 @@ def test_group_norm_input_and_output_share_one_nest(fresh_store, monkeypatch, ch
     assert len(irs) == 1, accel.stats()
     if not channels_last:
         assert len(irs[0].nests) == 1, irs[0].nests
+
+
+def test_batch_norm_backward_runs_its_channel_sums_once(fresh_store, monkeypatch):
+    """A training batch norm's backward (``native_batch_norm_backward``): the gradients of
+    the weight and bias (``[C]``) take the same per-channel sums as the input's gradient
+    (``[N, C, H, W]``) but cannot share its nest, so they go first and the input's
+    gradient reads the sums from memory: each sum runs once, the second nest reduces
+    nothing (``lowering._statistics_apart``; placed after, the input's nest ran the sums
+    and the weight's nest ran them again, one more pass over the input and its gradient).
+    Values as eager's."""
+    import accel.lowering as lowering
+    from accel.loop_ir import walk
+
+    monkeypatch.setenv("ACCEL_EAGER_SMALL_REGIONS", "0")
+    monkeypatch.setenv("ACCEL_REMAT", "off")
+    irs, lower_ = [], lowering.lower
+    monkeypatch.setattr(lowering, "lower", lambda *a: irs.append(lower_(*a)) or irs[-1])
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 8, 11, 9, generator=g)  # (shapes no other test lowers)
+    norm = torch.nn.BatchNorm2d(8)
+
+    def step(x):
+        x = x.detach().requires_grad_()
+        y = F.silu(norm(x * 2))
+        return torch.autograd.grad((y * y).sum(), [x, norm.weight, norm.bias])
+
+    with accel.eager():
+        got = step(x)
+    for a, e in zip(got, step(x)):
+        torch.testing.assert_close(a, e)
+    backward = irs[-1]
+    sums = []
+    for nest in backward.nests:
+        seen = set()  # (each expression once a nest)
+        sums.append([e for st in nest.stores for e in walk(st.value, seen) if e.op == "reduce"])
+    assert len(backward.nests) == 2 and len(sums[0]) == 2 and not sums[1], sums
