@@ -368,13 +368,13 @@ def _statistics_apart(lw: _Lowerer, jobs) -> Tuple[List[tuple], Set[fx.Node]]:
     if len(jobs) < 2:
         return [], set()
     big = max(jobs, key=lambda j: _prod(j[2].shape))
-    shape = tuple(big[2].shape)
     needed = set(_not_in_memory(lw, _reductions(lw, big)[1]))
+    if not needed:
+        return [], set()
     out, shared = [], set()
     for job in jobs:
         spec = job[2]
-        if not needed or job[3] or spec.origin or (
-                len(spec.shape) == len(shape) and all(s in (1, t) for s, t in zip(spec.shape, shape))):
+        if job[3] or spec.origin or _fits(spec.shape, big[2].shape):
             continue
         common = needed & set(_not_in_memory(lw, _reductions(lw, job)[1]))
         if common:
@@ -545,12 +545,18 @@ def _reading(lw: _Lowerer, job, bufs) -> List[fx.Node]:
                                if any(x.op == "load" and x.args[0] in bufs for x in walk(r, set()))])
 
 
+def _fits(shape, loops) -> bool:
+    """Whether a store of ``shape`` fits a nest over ``loops`` (a shape): the same rank,
+    each size equal to the loop's or 1."""
+    return len(shape) == len(loops) and all(s in (1, n) for s, n in zip(shape, loops))
+
+
 def _store(lw: _Lowerer, domain, buf: int, b: BufferSpec, node: fx.Node):
     """A store of ``node`` into buffer ``b`` in a nest over ``domain`` (its shape and its
     variables, in dim order), or None if ``b`` does not fit the loops (same rank, each
     size equal or 1)."""
     shape, loop_vars = domain
-    if len(shape) != len(b.shape) or any(s not in (1, t) for s, t in zip(b.shape, shape)):
+    if not _fits(b.shape, shape):
         return None
     origin = b.origin or (0,) * len(b.shape)
     idx = tuple(_affine((((v, 1),) if s != 1 else (), 1), (((ONE, 1),), o))
@@ -675,7 +681,7 @@ def _common_loops(jobs) -> list:
     for buf, node, spec, mutation in jobs:
         plan = splits.get(tuple(spec.shape)) or next(
             ([[1] * len(p) if n == 1 else p for n, p in zip(spec.shape, ps)] for s, ps in splits.items()
-             if len(s) == len(spec.shape) and all(n in (1, m) for n, m in zip(spec.shape, s))), None)
+             if _fits(spec.shape, s)), None)
         if plan is not None and not spec.merged:
             for d in reversed(range(len(plan))):
                 for inner in reversed(plan[d][1:]):  # (the innermost piece first)
