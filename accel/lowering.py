@@ -10,6 +10,7 @@ intermediates go to memory first, and where in-place writes of inputs may run.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Dict, List, Sequence, Set, Tuple
 
 import torch
@@ -26,6 +27,8 @@ aten = torch.ops.aten
 _CAT = torch.ops.accel.cat.default
 
 __all__ = ["LoweringError", "lower"]
+
+log = logging.getLogger("accel")
 
 
 class _WriteHazard(LoweringError):
@@ -108,7 +111,7 @@ def _coalesce(ir: LoopIR, nest: Nest) -> None:
 
 
 def lower(gm: fx.GraphModule, ext: Sequence[BufferSpec], outs: Sequence[BufferSpec],
-          scalar_types: Sequence[str]) -> LoopIR:
+          scalar_types: Sequence[str], device: str = "cpu") -> LoopIR:
     """Lower a traced region to loop nests.
 
     Args:
@@ -116,6 +119,9 @@ def lower(gm: fx.GraphModule, ext: Sequence[BufferSpec], outs: Sequence[BufferSp
         ext: the external input buffers (kernel args ``0..len(ext)-1``).
         outs: the live output buffers, in the graph's output order (kernel args after ext).
         scalar_types: ``"f"``/``"i"`` per runtime scalar.
+        device: ``"cpu"`` or ``"cuda"``, the device type the kernel is for: a total
+            reduction is split into rows stored by an output's nest on the CPU only
+            (:func:`_split_totals`; unmeasured on a GPU).
 
     Each store joins the first nest whose loops it fits (same rank, its sizes equal to the
     nest's or 1) and whose reductions it does not conflict with; otherwise it opens a new
@@ -145,6 +151,23 @@ def lower(gm: fx.GraphModule, ext: Sequence[BufferSpec], outs: Sequence[BufferSp
     for n in gm.graph.nodes:  # (a decomposition's write into a fresh tensor: prims.copy_to)
         if writes_argument(n) and n.target is not aten.copy_.default:
             raise LoweringError(f"a write the loop IR does not express: {n.format_node()}")
+    split = _split_totals(gm, outs) if device == "cpu" else []
+    try:
+        ir = _lower_writes(gm, ext, outs, scalar_types)
+    except LoweringError as e:  # (_WriteHazard too)
+        if not split:
+            raise
+        log.debug("accel: lowered with its totals whole (%s)", e)
+        _join_totals(gm, split)
+        return _lower_writes(gm, ext, outs, scalar_types)
+    for n, _, _ in split:
+        gm.graph.erase_node(n)
+    return ir
+
+
+def _lower_writes(gm, ext, outs, scalar_types) -> LoopIR:
+    """:func:`lower`'s choice among the places for in-place writes: where they fit, else
+    first or last (the one of fit and first that moves fewer bytes)."""
     try:
         ir = _lower(gm, ext, outs, scalar_types, "fit")
     except _WriteHazard:
@@ -157,6 +180,80 @@ def lower(gm: fx.GraphModule, ext: Sequence[BufferSpec], outs: Sequence[BufferSp
         except _WriteHazard:
             pass
     return ir if ir is not None else _lower(gm, ext, outs, scalar_types, "last")
+
+
+#: :func:`_split_totals`: a total reduction is split into rows of at least ``PARTIAL_ROW``
+#: elements (its value's last dims), at least ``PARTIAL_ROWS`` of them
+PARTIAL_ROW = 512
+PARTIAL_ROWS = 256
+_TOTALS = (prims.sum.default, prims.prod.default, prims.amax.default, prims.amin.default)
+_PARTIAL = "accel_partial"  # node.meta key: a total reduction's rows, stored to scratch
+
+
+def _split_totals(gm: fx.GraphModule, outs: Sequence[BufferSpec]) -> list:
+    """Rewrite each total reduction (a sum, product, max or min over every dim: a loss's
+    ``(y * y).sum()``) of a value with as many elements as the region's biggest output, in
+    ``gm``, into two: the value's rows reduced first (its last dims, of at least
+    :data:`PARTIAL_ROW` elements, at least :data:`PARTIAL_ROWS` rows), kept in the value's
+    outer dims (``[N, C, 1, 1]`` of ``[N, C, H, W]``), then those results reduced. The
+    rows' results (marked ``meta["accel_partial"]``) are stored to scratch by the nest of
+    the output their dims fit (:func:`_lower_with`), which computes the rows' values
+    anyway (the C++ renderer keeps them in a row cache between the rows' reduction and the
+    store's loop), instead of a nest of the total's own reading the inputs again and
+    computing the values again. The rows accumulate as the total did (float64 or int64
+    for sums and products), then the total accumulates their results likewise (Inductor
+    splits big reductions alike: ``ir.Reduction.create``'s ``num_splits``). Totals reading
+    an input the region writes in place, and regions concatenating, are left as they are.
+    Returns ``[(total, its replacement, the nodes added)]`` for :func:`_join_totals`; the
+    totals themselves stay in the graph, unused."""
+    g = gm.graph
+    if not outs or any(n.target is _CAT for n in g.nodes):
+        return []
+    size = max(_prod(b.shape) for b in outs)
+    written = {n for w in g.nodes if w.target is aten.copy_.default for n in (w, w.args[0])}
+    done = []
+    for n in [n for n in g.nodes if n.target in _TOTALS]:
+        v = n.args[0]
+        val = v.meta["val"]
+        vs = tuple(val.shape)
+        if sorted(d % max(1, len(vs)) for d in n.args[1]) != list(range(len(vs))) or _prod(vs) != size \
+                or written & _reach([v]):  # (an input written in place: its writes run where they fit)
+            continue
+        k = max((k for k in range(1, len(vs)) if _prod(vs[k:]) >= PARTIAL_ROW), default=0)
+        if not k or _prod(vs[:k]) < PARTIAL_ROWS:
+            continue
+        dtype = n.meta["val"].dtype
+        acc = dtype if n.target in (prims.amax.default, prims.amin.default) else \
+            torch.float64 if dtype.is_floating_point else torch.int64
+        added = []
+
+        def add(target, args, shape, dt=acc):
+            node = g.call_function(target, args)
+            node.meta["val"] = val.new_empty(shape, dtype=dt)
+            added.append(node)
+            return node
+
+        ones = (1,) * (len(vs) - k)
+        with g.inserting_before(n):
+            x = v if val.dtype == acc else add(prims.convert_element_type.default, (v, acc), vs)
+            rows = add(prims.broadcast_in_dim.default,
+                       (add(n.target, (x, list(range(k, len(vs)))), vs[:k]), vs[:k] + ones, list(range(k))),
+                       vs[:k] + ones)
+            rows.meta[_PARTIAL] = True
+            total = add(n.target, (rows, list(range(len(vs)))), ())
+            if acc != dtype:
+                total = add(prims.convert_element_type.default, (total, dtype), (), dtype)
+        n.replace_all_uses_with(total)
+        done.append((n, total, added))
+    return done
+
+
+def _join_totals(gm: fx.GraphModule, split: list) -> None:
+    """Undo :func:`_split_totals`: each total back in its replacement's place."""
+    for n, total, added in reversed(split):
+        total.replace_all_uses_with(n)
+        for node in reversed(added):
+            gm.graph.erase_node(node)
 
 
 def _traffic(ir: LoopIR) -> int:
@@ -213,11 +310,19 @@ def _lower_with(gm, ext, outs, scalar_types, writes: str, stored_first) -> LoopI
     concats = []  # (concatenation, its pieces): stored first, read from memory
     if any(n.target in (_CAT, prims.collapse_view.default) for n in gm.graph.nodes):
         jobs, concats = _split_concats(lw, jobs, stored_first)
+    row_bufs = set()
+    for n in gm.graph.nodes:  # a total reduction's rows (_split_totals), in scratch
+        if n.meta.get(_PARTIAL) and n.users:
+            spec = BufferSpec(n.meta["val"].dtype, tuple(n.meta["val"].shape), _contiguous(n.meta["val"].shape),
+                              True, scratch=True)
+            buffers.append(spec)
+            row_bufs.add(len(buffers) - 1)
+            jobs.append((len(buffers) - 1, n, spec, False))
     first = writes == "first"
     if first and not _reads_new_values(jobs, lw):
         raise _WriteHazard("the outputs read the old values of an input written in place")
     jobs = _common_loops(jobs)
-    apart_jobs, shared = _statistics_apart(lw, jobs)
+    apart_jobs, shared, early = _statistics_apart(lw, jobs)
     apart = {id(j) for j in apart_jobs}
     # biggest first, mutations last (first); statistics that cannot share the biggest's
     # nest before it
@@ -258,7 +363,8 @@ def _lower_with(gm, ext, outs, scalar_types, writes: str, stored_first) -> LoopI
             if order is None or any(free_vars(e) - set(nest.vars) for e in exprs if e.op == "reduce"):
                 continue  # reductions that cannot all be hoisted, or one inside another's loop
             reds = [e for e in exprs if e.op == "reduce"]
-            if any(_transposing(st, reds, lw.sizes, not buffers[st.buf].scratch) for st in trial):
+            if any(_transposing(st, reds, lw.sizes, not buffers[st.buf].scratch) for st in trial
+                   if st.buf not in row_bufs):  # (a total's rows: one value a row, however laid out)
                 continue  # a loop along a store's contiguous dim outside another of its loops
             nest.vars, nest.stores = order, trial
             if not nest.stores[:-1]:
@@ -320,6 +426,8 @@ def _lower_with(gm, ext, outs, scalar_types, writes: str, stored_first) -> LoopI
         home[cat] = made[-1]  # (the last to run: readers are placed after it)
         lw.in_memory[cat] = kept
         lw.memo.clear()
+    if early:  # (a batch norm's statistics, which its running statistics' update reads too)
+        to_memory(list(early))
     inputs_written = {job[0] for job in jobs if job[3]}
     for job in jobs:
         write_first, write_last = job[3] and first, job[3] and writes == "last"
@@ -334,6 +442,10 @@ def _lower_with(gm, ext, outs, scalar_types, writes: str, stored_first) -> LoopI
             if not inner:
                 raise LoweringError(f"cannot schedule the reductions of {job[1].format_node()}")
             to_memory(inner)
+        if job[1].meta.get(_PARTIAL):  # later nests read the rows' results (the total's)
+            home[job[1]] = nest
+            lw.in_memory[job[1]] = (job[0], job[2])
+            lw.memo.clear()
         if write_first:
             forced += 1
             home[job[1]] = nest
@@ -354,33 +466,48 @@ def _lower_with(gm, ext, outs, scalar_types, writes: str, stored_first) -> LoopI
     return ir
 
 
-def _statistics_apart(lw: _Lowerer, jobs) -> Tuple[List[tuple], Set[fx.Node]]:
-    """The jobs (not in-place writes) whose values take reductions the biggest job's value
-    takes too, and whose stores cannot join a nest over the biggest job's shape (another
-    rank: a batch norm's gradients of its weight and bias, ``[C]``, beside its input's,
-    ``[N, C, H, W]``, all three from the per-channel sums of the incoming gradient and of
-    its product with the normalized input); and those shared reductions' graph nodes. The
-    jobs go first and store the reductions too, which the nests after them read
+def _statistics_apart(lw: _Lowerer, jobs) -> Tuple[List[tuple], Set[fx.Node], Set[fx.Node]]:
+    """What goes before the biggest jobs' nest (the jobs of the most elements, which share
+    a nest: :func:`_common_loops`): ``(jobs, shared, early)``.
+
+    ``jobs``: those (not in-place writes) whose values take reductions the biggest jobs'
+    values take too, and whose stores cannot join a nest over their shape (another rank:
+    a batch norm's gradients of its weight and bias, ``[C]``, beside its input's, ``[N, C,
+    H, W]``, all three from the per-channel sums of the incoming gradient and of its
+    product with the normalized input); ``shared``: those reductions' graph nodes. The jobs
+    go first and store the reductions too, which the nests after them read
     (:func:`_reuse_memory`): placed after, the biggest nest would run each reduction and a
     nest of theirs run it again, reading the reductions' inputs once more (where the
-    biggest job needs no reduction of theirs, as a bias gradient's column sum of the
-    biggest output, they stay after it and read that output)."""
+    biggest jobs need no reduction of theirs, as a bias gradient's column sum of the
+    biggest output, they stay after it and read that output).
+
+    ``early``: the graph nodes of the reductions the biggest jobs share with in-place
+    writes of another shape (a training batch norm's statistics, which its running
+    statistics' update reads): an in-place write runs once per element, after the outputs'
+    nests, so these go to memory first, in a nest of their own, instead of being run again
+    by the write's nest. Jobs reading a total's rows (:func:`_split_totals`) are left out:
+    they read the rows' results after the biggest nest, which stores them."""
     if len(jobs) < 2:
-        return [], set()
-    big = max(jobs, key=lambda j: _prod(j[2].shape))
-    needed = set(_not_in_memory(lw, _reductions(lw, big)[1]))
+        return [], set(), set()
+    size = max(_prod(j[2].shape) for j in jobs)
+    bigs = [j for j in jobs if _prod(j[2].shape) == size]  # (one nest: _common_loops)
+    big = bigs[0]
+    needed = set(_not_in_memory(lw, [r for j in bigs for r in _reductions(lw, j)[1]]))
     if not needed:
-        return [], set()
-    out, shared = [], set()
+        return [], set(), set()
+    out, shared, early = [], set(), set()
     for job in jobs:
         spec = job[2]
-        if job[3] or spec.origin or _fits(spec.shape, big[2].shape):
-            continue
+        if spec.origin or (tuple(spec.shape) == tuple(big[2].shape) if job[3] else _fits(spec.shape, big[2].shape)) \
+                or any(n.meta.get(_PARTIAL) for n in _reach([job[1]])):
+            continue  # (an in-place write joins only a nest of its own shape: see place)
         common = needed & set(_not_in_memory(lw, _reductions(lw, job)[1]))
-        if common:
+        if common and job[3]:
+            early |= common
+        elif common:
             out.append(job)
             shared |= common
-    return out, shared
+    return out, shared, early
 
 
 def _outputs_in_pieces(placed) -> Dict[fx.Node, tuple]:

@@ -184,8 +184,8 @@ def _compile(region: Region, live, key: str, store):
         ext = [BufferSpec(t.dtype, tuple(t.shape), t.stride(), False) for t in region.ext]
         outs = [BufferSpec(region.out_meta[i][2], tuple(region.out_meta[i][0]), tuple(region.out_meta[i][1]),
                            True) for i in live_idx]
-        ir = lower(tr.gm, ext, outs, scalar_types)
         device = _device_type(region)
+        ir = lower(tr.gm, ext, outs, scalar_types, device)
         gen = generic_layout(ir, device) if config.flag("ACCEL_GENERIC_KERNELS") else None
         if gen is not None:  # one kernel for every length of the outer loops (codegen/generic.py)
             gkey = _hash_key("generic", gen.text, device)

@@ -1,5 +1,6 @@
 """The compile pipeline stage by stage: trace, passes (graphs before/after), lowering,
 codegen (golden source), build."""
+import math
 import os
 import re
 
@@ -183,12 +184,12 @@ def test_specialize_pow_as_eager_computes_it():
     torch.testing.assert_close(gm(v)[0], v.pow(3.0).pow(-0.5).pow(1.7), rtol=0, atol=0)
 
 
-def _lowered(calls, ext, out_meta, live, scalar_types=()):
+def _lowered(calls, ext, out_meta, live, scalar_types=(), device="cpu"):
     tr = trace_region(calls, ext, len(out_meta), live, list(scalar_types))
     run_passes(tr.gm)
     exts = [BufferSpec(t.dtype, tuple(t.shape), t.stride(), False) for t in ext]
     outs = [BufferSpec(out_meta[i][2], out_meta[i][0], out_meta[i][1], True) for i in live]
-    return lower(tr.gm, exts, outs, list(scalar_types))
+    return lower(tr.gm, exts, outs, list(scalar_types), device)
 
 
 def test_coalesce_merges_contiguous_loops():
@@ -1407,3 +1408,125 @@ def test_batch_norm_backward_runs_its_channel_sums_once(fresh_store, monkeypatch
         seen = set()  # (each expression once a nest)
         sums.append([e for st in nest.stores for e in walk(st.value, seen) if e.op == "reduce"])
     assert len(backward.nests) == 2 and len(sums[0]) == 2 and not sums[1], sums
+
+
+def _total_calls(shape):
+    """``y = sigmoid(x)``, ``(y * y).sum()``: a region returning an elementwise value and a
+    total reduction of the same elements (out_meta, calls)."""
+    stride = torch.empty(shape).stride()
+    calls = [(aten.sigmoid.default, (("x", 0),), {}, 1),
+             (aten.mul.Tensor, (("o", 0), ("o", 0)), {}, 1),
+             (aten.sum.default, (("o", 1),), {}, 1)]
+    meta = [(shape, stride, torch.float32), (shape, stride, torch.float32), ((), (), torch.float32)]
+    return calls, meta
+
+
+def _reads_input(nest) -> bool:
+    return any(e.op == "load" and e.args[0] == 0 for st in nest.stores for e in walk(st.value, set()))
+
+
+def test_a_total_is_reduced_row_by_row_in_its_output_nest():
+    """A total reduction (``(y * y).sum()``) of a value as big as the region's output is
+    split (``lowering._split_totals``): the output's nest also stores each row's sum (rows
+    of 600 here, 256 of them) to scratch, and a last nest sums those, reading no input;
+    whole, the total's nest read the input again and computed ``y`` again (or read ``y``
+    back). A GPU's lowering keeps it whole (unmeasured there)."""
+    x = torch.randn(16, 16, 600)
+    calls, meta = _total_calls((16, 16, 600))
+    ir = _lowered(calls, [x], meta, (0, 2))
+    assert len(ir.nests) == 2, ir.describe()
+    big, last = ir.nests
+    assert ir.sizes and [ir.sizes[v] for v in big.vars][-1] == 600
+    rows = [st for st in big.stores if ir.buffers[st.buf].scratch]
+    assert len(rows) == 1 and ir.buffers[rows[0].buf].dtype == torch.float64
+    assert ir.buffers[rows[0].buf].shape == (16, 16, 1), ir.buffers[rows[0].buf]
+    assert len(reductions(big)) == 1 and not _reads_input(last), ir.describe()
+    whole = _lowered(calls, [x], meta, (0, 2), device="cuda")
+    spans = [math.prod(whole.sizes[v] for v in r.args[2]) for n in whole.nests for r in reductions(n)]
+    assert not any(b.scratch for b in whole.buffers) and spans == [16 * 16 * 600], whole.describe()
+    calls, meta = _total_calls((8, 16, 600))  # 128 rows: too few, left whole
+    assert not any(b.scratch for b in _lowered(calls, [torch.randn(8, 16, 600)], meta, (0, 2)).buffers)
+
+
+@pytest.mark.parametrize("case", ["sum", "amax", "int_sum", "mean_of_view"])
+def test_split_totals_match_eager(case, fresh_store, monkeypatch):
+    """Totals split into rows (sums in float64 or int64 as whole, maxima exact) give
+    eager's values: a float sum and a maximum beside the value they reduce, an int32 sum
+    (int64, bit-exact), and a mean of the value seen through a view of other dims
+    ([64, 8, 520] from [512, 520]). Each region runs as one kernel, its total split."""
+    import accel.lowering as lowering
+
+    monkeypatch.setenv("ACCEL_EAGER_SMALL_REGIONS", "0")
+    irs, lower_ = [], lowering.lower
+    monkeypatch.setattr(lowering, "lower", lambda *a: irs.append(lower_(*a)) or irs[-1])
+    g = torch.Generator().manual_seed(0)
+    if case == "int_sum":
+        x = torch.randint(-1000, 1000, (32, 16, 520), generator=g, dtype=torch.int32)
+        fn = lambda t: (t * 3, (t * 3).sum())  # noqa: E731
+    else:
+        x = torch.randn(32, 16, 520, generator=g)
+        fn = {"sum": lambda t: (torch.tanh(t), (torch.tanh(t) * 2).sum()),
+              "amax": lambda t: (torch.exp(t), torch.exp(t).amax()),
+              "mean_of_view": lambda t: (t.reshape(512, 520) + 1, (t.reshape(64, 8, 520) + 1).mean())}[case]
+    runs = accel.stats()["kernel_runs"]
+    with torch.no_grad():
+        expected = fn(x)
+        with accel.eager():
+            got = fn(x)
+    for a, e in zip(got, expected):
+        if e.dtype.is_floating_point:
+            torch.testing.assert_close(a, e)
+        else:
+            assert torch.equal(a, e)
+    assert accel.stats()["kernel_runs"] == runs + 1 and len(irs) == 1
+    assert [b.shape for b in irs[0].buffers if b.scratch] == [(64, 8, 1) if case == "mean_of_view" else (32, 16, 1)]
+
+
+def test_a_split_total_that_does_not_lower_is_lowered_whole(monkeypatch):
+    """Where the region with its totals split raises LoweringError (any reason), it is
+    lowered again with the totals whole, and the graph keeps no node of the split."""
+    import accel.lowering as lowering
+
+    x = torch.randn(16, 16, 600)
+    calls, meta = _total_calls((16, 16, 600))
+    real, seen = lowering._lower_writes, []
+
+    def once(gm, *a):
+        seen.append(any(n.meta.get("accel_partial") for n in gm.graph.nodes))
+        if len(seen) == 1:
+            raise LoweringError("a test's")
+        return real(gm, *a)
+
+    monkeypatch.setattr(lowering, "_lower_writes", once)
+    tr = trace_region(calls, [x], len(meta), (0, 2), [])
+    run_passes(tr.gm)
+    before = _targets(tr.gm)
+    ir = lower(tr.gm, [BufferSpec(torch.float32, (16, 16, 600), x.stride(), False)],
+               [BufferSpec(m[2], m[0], m[1], True) for m in (meta[0], meta[2])], [])
+    assert seen == [True, False]
+    assert not any(b.scratch for b in ir.buffers) and _targets(tr.gm) == before
+
+
+def test_batch_norm_forward_runs_its_statistics_once(fresh_store, monkeypatch):
+    """A training batch norm's forward writes its running statistics in place, in a nest
+    of their own shape ([C]) after the output's: the statistics it shares with the output
+    go to memory first (``_statistics_apart``'s ``early``), so the update reduces nothing
+    (in the output's nest, the update's nest ran them again: one more pass over the
+    input). Running statistics and outputs as eager's."""
+    import accel.lowering as lowering
+
+    monkeypatch.setenv("ACCEL_EAGER_SMALL_REGIONS", "0")
+    irs, lower_ = [], lowering.lower
+    monkeypatch.setattr(lowering, "lower", lambda *a: irs.append(lower_(*a)) or irs[-1])
+    x = torch.randn(4, 6, 10, 7, generator=torch.Generator().manual_seed(0))  # (shapes no other test lowers)
+    norms = [torch.nn.BatchNorm2d(6), torch.nn.BatchNorm2d(6)]
+    with torch.no_grad():
+        expected = torch.relu(norms[0](x * 2))
+        with accel.eager():
+            got = torch.relu(norms[1](x * 2))
+    torch.testing.assert_close(got, expected)
+    torch.testing.assert_close(norms[1].running_mean, norms[0].running_mean)
+    torch.testing.assert_close(norms[1].running_var, norms[0].running_var)
+    ir = irs[-1]
+    counts = [len(reductions(n)) for n in ir.nests]
+    assert counts[0] == 2 and sum(counts) == 2, ir.describe()
