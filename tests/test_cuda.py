@@ -135,6 +135,12 @@ MODES = [
     ("column_softmax", WORKLOADS["column_softmax"], (1000, 96)),
     ("column_log_softmax_split", lambda x: torch.log_softmax(x, 0), (8192, 64)),
     ("layer_norm_4096", WORKLOADS["layer_norm"], (64, 4096)),
+    # few long rows, each split among blocks (CudaRenderer._row_split): a batch norm's
+    # channel sums, its Welford statistics, a long row's arg and maximum
+    ("row_split_channel_sums", lambda x: torch.stack([(x * 2).sum((0, 2)), (x * x).sum((0, 2))]), (64, 8, 4096)),
+    ("row_split_var_mean", lambda x: torch.cat(torch.var_mean(x, (0, 2))), (64, 8, 4096)),
+    ("row_split_argmax", lambda x: (x * 2).argmax(-1).to(x.dtype), (4, 262144)),
+    ("row_split_amax", lambda x: (x - 1).amax(-1), (4, 262144)),
 ]
 
 
@@ -692,6 +698,29 @@ def test_cuda_source_renders_without_a_gpu():
     assert (launch["kernel"], launch["grid"], launch["block"]) == ("accel_region_t_k0", [16, 1, 1], [32, 4, 1])
     assert "blockIdx.x * 4 + threadIdx.y" in src and "smem_rows[threadIdx.y]" in src
     assert "__syncwarp();" in src and "__syncthreads" not in src
+
+
+@pytest.mark.parametrize("shape, grid", [((64, 8, 4096), [8, 32, 1]), ((64, 1024, 64), [1024, 1, 1]),
+                                         ((2, 8, 1024), [8, 1, 1])], ids=str)
+def test_few_long_rows_are_split_among_blocks(shape, grid, tmp_path):
+    """A batch norm's channel sums over [N, C, H * W]: with few channels and long rows,
+    each row's values are split among blocks (blockIdx.y, 32 of them here, so that about
+    528 blocks run), whose partials the row's last block combines (a ticket a row); many
+    rows, or rows too short for each thread to take 32 values a block, keep a block a
+    row. The module compiles for Hopper."""
+    x = torch.empty(shape)
+    ir = _lowered([(aten.sum.dim_IntList, (("x", 0), ("c", [0, 2])), {}, 1)], [x],
+                  [((shape[1],), (1,), torch.float32)], (0,))
+    r = CudaRenderer()
+    src = r.render(ir, "accel_region_t")
+    [launch] = r.launches
+    split = grid[1] > 1
+    assert launch["grid"] == grid and (launch["block"] == [256, 1, 1] or not split)
+    assert ("accel::col_ticket(accel_region_t_k0_rcount" in src) == split
+    assert (f"__device__ double accel_region_t_k0_rpart0[{grid[0] * grid[1]}];" in src) == split
+    assert ("blockIdx.y * 256 + threadIdx.x" in src) == split
+    if split:
+        _nvcc(src, tmp_path / "m.cubin")
 
 
 @pytest.mark.parametrize("shape", [(), (3,), (64, 128), (7, 5)])

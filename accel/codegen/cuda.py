@@ -36,14 +36,15 @@ from ..loop_ir import Expr, LoopIR, Nest, free_vars, walk
 from ..ops import HALF
 from . import CodegenError
 from .cpp import CppRenderer
-from .cuda_columns import ColumnTiles
+from .cuda_columns import COLUMN_KINDS, ColumnTiles
 from .cuda_merges import COMBINE, PartialMerges
 from .cuda_tiles import TransposeTiles
 from .cuda_vectors import VectorLoads
 from .cuda_shapes import (ALONE_MAX, BLOCK, BLOCK_UNROLL, BLOCK_VEC_UNROLL, GRID_MIN, GRID_UNROLL, ILP, MAX_GRID,
-                          MOMENTS_HALF_BLOCK_BYTES, MOMENTS_HALF_BLOCK_THREADS, NARROW_MOMENTS_MAX,
-                          ROW_ELEMS, ROW_ELEMS_MOMENTS, ROW_HALF_SCALE, ROW_REGISTERS, ROW_REGISTERS_32,
-                          ROW_THREADS, ROW_WARPS, STATS_ROW_THREADS, STATS_ROW_UNROLL, VEC_ILP)
+                          COL_SPLIT_TYPES, MOMENTS_HALF_BLOCK_BYTES, MOMENTS_HALF_BLOCK_THREADS,
+                          NARROW_MOMENTS_MAX, ROW_ELEMS, ROW_ELEMS_MOMENTS, ROW_HALF_SCALE, ROW_REGISTERS,
+                          ROW_REGISTERS_32, ROW_SPLIT_BLOCKS, ROW_SPLIT_MIN, ROW_THREADS, ROW_WARPS,
+                          STATS_ROW_THREADS, STATS_ROW_UNROLL, VEC_ILP)
 from .scopes import ARG, SIMPLE, Group, Scope, subst
 
 
@@ -183,6 +184,7 @@ class CudaRenderer(VectorLoads, ColumnTiles, TransposeTiles, PartialMerges, CppR
         """The body of ``nest``'s kernel, and its grid and block sizes (``vbufs``: the
         variant with those buffers moved as 16-byte vectors, elementwise or a row kernel)."""
         self.rows = 1  # rows a block (block mode: ROW_WARPS where a row takes one warp)
+        self.split = 1  # blocks a row (block mode: _row_split)
         self._plan(nest, ir)
         order = nest.vars
         levels = self._levels()
@@ -268,10 +270,44 @@ class CudaRenderer(VectorLoads, ColumnTiles, TransposeTiles, PartialMerges, CppR
             if vbufs:
                 self._plan_load_hints()
         self._plan_merges()
+        self.split = self._row_split(n_out, lvl, rsize)
         at = len(out)
         self._block_loop(order, n_out, lvl, out)
         out[at:at] = self.row_decls
-        return out, self._grid(n_out, self.rows), (self.threads, self.rows)
+        grid = self._grid(n_out, self.rows)
+        return out, grid if self.split == 1 else (grid, self.split), (self.threads, self.rows)
+
+    def _row_split(self, n_out, lvl: int, rsize) -> int:
+        """Block loops' statistics alone (one reduction group, at ``lvl``, nothing in loops
+        after it) over ``n_out`` rows too few to fill the GPU: the blocks each row's
+        ``rsize`` values are split among, so that about :data:`ROW_SPLIT_BLOCKS` run, each
+        thread taking :data:`ROW_SPLIT_MIN` values or more (1: a block a row). Each block's
+        result goes to a partial, which the row's last block combines
+        (:meth:`_row_split_finish`), as column mode splits its tiles' rows
+        (:func:`accel.codegen.cuda_columns.col_split`) and Inductor its split reductions.
+        Static lengths only (a shape-generic kernel's row takes one block)."""
+        groups = [(j, g) for j, sc in enumerate(self.nest_scopes) for k, g in sc.items if k == "group"]
+        if (self.elems is not None or self.rows != 1 or self.merge_leaves or len(groups) != 1
+                or groups[0][0] != lvl or any(sc.items for sc in self.nest_scopes[lvl + 1:])
+                or type(n_out) is not int or type(rsize) is not int or 2 * n_out > ROW_SPLIT_BLOCKS):
+            return 1
+        g = groups[0][1]
+        if self._alone(g) or not all(e.args[0] in COLUMN_KINDS and e.dtype in COL_SPLIT_TYPES for e in g.members):
+            return 1
+        return max(1, min(-(-ROW_SPLIT_BLOCKS // n_out), rsize // (self.threads * ROW_SPLIT_MIN)))
+
+    def _row_split_finish(self, parts: List[tuple], finish: List[str]) -> None:
+        """Block loops with each row split among :attr:`split` blocks (:meth:`_row_split`):
+        each block writes its result of the group's reductions (``parts``: each accumulator's
+        name, C++ type and combining functor) to a ``__device__`` array of partials, and the
+        row's last block to finish (a ticket counter a row, reset by that block;
+        ``accel::col_ticket``) combines them in block order, deterministically, and goes on
+        to the stores; the others return (a block takes one row: the grid's x is the row
+        count). CUDA's threadFenceReduction sample."""
+        if self.split == 1:
+            return
+        o, n = self.block_flat, self.block_rows
+        finish += self._ticket_partials(parts, "row", o, n, self.split * n, "r")
 
     def _plan_online(self, nest: Nest, ir: LoopIR, keeps) -> None:
         """Plans ``nest`` again with its online softmax reductions kept whole
@@ -585,9 +621,12 @@ class CudaRenderer(VectorLoads, ColumnTiles, TransposeTiles, PartialMerges, CppR
             # of a vector then share its load (a guard per element keeps a load per element)
             open_lines.append(f"{ind}  if ({'true' if self.elems * self.threads == n else guard}) {{")
             return f
+        # (a row split among blocks, _row_split: the block's share of the row, blocks apart)
+        first = "threadIdx.x" if self.split == 1 else f"blockIdx.y * {self.threads} + threadIdx.x"
+        step = self.threads * self.split
         if self.row_vec:  # vector q of the row, a block apart; its lanes j unrolled
             open_lines.append(f"{ind}#pragma unroll {BLOCK_VEC_UNROLL}")
-            open_lines.append(f"{ind}for ({self.ix} q = threadIdx.x; q < {n // self.vw}; q += {self.threads}) {{")
+            open_lines.append(f"{ind}for ({self.ix} q = {first}; q < {n // self.vw}; q += {step}) {{")
             open_lines.append(f"{ind}  #pragma unroll")
             open_lines.append(f"{ind}  for (int j = 0; j < {self.vw}; ++j) {{")
             open_lines.append(f"{ind}    const {self.ix} {f} = q * {self.vw} + j;")
@@ -595,7 +634,7 @@ class CudaRenderer(VectorLoads, ColumnTiles, TransposeTiles, PartialMerges, CppR
         # the block's size as a constant: nvcc then unrolls the loop and puts BLOCK_UNROLL
         # loads in flight per thread, where the loop's trip count at runtime kept one
         open_lines.append(f"{ind}#pragma unroll {self.unroll}")
-        open_lines.append(f"{ind}for ({self.ix} {f} = threadIdx.x; {f} < {n}; {f} += {self.threads}) {{")
+        open_lines.append(f"{ind}for ({self.ix} {f} = {first}; {f} < {n}; {f} += {step}) {{")
         open_lines.append(f"{ind}  {{")
         return f
 
@@ -652,6 +691,7 @@ class CudaRenderer(VectorLoads, ColumnTiles, TransposeTiles, PartialMerges, CppR
         threads' loop."""
         f = f"f{self.ntemp}"
         self.ntemp += 1
+        self.block_flat, self.block_rows = f, n  # (a row's partials and ticket: _row_split_finish)
         if self.rows == 1:
             out.append(f"  for ({self.ix} {f} = ({self.ix})blockIdx.x; {f} < {n}; {f} += ({self.ix})gridDim.x) {{")
         else:  # a row a warp: the warps of a block need not take as many rows
@@ -736,6 +776,9 @@ class CudaRenderer(VectorLoads, ColumnTiles, TransposeTiles, PartialMerges, CppR
                     finish.append(f"{a} = accel::block_reduce({a}, {COMBINE[k]}, smem);")
                 elif col:
                     finish.append(f"{a} = accel::col_reduce({a}, {COMBINE[k]});")
+            if coop and not grid:
+                self._row_split_finish([(a, self.ctype(e.dtype), COMBINE[k]) for (k, _), (a, _, e)
+                                        in accs.items()], finish)
             if col:  # the rows split among blocks: partials, a ticket
                 self._col_split_finish([(a, self.ctype(e.dtype), COMBINE[k]) for (k, _), (a, _, e)
                                         in accs.items()], finish)
@@ -752,6 +795,11 @@ class CudaRenderer(VectorLoads, ColumnTiles, TransposeTiles, PartialMerges, CppR
             is_max = str(kind == "argmax").lower()
             if coop:
                 finish.append(f"accel::block_arg<{self.ctype(vt)}, {is_max}>({av}, {ai}, smem);")
+                if self.split > 1:
+                    pair, comb = f"accel::ArgPair<{self.ctype(vt)}>", f"accel::ArgCombine<{is_max}>()"
+                    finish.append(f"{pair} {tag}_p{{{av}, {ai}}};")
+                    self._row_split_finish([(f"{tag}_p", pair, comb)], finish)
+                    finish.append(f"{av} = {tag}_p.v; {ai} = {tag}_p.i;")
             elif col:  # the rows of threads combined, first index on a tie
                 pair, comb = f"accel::ArgPair<{self.ctype(vt)}>", f"accel::ArgCombine<{is_max}>()"
                 finish.append(f"{pair} {tag}_p = accel::col_reduce({pair}{{{av}, {ai}}}, {comb});")
@@ -768,7 +816,9 @@ class CudaRenderer(VectorLoads, ColumnTiles, TransposeTiles, PartialMerges, CppR
             body.append(f"{tag}_a.add({f'static_cast<float>({x})' if narrow else x});")
             if coop:  # moved to one shift and summed: no division per thread
                 a = f"accel::widen<{t}>({tag}_a)" if narrow else f"{tag}_a"
-                finish.append(f"const accel::Moments<{t}> {tag} = accel::block_moments({a}, smem);")
+                finish.append(f"{'' if self.split > 1 else 'const '}accel::Moments<{t}> {tag} = "
+                              f"accel::block_moments({a}, smem);")
+                self._row_split_finish([(tag, f"accel::Moments<{t}>", "accel::MergeMoments()")], finish)
             elif col:
                 finish.append(f"accel::Moments<{t}> {tag} = "
                               f"accel::col_reduce({tag}_a.moments(), accel::MergeMoments());")
@@ -787,6 +837,7 @@ class CudaRenderer(VectorLoads, ColumnTiles, TransposeTiles, PartialMerges, CppR
                 self._col_split_finish([(tag, st, "accel::MergeSoftmax()")], finish)
             else:
                 finish.append(f"{tag} = accel::block_reduce({tag}, accel::MergeSoftmax(), smem);")
+                self._row_split_finish([(tag, st, "accel::MergeSoftmax()")], finish)
             for e in g.members:
                 scope.names[e] = f"{tag}.m" if e.args[3] == 0 else f"{tag}.s"
         else:  # online_softmax is two passes elsewhere (CppRenderer._plan)

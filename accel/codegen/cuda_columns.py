@@ -128,15 +128,23 @@ class ColumnTiles:
         t, tiles, n = self.col_tile, self.col_tiles, self.col_split_max
         if n == 1:
             return
+        lines = self._ticket_partials(parts, "col", t, tiles, n * tiles * COL_TILE, "")
+        finish += [self.col_split_if + "{", *lines, "}"] if self.col_split_if else lines
+
+    def _ticket_partials(self, parts: List[tuple], fn: str, at: str, n, slots, tag: str) -> List[str]:
+        """The lines that write each accumulator of ``parts`` (name, C++ type, combining
+        functor) to a ``__device__`` array of ``slots`` partials (``accel::<fn>_part``, at
+        index ``at`` of ``n``: a tile, or a row), take a ticket (one counter each of the
+        ``n``; the others return) and, in the last block, combine the partials in block
+        order (``accel::<fn>_combine``): CUDA's threadFenceReduction sample. The arrays are
+        named ``<kernel>_<tag>part<i>`` and ``<kernel>_<tag>count``."""
         lines, arrays = [], []
         for i, (a, ctype, combine) in enumerate(parts):
-            part = f"{self.kname}_part{i}"
-            self.globals.append(f"__device__ {ctype} {part}[{n * tiles * COL_TILE}];")
-            lines.append(f"accel::col_part({a}, {part}, {t}, {tiles});")
+            part = f"{self.kname}_{tag}part{i}"
+            self.globals.append(f"__device__ {ctype} {part}[{slots}];")
+            lines.append(f"accel::{fn}_part({a}, {part}, {at}, {n});")
             arrays.append((a, part, combine))
-        count = f"{self.kname}_count"
-        self.globals.append(f"__device__ unsigned int {count}[{tiles}];")
-        lines.append(f"if (!accel::col_ticket({count}, {t})) return;")
-        lines += [f"{a} = accel::col_combine({part}, {combine}, {t}, {tiles});"
-                  for a, part, combine in arrays]
-        finish += [self.col_split_if + "{", *lines, "}"] if self.col_split_if else lines
+        count = f"{self.kname}_{tag}count"
+        self.globals.append(f"__device__ unsigned int {count}[{n}];")
+        lines.append(f"if (!accel::col_ticket({count}, {at})) return;")
+        return lines + [f"{a} = accel::{fn}_combine({part}, {combine}, {at}, {n});" for a, part, combine in arrays]

@@ -106,6 +106,13 @@ COL_MIN_ROWS = 16
 #: the result dtypes whose column reductions may split their rows among blocks (their
 #: partials in a ``__device__`` array; other dtypes keep a tile's rows in one block)
 COL_SPLIT_TYPES = (torch.float64, torch.float32, torch.int64, torch.int32)
+#: block loops' statistics over few long rows (a batch norm's channels: 128 rows of 262144
+#: values): each row split among blocks so that about ROW_SPLIT_BLOCKS blocks run (four an
+#: H100 multiprocessor), each thread still taking ROW_SPLIT_MIN values or more; the row's
+#: last block to finish combines their partials in order (``CudaRenderer._row_split``). One
+#: block a row ran 128 blocks of 256 threads on the H100's 132 multiprocessors.
+ROW_SPLIT_BLOCKS = 528
+ROW_SPLIT_MIN = 32
 #: most blocks in a grid (grid-stride loops cover the rest).
 MAX_GRID = 65535
 #: a transposing elementwise nest's tiles (:meth:`accel.codegen.cuda_tiles.TransposeTiles._transpose_tiles`):

@@ -289,6 +289,21 @@ __device__ T col_combine(const T* part, F f, int64_t tile, int64_t tiles) {
   return v;
 }
 
+/* Block loops with each row split among gridDim.y blocks (a block a row): row_part writes
+ * this block's result (after the block's reduction) to ``part`` ([block row][row]); the
+ * row's last block (col_ticket, one counter a row) combines the partials in block order
+ * with row_combine, every thread. As grid_reduce: CUDA's threadFenceReduction sample. */
+template <typename T>
+__device__ void row_part(T v, T* part, int64_t row, int64_t rows) {
+  if (threadIdx.x == 0) part[blockIdx.y * rows + row] = v;
+}
+template <typename T, typename F>
+__device__ T row_combine(const T* part, F f, int64_t row, int64_t rows) {
+  T v = load_cg(part + row);
+  for (unsigned int s = 1; s < gridDim.y; ++s) v = f(v, load_cg(part + s * rows + row));
+  return v;
+}
+
 /* The (value, index) of an argmax/argmin (index INT64_MAX: no value yet), and their
  * combination, for column mode and block_arg: the better value, the smaller index on a
  * tie (a thread's elements come in order, so the first of equal values wins, as eager's). */
