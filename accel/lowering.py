@@ -491,16 +491,14 @@ def _statistics_apart(lw: _Lowerer, jobs) -> Tuple[List[tuple], Set[fx.Node], Se
         return [], set(), set()
     size = max(_prod(j[2].shape) for j in jobs)
     bigs = [j for j in jobs if _prod(j[2].shape) == size]  # (one nest: _common_loops)
-    big = bigs[0]
-    needed = set(_not_in_memory(lw, [r for j in bigs for r in _reductions(lw, j)[1]]))
-    if not needed:
-        return [], set(), set()
+    shape = tuple(bigs[0][2].shape)
+    rows = _downstream([j[1] for j in jobs if j[1].meta.get(_PARTIAL)])
+    # (an in-place write joins only a nest of its own shape: see place)
+    others = [j for j in jobs if not j[2].origin and j[1] not in rows
+              and not (tuple(j[2].shape) == shape if j[3] else _fits(j[2].shape, shape))]
+    needed = set(_not_in_memory(lw, [r for j in bigs for r in _reductions(lw, j)[1]])) if others else set()
     out, shared, early = [], set(), set()
-    for job in jobs:
-        spec = job[2]
-        if spec.origin or (tuple(spec.shape) == tuple(big[2].shape) if job[3] else _fits(spec.shape, big[2].shape)) \
-                or any(n.meta.get(_PARTIAL) for n in _reach([job[1]])):
-            continue  # (an in-place write joins only a nest of its own shape: see place)
+    for job in others if needed else []:
         common = needed & set(_not_in_memory(lw, _reductions(lw, job)[1]))
         if common and job[3]:
             early |= common
@@ -945,6 +943,17 @@ def _memory_order(dims: List[int], spec: BufferSpec) -> List[int]:
     dims of equal strides keep their order (Inductor's loop order, from the output's
     strides)."""
     return [v for _, v in sorted(zip(spec.stride, dims), key=lambda t: -abs(t[0]))]
+
+
+def _downstream(nodes) -> set:
+    """The graph nodes that read ``nodes``, directly or through others, and ``nodes``."""
+    seen, todo = set(), list(nodes)
+    while todo:
+        n = todo.pop()
+        if n not in seen:
+            seen.add(n)
+            todo.extend(n.users)
+    return seen
 
 
 def _reach(outs) -> set:
