@@ -492,7 +492,7 @@ def _statistics_apart(lw: _Lowerer, jobs) -> Tuple[List[tuple], Set[fx.Node], Se
     size = max(_prod(j[2].shape) for j in jobs)
     bigs = [j for j in jobs if _prod(j[2].shape) == size]  # (one nest: _common_loops)
     shape = tuple(bigs[0][2].shape)
-    rows = _downstream([j[1] for j in jobs if j[1].meta.get(_PARTIAL)])
+    rows = _reach([j[1] for j in jobs if j[1].meta.get(_PARTIAL)], down=True)
     # (an in-place write joins only a nest of its own shape: see place)
     others = [j for j in jobs if not j[2].origin and j[1] not in rows
               and not (tuple(j[2].shape) == shape if j[3] else _fits(j[2].shape, shape))]
@@ -945,24 +945,15 @@ def _memory_order(dims: List[int], spec: BufferSpec) -> List[int]:
     return [v for _, v in sorted(zip(spec.stride, dims), key=lambda t: -abs(t[0]))]
 
 
-def _downstream(nodes) -> set:
-    """The graph nodes that read ``nodes``, directly or through others, and ``nodes``."""
-    seen, todo = set(), list(nodes)
-    while todo:
-        n = todo.pop()
-        if n not in seen:
-            seen.add(n)
-            todo.extend(n.users)
-    return seen
-
-
-def _reach(outs) -> set:
+def _reach(outs, down: bool = False) -> set:
+    """The graph nodes ``outs`` read, directly or through others, and ``outs`` (``down``:
+    the nodes that read ``outs``)."""
     seen, todo = set(), list(outs)
     while todo:
         n = todo.pop()
         if n not in seen:
             seen.add(n)
-            todo.extend(n.all_input_nodes)
+            todo.extend(n.users if down else n.all_input_nodes)
     return seen
 
 
