@@ -313,8 +313,7 @@ def _lower_with(gm, ext, outs, scalar_types, writes: str, stored_first) -> LoopI
     row_bufs = set()
     for n in gm.graph.nodes:  # a total reduction's rows (_split_totals), in scratch
         if n.meta.get(_PARTIAL) and n.users:
-            spec = BufferSpec(n.meta["val"].dtype, tuple(n.meta["val"].shape), _contiguous(n.meta["val"].shape),
-                              True, scratch=True)
+            spec = _scratch(n)
             buffers.append(spec)
             row_bufs.add(len(buffers) - 1)
             jobs.append((len(buffers) - 1, n, spec, False))
@@ -389,8 +388,7 @@ def _lower_with(gm, ext, outs, scalar_types, writes: str, stored_first) -> LoopI
         if any(r not in position for r in inner):  # nodes the lowering added (_column_split)
             position.update({n: k for k, n in enumerate(gm.graph.nodes)})
         for r in sorted(inner, key=position.__getitem__):
-            val = r.meta["val"]
-            spec = BufferSpec(val.dtype, tuple(val.shape), _contiguous(val.shape), True, scratch=True)
+            spec = _scratch(r)
             buffers.append(spec)
             buf = len(buffers) - 1
             # (piece by piece where it reads a concatenation's pieces: a group norm's
@@ -442,14 +440,11 @@ def _lower_with(gm, ext, outs, scalar_types, writes: str, stored_first) -> LoopI
             if not inner:
                 raise LoweringError(f"cannot schedule the reductions of {job[1].format_node()}")
             to_memory(inner)
-        if job[1].meta.get(_PARTIAL):  # later nests read the rows' results (the total's)
+        # later nests read it back: an input's new values, a total's rows' results
+        if write_first or job[1].meta.get(_PARTIAL):
+            forced += write_first
             home[job[1]] = nest
-            lw.in_memory[job[1]] = (job[0], job[2])
-            lw.memo.clear()
-        if write_first:
-            forced += 1
-            home[job[1]] = nest
-            lw.in_memory[job[1]] = (job[0], _whole(job[2]))  # the new values, read back
+            lw.in_memory[job[1]] = (job[0], _whole(job[2]))
             lw.memo.clear()
     if len(nests) > 1:
         stored: Dict[int, list] = {}
@@ -854,8 +849,7 @@ def _split_concats(lw: _Lowerer, jobs, first=()) -> Tuple[list, list]:
         if own is not None:  # an output
             jobs = [j for j in jobs if j is not own]
         else:
-            val = cat.meta["val"]
-            spec = BufferSpec(val.dtype, tuple(val.shape), _contiguous(val.shape), True, scratch=True)
+            spec = _scratch(cat)
             lw.buffers.append(spec)
             own = (len(lw.buffers) - 1, cat, spec, False)
         concats.append((cat, _split_spans(lw, own)))
@@ -893,8 +887,7 @@ def _reuse_memory(lw: _Lowerer, gm, buffers, nests, placed, shapes, new_values: 
         # store it, its readers recompute it)
         later = _reach([n for g in groups[k + 1:] for n in g])
         for m in [m for m in chosen if m in reach and m in later and m not in lw.in_memory and m not in outputs]:
-            val = m.meta["val"]
-            spec = BufferSpec(val.dtype, tuple(val.shape), _contiguous(val.shape), True, scratch=True)
+            spec = _scratch(m)
             st = _store(lw, shapes[id(nest)], len(buffers), spec, m)
             if st is not None:  # else it is recomputed where needed
                 buffers.append(spec)
@@ -955,6 +948,12 @@ def _reach(outs, down: bool = False) -> set:
             seen.add(n)
             todo.extend(n.users if down else n.all_input_nodes)
     return seen
+
+
+def _scratch(node: fx.Node) -> BufferSpec:
+    """A contiguous scratch buffer for ``node``'s value."""
+    val = node.meta["val"]
+    return BufferSpec(val.dtype, tuple(val.shape), _contiguous(val.shape), True, scratch=True)
 
 
 def _contiguous(shape) -> Tuple[int, ...]:
