@@ -1136,11 +1136,13 @@ def test_column_reductions_with_rows_split_among_threads_match_eager(threads, fr
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_float32_sums_in_lanes_match_float64(threads, fresh_store):
-    """float32 sums along a contiguous loop: four runs of 8 values a step added pairwise in
-    float32, then widened into float64 lanes (``CppRenderer._lanes_sum``), each thread's
-    lanes its own for a whole-tensor sum, the last values of a row one at a time (1000 and
-    1003 are not multiples of 32): row sums and means with a prologue, a row sum of
-    float16 values, and whole-tensor sums, on 1, 2 and 3 OpenMP threads, against float64."""
+    """float32 sums along a contiguous loop: four runs of 8 values a step (16 where the values
+    cost more than a few additions: exponentials, sigmoids) added pairwise in float32, then
+    widened into float64 lanes (``CppRenderer._lanes_sum``), each thread's lanes its own
+    for a whole-tensor sum, the last values of a row one at a time (1000 and 1003 are not
+    multiples of 32 or 64): row sums and means with a prologue, a row sum of float16
+    values, whole-tensor sums, and sums over loops around the contiguous one, on 1, 2 and
+    3 OpenMP threads, against float64."""
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -1150,7 +1152,8 @@ def test_float32_sums_in_lanes_match_float64(threads, fresh_store):
         z = torch.randn(3, 1003, generator=g)
         h = (torch.randn(32, 1000, generator=g) * 5).half()
         fns = [lambda t: t.sum(-1), lambda t: (t * 2 + 1).mean(-1, keepdim=True),
-               lambda t: t.sum(), lambda t: (t * t).sum()]
+               lambda t: t.sum(), lambda t: (t * t).sum(), lambda t: (t * 0.25).exp().sum(-1),
+               lambda t: torch.sigmoid(t).sum()]
         accel.reset_stats()
         for t in (x, y, z):
             for fn in fns:
@@ -1160,8 +1163,17 @@ def test_float32_sums_in_lanes_match_float64(threads, fresh_store):
         with accel.eager():
             got = h.sum(-1)
         close(got, h.double().sum(-1).half())
+        # lanes shared by the loops around the contiguous one: channel sums over the batch
+        # and the positions, and the whole sum of a slice (its loops split by the gap; the
+        # threads share the batch's loop, and each sums its rows' last values)
+        b = torch.randn(12, 6, 1003, generator=g)  # (a slice of half: 36108 values, on threads)
+        for fn in (lambda t: t.sum((0, 2)), lambda t: (t * 0.5).exp().sum((0, 2)),
+                   lambda t: t[:, :3].sum(), lambda t: torch.sigmoid(t[:, 1:4]).sum()):
+            with accel.eager():
+                got = fn(b)
+            close(got, fn(b.double()).float())
         st = accel.stats()
-        assert st["kernel_runs"] >= 13 and st["eager_replays"] == 0 and st["compile_failures"] == 0, st
+        assert st["kernel_runs"] >= 23 and st["eager_replays"] == 0 and st["compile_failures"] == 0, st
     finally:
         torch.set_num_threads(before)
 

@@ -275,6 +275,22 @@ def test_float32_row_sum_accumulates_float64_lanes():
     assert re.search(r"l\d+_c < 31;", src) and re.search(r"for \(int64_t i\d+ = 992; i\d+ < 1000;", src), src
 
 
+@pytest.mark.parametrize("n, lanes, first_left", [(1024, 16, None), (1000, 16, 960), (100, 8, 96)])
+def test_a_float32_sum_of_costly_values_takes_sixteen_lanes(n, lanes, first_left):
+    """A float32 row sum of exponentials (values that cost more than a few additions each):
+    16 float64 lanes (``cpp_groups.LANES_WIDE``), each step four runs of 16 values, so that
+    the exponentials run at the 512-bit vector width; plain sums keep 8
+    (:func:`test_float32_row_sum_accumulates_float64_lanes`). A row whose last values would
+    be many more at 16 than at 8 (100: 36 against 4) keeps 8."""
+    x = torch.empty(16, n)
+    calls = [(aten.exp.default, (("x", 0),), {}, 1), (aten.sum.dim_IntList, (("o", 0), ("c", (1,))), {}, 1)]
+    src = _kernel_source(calls, [x], [((16, n), (n, 1), torch.float32), ((16,), (1,), torch.float32)], (1,))
+    assert re.search(rf"double (a\d+_\d+)_l\[{lanes}\] = \{{\}};", src), src
+    assert re.search(rf"l(\d+)_k < {lanes}; \+\+l\1_k", src), src
+    left = re.search(r"for \(int64_t i\d+ = (\d+); i\d+ < " + str(n) + ";", src)
+    assert (left and int(left.group(1))) == first_left, src
+
+
 def test_column_sums_with_row_operands_accumulate_a_vector_of_columns():
     """LayerNorm backward's weight gradient, sum over rows of dy * (x - mean[row]) * rstd[row]:
     the per-row operands are the same along the columns, so the column sum still loops

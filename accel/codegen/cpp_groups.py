@@ -23,6 +23,20 @@ PARALLEL_MIN = 32768
 #: (:meth:`GroupLoops._lanes_sum`): a C++ microbenchmark of row sums of [8192, 1024] on the
 #: dev VM, one thread, 1.64-1.71 -> 1.35-1.36 ms (rows in the cache: 2x)
 LANES, LANES_ROWS, LANES_MIN = 8, 4, 64
+#: ... and LANES_WIDE float32 lanes (one 512-bit vector; two of float64 accumulators) where
+#: the values summed cost more than a few additions each (an op outside :data:`CHEAP_OPS`: a
+#: SiLU's derivative, an exponential): at LANES their computation ran at half the vector
+#: width. GroupNorm -> SiLU training step [32, 64, 56, 56] on the dev VM, its backward's
+#: per-channel sums 2.96 -> 2.05 ms and the step 9.08 -> 7.77 ms (min of 40, 3 rounds);
+#: ``x.exp().sum(-1)`` of [8192, 1024] 1.82 -> 1.33 ms; plain sums, whose loads are all
+#: their work, are as fast at either (a C++ microbenchmark of row sums of [1024, 1024], one
+#: thread: 46.2 and 46.6 us), and stay at LANES, whose last values are fewer.
+LANES_WIDE = 16
+#: the ops that keep a float32 sum's values at LANES lanes (loads, conversions, arithmetic
+#: no costlier than a multiplication, selections)
+CHEAP_OPS = frozenset(("load", "scalar", "const", "index", "cast", "add", "sub", "mul", "neg",
+                       "abs", "maximum", "minimum", "where", "fma", "mul_rn", "eq", "ne", "lt",
+                       "le", "gt", "ge"))
 #: elements per block of a blockwise reduction (welford, online_softmax). Each block's
 #: horizontal sums and merge are serial work; blocks of 64 spent [8192, 1024] bfloat16
 #: add + LayerNorm's time there (1.59 -> 1.43 ms; bench/README.md, 28th round).
@@ -121,17 +135,19 @@ class GroupLoops:
                     self._loops(rv, body_lines + [u for mm, u in updates if mm in part], out, ind,
                                 f"simd {red}", f"parallel for {red}{when}" if par else None)
 
-            if self._lanes(rv, g, accs):
+            lanes = self._lanes(rv, g, accs)
+            if lanes:
                 sums = [(a, self._name(key[1][0].args[0], inner)) for key, a in accs.items()]
-                n = self.ir.sizes[rv[0]]
+                n = self.ir.sizes[rv[-1]]
                 if not self._static(n):  # the static kernel's choice, in the kernel
                     out.append(f"{ind}if ({n} >= {LANES_MIN}) {{")
-                    self._lanes_sum(rv[0], body_lines, sums, [u for _, u in updates], out, ind + "  ", par, when)
+                    self._lanes_sum(rv, body_lines, sums, [u for _, u in updates], out, ind + "  ", par,
+                                    lanes, when)
                     out.append(f"{ind}}} else {{")
                     plain(out, ind + "  ")
                     out.append(f"{ind}}}")
                 else:
-                    self._lanes_sum(rv[0], body_lines, sums, [u for _, u in updates], out, ind, par)
+                    self._lanes_sum(rv, body_lines, sums, [u for _, u in updates], out, ind, par, lanes)
                 self._emit_items = _emit_items
                 return
             plain(out, ind)
@@ -190,34 +206,54 @@ class GroupLoops:
         for e in g.members:
             scope.names[e] = f"{a}_m2" if e.args[3] == 0 else f"{a}_m"
 
-    def _lanes(self, rv, g: Group, accs) -> bool:
-        """Whether a group's plain reductions run as :meth:`_lanes_sum`: every one a sum of
-        widened float32 values (:func:`accel.codegen.columns._widened_f32`) over one loop of
-        at least :data:`LANES_MIN` values, which every load walks contiguously or not at all, none of a bool buffer."""
-        if len(rv) != 1 or (self._static(self.ir.sizes[rv[0]]) and self.ir.sizes[rv[0]] < LANES_MIN):
-            return False  # (a run-time length: :meth:`_emit_group` tests it in the kernel)
+    def _lanes(self, rv, g: Group, accs) -> int:
+        """How many float32 lanes a group's plain reductions run in as :meth:`_lanes_sum`
+        (:data:`LANES`, or :data:`LANES_WIDE` where a value costs more than
+        :data:`CHEAP_OPS`), or 0: not so. They do where every one is a sum of widened float32
+        values (:func:`accel.codegen.columns._widened_f32`) over one loop of at least
+        :data:`LANES_MIN` values (the innermost of its loops; the loops around it without a
+        row cache), which every load walks contiguously or not at all, none of a bool
+        buffer."""
+        if not rv or (len(rv) > 1 and (self.row_cache.get(id(g)) or self.unrolled_groups)):
+            return 0
+        n = self.ir.sizes[rv[-1]]
+        if self._static(n) and n < LANES_MIN:
+            return 0  # (a run-time length: :meth:`_emit_group` tests it in the kernel)
         if not all(kind == "sum" and _widened_f32(bodies[0]) for kind, bodies in accs):
-            return False
-        loads = [e for m in g.members for b in m.args[1] for e in walk(b, set(), into_reduce=False)
-                 if e.op == "load"]
+            return 0
+        seen: set = set()
+        values = [e for m in g.members for b in m.args[1] for e in walk(b, seen, into_reduce=False)]
         # a bool load: gcc 12 vectorizes no loop of LANES values over bytes (it does the
         # plain reduction, at 64-byte vectors)
-        return all(e.args[1].coeff(rv[0]) in (0, 1) and self.ir.buffers[e.args[0]].dtype != torch.bool
-                   for e in loads)
+        if not all(e.args[1].coeff(rv[-1]) in (0, 1) and self.ir.buffers[e.args[0]].dtype != torch.bool
+                   for e in values if e.op == "load"):
+            return 0
+        if all(e.op in CHEAP_OPS for e in values):
+            return LANES
+        # (a loop of run-time length, or one whose last values, summed one at a time, would be
+        # more at LANES_WIDE than at LANES and more than a sixteenth of it: LANES)
+        if not self._static(n):
+            return LANES
+        tail = n % (LANES_ROWS * LANES_WIDE)
+        return LANES_WIDE if tail <= n % (LANES_ROWS * LANES) or 16 * tail <= n else LANES
 
-    def _lanes_sum(self, r: int, body: List[str], sums, tail: List[str], out: List[str], ind: str,
-                   par: bool, when: str = "") -> None:
-        """The loop over ``r`` of float32 sums ``sums`` (float64 accumulator, float32 value
-        names) in steps of :data:`LANES_ROWS` x :data:`LANES` values: the values at ``k``,
-        ``k + LANES``, ... added pairwise in float32 (each value meets at most two float32
+    def _lanes_sum(self, rv, body: List[str], sums, tail: List[str], out: List[str], ind: str,
+                   par: bool, w: int, when: str = "") -> None:
+        """The loops over ``rv`` of float32 sums ``sums`` (float64 accumulator, float32 value
+        names), the innermost (``r``) in steps of :data:`LANES_ROWS` x ``w`` (:meth:`_lanes`) values: the values at
+        ``k``, ``k + w``, ... added pairwise in float32 (each value meets at most two float32
         additions, as a column sum's rows, :func:`accel.codegen.columns._widened_f32`),
         widened into accumulator lane ``k``: several float64 vectors a step instead of one
         chain of additions a value, one conversion for four values. The lanes are then added
         pairwise into the accumulator; the last values (``tail``: the plain updates) one at a
         time. With ``par`` each OpenMP thread keeps lanes of its own over its share of the
-        steps, and the accumulators are the threads' reduction (``when``: an OpenMP ``if()``
-        clause deciding that at run time)."""
-        n, w, u_n = self.ir.sizes[r], LANES, LANES_ROWS
+        steps (of the outermost loop's iterations, where there are loops around ``r``: each
+        iteration's last values then summed by its thread), and the accumulators are the
+        threads' reduction (``when``: an OpenMP ``if()`` clause deciding that at run time).
+        The loops around ``r`` (a batch norm's channel sums over the batch and the spatial
+        positions) share the lanes."""
+        r, outer = rv[-1], rv[:-1]
+        n, u_n = self.ir.sizes[r], LANES_ROWS
         step, t = w * u_n, f"l{self.ntemp}"
         self.ntemp += 1
         steps = n // step if self._static(n) else f"({n} / {step})"
@@ -228,24 +264,34 @@ class GroupLoops:
         plus = "({} + {})"
         lines += [f"{a}_l[{t}_k] += static_cast<double>({_pairwise([f'{a}_y{u}' for u in range(u_n)], plus)});"
                   for a, _ in sums]
+        left = []  # the last values of a row, one at a time
+        if not self._static(n) or n % step:
+            first = steps * step if self._static(n) else f"{steps} * {step}"
+            left = [f"for (int64_t i{r} = {first}; i{r} < {n}; ++i{r}) {{", *[f"  {x}" for x in body + tail], "}"]
         if par:
             out.append(f"{ind}#pragma omp parallel reduction(+: {', '.join(a for a, _ in sums)}){when}")
         out.append(f"{ind}{{")
         out += [f"{ind}  double {a}_l[{w}] = {{}};" for a, _ in sums]
         if par:
             out.append(f"{ind}  #pragma omp for schedule(static)")
-        out.append(f"{ind}  for (int64_t {t}_c = 0; {t}_c < {steps}; ++{t}_c) {{")
-        out.append(f"{ind}    #pragma omp simd")
-        out.append(f"{ind}    for (int64_t {t}_k = 0; {t}_k < {w}; ++{t}_k) {{")
-        out += [f"{ind}      {x}" for x in lines]
-        out += [f"{ind}    }}", f"{ind}  }}"]
+        loops = ind + "  "
+        for v in outer:
+            out.append(f"{loops}for (int64_t i{v} = 0; i{v} < {self.ir.sizes[v]}; ++i{v}) {{")
+            loops += "  "
+        out.append(f"{loops}for (int64_t {t}_c = 0; {t}_c < {steps}; ++{t}_c) {{")
+        out.append(f"{loops}  #pragma omp simd")
+        out.append(f"{loops}  for (int64_t {t}_k = 0; {t}_k < {w}; ++{t}_k) {{")
+        out += [f"{loops}    {x}" for x in lines]
+        out += [f"{loops}  }}", f"{loops}}}"]
+        if outer:
+            out += [f"{loops}{x}" for x in left]
+            for _ in outer:
+                loops = loops[:-2]
+                out.append(f"{loops}}}")
         out += [f"{ind}  {a} += {_pairwise([f'{a}_l[{k}]' for k in range(w)], plus)};" for a, _ in sums]
         out.append(f"{ind}}}")
-        if not self._static(n) or n % step:
-            first = steps * step if self._static(n) else f"{steps} * {step}"
-            out.append(f"{ind}for (int64_t i{r} = {first}; i{r} < {n}; ++i{r}) {{")
-            out += [f"{ind}  {x}" for x in body + tail]
-            out.append(f"{ind}}}")
+        if not outer:
+            out += [f"{ind}{x}" for x in left]
 
     def _loops(self, rv, body, out, ind, simd_clause, par_clause) -> None:
         """Loops over ``rv`` (outermost first) around ``body``; the innermost one ``omp
