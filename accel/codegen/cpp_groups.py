@@ -240,18 +240,18 @@ class GroupLoops:
     def _lanes_sum(self, rv, body: List[str], sums, tail: List[str], out: List[str], ind: str,
                    par: bool, w: int, when: str = "") -> None:
         """The loops over ``rv`` of float32 sums ``sums`` (float64 accumulator, float32 value
-        names), the innermost (``r``) in steps of :data:`LANES_ROWS` x ``w`` (:meth:`_lanes`) values: the values at
-        ``k``, ``k + w``, ... added pairwise in float32 (each value meets at most two float32
-        additions, as a column sum's rows, :func:`accel.codegen.columns._widened_f32`),
-        widened into accumulator lane ``k``: several float64 vectors a step instead of one
-        chain of additions a value, one conversion for four values. The lanes are then added
-        pairwise into the accumulator; the last values (``tail``: the plain updates) one at a
-        time. With ``par`` each OpenMP thread keeps lanes of its own over its share of the
-        steps (of the outermost loop's iterations, where there are loops around ``r``: each
-        iteration's last values then summed by its thread), and the accumulators are the
-        threads' reduction (``when``: an OpenMP ``if()`` clause deciding that at run time).
-        The loops around ``r`` (a batch norm's channel sums over the batch and the spatial
-        positions) share the lanes."""
+        names), the innermost (``r``) in steps of :data:`LANES_ROWS` x ``w`` (:meth:`_lanes`)
+        values: the values at ``k``, ``k + w``, ... added pairwise in float32 (each value
+        meets at most two float32 additions, as a column sum's rows,
+        :func:`accel.codegen.columns._widened_f32`), widened into accumulator lane ``k``:
+        several float64 vectors a step instead of one chain of additions a value, one
+        conversion for four values. The lanes are then added pairwise into the accumulator;
+        the last values (``tail``: the plain updates) one at a time. The loops around ``r``
+        (a batch norm's channel sums over the batch and the spatial positions) share the
+        lanes, each iteration's last values summed after its steps. With ``par`` each OpenMP
+        thread keeps lanes of its own over its share of the steps (of the outermost loop's
+        iterations, where there are loops around ``r``), and the accumulators are the
+        threads' reduction (``when``: an OpenMP ``if()`` clause deciding that at run time)."""
         r, outer = rv[-1], rv[:-1]
         n, u_n = self.ir.sizes[r], LANES_ROWS
         step, t = w * u_n, f"l{self.ntemp}"
