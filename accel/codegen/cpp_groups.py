@@ -274,20 +274,13 @@ class GroupLoops:
         out += [f"{ind}  double {a}_l[{w}] = {{}};" for a, _ in sums]
         if par:
             out.append(f"{ind}  #pragma omp for schedule(static)")
-        loops = ind + "  "
-        for v in outer:
-            out.append(f"{loops}for (int64_t i{v} = 0; i{v} < {self.ir.sizes[v]}; ++i{v}) {{")
-            loops += "  "
-        out.append(f"{loops}for (int64_t {t}_c = 0; {t}_c < {steps}; ++{t}_c) {{")
-        out.append(f"{loops}  #pragma omp simd")
-        out.append(f"{loops}  for (int64_t {t}_k = 0; {t}_k < {w}; ++{t}_k) {{")
-        out += [f"{loops}    {x}" for x in lines]
-        out += [f"{loops}  }}", f"{loops}}}"]
-        if outer:
-            out += [f"{loops}{x}" for x in left]
-            for _ in outer:
-                loops = loops[:-2]
-                out.append(f"{loops}}}")
+        steps_loop = [f"for (int64_t {t}_c = 0; {t}_c < {steps}; ++{t}_c) {{", "  #pragma omp simd",
+                      f"  for (int64_t {t}_k = 0; {t}_k < {w}; ++{t}_k) {{", *[f"    {x}" for x in lines],
+                      "  }", "}"]
+        if outer:  # (each row's last values inside the loops around it)
+            self._loops(outer, steps_loop + left, out, ind + "  ", None, None)
+        else:
+            out += [f"{ind}  {x}" for x in steps_loop]
         out += [f"{ind}  {a} += {_pairwise([f'{a}_l[{k}]' for k in range(w)], plus)};" for a, _ in sums]
         out.append(f"{ind}}}")
         if not outer:
